@@ -1,0 +1,14 @@
+"""zipccl-fsdp's GPU codec: Triton kernels and their launchers only.
+
+Nothing here knows about torch.distributed. Importing this package does not
+import triton; ``available()`` says whether the kernels can run.
+"""
+__zipccl_fsdp_part__ = True
+
+
+def available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except Exception:  # pragma: no cover - depends on the install
+        return False
+    return True

@@ -1,0 +1,5 @@
+"""Placeholder until the C++ CPU backend lands."""
+
+
+def available() -> bool:
+    return False
