@@ -216,7 +216,7 @@ def parse_header(payload: torch.Tensor) -> Header:
             raise CorruptPayloadError(f"chunk_elems {chunk_elems} out of range")
         if nchunks != nchunks_for(numel, chunk_elems):
             raise CorruptPayloadError(f"nchunks {nchunks} disagrees with numel {numel}")
-        if sm > numel * info.itemsize or esc > numel or codes > numel or rem > numel:
+        if max(sm, codes) > numel * info.itemsize or esc > numel or rem > numel:
             raise CorruptPayloadError("stream lengths exceed what numel allows")
     header = Header(codec, info.dtype, tuple(shape), numel, chunk_elems, nchunks,
                     codes, sm, rem, esc)

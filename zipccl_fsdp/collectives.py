@@ -1,0 +1,569 @@
+"""Lossless compressed collectives over ``torch.distributed`` (gloo and NCCL).
+
+Names and positional arguments mirror torch's: ``all_gather_single``,
+``reduce_scatter_single``, ``all_reduce`` and ``all_to_all_single``, each with
+keyword-only ``config`` (a ``ZipCCLConfig``) and ``stats`` (a ``CommStats``;
+the module's own by default, read with ``stats()``). They know nothing of
+FSDP or DDP; ``hooks`` builds those integrations on top of them.
+
+How each one moves bytes:
+
+* all-gather: encode the own shard, all-gather the payload sizes (one int64
+  per rank), all-gather the payloads padded to the largest, decode each slot
+  into the output. Padding keeps torch's (NCCL's ring/tree) all-gather; the
+  padding costs max - own bytes, well under 1% on model data (measured in
+  tests/test_fsdp2.py). The input may be a view into the output (FSDP2 passes
+  it so): it is read (encoded) before any output slot is written.
+* reduce-scatter: a sum of compressed bytes is meaningless, so each rank
+  encodes the chunk meant for each peer, sizes go through an all-to-all of
+  int64, payloads through ``all_to_all_single`` with exact split sizes (no
+  padding), and each rank decodes and sums its chunk locally in fp32, in rank
+  order 0..world-1, then scales (AVG, PREMUL_SUM) and casts. The raw path
+  (below ``min_bytes`` or with compression off) is an uncompressed all-to-all
+  followed by the same sum, so the result is bitwise the same on either path,
+  on every backend and for every world size.
+* all-reduce: the reduce-scatter above and the all-gather above, on chunks of
+  ceil/floor(numel / world) elements (any numel).
+* all-to-all: each split is encoded if it holds at least ``min_bytes`` (the
+  receiver applies the same rule to its output split, so nothing marks it),
+  sizes go through an all-to-all of int64, payloads through an all-to-all with
+  exact splits.
+
+A rank's own chunk of a reduce-scatter or all-to-all is never encoded nor sent.
+
+Every check that can fail (dtype, op, shapes) runs before the first
+communication, so a bad call raises on every rank instead of hanging some.
+``async_op=True`` returns a completed ``Work``: the collective runs
+synchronously underneath for now (the size exchange needs the host anyway).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ReduceOp
+
+from . import codec as _codec
+from .config import DEFAULT_CONFIG, ZipCCLConfig
+from .errors import ZipCCLConfigError
+from .stats import CommStats
+
+__all__ = ["all_gather_single", "reduce_scatter_single", "all_reduce", "all_to_all_single",
+           "stats", "reset_stats", "CODED_DTYPES"]
+
+CODED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+_STATS = CommStats()
+
+
+def stats() -> dict[str, dict[str, float]]:
+    """Counters of the free functions' calls (hooks keep their own):
+    ``{kind: {"calls", "compressed_calls", "raw_bytes", "wire_bytes", "encode_s",
+    "decode_s", "comm_s", "size_exchange_s", "reduce_s"}}``. See ``stats.py``."""
+    return _STATS.snapshot()
+
+
+def reset_stats() -> None:
+    """Zero the free functions' counters."""
+    _STATS.reset()
+
+
+# --------------------------------------------------------------------------
+# Argument checks (all local, all before any communication)
+# --------------------------------------------------------------------------
+class _Op:
+    """A parsed reduce op: ``kind`` in sum/avg/premul_sum and the premul factor."""
+
+    __slots__ = ("kind", "factor")
+
+    def __init__(self, kind: str, factor=None) -> None:
+        self.kind = kind
+        self.factor = factor
+
+
+def _parse_op(op, where: str) -> _Op:
+    if isinstance(op, ReduceOp.RedOpType):
+        red, wrapped = op, None
+    elif isinstance(op, ReduceOp):
+        red, wrapped = op.op, op
+    else:
+        raise TypeError(f"zipccl {where}: op must be a torch.distributed.ReduceOp, "
+                        f"got {type(op).__name__}")
+    if red == ReduceOp.SUM:
+        return _Op("sum")
+    if red == ReduceOp.AVG:
+        return _Op("avg")
+    if red == ReduceOp.PREMUL_SUM:
+        if wrapped is None:
+            raise ValueError(f"zipccl {where}: PREMUL_SUM needs its factor; pass "
+                             f"torch.distributed._make_nccl_premul_sum(factor)")
+        return _Op("premul_sum", wrapped.factor)
+    raise ValueError(f"zipccl {where}: op {red} is not supported; zipccl reduces with "
+                     f"SUM, AVG and PREMUL_SUM")
+
+
+def _check_tensor(t, name: str, where: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"zipccl {where}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_contiguous():
+        raise ValueError(f"zipccl {where}: {name} must be contiguous")
+
+
+def _check_pair(out: torch.Tensor, inp: torch.Tensor, where: str) -> None:
+    _check_tensor(out, "output", where)
+    _check_tensor(inp, "input", where)
+    if out.dtype != inp.dtype:
+        raise TypeError(f"zipccl {where}: output is {out.dtype} but input is {inp.dtype}")
+    if out.device != inp.device:
+        raise ValueError(f"zipccl {where}: output is on {out.device} but input on {inp.device}")
+
+
+def _coded(dtype: torch.dtype, cfg: ZipCCLConfig, where: str) -> bool:
+    """Whether the codec handles ``dtype``; raises if it doesn't and the config says so."""
+    if dtype in CODED_DTYPES:
+        return True
+    if cfg.unsupported_dtype == "raise":
+        names = ", ".join(str(d) for d in CODED_DTYPES)
+        raise TypeError(f"zipccl {where}: dtype {dtype} is not supported (zipccl codes "
+                        f"{names}); use ZipCCLConfig(unsupported_dtype='raw') to hand "
+                        f"such calls to torch.distributed unchanged")
+    return False
+
+
+def _group_info(group):
+    """(group, world_size, rank), or None when this rank is not in ``group``."""
+    if group is None:
+        group = dist.group.WORLD
+        if group is None:
+            raise RuntimeError("zipccl: the default process group is not initialized; "
+                               "call torch.distributed.init_process_group first")
+    if dist._rank_not_in_group(group):
+        return None
+    return group, dist.get_world_size(group), dist.get_rank(group)
+
+
+def _compresses(cfg: ZipCCLConfig, kind: str, unit_nbytes: int) -> bool:
+    return cfg.compresses(kind) and unit_nbytes > 0 and unit_nbytes >= cfg.min_bytes
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two contiguous tensors share any byte of memory."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.nbytes == b.nbytes
+
+
+def _completed_work(async_op: bool, result):
+    """Mirror torch's return value: None, or a Work when ``async_op``."""
+    if not async_op:
+        return None
+    fut = torch.futures.Future()
+    fut.set_result(result)
+    return torch._C._distributed_c10d._create_work_from_future(fut)
+
+
+def _ensure_consistent(cfg: ZipCCLConfig, group, world: int, device: torch.device,
+                       st: CommStats, kind: str) -> None:
+    """Once per (config, group): all ranks must agree on the protocol fields."""
+    if not cfg.check_consistency or world == 1:
+        return
+    key = getattr(group, "group_name", None) or id(group)
+    if key in cfg._checked_groups:
+        return
+    with st.phase(kind, "sizes"):
+        mine = torch.tensor([cfg.protocol_fingerprint()], dtype=torch.int64, device=device)
+        every = torch.empty(world, dtype=torch.int64, device=device)
+        dist.all_gather_single(every, mine, group=group)
+        prints = every.tolist()
+    st.add(kind, wire_bytes=8)
+    if len(set(prints)) != 1:
+        raise ZipCCLConfigError(
+            f"zipccl {kind}: the ranks of process group {key!r} use ZipCCLConfigs that "
+            f"disagree on min_bytes, compress_* or unsupported_dtype (fingerprints "
+            f"{prints}); those decide which collectives run and must be equal on every rank")
+    cfg._checked_groups.add(key)
+
+
+# --------------------------------------------------------------------------
+# Exchanges
+# --------------------------------------------------------------------------
+def _all_gather_sizes(nbytes: int, group, world: int, device, st: CommStats, kind: str) -> list:
+    with st.phase(kind, "sizes"):
+        mine = torch.tensor([nbytes], dtype=torch.int64, device=device)
+        every = torch.empty(world, dtype=torch.int64, device=device)
+        dist.all_gather_single(every, mine, group=group)
+        sizes = every.tolist()
+    st.add(kind, wire_bytes=8)
+    return sizes
+
+
+def _all_to_all_sizes(send_sizes: list, group, rank: int, device, st: CommStats,
+                      kind: str) -> list:
+    with st.phase(kind, "sizes"):
+        send = torch.tensor(send_sizes, dtype=torch.int64, device=device)
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=group)
+        sizes = recv.tolist()
+    st.add(kind, wire_bytes=8 * (len(send_sizes) - 1))
+    return sizes
+
+
+def _all_to_all_bytes(send: torch.Tensor, send_sizes: list, recv_sizes: list, rank: int,
+                      group, st: CommStats, kind: str) -> list:
+    """Exchange uint8 splits; return the received pieces in rank order."""
+    recv = torch.empty(sum(recv_sizes), dtype=torch.uint8, device=send.device)
+    with st.phase(kind, "exchange"):
+        dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=group)
+    st.add(kind, wire_bytes=sum(send_sizes) - send_sizes[rank])
+    pieces, offset = [], 0
+    for size in recv_sizes:
+        pieces.append(recv[offset:offset + size])
+        offset += size
+    return pieces
+
+
+# --------------------------------------------------------------------------
+# Cores shared by the public functions
+# --------------------------------------------------------------------------
+def _gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, compress: bool,
+            cfg: ZipCCLConfig, st: CommStats) -> None:
+    """All-gather ``own`` (flat) into ``slots`` (flat views, one per rank, sizes may differ)."""
+    world = len(slots)
+    device = own.device
+    if any(_overlaps(own, s) for r, s in enumerate(slots) if r != rank) or (
+            _overlaps(own, slots[rank]) and not _same_memory(own, slots[rank])):
+        own = own.clone()  # it would be overwritten before it is copied to its slot
+    if compress:
+        with st.phase(kind, "encode"):
+            payload = _codec.encode(own, codec=cfg.codec, backend=cfg.backend)
+        sizes = _all_gather_sizes(payload.numel(), group, world, device, st, kind)
+    else:
+        payload = own.view(torch.uint8)
+        sizes = [s.numel() * s.element_size() for s in slots]
+    width = max(sizes)
+    if payload.numel() == width:
+        send = payload
+    else:
+        send = torch.empty(width, dtype=torch.uint8, device=device)
+        send[:payload.numel()].copy_(payload)
+        send[payload.numel():].zero_()
+    recv = torch.empty(world * width, dtype=torch.uint8, device=device)
+    with st.phase(kind, "exchange"):
+        dist.all_gather_single(recv, send, group=group)
+    st.add(kind, wire_bytes=width)
+    with st.phase(kind, "decode"):
+        for r in range(world):
+            if r == rank:
+                continue
+            piece = recv[r * width:r * width + sizes[r]]
+            if compress:
+                _codec.decode(piece, out=slots[r], backend=cfg.backend)
+            else:
+                slots[r].view(torch.uint8).copy_(piece)
+        if not _same_memory(own, slots[rank]):
+            slots[rank].copy_(own)
+
+
+def _scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.Tensor,
+                    op: _Op, group, rank: int, compress: bool, cfg: ZipCCLConfig,
+                    st: CommStats) -> None:
+    """Reduce chunk ``rank`` of every rank's ``flat_in`` (chunks of ``counts`` elements,
+    in rank order) into the flat ``out``: fp32 sum in rank order, then scale and cast."""
+    world = len(counts)
+    starts = [sum(counts[:r]) for r in range(world)]
+    chunks = [flat_in[s:s + c] for s, c in zip(starts, counts)]
+    mine = chunks[rank]
+    n = mine.numel()
+    itemsize = flat_in.element_size()
+    pieces = None
+    if world > 1:
+        if compress:
+            with st.phase(kind, "encode"):
+                payloads = [flat_in.new_empty(0, dtype=torch.uint8) if r == rank
+                            else _codec.encode(chunks[r], codec=cfg.codec, backend=cfg.backend)
+                            for r in range(world)]
+            send_sizes = [p.numel() for p in payloads]
+            recv_sizes = _all_to_all_sizes(send_sizes, group, rank, flat_in.device, st, kind)
+            send = torch.cat(payloads)
+        else:
+            # Send the input as it is; the own chunk goes to self (a local copy).
+            send = flat_in.view(torch.uint8)
+            send_sizes = [c * itemsize for c in counts]
+            recv_sizes = [n * itemsize] * world
+        pieces = _all_to_all_bytes(send, send_sizes, recv_sizes, rank, group, st, kind)
+
+    acc = out if (out.dtype == torch.float32 and not _overlaps(out, flat_in)) else \
+        torch.empty(n, dtype=torch.float32, device=out.device)
+    factor = op.factor
+    if isinstance(factor, torch.Tensor):
+        factor = factor.to(device=acc.device, dtype=torch.float32).reshape(())
+    scratch = None
+    for r in range(world):
+        if r == rank:
+            src = mine
+        elif compress:
+            if scratch is None:
+                scratch = torch.empty(n, dtype=flat_in.dtype, device=flat_in.device)
+            with st.phase(kind, "decode"):
+                src = _codec.decode(pieces[r], out=scratch, backend=cfg.backend)
+        else:
+            src = pieces[r].view(flat_in.dtype)
+        with st.phase(kind, "reduce"):
+            # Multiply and add as separate roundings (no fused alpha), like
+            # NCCL's PREMUL_SUM and like the reference the tests use.
+            if r == 0:
+                acc.copy_(src)
+                if op.kind == "premul_sum":
+                    acc.mul_(factor)
+            elif op.kind == "premul_sum":
+                term = src.to(torch.float32, copy=True)
+                term.mul_(factor)
+                acc.add_(term)
+            else:
+                acc.add_(src)
+    with st.phase(kind, "reduce"):
+        if op.kind == "avg":
+            acc.div_(world)
+        if acc is not out:
+            out.copy_(acc)
+
+
+# --------------------------------------------------------------------------
+# Public collectives
+# --------------------------------------------------------------------------
+@torch.no_grad()
+def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *,
+                      config: ZipCCLConfig | None = None, stats: CommStats | None = None):
+    """All-gather ``input_tensor`` of every rank into ``output_tensor``, compressed.
+
+    Like ``torch.distributed.all_gather_single``: ``output_tensor`` holds
+    world_size x ``input_tensor.numel()`` elements, rank-major; the input may be
+    a view into the output. Bitwise the same result as torch's.
+
+    Example::
+
+        >>> out = torch.empty(world * shard.numel(), dtype=shard.dtype)
+        >>> all_gather_single(out, shard, config=ZipCCLConfig(codec="dense"))
+    """
+    where = "all_gather_single"
+    cfg = config or DEFAULT_CONFIG
+    st = stats or _STATS
+    info = _group_info(group)
+    if info is None:
+        return None
+    group, world, rank = info
+    _check_pair(output_tensor, input_tensor, where)
+    if output_tensor.numel() != world * input_tensor.numel():
+        raise ValueError(f"zipccl {where}: output has {output_tensor.numel()} elements, "
+                         f"expected world_size {world} x input {input_tensor.numel()}")
+    coded = _coded(input_tensor.dtype, cfg, where)
+    unit = input_tensor.numel() * input_tensor.element_size()
+    compress = coded and world > 1 and _compresses(cfg, "all_gather", unit)
+    st.add("all_gather", calls=1, compressed_calls=int(compress),
+           raw_bytes=unit if world > 1 else 0)
+    if not compress:
+        if world > 1:
+            st.add("all_gather", wire_bytes=unit)
+            with st.phase("all_gather", "exchange"):
+                return dist.all_gather_single(output_tensor, input_tensor, group=group,
+                                              async_op=async_op)
+        if not _same_memory(output_tensor, input_tensor):
+            output_tensor.copy_(input_tensor.reshape(output_tensor.shape))
+        return _completed_work(async_op, output_tensor)
+    _ensure_consistent(cfg, group, world, input_tensor.device, st, "all_gather")
+    n = input_tensor.numel()
+    flat_out = output_tensor.view(-1)
+    slots = [flat_out[r * n:(r + 1) * n] for r in range(world)]
+    _gather("all_gather", input_tensor.view(-1), slots, group, rank, True, cfg, st)
+    return _completed_work(async_op, output_tensor)
+
+
+@torch.no_grad()
+def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=False, *,
+                          config: ZipCCLConfig | None = None, stats: CommStats | None = None):
+    """Reduce ``input`` over ranks and scatter it: rank r gets chunk r, compressed.
+
+    Like ``torch.distributed.reduce_scatter_single`` with ``op`` SUM, AVG or
+    PREMUL_SUM (``torch.distributed._make_nccl_premul_sum(f)``; also on gloo,
+    which lacks it). The sum runs in fp32 in rank order, then AVG divides by
+    world size and the result is cast to ``output.dtype``: deterministic, the
+    same on every backend and with or without compression.
+
+    Example::
+
+        >>> out = torch.empty(grads.numel() // world, dtype=grads.dtype)
+        >>> reduce_scatter_single(out, grads, op=ReduceOp.AVG)
+    """
+    where = "reduce_scatter_single"
+    cfg = config or DEFAULT_CONFIG
+    st = stats or _STATS
+    parsed = _parse_op(op, where)
+    info = _group_info(group)
+    if info is None:
+        return None
+    group, world, rank = info
+    _check_pair(output, input, where)
+    if input.numel() != world * output.numel():
+        raise ValueError(f"zipccl {where}: input has {input.numel()} elements, expected "
+                         f"world_size {world} x output {output.numel()}")
+    if not _coded(input.dtype, cfg, where):
+        return dist.reduce_scatter_single(output, input, op=op, group=group, async_op=async_op)
+    n = output.numel()
+    unit = n * input.element_size()
+    compress = world > 1 and _compresses(cfg, "reduce_scatter", unit)
+    st.add("reduce_scatter", calls=1, compressed_calls=int(compress),
+           raw_bytes=(world - 1) * unit)
+    _ensure_consistent(cfg, group, world, input.device, st, "reduce_scatter")
+    _scatter_reduce("reduce_scatter", input.view(-1), [n] * world, output.view(-1), parsed,
+                    group, rank, compress, cfg, st)
+    return _completed_work(async_op, output)
+
+
+@torch.no_grad()
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *,
+               config: ZipCCLConfig | None = None, stats: CommStats | None = None):
+    """All-reduce ``tensor`` in place: compressed reduce-scatter + all-gather.
+
+    Like ``torch.distributed.all_reduce`` with SUM, AVG or PREMUL_SUM. Any
+    numel: rank r reduces elements [start_r, start_r + count_r) with counts
+    differing by at most one. Same numerics as ``reduce_scatter_single``.
+
+    Example::
+
+        >>> all_reduce(bucket, op=ReduceOp.AVG)
+    """
+    where = "all_reduce"
+    cfg = config or DEFAULT_CONFIG
+    st = stats or _STATS
+    parsed = _parse_op(op, where)
+    info = _group_info(group)
+    if info is None:
+        return None
+    group, world, rank = info
+    _check_tensor(tensor, "tensor", where)
+    if not _coded(tensor.dtype, cfg, where):
+        return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+    numel = tensor.numel()
+    base, extra = divmod(numel, world)
+    counts = [base + (r < extra) for r in range(world)]
+    itemsize = tensor.element_size()
+    compress = world > 1 and _compresses(cfg, "all_reduce", counts[0] * itemsize)
+    st.add("all_reduce", calls=1, compressed_calls=int(compress),
+           raw_bytes=numel * itemsize if world > 1 else 0)
+    _ensure_consistent(cfg, group, world, tensor.device, st, "all_reduce")
+    flat = tensor.view(-1)
+    reduced = torch.empty(counts[rank], dtype=tensor.dtype, device=tensor.device)
+    _scatter_reduce("all_reduce", flat, counts, reduced, parsed, group, rank, compress, cfg, st)
+    starts = [sum(counts[:r]) for r in range(world)]
+    slots = [flat[s:s + c] for s, c in zip(starts, counts)]
+    if world == 1:
+        slots[0].copy_(reduced)
+    else:
+        _gather("all_reduce", reduced, slots, group, rank, compress, cfg, st)
+    return _completed_work(async_op, tensor)
+
+
+def _row_counts(t: torch.Tensor, splits, world: int, name: str, where: str) -> list:
+    rows = t.shape[0] if t.dim() else 1
+    if splits is None:
+        if rows % world:
+            raise ValueError(f"zipccl {where}: {name} has {rows} rows, not divisible by "
+                             f"world_size {world}; pass split sizes")
+        splits = [rows // world] * world
+    splits = [int(s) for s in splits]
+    if len(splits) != world or any(s < 0 for s in splits) or sum(splits) != rows:
+        raise ValueError(f"zipccl {where}: {name} split sizes {splits} must be {world} "
+                         f"non-negative row counts summing to {rows}")
+    return splits
+
+
+@torch.no_grad()
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
+                      group=None, async_op=False, *, config: ZipCCLConfig | None = None,
+                      stats: CommStats | None = None):
+    """Scatter splits of ``input`` to every rank and gather theirs into ``output``, compressed.
+
+    Like ``torch.distributed.all_to_all_single``: splits are row counts of dim
+    0 (equal splits when ``None``). Splits of at least ``config.min_bytes`` are
+    encoded. Bitwise the same result as torch's.
+
+    Example::
+
+        >>> all_to_all_single(recv_tokens, send_tokens, recv_counts, send_counts)
+    """
+    where = "all_to_all_single"
+    cfg = config or DEFAULT_CONFIG
+    st = stats or _STATS
+    info = _group_info(group)
+    if info is None:
+        return None
+    group, world, rank = info
+    _check_pair(output, input, where)
+    coded = _coded(input.dtype, cfg, where)
+    in_rows = _row_counts(input, input_split_sizes, world, "input", where)
+    out_rows = _row_counts(output, output_split_sizes, world, "output", where)
+    row_in = input.numel() // max(input.shape[0], 1) if input.dim() else 1
+    row_out = output.numel() // max(output.shape[0], 1) if output.dim() else 1
+    if input.dim() and input.shape[0] == 0:
+        row_in = row_out
+    if output.dim() and output.shape[0] == 0:
+        row_out = row_in
+    if row_in != row_out:
+        raise ValueError(f"zipccl {where}: input rows hold {row_in} elements but output "
+                         f"rows {row_out}")
+    itemsize = input.element_size()
+    in_counts = [s * row_in for s in in_rows]
+    out_counts = [s * row_out for s in out_rows]
+    raw = sum(in_counts[r] for r in range(world) if r != rank) * itemsize
+    st.add("all_to_all", calls=1, raw_bytes=raw)
+    if not coded or not cfg.compress_all_to_all or world == 1:
+        st.add("all_to_all", wire_bytes=raw)
+        with st.phase("all_to_all", "exchange"):
+            return dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
+                                          group=group, async_op=async_op)
+    _ensure_consistent(cfg, group, world, input.device, st, "all_to_all")
+    flat_in, flat_out = input.view(-1), output.view(-1)
+    if _overlaps(flat_in, flat_out):
+        flat_in = flat_in.clone()
+    in_pieces = [flat_in[s:s + c] for s, c in zip(_starts(in_counts), in_counts)]
+    out_pieces = [flat_out[s:s + c] for s, c in zip(_starts(out_counts), out_counts)]
+    send_coded = [_compresses(cfg, "all_to_all", c * itemsize) for c in in_counts]
+    recv_coded = [_compresses(cfg, "all_to_all", c * itemsize) for c in out_counts]
+    st.add("all_to_all", compressed_calls=int(any(send_coded) or any(recv_coded)))
+    with st.phase("all_to_all", "encode"):
+        payloads = [flat_in.new_empty(0, dtype=torch.uint8) if r == rank
+                    else _codec.encode(in_pieces[r], codec=cfg.codec, backend=cfg.backend)
+                    if send_coded[r] else in_pieces[r].view(torch.uint8)
+                    for r in range(world)]
+    send_sizes = [p.numel() for p in payloads]
+    recv_sizes = _all_to_all_sizes(send_sizes, group, rank, input.device, st, "all_to_all")
+    for r in range(world):
+        if r != rank and not recv_coded[r] and recv_sizes[r] != out_counts[r] * itemsize:
+            raise ValueError(f"zipccl {where}: rank {r} sent {recv_sizes[r]} bytes for an "
+                             f"output split of {out_counts[r]} elements; split sizes disagree "
+                             f"between ranks")
+    pieces = _all_to_all_bytes(torch.cat(payloads), send_sizes, recv_sizes, rank, group, st,
+                               "all_to_all")
+    with st.phase("all_to_all", "decode"):
+        for r in range(world):
+            if r == rank:
+                out_pieces[r].copy_(in_pieces[r])
+            elif recv_coded[r]:
+                _codec.decode(pieces[r], out=out_pieces[r], backend=cfg.backend)
+            else:
+                out_pieces[r].view(torch.uint8).copy_(pieces[r])
+    return _completed_work(async_op, output)
+
+
+def _starts(counts: list) -> list:
+    starts, total = [], 0
+    for c in counts:
+        starts.append(total)
+        total += c
+    return starts

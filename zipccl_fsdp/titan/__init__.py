@@ -1,0 +1,114 @@
+"""torchtitan config functions for zipccl-fsdp (``--module zipccl_fsdp.titan``).
+
+Train a tiny llama3 with FSDP2 on two CPU processes (gloo)::
+
+    torchrun --standalone --nproc_per_node 2 -m torchtitan.train \\
+        --module zipccl_fsdp.titan --config llama3_tiny \\
+        --training.steps 20 --dump_folder outputs/tiny
+
+Every field is overridable the usual torchtitan way (``--training.steps``,
+``--dump_folder``, ``--metrics.log_freq``, ``--training.seq_len``, ...).
+
+Config functions (``--config``):
+
+``llama3_tiny``
+    llama3 with dim 64, 2 layers, 4 heads, vocab 2048 (about 0.37 M
+    parameters), seq 256, local batch 8: a CPU smoke run.
+``llama3_debugmodel``
+    torchtitan's own ``llama3_debugmodel`` (dim 256, 6 layers). On CPUs its
+    sequence is cut from 2048 to 256 to keep a step near a second.
+``llama3_tiny_baseline``, ``llama3_debugmodel_baseline``
+    the same without zipccl: FSDP2's default comms, for side-by-side runs.
+
+All of them: TensorBoard on (``<dump_folder>/tb/<time>/``, every step),
+including zipccl's own tags (:mod:`zipccl_fsdp.titan.metrics`); seed 0; a
+locally generated tokenizer and corpus (:mod:`zipccl_fsdp.titan.assets`), so
+no download; no validation and no checkpoints. The non-baseline configs call
+``zipccl_fsdp.register_comm_hook`` on every model part after ``fully_shard``
+(:mod:`zipccl_fsdp.titan.comms`). Without an accelerator the CPU shim
+(:mod:`zipccl_fsdp.titan.cpu_shim`) is applied; with one, torchtitan runs
+unpatched.
+"""
+from __future__ import annotations
+
+from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
+from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+from torchtitan.models.common.config_utils import decoder_vocab_size
+from torchtitan.models.llama3 import config_registry as _llama3_registry
+from torchtitan.trainer import Trainer
+
+from . import models as _models
+from .assets import ensure_titan_assets as _ensure_titan_assets
+from .comms import with_fsdp_comms as _with_fsdp_comms
+from .cpu_shim import apply_cpu_shim as _apply_cpu_shim
+from .cpu_shim import cpu_trainer_config as _cpu_trainer_config
+from .metrics import ZipcclMetricsProcessor as _ZipcclMetricsProcessor
+
+# CPU step shapes: chosen so a step takes well under a second (tiny) or about
+# one second (debugmodel) on 2 cores with 2 ranks.
+_CPU_SEQ_LEN = 256
+_CPU_LOCAL_BATCH = 8
+
+
+def llama3_tiny() -> Trainer.Config:
+    """Tiny llama3 (dim 64, 2 layers) with zipccl comms."""
+    return _tiny(compress=True)
+
+
+def llama3_tiny_baseline() -> Trainer.Config:
+    """Tiny llama3 (dim 64, 2 layers) with FSDP2's default comms."""
+    return _tiny(compress=False)
+
+
+def llama3_debugmodel() -> Trainer.Config:
+    """torchtitan's llama3 debugmodel with zipccl comms."""
+    return _debugmodel(compress=True)
+
+
+def llama3_debugmodel_baseline() -> Trainer.Config:
+    """torchtitan's llama3 debugmodel with FSDP2's default comms."""
+    return _debugmodel(compress=False)
+
+
+def _tiny(*, compress: bool) -> Trainer.Config:
+    config = _llama3_registry.llama3_debugmodel()
+    config.model_spec = _models.llama3_tiny_spec()
+    config.loss = ChunkedLossWrapper.Config(
+        loss_fn=CrossEntropyLoss.Config(
+            global_vocab_size=decoder_vocab_size(config.model_spec)
+        )
+    )
+    config.training.seq_len = _CPU_SEQ_LEN
+    config.training.local_batch_size = _CPU_LOCAL_BATCH
+    config.training.steps = 20
+    return _finish(config, compress=compress)
+
+
+def _debugmodel(*, compress: bool) -> Trainer.Config:
+    config = _llama3_registry.llama3_debugmodel()
+    config = _finish(config, compress=compress)
+    if config.parallelism.spmd_backend == "partial_dtensor":  # CPU shim active
+        config.training.seq_len = _CPU_SEQ_LEN
+        config.training.local_batch_size = _CPU_LOCAL_BATCH
+    return config
+
+
+def _finish(config: Trainer.Config, *, compress: bool) -> Trainer.Config:
+    """Settings shared by every config of this module."""
+    assets = _ensure_titan_assets()
+    config.hf_assets_path = str(assets.tokenizer_dir)
+    config.dataloader = HuggingFaceTextDataLoader.Config(
+        dataset="c4_test",  # torchtitan's local-folder loader; reads {"text": ...}
+        dataset_path=str(assets.dataset_dir),
+    )
+    config.metrics = _ZipcclMetricsProcessor.Config(
+        log_freq=1, enable_tensorboard=True
+    )
+    config.validator.enable = False
+    config.checkpoint.enable = False
+    if config.debug.seed is None:
+        config.debug.seed = 0
+    config.model_spec = _with_fsdp_comms(config.model_spec, compress=compress)
+    if _apply_cpu_shim():
+        _cpu_trainer_config(config)
+    return config
