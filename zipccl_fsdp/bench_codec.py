@@ -1,0 +1,178 @@
+"""``zipccl bench codec``: ratio and speed of each codec, side by side with
+zstd level 3 and a plain tensor copy measured in the same run.
+
+Speeds are input bytes per second, the median of ``--repeat`` runs after one
+warm-up. The copy row is the physical ceiling of this machine for a pass
+over the data; compare ratios of rows, not absolute numbers across runs.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import platform
+import re
+import statistics
+import time
+
+import torch
+
+from . import codec as C
+
+_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+           "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
+_INPUTS = ("gauss", "bf16-casts", "zeros30")
+
+
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"\s*([\d.]+)\s*([KMG]i?B?|B)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise argparse.ArgumentTypeError(f"size {text!r}: expected e.g. 64MiB, 1GiB, 4096")
+    unit = (m.group(2) or "B").upper().rstrip("B").rstrip("I")
+    return int(float(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[unit])
+
+
+def synthetic(kind: str, nbytes: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if kind == "bf16-casts":
+        dtype = torch.float32
+    n = max(nbytes // torch.empty(0, dtype=dtype).element_size(), 1)
+    if kind == "bf16-casts":
+        return torch.randn(n, generator=g).bfloat16().float()
+    x = torch.randn(n, generator=g).to(dtype)
+    if kind == "zeros30":
+        x[torch.rand(n, generator=g) < 0.3] = 0
+    return x
+
+
+def load_safetensors(path: str, tensor: str | None = None) -> dict:
+    """Float tensors of a .safetensors file, concatenated per dtype."""
+    from safetensors.torch import load_file
+    tensors = load_file(path)
+    if tensor is not None:
+        if tensor not in tensors:
+            raise SystemExit(f"{path} has no tensor {tensor!r}; it has {sorted(tensors)[:10]}")
+        tensors = {tensor: tensors[tensor]}
+    groups: dict = {}
+    for name in sorted(tensors):
+        t = tensors[name]
+        if t.dtype in (torch.bfloat16, torch.float16, torch.float32) and t.numel():
+            groups.setdefault(t.dtype, []).append(t.reshape(-1))
+    if not groups:
+        raise SystemExit(f"{path} holds no bf16/fp16/fp32 tensors")
+    return {f"{os.path.basename(path)}:{str(d).split('.')[-1]}": torch.cat(ts)
+            for d, ts in groups.items()}
+
+
+def _time(fn, repeat: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _bits(t):
+    return t.reshape(-1).view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def measure(name: str, x: torch.Tensor, codecs, backend: str, repeat: int, zstd: bool) -> list:
+    nbytes = x.numel() * x.element_size()
+    gbs = lambda s: nbytes / s / 1e9  # noqa: E731
+    rows = [dict(input=name, method="copy", ratio=1.0,
+                 enc_gbs=gbs(_time(lambda: x.clone(), repeat)), dec_gbs=None, exact="-")]
+    for codec in codecs:
+        payload = C.encode(x, codec=codec, backend=backend)
+        out = torch.empty_like(x)
+        enc = _time(lambda: C.encode(x, codec=codec, backend=backend), repeat)
+        dec = _time(lambda: C.decode(payload, out=out, backend=backend), repeat)
+        exact = torch.equal(_bits(out), _bits(x))
+        rows.append(dict(input=name, method=f"zipccl {codec}", ratio=nbytes / payload.numel(),
+                         enc_gbs=gbs(enc), dec_gbs=gbs(dec), exact="yes" if exact else "NO"))
+    if zstd:
+        try:
+            import zstandard
+        except ImportError:
+            rows.append(dict(input=name, method="zstd-3 (not installed)", ratio=None,
+                             enc_gbs=None, dec_gbs=None, exact="-"))
+        else:
+            raw = x.reshape(-1).view(torch.uint8).numpy().tobytes()
+            comp = zstandard.ZstdCompressor(level=3, threads=0)
+            blob = comp.compress(raw)
+            dctx = zstandard.ZstdDecompressor()
+            enc = _time(lambda: comp.compress(raw), repeat)
+            dec = _time(lambda: dctx.decompress(blob), repeat)
+            rows.append(dict(input=name, method="zstd level 3", ratio=nbytes / len(blob),
+                             enc_gbs=gbs(enc), dec_gbs=gbs(dec),
+                             exact="yes" if dctx.decompress(blob) == raw else "NO"))
+    return rows
+
+
+def format_table(rows: list) -> str:
+    head = f"{'input':<26} {'method':<18} {'ratio':>7} {'enc GB/s':>9} {'dec GB/s':>9} {'exact':>5}"
+    lines = [head, "-" * len(head)]
+    f = lambda v, p: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
+    for r in rows:
+        lines.append(f"{r['input']:<26} {r['method']:<18} {f(r['ratio'], 3):>7} "
+                     f"{f(r['enc_gbs'], 3):>9} {f(r['dec_gbs'], 3):>9} {r['exact']:>5}")
+    return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", metavar="FILE.safetensors",
+                   help="measure the float tensors of this file (e.g. a zipccl capture) "
+                        "instead of synthetic data")
+    p.add_argument("--tensor", help="with --input: only this tensor of the file")
+    p.add_argument("--data", choices=_INPUTS, default="gauss",
+                   help="synthetic input: Gaussian values, fp32 exact bf16 casts, or "
+                        "Gaussian with 30%% exact zeros (default: gauss)")
+    p.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16",
+                   help="dtype of the synthetic input (default: bf16)")
+    p.add_argument("--size", type=parse_size, default=parse_size("64MiB"),
+                   help="bytes of synthetic input, e.g. 16MiB, 1GiB (default: 64MiB)")
+    p.add_argument("--codecs", default="fixed3,dense",
+                   help=f"comma-separated codecs to measure, of {','.join(C.CODECS)}")
+    p.add_argument("--backend", default="auto", choices=C.BACKENDS,
+                   help="codec backend (default: auto = cpp on CPU, triton on CUDA)")
+    p.add_argument("--repeat", type=int, default=5, help="timed runs per row (median)")
+    p.add_argument("--no-zstd", action="store_true", help="skip the zstd level 3 baseline")
+    p.add_argument("--csv", metavar="FILE", help="append the rows to this CSV file")
+
+
+def run(args: argparse.Namespace) -> int:
+    codecs = [c.strip() for c in args.codecs.split(",") if c.strip()]
+    for c in codecs:
+        if c not in C.CODECS:
+            raise SystemExit(f"unknown codec {c!r}; choose from {', '.join(C.CODECS)}")
+    if args.input:
+        inputs = load_safetensors(args.input, args.tensor)
+    else:
+        dtype = _DTYPES[args.dtype]
+        x = synthetic(args.data, args.size, dtype)
+        inputs = {f"{args.data} {str(x.dtype).split('.')[-1]} {x.numel() * x.element_size() / 2**20:.0f}MiB": x}
+    backend_note = args.backend
+    if args.backend == "auto":
+        from . import codec_cpp
+        backend_note = "cpp" if codec_cpp.available() else "torch (cpp extension unavailable)"
+    print(f"zipccl bench codec: backend {backend_note}, {torch.get_num_threads()} threads, "
+          f"median of {args.repeat} runs, GB/s = input bytes per second")
+    rows = []
+    for name, x in inputs.items():
+        rows += measure(name, x, codecs, args.backend, args.repeat, not args.no_zstd)
+    print(format_table(rows))
+    if any(r["exact"] == "NO" for r in rows):
+        print("ERROR: a round trip was not bit-exact")
+        return 1
+    if args.csv:
+        new = not os.path.exists(args.csv)
+        with open(args.csv, "a", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=["time", "host", "torch", "backend", *rows[0]])
+            if new:
+                w.writeheader()
+            stamp = dict(time=time.strftime("%Y-%m-%dT%H:%M:%S"), host=platform.node(),
+                         torch=torch.__version__, backend=backend_note)
+            for r in rows:
+                w.writerow({**stamp, **r})
+    return 0
