@@ -1,5 +1,6 @@
 """The codec's public contract, on the torch reference backend and on "auto"."""
 import struct
+import zlib
 
 import pytest
 import torch
@@ -66,9 +67,10 @@ def test_golden_header_bytes():
     x = torch.tensor([[1.0, -2.0, 0.0]], dtype=torch.bfloat16)
     p = z.encode(x, codec="raw", backend="torch")
     head = bytes(p[:F.HEADER_NBYTES + 16].tolist())
-    expected = (b"ZCCL" + bytes([1, 0, 1, 2]) + struct.pack("<QII", 3, 0, 0)
-                + struct.pack("<4Q", 0, 6, 0, 0) + bytes(8) + struct.pack("<2Q", 1, 3))
-    assert head == expected
+    fields = (b"ZCCL" + bytes([1, 0, 1, 2]) + struct.pack("<QII", 3, 0, 0)
+              + struct.pack("<4Q", 0, 6, 0, 0) + struct.pack("<I", 0))
+    dims = struct.pack("<2Q", 1, 3)
+    assert head == fields + struct.pack("<I", zlib.crc32(fields + dims)) + dims
     assert bytes(p[-6:].tolist()) == bytes(x.view(torch.uint8).flatten().tolist())
     # A coded payload: the header names codec, dtype, chunking and stream lengths.
     q = z.encode(torch.ones(10, dtype=torch.float32), codec="fixed3", backend="torch")
@@ -78,24 +80,53 @@ def test_golden_header_bytes():
     assert (h.codes_nbytes, h.sm_nbytes, h.rem_nbytes, h.esc_nbytes) == (4, 10, 0, 0)
 
 
+def _edit_header(p, offset, value, fix_crc=True):
+    """Set one header byte; with fix_crc the CRC is recomputed so deeper checks run."""
+    b = p.clone()
+    b[offset] = value
+    if fix_crc:
+        ndim = int(b[7])
+        raw = bytes(b[:F.HEADER_NBYTES + 8 * ndim].tolist())
+        crc = zlib.crc32(raw[:F.HEADER_NBYTES - 4] + raw[F.HEADER_NBYTES:])
+        b[F.HEADER_NBYTES - 4:F.HEADER_NBYTES] = torch.tensor(list(struct.pack("<I", crc)))
+    return b
+
+
 def test_corrupt_headers_are_refused():
     p = z.encode(torch.randn(5000).bfloat16(), codec="dense", backend="torch")
-    for mutate, msg in [
-        (lambda b: b.__setitem__(4, 2), "unknown format version 2"),
-        (lambda b: b.__setitem__(0, ord("X")), "bad magic"),
-        (lambda b: b.__setitem__(5, 9), "unknown codec id"),
-        (lambda b: b.__setitem__(6, 7), "unknown dtype code"),
-        (lambda b: b.__setitem__(8, 0xFF), "shape"),
+    for offset, value, fix, msg in [
+        (4, 2, True, "unknown format version 2"),
+        (0, ord("X"), True, "bad magic"),
+        (5, 9, True, "unknown codec id"),
+        (6, 7, True, "unknown dtype code"),
+        (56, 0x80, True, "unknown header flags"),
+        (8, 0xFF, True, "shape"),
+        (16, 0x11, True, "chunk_elems"),
+        (8, 0xFF, False, "header checksum"),
+        (30, 0x01, False, "header checksum"),
     ]:
-        b = p.clone()
-        mutate(b)
         with pytest.raises(z.CorruptPayloadError, match=msg):
-            z.decode(b, backend="torch")
+            z.decode(_edit_header(p, offset, value, fix), backend="torch")
     for cut in (0, 10, 63, p.numel() - 1):
         with pytest.raises(z.CorruptPayloadError):
             z.decode(p[:cut].clone(), backend="torch")
     with pytest.raises(z.CorruptPayloadError):
         z.decode(torch.cat([p, torch.zeros(3, dtype=torch.uint8)]), backend="torch")
+
+
+@pytest.mark.parametrize("codec", z.CODECS)
+def test_verify_mode_round_trips_and_catches_every_flipped_bit(codec):
+    x = case("special", 3 * 4096 + 5, torch.bfloat16)
+    p = z.encode(x, codec=codec, backend="torch", verify=True)
+    assert p.numel() == z.encode(x, codec=codec, backend="torch").numel() + 4 * 4
+    assert p.numel() <= z.max_encoded_nbytes(x.numel(), x.dtype, codec, verify=True)
+    assert torch.equal(bits(z.decode(p, backend="torch")), bits(x))
+    g = torch.Generator().manual_seed(7)
+    for pos in torch.randint(0, p.numel() * 8, (40,), generator=g).tolist():
+        q = p.clone()
+        q[pos // 8] ^= 1 << (pos % 8)
+        with pytest.raises(z.CorruptPayloadError):
+            z.decode(q, backend="torch")
 
 
 def test_huge_header_fields_do_not_allocate():

@@ -13,6 +13,7 @@ All backends write byte-identical payloads and read each other's.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -66,8 +67,49 @@ def _backend_module(backend: str, device: torch.device):
     return exponent_codec
 
 
-def encode(tensor: torch.Tensor, *, codec: str = "auto", backend: str = "auto") -> torch.Tensor:
+def chunk_sums(x: torch.Tensor) -> torch.Tensor:
+    """The integrity checksums of format.py: a u32 per CHUNK_ELEMS elements,
+    ``sum(word_i * (2 i + 1)) mod 2**32``, as an int64 tensor on x's device."""
+    info = F.dtype_info(x.dtype)
+    C = F.CHUNK_ELEMS
+    words = x.reshape(-1).view({2: torch.int16, 4: torch.int32}[info.itemsize]).to(torch.int64)
+    words = words & ((1 << (8 * info.itemsize)) - 1)
+    pad = F.nchunks_for(words.numel(), C) * C - words.numel()
+    words = torch.nn.functional.pad(words, (0, pad)).view(-1, C)
+    weights = torch.arange(1, 2 * C, 2, dtype=torch.int64, device=x.device)
+    # word < 2**32 and weight < 2**13: each product < 2**45, a row sum < 2**57.
+    return (words * weights).sum(1) & 0xFFFFFFFF
+
+
+def _sums_bytes(sums: torch.Tensor) -> torch.Tensor:
+    shifts = torch.arange(0, 32, 8, device=sums.device)
+    return ((sums[:, None] >> shifts) & 0xFF).to(torch.uint8).reshape(-1)
+
+
+def _add_checksums(payload: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    header = F.parse_header(payload)
+    header.flags |= F.HEADER_FLAG_CHECKSUM
+    head = torch.frombuffer(bytearray(header.pack()), dtype=torch.uint8).to(payload.device)
+    return torch.cat([head, payload[head.numel():], _sums_bytes(chunk_sums(x))])
+
+
+def _check_checksums(payload: torch.Tensor, header: F.Header, out: torch.Tensor) -> None:
+    stored = payload[header.sums_offset:header.total_nbytes].view(-1, 4).to(torch.int64)
+    stored = stored[:, 0] | stored[:, 1] << 8 | stored[:, 2] << 16 | stored[:, 3] << 24
+    bad = (stored != chunk_sums(out)).nonzero()
+    if bad.numel():
+        c = int(bad[0, 0])
+        raise CorruptPayloadError(
+            f"checksum mismatch in chunk {c} (elements {c * F.CHUNK_ELEMS}.."
+            f"{min((c + 1) * F.CHUNK_ELEMS, header.numel) - 1}): the payload was damaged")
+
+
+def encode(tensor: torch.Tensor, *, codec: str = "auto", backend: str = "auto",
+           verify: bool = False) -> torch.Tensor:
     """Encode ``tensor`` losslessly into a 1-D uint8 self-describing payload.
+
+    With ``verify=True`` the payload carries a checksum per 4096 elements of
+    the input, which ``decode`` checks on what it produced.
 
     Example::
 
@@ -85,7 +127,8 @@ def encode(tensor: torch.Tensor, *, codec: str = "auto", backend: str = "auto") 
     x = tensor.detach()
     if not x.is_contiguous():
         x = x.contiguous()
-    return _backend_module(backend, x.device).encode(x, codec)
+    payload = _backend_module(backend, x.device).encode(x, codec)
+    return _add_checksums(payload, x) if verify else payload
 
 
 def decode(payload: torch.Tensor, *, out: torch.Tensor | None = None,
@@ -107,15 +150,21 @@ def decode(payload: torch.Tensor, *, out: torch.Tensor | None = None,
             raise ValueError("out must be contiguous")
         if out.device != payload.device:
             raise ValueError(f"out is on {out.device}, payload on {payload.device}")
-    return _backend_module(backend, payload.device).decode(payload, header, out)
+    module = _backend_module(backend, payload.device)
+    if not header.flags & F.HEADER_FLAG_CHECKSUM:
+        return module.decode(payload, header, out)
+    # Backends see the payload without its checksums; we check them after.
+    plain = dataclasses.replace(header, flags=0)
+    module.decode(payload[:header.sums_offset], plain, out)
+    _check_checksums(payload, header, out)
+    return out
 
 
-def max_encoded_nbytes(numel: int, dtype: torch.dtype, codec: str = "auto", ndim: int = 1) -> int:
+def max_encoded_nbytes(numel: int, dtype: torch.dtype, codec: str = "auto", ndim: int = 1,
+                       verify: bool = False) -> int:
     """Upper bound on ``encode(t).numel()`` for a tensor of ``numel`` elements."""
     codec = _check_codec(codec)
-    if codec == "raw":
-        return F.HEADER_NBYTES + 8 * ndim + numel * F.dtype_info(dtype).itemsize
-    return F.max_encoded_nbytes(numel, dtype, ndim)
+    return F.max_encoded_nbytes(numel, dtype, ndim, verify)
 
 
 __all__ = ["CODECS", "BACKENDS", "encode", "decode", "max_encoded_nbytes", "CorruptPayloadError"]

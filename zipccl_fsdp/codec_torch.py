@@ -274,7 +274,8 @@ def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor) -> torch.
     dev = payload.device
     flat_out = out.reshape(-1).view(_INT_VIEW[info.itemsize])
     if header.codec == "raw":
-        out.reshape(-1).view(torch.uint8).copy_(payload[header.streams_offset:])
+        out.reshape(-1).view(torch.uint8).copy_(
+            payload[header.streams_offset:header.streams_offset + header.sm_nbytes])
         return out
     numel, C, nch = header.numel, header.chunk_elems, header.nchunks
     if numel == 0:

@@ -3,8 +3,10 @@
 A payload is one 1-D uint8 tensor::
 
     header (64 B) | dims (ndim x u64) | chunk table (nchunks x 16 B) | codes | sm | rem | esc
+    [| sums (u32 per 4096 elements, when the header flag CHECKSUM is set)]
 
-All integers are little-endian. The tensor is cut into chunks of
+All integers are little-endian. The header ends with a CRC-32 of itself and
+the dims, so a damaged header is refused before any field is used. The tensor is cut into chunks of
 ``chunk_elems`` elements (the last may be shorter); each chunk is coded on its
 own and stored either CODED or RAW. Every stream is the concatenation, in
 chunk order, of each chunk's byte-aligned segment; a segment's length follows
@@ -40,11 +42,19 @@ quarter-exponent ``phase``.
 ESC elements ship their exponent field as one byte in ``esc``. A chunk whose
 coded size is not smaller than its raw size is stored RAW: its ``sm`` segment
 holds the raw element bytes.
+
+Integrity (``verify``): with the header flag CHECKSUM, ``sums`` holds, for
+each run of CHUNK_ELEMS elements of the *original* tensor, the u32
+``sum(word_i * (2 i + 1)) mod 2**32`` over its unsigned words (i counts from 0
+within the run). The decoder recomputes it on what it produced, so any
+corruption that changes the output is caught; a single flipped bit always is
+(an odd multiple of a power of two below 2**32 is never 0 mod 2**32).
 """
 from __future__ import annotations
 
 import math
 import struct
+import zlib
 from dataclasses import dataclass
 
 import torch
@@ -135,8 +145,10 @@ def dtype_info(dtype: torch.dtype) -> DTypeInfo:
 # --------------------------------------------------------------------------
 # Header
 # --------------------------------------------------------------------------
-_HEADER = struct.Struct("<4sBBBBQII4Q4x4x")
+_HEADER = struct.Struct("<4sBBBBQII4QII")
 assert _HEADER.size == HEADER_NBYTES
+HEADER_FLAG_CHECKSUM = 1
+_KNOWN_HEADER_FLAGS = HEADER_FLAG_CHECKSUM
 
 
 @dataclass
@@ -151,6 +163,12 @@ class Header:
     sm_nbytes: int
     rem_nbytes: int
     esc_nbytes: int
+    flags: int = 0
+
+    @property
+    def nsums(self) -> int:
+        """Checksums stored (one per CHUNK_ELEMS elements), 0 without CHECKSUM."""
+        return nchunks_for(self.numel) if self.flags & HEADER_FLAG_CHECKSUM else 0
 
     @property
     def table_offset(self) -> int:
@@ -162,15 +180,21 @@ class Header:
 
     @property
     def total_nbytes(self) -> int:
+        return self.sums_offset + 4 * self.nsums
+
+    @property
+    def sums_offset(self) -> int:
         return (self.streams_offset + self.codes_nbytes + self.sm_nbytes
                 + self.rem_nbytes + self.esc_nbytes)
 
     def pack(self) -> bytes:
         info = DTYPES[self.dtype]
-        head = _HEADER.pack(MAGIC, VERSION, CODEC_IDS[self.codec], info.code, len(self.shape),
-                            self.numel, self.chunk_elems, self.nchunks, self.codes_nbytes,
-                            self.sm_nbytes, self.rem_nbytes, self.esc_nbytes)
-        return head + struct.pack(f"<{len(self.shape)}Q", *self.shape)
+        fields = (MAGIC, VERSION, CODEC_IDS[self.codec], info.code, len(self.shape),
+                  self.numel, self.chunk_elems, self.nchunks, self.codes_nbytes,
+                  self.sm_nbytes, self.rem_nbytes, self.esc_nbytes, self.flags)
+        dims = struct.pack(f"<{len(self.shape)}Q", *self.shape)
+        crc = zlib.crc32(_HEADER.pack(*fields, 0)[:HEADER_NBYTES - 4] + dims)
+        return _HEADER.pack(*fields, crc) + dims
 
 
 def nchunks_for(numel: int, chunk_elems: int = CHUNK_ELEMS) -> int:
@@ -190,11 +214,16 @@ def parse_header(payload: torch.Tensor) -> Header:
                                   f"{HEADER_NBYTES}-byte header")
     raw = payload[:HEADER_NBYTES + 8 * MAX_NDIM].cpu().numpy().tobytes()
     (magic, version, codec_id, dtype_code, ndim, numel, chunk_elems, nchunks,
-     codes, sm, rem, esc) = _HEADER.unpack(raw[:HEADER_NBYTES])
+     codes, sm, rem, esc, flags, crc) = _HEADER.unpack(raw[:HEADER_NBYTES])
     if magic != MAGIC:
         raise CorruptPayloadError(f"bad magic {magic!r}, expected {MAGIC!r}")
     if version != VERSION:
         raise CorruptPayloadError(f"unknown format version {version} (this build reads {VERSION})")
+    if ndim <= MAX_NDIM and n >= HEADER_NBYTES + 8 * ndim:
+        if zlib.crc32(raw[:HEADER_NBYTES - 4] + raw[HEADER_NBYTES:HEADER_NBYTES + 8 * ndim]) != crc:
+            raise CorruptPayloadError("header checksum mismatch: the header is damaged")
+    if flags & ~_KNOWN_HEADER_FLAGS:
+        raise CorruptPayloadError(f"unknown header flags {flags:#x}")
     if codec_id not in CODEC_NAMES:
         raise CorruptPayloadError(f"unknown codec id {codec_id}")
     if dtype_code not in DTYPE_BY_CODE:
@@ -219,16 +248,16 @@ def parse_header(payload: torch.Tensor) -> Header:
         if max(sm, codes) > numel * info.itemsize or esc > numel or rem > numel:
             raise CorruptPayloadError("stream lengths exceed what numel allows")
     header = Header(codec, info.dtype, tuple(shape), numel, chunk_elems, nchunks,
-                    codes, sm, rem, esc)
+                    codes, sm, rem, esc, flags)
     if header.total_nbytes != n:
         raise CorruptPayloadError(f"payload has {n} bytes, header says {header.total_nbytes}")
     return header
 
 
-def max_encoded_nbytes(numel: int, dtype: torch.dtype, ndim: int = 1) -> int:
+def max_encoded_nbytes(numel: int, dtype: torch.dtype, ndim: int = 1, verify: bool = False) -> int:
     """An upper bound on the payload size of any codec (chunks never expand)."""
     info = dtype_info(dtype)
-    return (HEADER_NBYTES + 8 * ndim + CHUNK_ENTRY_NBYTES * nchunks_for(numel)
+    return (HEADER_NBYTES + 8 * ndim + (CHUNK_ENTRY_NBYTES + 4 * verify) * nchunks_for(numel)
             + numel * info.itemsize)
 
 
