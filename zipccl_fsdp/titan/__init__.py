@@ -13,10 +13,11 @@ Config functions (``--config``):
 
 ``llama3_tiny``
     llama3 with dim 64, 2 layers, 4 heads, vocab 2048 (about 0.37 M
-    parameters), seq 256, local batch 8: a CPU smoke run.
+    parameters), seq 256, local batch 8, 20 steps: a CPU smoke run.
 ``llama3_debugmodel``
-    torchtitan's own ``llama3_debugmodel`` (dim 256, 6 layers). On CPUs its
-    sequence is cut from 2048 to 256 to keep a step near a second.
+    torchtitan's own ``llama3_debugmodel`` (dim 256, 6 layers, about 6.2 M
+    parameters). On CPUs its step is cut from 8 x 2048 tokens to 2 x 256 to
+    keep it under a second.
 ``llama3_tiny_baseline``, ``llama3_debugmodel_baseline``
     the same without zipccl: FSDP2's default comms, for side-by-side runs.
 
@@ -27,11 +28,13 @@ no download; no validation and no checkpoints. The non-baseline configs call
 ``zipccl_fsdp.register_comm_hook`` on every model part after ``fully_shard``
 (:mod:`zipccl_fsdp.titan.comms`). Without an accelerator the CPU shim
 (:mod:`zipccl_fsdp.titan.cpu_shim`) is applied; with one, torchtitan runs
-unpatched.
+unpatched but for ``torch.distributed.set_timeout``, which torch 2.13 lacks
+and torchtitan 0.3.0 calls (see :func:`~zipccl_fsdp.titan.cpu_shim.ensure_set_timeout`).
 """
 from __future__ import annotations
 
 from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
+from torchtitan.components.optimizer import default_adamw
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 from torchtitan.models.common.config_utils import decoder_vocab_size
 from torchtitan.models.llama3 import config_registry as _llama3_registry
@@ -40,14 +43,19 @@ from torchtitan.trainer import Trainer
 from . import models as _models
 from .assets import ensure_titan_assets as _ensure_titan_assets
 from .comms import with_fsdp_comms as _with_fsdp_comms
+from .cpu_shim import accelerator_present as _accelerator_present
 from .cpu_shim import apply_cpu_shim as _apply_cpu_shim
 from .cpu_shim import cpu_trainer_config as _cpu_trainer_config
 from .metrics import ZipcclMetricsProcessor as _ZipcclMetricsProcessor
 
-# CPU step shapes: chosen so a step takes well under a second (tiny) or about
-# one second (debugmodel) on 2 cores with 2 ranks.
+# Step shapes on CPUs, measured with 2 ranks on 2 cores: tiny at batch 8 takes
+# about 0.4 s a step; the debugmodel takes about 2.8 s at batch 8 and about
+# 0.8 s at batch 2.
 _CPU_SEQ_LEN = 256
-_CPU_LOCAL_BATCH = 8
+_TINY_LOCAL_BATCH = 8
+_DEBUGMODEL_CPU_LOCAL_BATCH = 2
+_TINY_LR = 3e-3
+"""Loss 8.07 -> 5.07 in 20 steps (8e-4, the debugmodel's: 8.07 -> 7.46)."""
 
 
 def llama3_tiny() -> Trainer.Config:
@@ -78,8 +86,9 @@ def _tiny(*, compress: bool) -> Trainer.Config:
             global_vocab_size=decoder_vocab_size(config.model_spec)
         )
     )
+    config.optimizer = default_adamw(lr=_TINY_LR)
     config.training.seq_len = _CPU_SEQ_LEN
-    config.training.local_batch_size = _CPU_LOCAL_BATCH
+    config.training.local_batch_size = _TINY_LOCAL_BATCH
     config.training.steps = 20
     return _finish(config, compress=compress)
 
@@ -87,9 +96,9 @@ def _tiny(*, compress: bool) -> Trainer.Config:
 def _debugmodel(*, compress: bool) -> Trainer.Config:
     config = _llama3_registry.llama3_debugmodel()
     config = _finish(config, compress=compress)
-    if config.parallelism.spmd_backend == "partial_dtensor":  # CPU shim active
+    if not _accelerator_present():
         config.training.seq_len = _CPU_SEQ_LEN
-        config.training.local_batch_size = _CPU_LOCAL_BATCH
+        config.training.local_batch_size = _DEBUGMODEL_CPU_LOCAL_BATCH
     return config
 
 

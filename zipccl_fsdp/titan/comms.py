@@ -5,9 +5,12 @@ parallel_dims)`` once the model is sharded and the optimizer built;
 :func:`with_fsdp_comms` chains :func:`install_fsdp_comms` into a model spec.
 
 With ``compress=True`` every model part gets
-``zipccl_fsdp.register_comm_hook(model_part, hook)``. If this build of
-zipccl_fsdp does not provide ``register_comm_hook`` and ``zipccl_hook`` yet,
-a warning is logged and the run keeps FSDP2's default comms.
+``zipccl_fsdp.register_comm_hook(model_part, hook)`` (the default hook,
+shared by all parts), and the hook's ``stats()`` go to TensorBoard as
+``zipccl/<kind>/<counter>`` (kind: all_gather, reduce_scatter, ...; the
+counters are cumulative; ``ratio`` is raw / wire bytes). If this build of
+zipccl_fsdp does not export ``register_comm_hook``, a warning is logged and
+the run keeps FSDP2's default comms.
 
 gloo and PREMUL_SUM: torchtitan sets a gradient divide factor of 1.0 on every
 FSDP module (it normalises the loss by the global token count itself), and
@@ -31,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch.distributed as dist
@@ -61,8 +64,12 @@ def install_fsdp_comms(
     if not installed and _backend_lacks_premul_sum():
         force_sum_reductions(model_parts)
     flag = {"compressed": float(installed)}
+
+    def config_scalars(step: int) -> dict[str, float]:
+        return flag
+
     for part in model_parts:
-        attach_scalar_source(part, "config", lambda step: flag)
+        attach_scalar_source(part, "config", config_scalars)
     return installed
 
 
@@ -70,22 +77,43 @@ def _register_zipccl_hook(model_parts: Sequence[nn.Module]) -> bool:
     import zipccl_fsdp
 
     register = getattr(zipccl_fsdp, "register_comm_hook", None)
-    make_hook = getattr(zipccl_fsdp, "zipccl_hook", None)
-    if register is None or make_hook is None:
+    if register is None:
         logger.warning(
-            "zipccl_fsdp has no register_comm_hook/zipccl_hook in this build: "
-            "training with FSDP2's default (uncompressed) comms"
+            "zipccl_fsdp has no register_comm_hook in this build: training "
+            "with FSDP2's default (uncompressed) comms"
         )
         return False
-    hook = make_hook()
+    # register_comm_hook(model, hook=None) installs the default hook
+    # (zipccl_fsdp.zipccl_hook) and returns it; the later parts share it.
+    hook = None
     for part in model_parts:
-        register(part, hook)
-        # A hook that reports its own counters adds them to TensorBoard as
-        # zipccl/comm/<name>, in the event files torchtitan writes.
-        scalars = getattr(hook, "tensorboard_scalars", None)
-        if callable(scalars):
-            attach_scalar_source(part, "comm", scalars)
+        hook = register(part, hook)
+    stats = getattr(hook, "stats", None)
+    if callable(stats):
+        sources = [(kind, _KindStats(stats, kind)) for kind in stats()]
+        for part in model_parts:
+            for kind, source in sources:
+                attach_scalar_source(part, kind, source)
     return True
+
+
+class _KindStats:
+    """Scalar source: one kind of a hook's ``stats()`` (cumulative counters).
+
+    Logs the counters of ``stats()[kind]`` and ``ratio`` = raw / wire bytes
+    once the kind has carried data; nothing before its first call.
+    """
+
+    def __init__(self, stats: Callable[[], Mapping[str, Mapping[str, float]]], kind: str):
+        self.stats, self.kind = stats, kind
+
+    def __call__(self, step: int) -> dict[str, float]:
+        fields = dict(self.stats()[self.kind])
+        if not fields.get("calls"):
+            return {}
+        if fields.get("wire_bytes"):
+            fields["ratio"] = fields["raw_bytes"] / fields["wire_bytes"]
+        return fields
 
 
 def _backend_lacks_premul_sum() -> bool:

@@ -15,7 +15,7 @@ this module touches torchtitan):
   ``Backend.default_device_backend_map["cpu"]``.
 - :func:`cpu_trainer_config` adjusts a ``Trainer.Config``:
   ``parallelism.spmd_backend = "partial_dtensor"`` (the default
-  ``"spmd_types"`` backend is not usable here, see the function),
+  ``"spmd_types"`` fails in ``fully_shard`` here, see the function),
   ``training.disable_cuda_graphs = True``, and FlexAttention replaced by
   :class:`~zipccl_fsdp.titan.cpu_attention.CpuDocumentCausalSDPA` because
   FlexAttention has no CPU backward (pytorch/pytorch#169224).
@@ -31,7 +31,6 @@ replaced, which NCCL and gloo both implement.
 """
 from __future__ import annotations
 
-import logging
 import os
 import platform
 import resource
@@ -41,8 +40,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-
-logger = logging.getLogger(__name__)
 
 
 def accelerator_present() -> bool:
@@ -158,11 +155,13 @@ def apply_cpu_shim() -> bool:
 def cpu_trainer_config(config: Any) -> Any:
     """Adjust a torchtitan ``Trainer.Config`` in place to run on CPUs; return it.
 
-    - ``spmd_backend = "partial_dtensor"``: the default ``"spmd_types"``
-      backend types every activation against the mesh and only supports the
-      accelerator paths that torchtitan tests; ``partial_dtensor`` (DTensor
-      for the model-parallel axes only, FSDP2 for data parallel) is the
-      backend torchtitan keeps as its fallback (pytorch/torchtitan#4085).
+    - ``spmd_backend = "partial_dtensor"`` (DTensor for the model-parallel
+      axes only, plain FSDP2 for data parallel; the backend torchtitan keeps
+      beside its default, pytorch/torchtitan#4085). With the default
+      ``"spmd_types"``, torch 2.13's ``fully_shard(..., dp_mesh_dims=...)``
+      rejects the token embedding here ("all parameters must be DTensors on
+      the full SPMD mesh ... Got plain tensor for parameter 'weight'"); not
+      checked on a GPU, so it is changed on CPUs only.
     - CUDA graphs off (they would only log that they cannot be used).
     - FlexAttention -> :class:`CpuDocumentCausalSDPA` (no CPU backward:
       pytorch/pytorch#169224), same document-causal masking.

@@ -28,9 +28,11 @@ flush as torchtitan's loss. :class:`ZipcclMetricsProcessor` (a drop-in for
 ``MetricsProcessor``, selected by putting its ``Config`` in
 ``Trainer.Config.metrics``) does that merge: each logged step it calls the
 scalar sources attached with :func:`attach_scalar_source` to the model parts
-it is given, and logs their values as ``zipccl/<kind>/<name>``. The model
-parts are the handle that ``post_optimizer_build_fn`` and the processor
-share, so no global registry is needed.
+it is given (and to itself, with :meth:`ZipcclMetricsProcessor.add_scalar_source`,
+for code that holds the processor), and logs their values as
+``zipccl/<kind>/<name>``. The model parts are the handle that
+``post_optimizer_build_fn`` and the processor share, so no global registry
+is needed.
 
 For a stock torchtitan config, select the processor with
 ``--override.imports zipccl_fsdp.titan.metrics.zipccl_metrics``.
@@ -67,8 +69,7 @@ def attach_scalar_source(module: nn.Module, kind: str, source: ScalarSource) -> 
     is sure to call it in the same order (they are: the same parts, the same
     attach order). Attaching the same ``(kind, source)`` twice logs it once.
     """
-    if not kind or kind.startswith("/") or kind.endswith("/"):
-        raise ValueError(f"kind must be a non-empty tag path, got {kind!r}")
+    _check_kind(kind)
     sources: list[tuple[str, ScalarSource]] = module.__dict__.setdefault(
         _SOURCES_ATTR, []
     )
@@ -76,11 +77,16 @@ def attach_scalar_source(module: nn.Module, kind: str, source: ScalarSource) -> 
         sources.append((kind, source))
 
 
-def collect_scalars(model_parts: Any, step: int) -> dict[str, float]:
-    """Return ``{"zipccl/<kind>/<name>": value}`` from the sources on ``model_parts``."""
+def _check_kind(kind: str) -> None:
+    if not kind or kind.startswith("/") or kind.endswith("/"):
+        raise ValueError(f"kind must be a non-empty tag path, got {kind!r}")
+
+
+def collect_scalars(holders: Any, step: int) -> dict[str, float]:
+    """Return ``{"zipccl/<kind>/<name>": value}`` from the sources on ``holders``."""
     seen: set[tuple[str, int]] = set()
     out: dict[str, float] = {}
-    for part in model_parts or ():
+    for part in holders or ():
         for kind, source in part.__dict__.get(_SOURCES_ATTR, ()):
             if (kind, id(source)) in seen:
                 continue
@@ -95,11 +101,18 @@ class ZipcclMetricsProcessor(MetricsProcessor):
 
     Identical output otherwise; the extra tags go through torchtitan's own
     ``extra_metrics`` path, so they share its writer, event file and steps.
+    Sources come from the model parts (:func:`attach_scalar_source`) and from
+    :meth:`add_scalar_source` on the processor itself.
     """
 
     @dataclass(kw_only=True, slots=True)
     class Config(MetricsProcessor.Config):
         pass
+
+    def add_scalar_source(self, kind: str, source: ScalarSource) -> None:
+        """Log ``source(step)`` as ``zipccl/<kind>/<name>`` at each logged step."""
+        _check_kind(kind)
+        self.__dict__.setdefault(_SOURCES_ATTR, []).append((kind, source))
 
     def log(
         self,
@@ -110,7 +123,7 @@ class ZipcclMetricsProcessor(MetricsProcessor):
         extra_metrics: dict[str, Any] | None = None,
     ) -> None:
         merged = dict(extra_metrics or {})
-        merged.update(collect_scalars(self.model_parts, step))
+        merged.update(collect_scalars([self, *(self.model_parts or ())], step))
         super().log(
             step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=merged
         )

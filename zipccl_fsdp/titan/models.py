@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from torchtitan.models.common import ComplexRoPE, compute_ffn_hidden_dim
-from torchtitan.models.common import Embedding, Linear, RMSNorm
+from torchtitan.models.common import (
+    ComplexRoPE,
+    Embedding,
+    Linear,
+    RMSNorm,
+    compute_ffn_hidden_dim,
+)
 from torchtitan.models.llama3 import (
     _EMBEDDING_INIT,
     _NORM_INIT,
