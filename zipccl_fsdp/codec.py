@@ -24,7 +24,7 @@ from .errors import CorruptPayloadError
 
 CODECS = ("raw", "fixed3", "dense")
 BACKENDS = ("auto", "torch", "cpp", "triton")
-DEFAULT_CODEC = "fixed3"
+DEFAULT_CODEC = "dense"  # smaller; fixed3 is the fast one (docs/format.md)
 
 
 def _check_codec(codec: str) -> str:

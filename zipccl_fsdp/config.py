@@ -28,10 +28,15 @@ class ZipCCLConfig:
         >>> all_gather_single(out, inp, config=cfg)
     """
 
-    codec: str = "auto"
-    """Exponent code for compressed payloads: "auto" (the codec's default),
-    "fixed3" (fast, fixed 3-bit codes), "dense" (tiered prefix code, smaller)
-    or "raw" (framing only; for tests and measurement)."""
+    codec: str = "dense"
+    """Exponent code for compressed payloads: "dense" (tiered prefix code),
+    "fixed3" (fixed 3-bit codes: faster, larger), "auto" (the codec module's
+    default) or "raw" (framing only; for tests and measurement). "dense" by
+    default: on FSDP2 bf16 parameters it sends 0.66 of the raw bytes against
+    0.70 for "fixed3" (tests/test_fsdp2.py), and compression is only switched
+    on for links slow enough that bytes matter more than codec speed. On an
+    H200 (Triton) both encode 8 MiB of bf16 in under 1 ms; on the CPU backend
+    dense encodes at 0.14 GB/s, fixed3 at 0.32 GB/s."""
 
     backend: str = "auto"
     """Codec backend: "auto" (Triton on CUDA, C++ or torch on CPU), "torch",
@@ -75,8 +80,10 @@ class ZipCCLConfig:
         if self.codec not in _CODECS:
             raise ValueError(f"ZipCCLConfig.codec must be one of {_CODECS}, got {self.codec!r}")
         if self.backend not in _BACKENDS:
-            raise ValueError(f"ZipCCLConfig.backend must be one of {_BACKENDS}, got {self.backend!r}")
-        if isinstance(self.min_bytes, bool) or not isinstance(self.min_bytes, int) or self.min_bytes < 0:
+            raise ValueError(f"ZipCCLConfig.backend must be one of {_BACKENDS}, "
+                             f"got {self.backend!r}")
+        min_bytes = self.min_bytes
+        if isinstance(min_bytes, bool) or not isinstance(min_bytes, int) or min_bytes < 0:
             raise ValueError(f"ZipCCLConfig.min_bytes must be an int >= 0, got {self.min_bytes!r}")
         for name in ("compress_all_gather", "compress_reduce_scatter", "compress_all_reduce",
                      "compress_all_to_all", "check_consistency"):

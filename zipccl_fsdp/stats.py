@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from torch.profiler import record_function
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
-COUNTS = ("calls", "compressed_calls", "raw_bytes", "wire_bytes")
+COUNTS = ("calls", "compressed_calls", "raw_bytes", "wire_bytes", "size_bytes", "pad_bytes")
 TIMES = ("encode_s", "decode_s", "comm_s", "size_exchange_s", "reduce_s")
 
 # phase name -> the time fields it adds to
@@ -39,8 +39,12 @@ _PHASE_FIELDS = {
 class CommStats:
     """Per-kind counters of one owner (a hook, or the module's free functions).
 
-    ``comm_s`` includes ``size_exchange_s``; ``reduce_s`` is the local decode-free
-    part of a reduction (fp32 sums, scaling, the final cast).
+    ``size_bytes`` (size exchanges and config checks) and ``pad_bytes`` (the
+    all-gather padding to the largest payload) are the parts of ``wire_bytes``
+    that carry no data. ``comm_s`` includes ``size_exchange_s``, which also
+    holds the wait for the slowest peer to finish encoding (the first
+    collective after the encode absorbs the skew between ranks); ``reduce_s``
+    is the local part of a reduction (fp32 sums, scaling, the final cast).
     """
 
     def __init__(self) -> None:
@@ -54,7 +58,8 @@ class CommStats:
 
     def snapshot(self) -> dict[str, dict[str, float]]:
         """A copy: ``{kind: {"calls", "compressed_calls", "raw_bytes", "wire_bytes",
-        "encode_s", "decode_s", "comm_s", "size_exchange_s", "reduce_s"}}``."""
+        "size_bytes", "pad_bytes", "encode_s", "decode_s", "comm_s", "size_exchange_s",
+        "reduce_s"}}``."""
         return {kind: dict(fields) for kind, fields in self._data.items()}
 
     def add(self, kind: str, **counts: float) -> None:

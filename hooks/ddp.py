@@ -1,0 +1,162 @@
+"""DDP comm hook: average each gradient bucket with zipccl's compressed all-reduce.
+
+``ddp_comm_hook(state, bucket)`` follows the conventions of
+``torch/distributed/algorithms/ddp_comm_hooks/``: ``state`` is what
+``ddp_model.register_comm_hook(state, hook)`` was given, the return value is
+a ``Future`` of a tensor of the bucket's shape, and the reduced values are
+written in place into ``bucket.buffer()``. ``ZipCCLHook.__call__`` delegates
+here, so ``ddp_model.register_comm_hook(None, zipccl_hook)`` works and its
+calls land in the hook's stats (kind ``"all_reduce"``, profiler ranges
+``zipccl::all_reduce::<phase>``).
+
+``state`` may be:
+
+* ``None``: the default process group and the hook's config;
+* a ``ProcessGroup`` (torch's hooks take one the same way): that group and
+  the hook's config (``zipccl_fsdp.register_comm_hook(ddp_model)`` passes
+  ``ddp_model.process_group``);
+* a ``ZipCCLConfig``: the default process group and that config.
+
+``install``/``remove`` are the registry's DDP integration
+(``zipccl_fsdp.register_comm_hook(ddp_model)``): DDP takes one comm hook per
+model and cannot unregister it, so ``remove`` switches the registered hook to
+torch's ``allreduce_hook`` (which its docs say matches DDP without a hook) and
+a later ``install`` of the same hook switches it back.
+
+Numerics: DDP hands hooks the bucket *before* averaging. zipccl sums the
+ranks' buckets in fp32 in rank order, divides by the world size in fp32 and
+casts once to the bucket's dtype (``ReduceOp.AVG`` of ``collectives``).
+DDP's default divides each gradient by the world size first and sums after;
+for a world size that is a power of two both orders give the same bits
+(barring overflow or subnormals), and the fp32 sum of two operands does not
+depend on their order: on two ranks the result equals DDP's default bit for
+bit, for fp32 and bf16 buckets. On other world sizes it is deterministic and
+the same on every backend, with one rounding fewer than pre-dividing.
+
+The all-reduce runs synchronously inside the hook (the size exchange needs
+the host), so this bucket's communication does not overlap the rest of
+backward; DDP waits on every bucket's future at the end of backward anyway.
+"""
+# No ``from __future__ import annotations`` here: DDP compares the hook's
+# ``bucket`` and return annotations to ``dist.GradBucket`` and
+# ``torch.futures.Future[torch.Tensor]`` (``_check_comm_hook`` in
+# torch/nn/parallel/distributed.py); string annotations fail that check.
+from typing import Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ReduceOp
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+from zipccl_fsdp import collectives as _coll
+from zipccl_fsdp.config import DEFAULT_CONFIG, ZipCCLConfig
+from zipccl_fsdp.stats import CommStats
+
+__all__ = ["ddp_comm_hook", "is_ddp_model", "install", "remove"]
+
+
+class _Installed:
+    """The state ``install`` registers: the DDP model's group, and whether the
+    hook is on (``remove`` turns it off: DDP cannot unregister a hook)."""
+
+    __slots__ = ("process_group", "active")
+
+    def __init__(self, process_group) -> None:
+        self.process_group = process_group
+        self.active = True
+
+    # Like PowerSGDState: a ProcessGroup does not pickle.
+    def __getstate__(self):
+        return {"process_group": None, "active": self.active}
+
+    def __setstate__(self, state) -> None:
+        self.process_group = state["process_group"]
+        self.active = state["active"]
+
+
+def _resolve_state(state, config: Optional[ZipCCLConfig]) -> Tuple[object, ZipCCLConfig]:
+    """(process group or None for the default one, config) from the hook's ``state``."""
+    config = config or DEFAULT_CONFIG
+    if isinstance(state, _Installed):
+        return state.process_group, config
+    if state is None:
+        return None, config
+    if isinstance(state, ZipCCLConfig):
+        return None, state
+    if isinstance(state, dist.ProcessGroup):
+        return state, config
+    raise TypeError(f"zipccl DDP comm hook: state must be None, a ProcessGroup or a "
+                    f"ZipCCLConfig, got {type(state).__name__}")
+
+
+def ddp_comm_hook(state, bucket: dist.GradBucket, *, config: Optional[ZipCCLConfig] = None,
+                  stats: Optional[CommStats] = None) -> torch.futures.Future[torch.Tensor]:
+    """Average a DDP gradient bucket over ranks with a compressed all-reduce.
+
+    ``config`` applies when ``state`` brings none (``None`` or a process
+    group); ``stats`` receives the counters (the free functions' own in
+    ``zipccl_fsdp.collectives`` when ``None``). Buckets of a dtype the codec
+    does not take follow ``config.unsupported_dtype``; with ``"raw"`` they are
+    pre-divided and summed by torch, exactly like torch's ``allreduce_hook``.
+
+    Example::
+
+        >>> ddp_model.register_comm_hook(None, zipccl_hook)          # default config
+        >>> ddp_model.register_comm_hook(ZipCCLConfig(codec="dense"), zipccl_hook)
+    """
+    if isinstance(state, _Installed) and not state.active:
+        return default_hooks.allreduce_hook(state.process_group, bucket)
+    group, cfg = _resolve_state(state, config)
+    buffer = bucket.buffer()
+    if buffer.dtype in _coll.CODED_DTYPES:
+        op = ReduceOp.AVG
+    else:
+        # torch's allreduce_hook: divide first, then sum (gloo has no AVG).
+        if cfg.unsupported_dtype == "raw":
+            buffer.div_(dist.get_world_size(group))
+        op = ReduceOp.SUM
+    # zipccl's all-reduce decodes every peer's chunk straight into its slot of
+    # ``buffer``: that is the in-place "decompress" step that torch's
+    # compression hooks run in ``fut.then`` (no second bucket-sized tensor at
+    # peak memory; https://github.com/pytorch/pytorch/issues/45968). It has
+    # completed when it returns, so the future is already done.
+    _coll.all_reduce(buffer, op=op, group=group, config=cfg, stats=stats)
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(buffer)
+    return fut
+
+
+# --------------------------------------------------------------------------
+# The registry's DDP integration
+# --------------------------------------------------------------------------
+def is_ddp_model(model) -> bool:
+    """Whether ``model`` is a ``DistributedDataParallel`` wrapper."""
+    return isinstance(model, DistributedDataParallel)
+
+
+def install(model: DistributedDataParallel, hook) -> None:
+    """Register ``hook`` (a ``ZipCCLHook``) as ``model``'s comm hook, on the model's
+    own process group; after ``remove``, switch the same hook back on."""
+    installed = getattr(model, "_zipccl_ddp", None)
+    if installed is not None:
+        old_hook, state = installed
+        if old_hook is not hook:
+            raise ValueError(f"zipccl cannot register {hook!r} on this DDP model: it already "
+                             f"has {old_hook!r}, and DDP takes one comm hook per model and "
+                             f"cannot unregister it; wrap the module in a new DDP instead")
+        state.active = True
+        return
+    state = _Installed(model.process_group)
+    model.register_comm_hook(state, hook)  # raises if the model already has another hook
+    model._zipccl_ddp = (hook, state)
+
+
+def remove(model: DistributedDataParallel, hook) -> int:
+    """Switch ``hook`` off on ``model`` (torch's ``allreduce_hook`` runs instead);
+    return 1 if it was on, else 0."""
+    installed = getattr(model, "_zipccl_ddp", None)
+    if installed is None or installed[0] is not hook or not installed[1].active:
+        return 0
+    installed[1].active = False
+    return 1

@@ -1,0 +1,377 @@
+"""Compressed collectives against torch's raw ones, on real gloo process groups.
+
+all-gather and all-to-all must equal torch's bit for bit; reduce-scatter and
+all-reduce must equal a reference that sums the same fp32 values in rank
+order (numpy float32, independent of the implementation), then scales and
+casts. Everything is compared as integer views, never as float values.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed import ReduceOp
+
+from dist_utils import DistPool
+from zipccl_fsdp.collectives import (all_gather_single, all_reduce, all_to_all_single,
+                                     reduce_scatter_single, reset_stats, stats)
+from zipccl_fsdp.config import ZipCCLConfig
+from zipccl_fsdp.errors import ZipCCLConfigError
+from zipccl_fsdp.stats import CommStats
+
+SIZES = (0, 1, 7, 4097)
+DTYPES = (torch.bfloat16, torch.float32)
+# min_bytes 0 forces the compressed path at every size; the default keeps small ones raw.
+CONFIGS = (ZipCCLConfig(min_bytes=0, codec="fixed3"), ZipCCLConfig(min_bytes=0, codec="dense"),
+           ZipCCLConfig())
+# torch's own all-gather, the reference (torch 2.11 only has the older name).
+torch_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
+
+
+@pytest.fixture(scope="module")
+def pool2():
+    pool = DistPool(2)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="module")
+def pool3():
+    pool = DistPool(3)
+    yield pool
+    pool.close()
+
+
+# --------------------------------------------------------------------------
+# Helpers (run inside the ranks)
+# --------------------------------------------------------------------------
+def make_data(n: int, dtype: torch.dtype, seed: int, rank: int,
+              kind: str = "gauss") -> torch.Tensor:
+    """Rank-specific data: Gaussian at a rank-dependent scale, with specials
+    (NaN, +-inf, -0.0, zeros, a subnormal) at positions no other rank uses, so
+    every fp32 sum has at most one special operand per element."""
+    g = torch.Generator().manual_seed(seed * 1000 + rank)
+    x = torch.randn(n, generator=g) * (0.02 * (rank + 1))
+    specials = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0, 0.0, 1e-40])
+    for i, v in enumerate(specials):
+        pos = 13 * (i * 8 + rank) + 5
+        if pos < n:
+            x[pos] = v
+    if kind == "bf16cast":  # FSDP2's fp32 reduce input: exact casts of bf16 gradients
+        x = x.bfloat16().float()
+    return x.to(dtype)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(INT_VIEW[t.dtype])
+
+
+def assert_bits_equal(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape, (what, got.dtype, want.dtype)
+    g, w = bits(got), bits(want)
+    if not torch.equal(g, w):
+        bad = (g != w).nonzero().flatten()[:5].tolist()
+        raise AssertionError(f"{what}: {int((g != w).sum())} elements differ, first at {bad}: "
+                             f"{g[bad].tolist()} vs {w[bad].tolist()}")
+
+
+def gather_all(x: torch.Tensor, group=None) -> list:
+    """Every rank's ``x`` (equal numel), moved as raw bytes by torch."""
+    world = dist.get_world_size(group)
+    raw = x.contiguous().view(torch.uint8)
+    out = torch.empty(world * raw.numel(), dtype=torch.uint8)
+    torch_all_gather_single(out, raw, group=group)
+    return [p.view(x.dtype) for p in out.chunk(world)] if raw.numel() else [x[:0]] * world
+
+
+def reference_reduce(parts: list, op: str, factor: float, dtype: torch.dtype) -> torch.Tensor:
+    """fp32 sum in rank order (numpy float32), then AVG / PREMUL_SUM, then cast."""
+    acc = None
+    for p in parts:
+        v = p.float().numpy().astype(np.float32)
+        if op == "premul_sum":
+            v = v * np.float32(factor)
+        acc = v.copy() if acc is None else acc + v
+    if op == "avg":
+        acc = acc / np.float32(len(parts))
+    return torch.from_numpy(acc).to(dtype)
+
+
+def make_op(op: str, factor: float):
+    if op == "sum":
+        return ReduceOp.SUM
+    if op == "avg":
+        return ReduceOp.AVG
+    return dist._make_nccl_premul_sum(factor)
+
+
+# --------------------------------------------------------------------------
+# Tasks
+# --------------------------------------------------------------------------
+def task_all_gather():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    checked = 0
+    for ci, cfg in enumerate(CONFIGS):
+        for dtype in DTYPES + (torch.float16,):
+            for n in SIZES:
+                x = make_data(n, dtype, seed=ci * 7 + n, rank=rank)
+                want = torch.empty(world * n, dtype=dtype)
+                torch_all_gather_single(want, x)
+                got = torch.full((world * n,), 3.0, dtype=dtype)
+                all_gather_single(got, x, config=cfg)
+                assert_bits_equal(got, want, f"all_gather {dtype} n={n} {cfg}")
+                # FSDP2's in-place form: the input is this rank's slot of the output.
+                got2 = torch.full((world * n,), 3.0, dtype=dtype)
+                own = got2[rank * n:(rank + 1) * n]
+                own.copy_(x)
+                all_gather_single(got2, own, config=cfg)
+                assert_bits_equal(got2, want, f"in-place all_gather {dtype} n={n}")
+                checked += 2
+    # Multi-dimensional output and input, as torch accepts them.
+    x = make_data(6 * 5, torch.bfloat16, 99, rank).view(6, 5)
+    want = torch.empty(world * 6, 5, dtype=torch.bfloat16)
+    torch_all_gather_single(want, x)
+    got = torch.empty_like(want)
+    all_gather_single(got, x, config=CONFIGS[0])
+    assert_bits_equal(got, want, "2-D all_gather")
+    return checked
+
+
+def task_reduce_scatter(ops):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    checked = 0
+    for ci, cfg in enumerate(CONFIGS):
+        for dtype in DTYPES:
+            for kind in ("gauss", "bf16cast"):
+                for n in SIZES:
+                    for op, factor in ops:
+                        x = make_data(world * n, dtype, seed=ci + 3 * n, rank=rank, kind=kind)
+                        parts = [p[rank * n:(rank + 1) * n] for p in gather_all(x)]
+                        want = reference_reduce(parts, op, factor, dtype)
+                        got = torch.full((n,), 7.0, dtype=dtype)
+                        reduce_scatter_single(got, x, make_op(op, factor), config=cfg)
+                        assert_bits_equal(got, want,
+                                          f"reduce_scatter {op} {dtype} {kind} n={n} {cfg}")
+                        checked += 1
+    return checked
+
+
+def task_all_reduce(ops):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    checked = 0
+    for ci, cfg in enumerate(CONFIGS):
+        for dtype in DTYPES:
+            for n in SIZES:
+                for op, factor in ops:
+                    x = make_data(n, dtype, seed=ci + 5 * n, rank=rank)
+                    want = reference_reduce(gather_all(x), op, factor, dtype)
+                    got = x.clone()
+                    all_reduce(got, make_op(op, factor), config=cfg)
+                    assert_bits_equal(got, want, f"all_reduce {op} {dtype} n={n} {cfg}")
+                    checked += 1
+    return checked
+
+
+def task_all_to_all():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    checked = 0
+    row = 3
+    for ci, cfg in enumerate(CONFIGS + (ZipCCLConfig(min_bytes=2000),)):
+        for dtype in DTYPES:
+            # Ragged: rank r sends (r + 2 * j) * 700 // 3 rows to rank j, some splits empty.
+            send_rows = [0 if (rank + j) % 4 == 3 else (rank + 2 * j + 1) * 700 // (3 + ci)
+                         for j in range(world)]
+            recv_rows = [0 if (j + rank) % 4 == 3 else (j + 2 * rank + 1) * 700 // (3 + ci)
+                         for j in range(world)]
+            x = make_data(sum(send_rows) * row, dtype, seed=ci, rank=rank).view(-1, row)
+            want = torch.empty(sum(recv_rows), row, dtype=dtype)
+            dist.all_to_all_single(want, x, recv_rows, send_rows)
+            got = torch.full_like(want, 5.0)
+            all_to_all_single(got, x, recv_rows, send_rows, config=cfg)
+            assert_bits_equal(got, want, f"all_to_all ragged {dtype} {cfg}")
+            # Equal splits (None), tiny and empty.
+            for n in (0, world, 7 * world, 4097 * world):
+                x = make_data(n, dtype, seed=ci + n, rank=rank)
+                want = torch.empty(n, dtype=dtype)
+                dist.all_to_all_single(want, x)
+                got = torch.full_like(want, 5.0)
+                all_to_all_single(got, x, config=cfg)
+                assert_bits_equal(got, want, f"all_to_all n={n} {dtype} {cfg}")
+                checked += 1
+    return checked
+
+
+def task_stats_and_async():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    reset_stats()
+    cfg = ZipCCLConfig(min_bytes=0)
+    n = 1 << 14
+    x = make_data(n, torch.bfloat16, 1, rank)
+    out = torch.empty(world * n, dtype=torch.bfloat16)
+    work = all_gather_single(out, x, async_op=True, config=cfg)
+    assert isinstance(work, dist.Work) and work.wait()
+    g = torch.empty(n // world * world, dtype=torch.float32)
+    reduce_scatter_single(g[:n // world], make_data(n // world * world, torch.float32, 2, rank,
+                                                    "bf16cast"), config=cfg)
+    s = stats()
+    ag, rs = s["all_gather"], s["reduce_scatter"]
+    assert ag["calls"] == 1 and ag["compressed_calls"] == 1 and ag["raw_bytes"] == 2 * n
+    assert 0 < ag["wire_bytes"] < 0.75 * ag["raw_bytes"], ag
+    assert rs["raw_bytes"] == (world - 1) * (n // world) * 4
+    assert 0 < rs["wire_bytes"] < 0.4 * rs["raw_bytes"], rs
+    assert ag["encode_s"] > 0 and ag["decode_s"] > 0 and ag["comm_s"] >= ag["size_exchange_s"] > 0
+    # Raw path: what the rank hands to torch is exactly the raw count.
+    own = CommStats()
+    all_gather_single(out[:world], x[:1], config=ZipCCLConfig(check_consistency=False), stats=own)
+    raw_ag = own.snapshot()["all_gather"]
+    assert raw_ag["compressed_calls"] == 0 and raw_ag["wire_bytes"] == raw_ag["raw_bytes"] == 2
+    # The one-time consistency check of a new config is counted too: one int64.
+    own.reset()
+    all_gather_single(out[:world], x[:1], config=ZipCCLConfig(), stats=own)
+    assert own.snapshot()["all_gather"]["wire_bytes"] == 2 + 8
+    assert stats()["all_gather"]["calls"] == 1  # the call above went to `own`
+    reset_stats()
+    assert stats()["all_gather"]["calls"] == 0
+    return s
+
+
+def task_bad_input():
+    """Unsupported dtype/op must raise on every rank, before any communication."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    errors = []
+    calls = [
+        lambda: all_gather_single(torch.empty(world * 4, dtype=torch.int32),
+                                  torch.zeros(4, dtype=torch.int32)),
+        lambda: reduce_scatter_single(torch.empty(4), torch.zeros(world * 4), ReduceOp.MAX),
+        lambda: all_reduce(torch.zeros(8), ReduceOp.PRODUCT),
+        lambda: all_reduce(torch.zeros(8, dtype=torch.float64)),
+        lambda: all_to_all_single(torch.empty(world * 2, dtype=torch.int64),
+                                  torch.zeros(world * 2, dtype=torch.int64)),
+        lambda: reduce_scatter_single(torch.empty(4), torch.zeros(world * 4), ReduceOp.PREMUL_SUM),
+        lambda: reduce_scatter_single(torch.empty(5), torch.zeros(world * 4)),
+    ]
+    for call in calls:
+        try:
+            call()
+        except (TypeError, ValueError) as e:
+            errors.append(f"{type(e).__name__}: {e}")
+        else:
+            errors.append(None)
+    # The group is still in step: a real collective works afterwards.
+    t = torch.full((4,), float(rank + 1))
+    all_reduce(t, config=ZipCCLConfig(min_bytes=0))
+    assert t.tolist() == [world * (world + 1) / 2] * 4
+    # unsupported_dtype="raw" hands such calls to torch unchanged.
+    i = torch.full((3,), rank, dtype=torch.int64)
+    all_reduce(i, config=ZipCCLConfig(unsupported_dtype="raw"))
+    assert i.tolist() == [world * (world - 1) // 2] * 3
+    return errors
+
+
+def task_config_mismatch():
+    rank = dist.get_rank()
+    cfg = ZipCCLConfig(min_bytes=0 if rank == 0 else 1 << 20)
+    x = torch.randn(64)
+    out = torch.empty(dist.get_world_size() * 64)
+    try:
+        all_gather_single(out, x, config=cfg)
+    except ZipCCLConfigError as e:
+        return str(e)
+    return None
+
+
+def task_subgroup():
+    """A group of ranks 1..world-1; rank 0 is not a member and returns None."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group = dist.new_group(list(range(1, world)))
+    cfg = ZipCCLConfig(min_bytes=0)
+    x = make_data(4097, torch.bfloat16, 3, rank)
+    sub = world - 1
+    if rank == 0:
+        assert all_gather_single(torch.empty(sub * 4097, dtype=torch.bfloat16), x,
+                                 group=group, config=cfg) is None
+        return None
+    want = torch.empty(sub * 4097, dtype=torch.bfloat16)
+    torch_all_gather_single(want, x, group=group)
+    got = torch.empty_like(want)
+    all_gather_single(got, x, group=group, config=cfg)
+    assert_bits_equal(got, want, "subgroup all_gather")
+    y = make_data(sub * 700, torch.float32, 4, rank)
+    parts = [p[(rank - 1) * 700:rank * 700] for p in gather_all(y, group)]
+    got = torch.empty(700)
+    reduce_scatter_single(got, y, ReduceOp.AVG, group=group, config=cfg)
+    assert_bits_equal(got, reference_reduce(parts, "avg", 1.0, torch.float32), "subgroup rs")
+    return True
+
+
+OPS = (("sum", 1.0), ("avg", 1.0), ("premul_sum", 0.37))
+
+
+# --------------------------------------------------------------------------
+# Tests
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("world", [2, 3])
+def test_all_gather_bitwise(world, pool2, pool3):
+    pool = pool2 if world == 2 else pool3
+    assert all(c > 0 for c in pool.run(task_all_gather))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_reduce_scatter_rank_order_fp32(world, pool2, pool3):
+    pool = pool2 if world == 2 else pool3
+    assert all(c > 0 for c in pool.run(task_reduce_scatter, OPS))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_all_reduce_rank_order_fp32(world, pool2, pool3):
+    pool = pool2 if world == 2 else pool3
+    assert all(c > 0 for c in pool.run(task_all_reduce, OPS))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_all_to_all_bitwise(world, pool2, pool3):
+    pool = pool2 if world == 2 else pool3
+    assert all(c > 0 for c in pool.run(task_all_to_all))
+
+
+def test_stats_count_bytes_and_async(pool2):
+    pool2.run(task_stats_and_async)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_bad_input_raises_on_every_rank(world, pool2, pool3):
+    pool = pool2 if world == 2 else pool3
+    per_rank = pool.run(task_bad_input)
+    for errors in per_rank:
+        assert all(e is not None for e in errors), errors
+        assert errors[0].startswith("TypeError") and "torch.int32" in errors[0]
+        assert errors[1].startswith("ValueError") and "MAX" in errors[1]
+        assert errors[2].startswith("ValueError") and "PRODUCT" in errors[2]
+        assert errors[3].startswith("TypeError") and "torch.float64" in errors[3]
+        assert errors[4].startswith("TypeError")
+        assert errors[5].startswith("ValueError") and "factor" in errors[5]
+        assert errors[6].startswith("ValueError")
+
+
+def test_config_mismatch_raises_on_every_rank(pool2):
+    messages = pool2.run(task_config_mismatch)
+    assert all(m and "disagree" in m for m in messages), messages
+
+
+def test_subgroup(pool3):
+    assert pool3.run(task_subgroup) == [None, True, True]
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="codec"):
+        ZipCCLConfig(codec="zstd")
+    with pytest.raises(ValueError, match="min_bytes"):
+        ZipCCLConfig(min_bytes=-1)
+    with pytest.raises(ValueError, match="backend"):
+        ZipCCLConfig(backend="cuda")
+    with pytest.raises(ValueError, match="unsupported_dtype"):
+        ZipCCLConfig(unsupported_dtype="ignore")
+    with pytest.raises(ValueError, match="compress_all_gather"):
+        ZipCCLConfig(compress_all_gather=1)
