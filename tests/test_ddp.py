@@ -1,0 +1,171 @@
+"""The zipccl DDP comm hook on real gloo process groups.
+
+Two runs of the same training from the same initial weights, in one process:
+one with DDP's default all-reduce (or a rank-order fp32 reference hook), one
+with zipccl's hook, registered the three ways a user can: ``ddp_model.
+register_comm_hook(state, hook)`` with a ``ZipCCLConfig`` or ``None`` as state,
+and ``zipccl_fsdp``'s ``register_comm_hook(ddp_model, hook)``. Losses and
+parameters are compared as integer views after every step.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from dist_utils import DistPool
+from hooks.registry import ZipCCLHook, register_comm_hook, zipccl_hook
+from zipccl_fsdp.config import ZipCCLConfig
+
+CFG = ZipCCLConfig(min_bytes=0)  # compress every bucket chunk, however small
+STEPS = 5
+INT_VIEW = {torch.bfloat16: torch.int16, torch.float32: torch.int32}
+
+
+@pytest.fixture(scope="module")
+def pool2():
+    pool = DistPool(2)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="module")
+def pool3():
+    pool = DistPool(3)
+    yield pool
+    pool.close()
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().view(INT_VIEW[t.dtype])
+
+
+def rank_order_hook(state, bucket):
+    """Reference: every rank's raw bucket, summed in fp32 in rank order, / world, cast."""
+    buf = bucket.buffer()
+    world = dist.get_world_size()
+    every = torch.empty(world * buf.numel(), dtype=buf.dtype)
+    dist.all_gather_into_tensor(every, buf)
+    acc = torch.zeros(buf.numel(), dtype=torch.float32)
+    for part in every.view(world, -1):
+        acc += part
+    buf.copy_(acc.div_(world))
+    fut = torch.futures.Future()
+    fut.set_result(buf)
+    return fut
+
+
+def _mlp(dtype: torch.dtype) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 96), nn.ReLU(), nn.Linear(96, 96), nn.ReLU(),
+                         nn.Linear(96, 8)).to(dtype)
+
+
+def _train(dtype: torch.dtype, register=None, model=None) -> tuple:
+    """STEPS of SGD on rank-specific data; (losses, params after each step)."""
+    if model is None:
+        model = DDP(_mlp(dtype), bucket_cap_mb=0.01)  # several buckets, of uneven sizes
+    if register is not None:
+        register(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(100 + dist.get_rank())
+    losses, params = [], []
+    for _ in range(STEPS):
+        x = torch.randn(16, 32, generator=g).to(dtype)
+        y = torch.randn(16, 8, generator=g).to(dtype)
+        opt.zero_grad(set_to_none=True)
+        loss = (model(x) - y).square().mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach().clone())
+        params.append([p.detach().clone() for p in model.parameters()])
+    return losses, params
+
+
+def _assert_same_training(got: tuple, want: tuple) -> None:
+    for step, (gl, wl) in enumerate(zip(got[0], want[0])):
+        assert torch.equal(bits(gl), bits(wl)), f"loss of step {step} differs"
+    for step, (gp, wp) in enumerate(zip(got[1], want[1])):
+        for i, (a, b) in enumerate(zip(gp, wp)):
+            assert torch.equal(bits(a), bits(b)), f"param {i} after step {step} differs"
+
+
+def _registration(how: str, hook: ZipCCLHook):
+    if how == "state=config":
+        return lambda model: model.register_comm_hook(CFG, hook)
+    if how == "state=None":
+        return lambda model: model.register_comm_hook(None, hook)
+    return lambda model: register_comm_hook(model, hook)  # the registry: state = model's group
+
+
+def run_against(dtype: torch.dtype, reference, how: str) -> dict:
+    want = _train(dtype, None if reference is None else
+                  lambda model: model.register_comm_hook(None, reference))
+    hook = zipccl_hook if how == "default hook" else ZipCCLHook(CFG)
+    hook.reset_stats()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got = _train(dtype, _registration(how, hook))
+    _assert_same_training(got, want)
+    ranges = {e.name for e in prof.events() if e.name.startswith("zipccl::")}
+    return hook.stats()["all_reduce"], ranges
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("how", ["state=config", "registry"])
+def test_two_ranks_equal_ddp_default(pool2, dtype, how):
+    for st, ranges in pool2.run(run_against, dtype, None, how):
+        assert st["calls"] > STEPS and st["compressed_calls"] == st["calls"], st
+        assert 0 < st["wire_bytes"] < st["raw_bytes"], st
+        assert {"zipccl::all_reduce::encode", "zipccl::all_reduce::decode",
+                "zipccl::all_reduce::exchange", "zipccl::all_reduce::reduce"} <= ranges, ranges
+
+
+def test_three_ranks_equal_rank_order_reference(pool3):
+    for st, _ in pool3.run(run_against, torch.float32, rank_order_hook, "state=config"):
+        assert st["compressed_calls"] == st["calls"] > STEPS, st
+        assert 0 < st["wire_bytes"] < st["raw_bytes"], st
+
+
+def test_default_hook_state_none(pool2):
+    # zipccl_hook with state None: default config, whose min_bytes keeps these
+    # small buckets raw (still zipccl's rank-order sum): the same bits.
+    for st, _ in pool2.run(run_against, torch.float32, None, "default hook"):
+        assert st["calls"] > STEPS and st["compressed_calls"] == 0, st
+
+
+def run_remove_and_reinstall() -> tuple:
+    want = _train(torch.float32)
+    hook = ZipCCLHook(CFG)
+    model = DDP(_mlp(torch.float32), bucket_cap_mb=0.01)
+    register_comm_hook(model, hook)
+    hook.remove(model)  # DDP cannot unregister: the hook now runs torch's allreduce_hook
+    got = _train(torch.float32, model=model)
+    _assert_same_training(got, want)
+    calls_removed = hook.stats()["all_reduce"]["calls"]
+    hook.register(model)
+    model(torch.randn(4, 32)).sum().backward()
+    with pytest.raises(ValueError, match="one comm hook per model"):
+        register_comm_hook(model, ZipCCLHook(CFG))
+    return calls_removed, hook.stats()["all_reduce"]["calls"]
+
+
+def test_remove_and_reinstall(pool2):
+    for removed, after in pool2.run(run_remove_and_reinstall):
+        assert removed == 0 and after > 0
+
+
+def run_bad_state() -> str:
+    model = DDP(_mlp(torch.float32))
+    model.register_comm_hook("not a state", ZipCCLHook(CFG))
+    try:
+        model(torch.randn(4, 32)).sum().backward()
+    except TypeError as e:  # raised on every rank, before any communication
+        return str(e)
+    return ""
+
+
+def test_bad_state_raises_on_every_rank(pool2):
+    for msg in pool2.run(run_bad_state):
+        assert "state must be None, a ProcessGroup or a ZipCCLConfig" in msg
