@@ -20,8 +20,20 @@ Config functions (``--config``):
     keep it under a second.
 ``llama3_tiny_baseline``, ``llama3_debugmodel_baseline``
     the same without zipccl: FSDP2's default comms, for side-by-side runs.
+``llama3_8b``
+    torchtitan's ``llama3_8b`` with zipccl comms, for GPUs
+    (``recipes/llama3_8b_fsdp8.toml``); unlike the others it keeps
+    torchtitan's tokenizer path (``./assets/hf/Llama-3.1-8B``), c4 dataset,
+    validation and checkpoints.
+``deepseek_v3_debugmodel``
+    torchtitan's smallest MoE, ``deepseek_v3`` flavor ``debugmodel`` (dim
+    256, 6 layers, 8 routed + 2 shared experts, top 3), with zipccl comms;
+    expert parallelism is set by the recipe
+    (``recipes/deepseek_v3_debug_ep.toml``).
 
-All of them: TensorBoard on (``<dump_folder>/tb/<time>/``, every step),
+All of them: TensorBoard on (``<dump_folder>/tb/<time>/``, every step but
+``llama3_8b``, which keeps torchtitan's ``log_freq``), zipccl's profiler
+(``--profiler.trace_steps``, :mod:`zipccl_fsdp.titan.profiling`),
 including zipccl's own tags (:mod:`zipccl_fsdp.titan.metrics`); seed 0; a
 locally generated tokenizer and corpus (:mod:`zipccl_fsdp.titan.assets`), so
 no download; no validation and no checkpoints. The non-baseline configs call
@@ -35,8 +47,10 @@ from __future__ import annotations
 
 from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
 from torchtitan.components.optimizer import default_adamw
+from torchtitan.config.override import derive as _derive
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 from torchtitan.models.common.config_utils import decoder_vocab_size
+from torchtitan.models.deepseek_v3 import config_registry as _deepseek_v3_registry
 from torchtitan.models.llama3 import config_registry as _llama3_registry
 from torchtitan.trainer import Trainer
 
@@ -47,6 +61,7 @@ from .cpu_shim import accelerator_present as _accelerator_present
 from .cpu_shim import apply_cpu_shim as _apply_cpu_shim
 from .cpu_shim import cpu_trainer_config as _cpu_trainer_config
 from .metrics import ZipcclMetricsProcessor as _ZipcclMetricsProcessor
+from .profiling import ZipcclProfiler as _ZipcclProfiler
 
 # Step shapes on CPUs, measured with 2 ranks on 2 cores: tiny at batch 8 takes
 # about 0.4 s a step; the debugmodel takes about 2.8 s at batch 8 and about
@@ -76,6 +91,25 @@ def llama3_debugmodel() -> Trainer.Config:
 def llama3_debugmodel_baseline() -> Trainer.Config:
     """torchtitan's llama3 debugmodel with FSDP2's default comms."""
     return _debugmodel(compress=False)
+
+
+def llama3_8b() -> Trainer.Config:
+    """torchtitan's llama3 8B with zipccl comms (GPUs; torchtitan's data and tokenizer)."""
+    config = _llama3_registry.llama3_8b()
+    config.metrics = _derive(
+        config.metrics, _ZipcclMetricsProcessor.Config, enable_tensorboard=True
+    )
+    config.profiler = _derive(config.profiler, _ZipcclProfiler.Config)
+    config.model_spec = _with_fsdp_comms(config.model_spec, compress=True)
+    if _apply_cpu_shim():
+        _cpu_trainer_config(config)
+    return config
+
+
+def deepseek_v3_debugmodel() -> Trainer.Config:
+    """torchtitan's DeepSeek-V3 debug MoE (8 experts) with zipccl comms."""
+    config = _deepseek_v3_registry.deepseek_v3_debugmodel()
+    return _finish(config, compress=True)
 
 
 def _tiny(*, compress: bool) -> Trainer.Config:
@@ -113,6 +147,7 @@ def _finish(config: Trainer.Config, *, compress: bool) -> Trainer.Config:
     config.metrics = _ZipcclMetricsProcessor.Config(
         log_freq=1, enable_tensorboard=True
     )
+    config.profiler = _derive(config.profiler, _ZipcclProfiler.Config)
     config.validator.enable = False
     config.checkpoint.enable = False
     if config.debug.seed is None:

@@ -1,0 +1,260 @@
+"""``zipccl titan`` trains recipes/llama3_tiny_cpu.toml with and without zipccl.
+
+Two real runs through the CLI (torchrun, 2 gloo ranks, 5 steps): one with
+zipccl's comms, ``--capture 2`` and ``--profile 4``, one with
+``--no-compress``. Read back from torchtitan's TensorBoard event files:
+every logged loss and gradient norm is bitwise the same in both runs; the
+compressed run carries ``zipccl/<kind>/{raw_MB,wire_MB,ratio,comm_ms,
+encode_ms,decode_ms}`` for all-gathers and reduce-scatters at every step,
+per step (not running totals), with fewer bytes on the wire than raw. The
+capture file goes through ``zipccl bench codec --input`` and ``zipccl
+inspect``; the trace holds zipccl's record_function ranges. Fast checks:
+every recipe in recipes/ passes the launcher's and torchtitan's checks, bad
+recipe keys are errors naming key and file, and the ``--help`` texts.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torchtitan")
+pytest.importorskip("tokenizers")
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = REPO / "recipes"
+TINY = RECIPES / "llama3_tiny_cpu.toml"
+STEPS = 5
+RUN_TIMEOUT_S = 240
+TAGS = ("raw_MB", "wire_MB", "ratio", "comm_ms", "encode_ms", "decode_ms")
+
+
+def _env(cache: Path) -> dict:
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p),
+        OMP_NUM_THREADS="1",
+        ZIPCCL_FSDP_CACHE_DIR=str(cache),
+        HF_HOME=str(cache / "hf"),
+        HF_DATASETS_OFFLINE="1",
+        HF_HUB_OFFLINE="1",
+    )
+    return env
+
+
+def _zipccl(args: list, env: dict, timeout: int = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "zipccl_fsdp.cli", *map(str, args)],
+                          cwd=REPO, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+
+
+def _scalars(dump: Path) -> dict:
+    from zipccl_fsdp.demo import read_scalars
+
+    return read_scalars(dump)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """One asset and C++ build cache for the module (what ranks and checks share)."""
+    path = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ZIPCCL_FSDP_CACHE_DIR", str(path))
+        yield path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, cache):
+    env = _env(cache)
+    out = {}
+    for name, extra in (("zipccl", ["--capture", "2", "--profile", "4"]),
+                        ("raw", ["--no-compress"])):
+        dump = tmp_path_factory.mktemp(name)
+        proc = _zipccl(["titan", "--recipe", TINY, "--steps", STEPS, "--dump-folder", dump,
+                        *extra, "--", "--comm.init_timeout_seconds", "60"], env)
+        if proc.returncode != 0:
+            pytest.fail(f"zipccl titan ({name}) exited {proc.returncode}:\n{proc.stdout[-6000:]}")
+        out[name] = (dump, _scalars(dump))
+    out["env"] = env
+    return out
+
+
+def _bits(values: dict) -> list:
+    return [(step, struct.pack("<f", v).hex()) for step, v in sorted(values.items())]
+
+
+def test_losses_bitwise_identical_with_and_without_compression(runs):
+    for tag in ("loss_metrics/global_avg_loss", "loss_metrics/global_max_loss", "grad_norm"):
+        raw, zc = runs["raw"][1][tag], runs["zipccl"][1][tag]
+        assert sorted(zc) == list(range(1, STEPS + 1)), tag
+        assert all(math.isfinite(v) for v in zc.values()), (tag, zc)
+        assert _bits(zc) == _bits(raw), tag
+
+
+def _assert_compressed(scalars: dict) -> None:
+    assert set(scalars["zipccl/config/compressed"].values()) == {1.0}, (
+        "the zipccl run fell back to FSDP2's comms: does zipccl_fsdp export "
+        "register_comm_hook and ZipCCLHook?")
+
+
+@pytest.mark.parametrize("kind", ["all_gather", "reduce_scatter"])
+def test_per_step_zipccl_scalars_beside_torchtitans(runs, kind):
+    scalars = runs["zipccl"][1]
+    _assert_compressed(scalars)
+    assert "loss_metrics/global_avg_loss" in scalars  # the same event files
+    for name in TAGS:
+        assert sorted(scalars[f"zipccl/{kind}/{name}"]) == list(range(1, STEPS + 1)), name
+    raw, wire = scalars[f"zipccl/{kind}/raw_MB"], scalars[f"zipccl/{kind}/wire_MB"]
+    for step in raw:
+        assert 0 < wire[step] < raw[step], (step, raw[step], wire[step])
+        ratio = scalars[f"zipccl/{kind}/ratio"][step]
+        assert ratio == pytest.approx(raw[step] / wire[step], rel=1e-4)
+    # Per step, not cumulative: every step after the first moves the same tensors.
+    assert raw[STEPS] == pytest.approx(raw[2], rel=1e-6)
+    calls = scalars[f"zipccl/{kind}/calls"]
+    compressed = scalars[f"zipccl/{kind}/compressed_calls"]
+    assert all(compressed[s] > 0 and calls[s] >= compressed[s] for s in calls)
+
+
+def test_baseline_run_has_no_zipccl_traffic(runs):
+    scalars = runs["raw"][1]
+    assert set(scalars["zipccl/config/compressed"].values()) == {0.0}
+    assert not [t for t in scalars if t.startswith(("zipccl/all_gather", "zipccl/reduce_scatter"))]
+
+
+def test_capture_round_trips_through_bench_codec_and_inspect(runs):
+    from safetensors.torch import load_file
+
+    from zipccl_fsdp.capture import read_capture_metadata
+
+    _assert_compressed(runs["zipccl"][1])
+    dump = runs["zipccl"][0]
+    for rank in (0, 1):
+        path = dump / f"capture_rank{rank}.safetensors"
+        meta = read_capture_metadata(str(path))
+        tensors = load_file(str(path))
+        assert sorted(meta) == sorted(tensors) == [
+            "all_gather.0", "all_gather.1", "reduce_scatter.0", "reduce_scatter.1"]
+        for name, record in meta.items():
+            assert record["kind"] == name.split(".")[0]
+            assert record["rank"] == rank and record["step"] == 1
+            assert record["dtype"] == str(tensors[name].dtype).split(".")[-1]
+    path = dump / "capture_rank0.safetensors"
+    bench = _zipccl(["bench", "codec", "--input", path, "--repeat", "1", "--no-zstd"],
+                    runs["env"])
+    assert bench.returncode == 0, bench.stdout[-3000:]
+    rows = [line for line in bench.stdout.splitlines() if "zipccl dense" in line]
+    assert len(rows) == 2, bench.stdout  # bf16 parameters, fp32 gradients
+    assert all(line.rstrip().endswith("yes") for line in rows), bench.stdout
+    inspect = _zipccl(["inspect", path], runs["env"])
+    assert inspect.returncode == 0, inspect.stdout[-3000:]
+    assert "4 tensors" in inspect.stdout
+    assert "reduce_scatter.1" in inspect.stdout and "all_gather" in inspect.stdout
+
+
+def test_profile_writes_tensorboard_trace_with_zipccl_ranges(runs):
+    traces = sorted((runs["zipccl"][0] / "profiling" / "traces").glob("rank0.*.pt.trace.json"))
+    assert len(traces) == 1, traces
+    events = json.loads(traces[0].read_text())["traceEvents"]
+    names = {e.get("name") for e in events}
+    for phase in ("zipccl::all_gather::encode", "zipccl::reduce_scatter::exchange"):
+        assert phase in names
+
+
+# ------------------------------------------------------------ fast checks
+def _launch_args(recipe, *extra) -> argparse.Namespace:
+    from zipccl_fsdp.titan import launch
+
+    p = argparse.ArgumentParser()
+    launch.add_arguments(p)
+    return p.parse_args(["--recipe", str(recipe), *extra])
+
+
+@pytest.fixture
+def quiet_env(cache):
+    return cache
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES.glob("*.toml")), ids=lambda p: p.name)
+def test_every_recipe_passes_launcher_and_torchtitan_checks(recipe, quiet_env):
+    from zipccl_fsdp.titan import launch
+    from zipccl_fsdp.titan.comms import SETTINGS_ENV, RunSettings
+
+    prepared = launch.prepare(_launch_args(recipe, "--dump-folder", "x"))
+    r = launch.load_recipe(recipe)
+    assert r.description and r.zipccl.get("codec")
+    cmd = prepared.cmd
+    assert cmd[cmd.index("--nproc_per_node") + 1] == str(r.nproc)
+    assert cmd[cmd.index("--module") + 1] == r.module
+    assert cmd[cmd.index("--config") + 1] == r.config
+    settings = RunSettings(**json.loads(prepared.env[SETTINGS_ENV]))
+    assert settings.compress and settings.zipccl_config().codec == r.zipccl["codec"]
+
+
+def _write(tmp_path, text: str) -> Path:
+    path = tmp_path / "bad.toml"
+    path.write_text('[titan]\nmodule = "zipccl_fsdp.titan"\nconfig = "llama3_tiny"\n' + text)
+    return path
+
+
+@pytest.mark.parametrize("text, key", [
+    ("[training]\nstepz = 3\n", "training.stepz"),
+    ("[zipccl]\ncodecs = 'dense'\n", "codecs"),
+    ("nprocs = 2\n", "nprocs"),  # a top-level key is a torchtitan setting
+    ("[paralellism]\ndata_parallel_shard_degree = 2\n", "paralellism"),
+])
+def test_unknown_recipe_key_is_an_error_naming_key_and_file(tmp_path, quiet_env, text, key):
+    from zipccl_fsdp.cli import main
+
+    path = _write(tmp_path, text)
+    with pytest.raises(SystemExit) as e:
+        main(["titan", "--recipe", str(path), "--dry-run"])
+    message = str(e.value.code)
+    assert str(path) in message and key in message and "unknown key" in message
+
+
+def test_bad_recipe_values_and_options_are_errors(tmp_path, quiet_env):
+    from zipccl_fsdp.cli import main
+
+    for text, words in (("[zipccl]\ncollectives = ['all_gathr']\n", "all_gathr"),
+                        ("[zipccl]\ncodec = 'zstd'\n", "codec"),
+                        ("[zipccl]\nmin_bytes = 'big'\n", "min_bytes")):
+        with pytest.raises(SystemExit) as e:
+            main(["titan", "--recipe", str(_write(tmp_path, text)), "--dry-run"])
+        assert words in str(e.value.code)
+    with pytest.raises(SystemExit) as e:
+        main(["titan", "--recipe", str(TINY), "--dry-run", "--no-compress", "--capture", "1"])
+    assert "--capture" in str(e.value.code)
+    with pytest.raises(SystemExit) as e:
+        main(["titan", "--recipe", str(TINY), "--dry-run", "--profile", "3-1"])
+    assert "3-1" in str(e.value.code)
+
+
+def _help(capsys, *words) -> str:
+    from zipccl_fsdp.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main([*words, "--help"])
+    assert e.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_titan_help_says_what_each_option_does(capsys):
+    text = _help(capsys, "titan")
+    for phrase in ("--recipe", "--nproc", "--steps", "--no-compress", "baseline", "--capture",
+                   "capture_rank<R>.safetensors", "--profile", "TensorBoard traces",
+                   "--dump-folder", "--dry-run", "after '--'"):
+        assert phrase in text, phrase
+
+
+def test_demo_help_says_what_each_option_does(capsys):
+    text = _help(capsys, "demo")
+    for phrase in ("--steps", "--rate", "1gbit", "--out", "bitwise equal"):
+        assert phrase in text, phrase

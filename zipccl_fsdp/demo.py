@@ -1,0 +1,224 @@
+"""``zipccl demo``: 2 ranks train a tiny llama3 twice, raw and with zipccl, and compare.
+
+Both runs are ``zipccl titan --recipe recipes/llama3_tiny_cpu.toml`` (FSDP2,
+gloo, CPU), the first with ``--no-compress`` (FSDP2's own comms), the second
+with zipccl's; the same seed and data. As root with ``ip`` and ``tc`` the ranks
+run inside a network namespace of our own whose loopback is limited to
+``--rate`` (:mod:`zipccl_fsdp.netns`), so their traffic crosses a real slow
+link; otherwise they talk over the plain loopback and the demo says so.
+
+Everything in the final table is read back from torchtitan's TensorBoard
+event files: per collective the bytes rank 0 would have sent raw and did send
+(``zipccl/<kind>/raw_MB``, ``wire_MB``, per step), the time in the exchange,
+the encoder and the decoder; the median step time of each run
+(``time_metrics/end_to_end(s)``); and whether the two runs' losses
+(``loss_metrics/global_avg_loss``) are bitwise equal at every step.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+_RECIPE = "llama3_tiny_cpu.toml"
+_STEP_LINE = re.compile(r"step:\s*(\d+)\s+loss:\s*([-\d.naninf]+)")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+_RUNS = (("raw", True), ("zipccl", False))  # (name, --no-compress)
+
+
+def _default_recipe() -> Path:
+    """recipes/llama3_tiny_cpu.toml of this checkout, else of the current folder."""
+    here = Path(__file__).resolve().parents[1] / "recipes" / _RECIPE
+    return here if here.exists() else Path("recipes") / _RECIPE
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("2 ranks train a tiny llama3 (FSDP2, CPU) twice, with FSDP2's own comms "
+                     "and with zipccl's, over a rate-limited loopback when possible, then print "
+                     "one table: bytes per collective, ratio, comm time, step times, and "
+                     "whether the losses are bitwise equal.")
+    p.add_argument("--steps", type=int, default=30,
+                   help="training steps of each run (default: 30)")
+    p.add_argument("--rate", default="1gbit",
+                   help="tc rate of the namespace loopback, e.g. 1gbit, 100mbit, or 'none' for "
+                        "an unthrottled namespace (default: 1gbit; needs root, ip and tc)")
+    p.add_argument("--out", default="outputs/demo", metavar="DIR",
+                   help="folder for the two runs (DIR/raw, DIR/zipccl: TensorBoard events and "
+                        "logs; replaced if present; default: outputs/demo)")
+    p.add_argument("--recipe", default=None, metavar="FILE",
+                   help=f"recipe to train (default: recipes/{_RECIPE})")
+    p.add_argument("--every", type=int, default=5, metavar="N",
+                   help="print a progress line every N steps (default: 5)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .netns import can_shape, slow_link
+
+    if args.steps < 2:
+        raise SystemExit("zipccl demo: --steps must be >= 2")
+    recipe = Path(args.recipe) if args.recipe else _default_recipe()
+    out = Path(args.out)
+    rate = None if args.rate.lower() in ("none", "unlimited", "0") else args.rate
+    ok, why = can_shape()
+    if ok:
+        link = (f"namespace loopback limited to {rate}" if rate
+                else "namespace loopback, unthrottled")
+    else:
+        link = f"plain loopback, NOT rate-limited ({why}: no shaped namespace)"
+    print(f"zipccl demo: {recipe}, {args.steps} steps, twice (raw, then zipccl); link: {link}",
+          flush=True)
+    print(f"zipccl demo: codec backend on the ranks: {_warm_codec()}", flush=True)
+    started = time.perf_counter()
+    if ok:
+        with slow_link(rate) as ns:
+            code = _train_both(args, recipe, out, ns.prefix())
+    else:
+        code = _train_both(args, recipe, out, [])
+    if code:
+        return code
+    print(format_table(read_runs(out), link=link, steps=args.steps, out=out,
+                       seconds=time.perf_counter() - started))
+    return 0
+
+
+def _warm_codec() -> str:
+    """Build the C++ codec here, once, so that the ranks load it instead of both
+    compiling it at their first collective; say which backend they will use."""
+    from . import codec_cpp
+
+    if codec_cpp.available():
+        return f"cpp ({codec_cpp.isa()})"
+    return f"torch (the C++ codec is unavailable: {codec_cpp.unavailable_reason()})"
+
+
+def _train_both(args, recipe: Path, out: Path, prefix: list) -> int:
+    from .titan import launch
+
+    for name, no_compress in _RUNS:
+        dump = out / name
+        if dump.exists():
+            shutil.rmtree(dump)
+        dump.mkdir(parents=True)
+        ns = argparse.Namespace(recipe=str(recipe), nproc=None, steps=args.steps,
+                                no_compress=no_compress, capture=0, profile=None,
+                                dump_folder=str(dump), dry_run=False, overrides=[])
+        try:
+            prepared = launch.prepare(ns)
+        except ValueError as e:
+            raise SystemExit(f"zipccl demo: {e}") from None
+        env = dict(prepared.env, GLOO_SOCKET_IFNAME="lo")  # the namespace has only lo
+        env.setdefault("HF_DATASETS_OFFLINE", "1")
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        code = _train(name, [*prefix, *prepared.cmd], env, dump / "train.log",
+                      args.steps, args.every)
+        if code:
+            return code
+    return 0
+
+
+def _train(name: str, cmd: list, env: dict, log_path: Path, steps: int, every: int) -> int:
+    """Run one training; print a line every ``every`` steps; keep the log."""
+    print(f"  {name:<6} starting {cmd[cmd.index('--nproc_per_node') + 1]} ranks "
+          f"(log: {log_path})", flush=True)
+    t0 = last_t = time.perf_counter()
+    last_step = 0
+    tail: list = []
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, bufsize=1)
+        for line in proc.stdout:
+            log.write(line)
+            tail = (tail + [line])[-40:]
+            m = _STEP_LINE.search(_ANSI.sub("", line))
+            if not m:
+                continue
+            step, now = int(m.group(1)), time.perf_counter()
+            if step % every == 0 or step in (1, steps):
+                if last_step:
+                    pace = f"{(now - last_t) / (step - last_step):5.2f} s/step"
+                else:
+                    pace = f"{now - t0:5.1f} s with start-up"
+                print(f"  {name:<6} step {step:>3}/{steps}  loss {float(m.group(2)):8.5f}  "
+                      f"{pace}", flush=True)
+                last_t, last_step = now, step
+        code = proc.wait()
+    if code:
+        print(f"  {name}: training failed (exit code {code}); last lines of {log_path}:",
+              file=sys.stderr)
+        sys.stderr.write("".join(tail))
+        return code
+    print(f"  {name:<6} done in {time.perf_counter() - t0:.0f} s", flush=True)
+    return 0
+
+
+def read_scalars(dump: Path) -> dict:
+    """``{tag: {step: value}}`` of the TensorBoard event files under ``dump/tb``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars: dict = {}
+    for folder in sorted({p.parent for p in dump.glob("tb/**/events.out.tfevents.*")}):
+        acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            scalars.setdefault(tag, {}).update({e.step: e.value for e in acc.Scalars(tag)})
+    return scalars
+
+
+def read_runs(out: Path) -> dict:
+    return {name: read_scalars(out / name) for name, _ in _RUNS}
+
+
+def _bits(values: dict) -> dict:
+    return {step: struct.pack("<f", v) for step, v in values.items()}
+
+
+def format_table(runs: dict, *, link: str, steps: int, out: Path, seconds: float) -> str:
+    raw, zc = runs["raw"], runs["zipccl"]
+    # Step 1 carries one-time costs (config check, first encodes): leave it out.
+    warm = lambda d: {s: v for s, v in d.items() if s >= 2}  # noqa: E731
+    head = (f"{'collective':<16}{'raw MB':>9}{'wire MB':>10}{'ratio':>8}{'comm ms':>10}"
+            f"{'encode ms':>11}{'decode ms':>11}")
+    lines = ["", f"zipccl demo: 2 ranks, {steps} steps each, {link}", head, "-" * len(head)]
+    for kind in _KINDS:
+        cols = {n: warm(zc.get(f"zipccl/{kind}/{n}", {}))
+                for n in ("raw_MB", "wire_MB", "comm_ms", "encode_ms", "decode_ms")}
+        if not cols["raw_MB"]:
+            continue
+        mean = {n: statistics.fmean(v.values()) if v else float("nan") for n, v in cols.items()}
+        ratio = sum(cols["raw_MB"].values()) / max(sum(cols["wire_MB"].values()), 1e-12)
+        lines.append(f"{kind:<16}{mean['raw_MB']:>9.3f}{mean['wire_MB']:>10.3f}{ratio:>8.2f}"
+                     f"{mean['comm_ms']:>10.1f}{mean['encode_ms']:>11.1f}"
+                     f"{mean['decode_ms']:>11.1f}")
+    if len(lines) == 4:
+        lines.append("(no zipccl/<kind>/* scalars: was the run compressed?)")
+    lines.append(f"{'':<16}per step, rank 0, mean of steps 2-{steps}")
+    lines.append("-" * len(head))
+    t_raw = warm(raw.get("time_metrics/end_to_end(s)", {}))
+    t_zc = warm(zc.get("time_metrics/end_to_end(s)", {}))
+    if t_raw and t_zc:
+        m_raw, m_zc = statistics.median(t_raw.values()), statistics.median(t_zc.values())
+        lines.append(f"{'step time':<16}raw {m_raw * 1e3:.0f} ms, zipccl {m_zc * 1e3:.0f} ms "
+                     f"(median; raw/zipccl {m_raw / m_zc:.2f})")
+    tag = "loss_metrics/global_avg_loss"
+    l_raw, l_zc = raw.get(tag, {}), zc.get(tag, {})
+    same = l_raw and _bits(l_raw) == _bits(l_zc)
+    n_equal = sum(1 for s in l_raw if s in l_zc and _bits({0: l_raw[s]}) == _bits({0: l_zc[s]}))
+    final = f"; final loss {l_zc[max(l_zc)]:.5f}" if l_zc else ""
+    lines.append(f"{'losses bitwise':<16}{'yes' if same else 'NO'} "
+                 f"({n_equal} of {len(l_raw)} logged steps equal{final})")
+    lines.append(f"{'tensorboard':<16}tensorboard --logdir {out}")
+    lines.append(f"{'':<16}(whole demo {seconds:.0f} s)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    from .cli import main
+
+    sys.exit(main(["demo", *sys.argv[1:]]))
