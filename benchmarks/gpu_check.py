@@ -1,0 +1,333 @@
+"""One-shot GPU check of the Triton codec: bitwise agreement with the torch
+backend, then throughput beside a device-to-device copy.
+
+Run from the repository root on a CUDA machine (the package need not be
+installed)::
+
+    python benchmarks/gpu_check.py --out results/
+
+(a) For bf16, fp16 and fp32 and every codec, at sizes including odd ones and
+    special bit patterns: the triton payload equals the torch backend's byte
+    for byte, and each backend decodes the other's payload bit-exactly.
+    A few corrupt payloads must raise CorruptPayloadError.
+(b) GB/s (input bytes / time; CUDA events, warmup, median of several) of
+    triton encode and decode for fixed3 and dense on Gaussian bf16 at 16 MiB
+    to 1 GiB and on fp32 bf16-casts at 256 MiB, beside ``Tensor.copy_`` of
+    the same bytes; the torch backend at 64 MiB for comparison.
+
+Prints one table and writes it as ``gpu_check.md`` and ``gpu_check.csv`` in
+``--out``. A failing case prints its error and the run continues; the exit
+status is 1 if any correctness check failed. ``--smoke`` runs tiny sizes on
+CPU under TRITON_INTERPRET=1 (set here when no GPU is present) to test this
+script itself. ``--sweep`` also times a few (sub-block, warps) settings of
+the kernels at 256 MiB bf16 (about a minute more).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import os
+import statistics
+import sys
+import time
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+MiB = 1 << 20
+TARGETS = "targets on an H200 at 256 MiB bf16: encode >= 1000 GB/s, decode >= 1500 GB/s"
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=".", help="directory for gpu_check.md and gpu_check.csv")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny sizes; without CUDA, CPU tensors under TRITON_INTERPRET=1")
+    p.add_argument("--sweep", action="store_true",
+                   help="also time a few (sub-block, num_warps) kernel settings at 256 MiB bf16")
+    p.add_argument("--reps", type=int, default=7, help="timed repetitions per case (median)")
+    return p.parse_args()
+
+
+ARGS = parse_args()
+if not torch.cuda.is_available():
+    if not ARGS.smoke:
+        sys.exit("gpu_check: no CUDA device; use --smoke to test the script on CPU")
+    # Triton reads this when @triton.jit decorates the kernels, i.e. on import.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+
+import zipccl_fsdp as z  # noqa: E402
+from zipccl_fsdp import format as F  # noqa: E402
+from triton_kernels import codec_decode, codec_encode  # noqa: E402
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+INT_VIEW = {2: torch.int16, 4: torch.int32}
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+SHORT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+FAILURES = []
+
+
+def bits(t):
+    return t.reshape(-1).view(INT_VIEW[t.element_size()])
+
+
+# --------------------------------------------------------------------------
+# Inputs
+# --------------------------------------------------------------------------
+SPECIAL = {
+    torch.float32: [0x7FC00000, 0x7F800001, 0xFFC12345, 0x7FFFFFFF, 0x7F800000, 0xFF800000,
+                    0x00000000, 0x80000000, 0x00000001, 0x807FFFFF, 0x7F7FFFFF, 0xFF7FFFFF],
+    torch.float16: [0x7E00, 0x7C01, 0xFE55, 0x7FFF, 0x7C00, 0xFC00, 0x0000, 0x8000, 0x0001,
+                    0x83FF, 0x7BFF, 0xFBFF],
+    torch.bfloat16: [0x7FC0, 0x7F81, 0xFFC5, 0x7FFF, 0x7F80, 0xFF80, 0x0000, 0x8000, 0x0001,
+                     0x807F, 0x7F7F, 0xFF7F],
+}
+
+
+def mixed(n: int, dtype, seed: int = 0) -> torch.Tensor:
+    """Chunk-sized stretches of different data: Gaussian with special bit
+    patterns sprinkled in, random bits, 60% zeros, tiny sigma, bf16 casts."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    size = torch.empty(0, dtype=dtype).element_size()
+    x = torch.randn(n, generator=g, device=DEV).to(dtype)
+    C = F.CHUNK_ELEMS
+    for c in range(-(-n // C)):
+        lo, hi = c * C, min(n, (c + 1) * C)
+        kind = c % 5
+        if kind == 1:
+            r = torch.randint(-(1 << (8 * size - 1)), 1 << (8 * size - 1), (hi - lo,),
+                              generator=g, device=DEV)
+            x[lo:hi] = r.to(INT_VIEW[size]).view(dtype)
+        elif kind == 2:
+            x[lo:hi][torch.rand(hi - lo, generator=g, device=DEV) < 0.6] = 0
+        elif kind == 3:
+            x[lo:hi] = (torch.randn(hi - lo, generator=g, device=DEV) * 3e-4).to(dtype)
+        elif kind == 4:
+            x[lo:hi] = torch.randn(hi - lo, generator=g, device=DEV).bfloat16().to(dtype)
+    words = torch.tensor(SPECIAL[dtype], dtype=torch.int64)
+    words = torch.where(words >= 1 << (8 * size - 1), words - (1 << (8 * size)), words)
+    sp = words.to(INT_VIEW[size]).view(dtype).to(DEV)
+    if n:
+        idx = torch.randint(0, n, (min(n, 3 * sp.numel()),), generator=g, device=DEV)
+        x[idx] = sp.repeat(3)[: idx.numel()]
+    return x
+
+
+# --------------------------------------------------------------------------
+# (a) correctness
+# --------------------------------------------------------------------------
+def check(name: str, ok: bool, detail: str = "") -> None:
+    print(f"  {'ok  ' if ok else 'FAIL'} {name} {detail}", flush=True)
+    if not ok:
+        FAILURES.append(name)
+
+
+def correctness(sizes) -> None:
+    print(f"(a) triton vs torch backend on {DEV.type}, sizes {sizes}", flush=True)
+    for dtype in DTYPES:
+        for codec in z.CODECS:
+            for n in sizes:
+                name = f"{SHORT[dtype]} {codec} n={n}"
+                try:
+                    x = mixed(n, dtype, seed=n)
+                    pt = z.encode(x, codec=codec, backend="torch")
+                    pg = z.encode(x, codec=codec, backend="triton")
+                    same = pt.numel() == pg.numel() and torch.equal(pt, pg)
+                    yg = z.decode(pt, backend="triton")
+                    yt = z.decode(pg, backend="torch")
+                    dec = torch.equal(bits(yg), bits(x)) and torch.equal(bits(yt), bits(x))
+                    check(name, same and dec,
+                          f"bytes {'equal' if same else f'DIFFER ({pt.numel()} vs {pg.numel()})'}, "
+                          f"cross decode {'bit-exact' if dec else 'WRONG'}")
+                except Exception as e:  # keep going: report every case
+                    check(name, False, f"raised {type(e).__name__}: {e}")
+                    traceback.print_exc()
+    corrupt_checks()
+
+
+def corrupt_checks() -> None:
+    x = mixed(3 * F.CHUNK_ELEMS + 5, torch.float16, seed=7)
+    for codec in ("fixed3", "dense"):
+        p = z.encode(x, codec=codec, backend="torch")
+        h = F.parse_header(p)
+        cases = {
+            "table mode byte": lambda b: b.__setitem__(h.table_offset, 7),
+            "codes stream bytes": lambda b: b.__setitem__(
+                slice(h.streams_offset, h.streams_offset + 64), 0xFF),
+            "esc count": lambda b: b.__setitem__(h.table_offset + 6, b[h.table_offset + 6] ^ 1),
+        }
+        for what, mutate in cases.items():
+            b = p.clone()
+            mutate(b)
+            try:
+                z.decode(b, backend="triton")
+                check(f"corrupt {codec} {what}", False, "did not raise")
+            except z.CorruptPayloadError as e:
+                check(f"corrupt {codec} {what}", True, f"raised: {e}")
+            except Exception as e:
+                check(f"corrupt {codec} {what}", False, f"raised {type(e).__name__}: {e}")
+
+
+# --------------------------------------------------------------------------
+# (b) throughput
+# --------------------------------------------------------------------------
+def timeit(fn, reps: int) -> float:
+    """Median seconds of fn() over reps runs after warmup."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(reps):
+        if DEV.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+ROWS = []
+
+
+def bench_row(data: str, x: torch.Tensor, op: str, backend: str, codec: str, fn, copy_s,
+              ratio=None, reps=None) -> None:
+    nbytes = x.numel() * x.element_size()
+    row = dict(data=data, dtype=SHORT[x.dtype], MiB=round(nbytes / MiB, 3), op=op,
+               backend=backend, codec=codec)
+    try:
+        s = timeit(fn, reps or ARGS.reps)
+        row.update(ms=round(s * 1e3, 4), GBps=round(nbytes / s / 1e9, 1),
+                   ratio=None if ratio is None else round(ratio, 4),
+                   copy_GBps=round(nbytes / copy_s / 1e9, 1) if copy_s else None,
+                   vs_copy=round(copy_s / s, 3) if copy_s else None, error="")
+    except Exception as e:  # one failure must not end the run
+        row.update(error=f"{type(e).__name__}: {e}"[:200])
+        traceback.print_exc()
+    ROWS.append(row)
+    print("  " + "  ".join(f"{k}={v}" for k, v in row.items() if v not in ("", None)), flush=True)
+
+
+def bench_tensor(data: str, x: torch.Tensor, backends=("triton",), codecs=("fixed3", "dense"),
+                 reps=None) -> None:
+    copy_s = None
+    try:
+        dst = torch.empty_like(x)
+        copy_s = timeit(lambda: dst.copy_(x), reps or ARGS.reps)
+        del dst
+    except Exception as e:
+        print(f"  copy failed: {e}")
+    for backend in backends:
+        for codec in codecs:
+            try:
+                p = z.encode(x, codec=codec, backend=backend)
+                ratio = x.numel() * x.element_size() / p.numel()
+                out = torch.empty_like(x)
+            except Exception as e:
+                print(f"  {backend} {codec} encode failed: {type(e).__name__}: {e}")
+                traceback.print_exc()
+                ROWS.append(dict(data=data, dtype=SHORT[x.dtype], op="encode", backend=backend,
+                                 codec=codec, error=f"{type(e).__name__}: {e}"[:200]))
+                continue
+            bench_row(data, x, "encode", backend, codec,
+                      lambda: z.encode(x, codec=codec, backend=backend), copy_s, ratio, reps)
+            bench_row(data, x, "decode", backend, codec,
+                      lambda: z.decode(p, out=out, backend=backend), copy_s, ratio, reps)
+            if not torch.equal(bits(out), bits(x)):
+                check(f"bench {data} {backend} {codec} round trip", False, "decode differs")
+            del p, out
+
+
+def throughput(smoke: bool) -> None:
+    print(f"(b) throughput on {torch.cuda.get_device_name() if DEV.type == 'cuda' else 'CPU'}; "
+          f"{TARGETS}", flush=True)
+    sizes = [16 * 1024 + 6] if smoke else [16 * MiB, 64 * MiB, 256 * MiB, 1024 * MiB]
+    reps = 1 if smoke else None
+    for nbytes in sizes:
+        g = torch.Generator(device=DEV).manual_seed(0)
+        x = torch.randn(nbytes // 2, generator=g, device=DEV).bfloat16()
+        bench_tensor(f"gauss bf16 {nbytes / MiB:g} MiB", x, reps=reps)
+        if nbytes == (64 * MiB if not smoke else sizes[0]):
+            bench_tensor(f"gauss bf16 {nbytes / MiB:g} MiB", x, backends=("torch",), reps=reps)
+        if nbytes == (256 * MiB if not smoke else sizes[0]):
+            x32 = torch.randn(nbytes // 4, generator=g, device=DEV).bfloat16().float()
+            bench_tensor(f"fp32 bf16-casts {nbytes / MiB:g} MiB", x32, reps=reps)
+            del x32
+        del x
+        if DEV.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def sweep(smoke: bool) -> None:
+    """Time a few kernel settings; the module constants are restored after."""
+    saved = (codec_encode.SUB_ELEMS, codec_encode.NUM_WARPS_ANALYZE,
+             codec_encode.NUM_WARPS_WRITE, codec_decode.SUB_ELEMS, codec_decode.NUM_WARPS_DECODE)
+    n = (16 * 1024 + 6) if smoke else 128 * MiB  # bf16 elements: 256 MiB
+    x = torch.randn(n, generator=torch.Generator(device=DEV).manual_seed(0), device=DEV).bfloat16()
+    print("(sweep) sub-block elements x num_warps at "
+          f"{n * 2 / MiB:g} MiB bf16", flush=True)
+    for sub, warps in [(1024, 4), (512, 4), (1024, 8), (2048, 8), (512, 2), (2048, 4)]:
+        codec_encode.SUB_ELEMS = codec_decode.SUB_ELEMS = sub
+        codec_encode.NUM_WARPS_ANALYZE = codec_encode.NUM_WARPS_WRITE = warps
+        codec_decode.NUM_WARPS_DECODE = warps
+        bench_tensor(f"sweep sub={sub} warps={warps}", x, reps=1 if smoke else 5)
+    (codec_encode.SUB_ELEMS, codec_encode.NUM_WARPS_ANALYZE, codec_encode.NUM_WARPS_WRITE,
+     codec_decode.SUB_ELEMS, codec_decode.NUM_WARPS_DECODE) = saved
+
+
+# --------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------
+COLS = ["data", "dtype", "MiB", "op", "backend", "codec", "ms", "GBps", "ratio", "copy_GBps",
+        "vs_copy", "error"]
+
+
+def report() -> None:
+    stamp = (f"{torch.cuda.get_device_name() if DEV.type == 'cuda' else 'CPU (interpreter)'}; "
+             f"torch {torch.__version__}; triton {triton.__version__}; "
+             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
+    lines = [f"# zipccl triton codec: gpu_check", "", stamp, "", TARGETS, "",
+             "| " + " | ".join(COLS) + " |", "|" + "---|" * len(COLS)]
+    for r in ROWS:
+        lines.append("| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in COLS)
+                     + " |")
+    lines += ["", f"correctness failures: {len(FAILURES)}"] + [f"- {f}" for f in FAILURES]
+    table = "\n".join(lines)
+    print("\n" + table)
+    os.makedirs(ARGS.out, exist_ok=True)
+    with open(os.path.join(ARGS.out, "gpu_check.md"), "w") as f:
+        f.write(table + "\n")
+    with open(os.path.join(ARGS.out, "gpu_check.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLS + ["stamp"])
+        w.writeheader()
+        for r in ROWS:
+            w.writerow({**{c: r.get(c) for c in COLS}, "stamp": stamp})
+
+
+def main() -> int:
+    t0 = time.time()
+    sizes = [0, 7, 4097] if ARGS.smoke else [0, 1, 7, 4097, 3 * 4096 + 5,
+                                                               1_000_003]
+    for part in (lambda: correctness(sizes), lambda: throughput(ARGS.smoke)) + (
+            (lambda: sweep(ARGS.smoke),) if ARGS.sweep else ()):
+        try:
+            part()
+        except Exception:  # report and go on to the next part
+            traceback.print_exc()
+    report()
+    print(f"gpu_check done in {time.time() - t0:.0f} s", flush=True)
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""The triton backend against the torch reference: byte-identical payloads,
+cross decoding both ways, other chunk sizes, corrupt payloads.
+
+Without CUDA the kernels run on CPU tensors under the Triton interpreter.
+Triton reads TRITON_INTERPRET when ``@triton.jit`` decorates a function, i.e.
+when ``triton_kernels.codec_encode`` is imported, so it is set below before
+that import (and the kernel modules are reloaded if someone imported them
+first). With CUDA the same tests run compiled on the GPU instead, and the CPU
+case is skipped. The interpreter is slow (a dense chunk takes ~2 s), so the
+inputs pack their special cases into few chunks.
+"""
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from triton_kernels import available  # noqa: E402
+
+if not available():
+    pytest.skip("triton is not installed", allow_module_level=True)
+
+import zipccl_fsdp as z  # noqa: E402
+from zipccl_fsdp import format as F  # noqa: E402
+from codec_cases import INT_VIEW, bits, from_bits, signed, special_words  # noqa: E402
+
+
+def _kernel_modules():
+    from triton_kernels import _codec_common, codec_decode, codec_encode, exponent_codec
+    return _codec_common, codec_encode, codec_decode, exponent_codec
+
+
+def _interpreted() -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(_kernel_modules()[1]._write_kernel, InterpretedFunction)
+
+
+if not HAS_CUDA and os.environ.get("TRITON_INTERPRET") == "1" and not _interpreted():
+    for _m in _kernel_modules():  # imported before the variable was set: decorate again
+        importlib.reload(_m)
+
+DEVICES = [
+    pytest.param("cpu", marks=pytest.mark.skipif(
+        HAS_CUDA or not _interpreted(),
+        reason="CPU tensors need the interpreter, which this file uses only without CUDA")),
+    pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")),
+]
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+CODED = ("fixed3", "dense")
+C = F.CHUNK_ELEMS
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _specials(dtype):
+    size = torch.empty(0, dtype=dtype).element_size()
+    return from_bits(signed(special_words(dtype), size), dtype)
+
+
+def mixed(n: int, dtype, seed: int = 0) -> torch.Tensor:
+    """n elements whose chunks exercise different paths of the format.
+
+    Tiny sizes: special values (NaNs with several payloads, +-inf, +-0,
+    subnormals, max finite). 4097: a chunk of large bf16-cast values (fp32
+    LOW16; the exponent window clamped at the top) and a 1-element chunk.
+    3 chunks + 5: Gaussian with the special values sprinkled in; random bit
+    patterns (a RAW chunk); 60% exact zeros (ZERO_SLOT / ZERO_FIRST, omitted
+    zeros, fp16 rem compaction); 5 subnormals (the window clamped at 0).
+    """
+    g = _gen(seed)
+    size = torch.empty(0, dtype=dtype).element_size()
+    sp = _specials(dtype)
+    if n <= 16:
+        return sp.repeat(2)[:n].clone()
+    big = torch.finfo(dtype).max / 8
+    if n <= C + 1:
+        x = (torch.randn(n, generator=g) * big).bfloat16().to(dtype)
+        x[:4] = torch.tensor([0.0, -0.0, float("inf"), float("-inf")]).to(dtype)
+        return x
+    x = torch.randn(n, generator=g).to(dtype)
+    idx = torch.randint(0, C, (3 * sp.numel(),), generator=g)
+    x[idx] = sp.repeat(3)
+    lim = 1 << (8 * size - 1)
+    x[C:2 * C] = torch.randint(-lim, lim, (C,), generator=g).to(INT_VIEW[size]).view(dtype)
+    zero_heavy = x[2 * C:3 * C]
+    zero_heavy[torch.rand(C, generator=g) < 0.6] = 0
+    x[3 * C:] = (torch.randn(n - 3 * C, generator=g, dtype=torch.float64)
+                 * torch.finfo(dtype).tiny).to(dtype)
+    return x
+
+
+SIZES = (0, 1, 7, C + 1, 3 * C + 5)
+
+
+def _check_against_torch(x: torch.Tensor, codec: str) -> None:
+    pt = z.encode(x, codec=codec, backend="torch")
+    pg = z.encode(x, codec=codec, backend="triton")
+    assert pg.dtype == torch.uint8 and pg.dim() == 1 and pg.device == x.device
+    assert pg.numel() == pt.numel(), (pg.numel(), pt.numel())
+    assert torch.equal(pg, pt), f"first differing byte {int((pg != pt).nonzero()[0, 0])}"
+    # Cross decode, compared as integer views (NaN payloads, -0.0).
+    yg = z.decode(pt, backend="triton")
+    assert yg.shape == x.shape and yg.dtype == x.dtype
+    assert torch.equal(bits(yg), bits(x))
+    out = torch.empty_like(x)
+    assert z.decode(pg, out=out, backend="torch") is out
+    assert torch.equal(bits(out), bits(x))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("codec", z.CODECS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_payload_bytes_equal_torch_backend(device, dtype, codec):
+    for n in SIZES:
+        x = mixed(n, dtype, seed=n).to(device)
+        if n == 3 * C + 5:
+            x = x.view(1, n)  # a 2-D shape in the header
+        _check_against_torch(x, codec)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp32_bf16_casts_and_zeros(device):
+    """LOW16 with Gaussian magnitudes, and an all-zero chunk."""
+    x = torch.randn(2 * C, generator=_gen(3)).bfloat16().float()
+    x[C:] = 0
+    for codec in CODED:
+        _check_against_torch(x.to(device), codec)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("chunk_elems, codecs, n, zeros", [
+    (1000, CODED, 2500, True),           # not a power of 2: masked sub-blocks
+    (8, CODED, 21, True),                # the smallest chunk the header allows
+    (65528, ("fixed3",), 70000, False),  # near the u16 limit: many sub-blocks per chunk
+])
+def test_other_chunk_sizes(device, chunk_elems, codecs, n, zeros, monkeypatch):
+    """Both backends read F.CHUNK_ELEMS when encoding; decode takes the header's.
+    (The big chunk has no zeros: compacting fp16 rem bits takes the interpreter
+    minutes at that size.)"""
+    monkeypatch.setattr(F, "CHUNK_ELEMS", chunk_elems)
+    x = torch.randn(n, generator=_gen(5)).to(torch.float16)
+    if zeros:
+        x[::7] = 0
+    x[3] = float("nan")
+    for codec in codecs:
+        _check_against_torch(x.to(device), codec)
+        assert F.parse_header(z.encode(x, codec=codec, backend="torch")).chunk_elems == chunk_elems
+
+
+def _payload(device, codec, dtype=torch.float16, n=2 * C + 5):
+    x = torch.randn(n, generator=_gen(11)).to(dtype)
+    x[::5] = 0
+    x[10:20] = float("inf")  # escapes (e = emax is outside every window)
+    p = z.encode(x.to(device), codec=codec, backend="torch")
+    return x, p, F.parse_header(p)
+
+
+def _entry(h, c, field):
+    return h.table_offset + 16 * c + field
+
+
+def _get_u16(b, at):
+    return int(b[at]) | int(b[at + 1]) << 8
+
+
+def _set_u16(b, at, v):
+    b[at], b[at + 1] = v & 0xFF, v >> 8
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("codec", CODED)
+def test_corrupt_payloads_raise(device, codec):
+    x, p, h = _payload(device, codec)
+    cases = [
+        (lambda b: b.__setitem__(_entry(h, 0, 0), 7), "chunk table entry 0 is invalid"),
+        (lambda b: b.__setitem__(_entry(h, 1, 3), 9), "chunk table entry 1 is invalid"),
+        (lambda b: _set_u16(b, _entry(h, 0, 6), _get_u16(b, _entry(h, 0, 6)) - 1),
+         "stream lengths"),  # one escape fewer: a valid entry, but the lengths disagree
+        (lambda b: b.__setitem__(slice(h.streams_offset, h.streams_offset + 40), 0xFF),
+         "disagree with"),
+        (lambda b: b.__setitem__(-1, 200), "exponent outside the dtype"),  # last esc byte
+    ]
+    for mutate, msg in cases:
+        b = p.clone()
+        mutate(b)
+        with pytest.raises(z.CorruptPayloadError, match=msg):
+            z.decode(b, backend="torch")
+        with pytest.raises(z.CorruptPayloadError, match=msg):
+            z.decode(b, backend="triton")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("codec", CODED)
+def test_random_corruption_agrees_with_torch(device, codec):
+    """Random byte flips in the table and streams: triton raises exactly when
+    torch does, and otherwise decodes the same bits."""
+    x, p, h = _payload(device, codec, n=C + 300)
+    g = _gen(17)
+    for _ in range(12):
+        b = p.clone()
+        k = int(torch.randint(1, 4, (1,), generator=g))
+        at = torch.randint(h.table_offset, p.numel(), (k,), generator=g).to(device)
+        b[at] = torch.randint(0, 256, (k,), generator=g, dtype=torch.uint8).to(device)
+        try:
+            want = z.decode(b, backend="torch")
+        except z.CorruptPayloadError:
+            with pytest.raises(z.CorruptPayloadError):
+                z.decode(b, backend="triton")
+            continue
+        assert torch.equal(bits(z.decode(b, backend="triton")), bits(want))
+
+
+def test_package_imports_without_triton():
+    """CPU-only installs: no triton, the package imports and encodes on CPU."""
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["triton"] = None  # makes "import triton" fail
+        import torch, zipccl_fsdp as z
+        from triton_kernels import available
+        assert not available()
+        x = torch.randn(100).bfloat16()
+        p = z.encode(x, backend="torch")
+        assert torch.equal(z.decode(p, backend="torch").view(torch.int16), x.view(torch.int16))
+        try:
+            z.encode(x, backend="triton")
+        except ValueError as e:
+            assert "needs triton" in str(e)
+        else:
+            raise AssertionError("backend='triton' without triton must refuse")
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
+                       env={**env, "PYTHONPATH": root})
+    assert r.returncode == 0, r.stderr[-2000:]

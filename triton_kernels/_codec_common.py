@@ -1,0 +1,173 @@
+"""Pieces the encode and decode kernels share: the format's constants as
+``tl.constexpr`` and small ``@triton.jit`` helpers (field split, locator,
+code tables, in-block bit packing).
+
+Every constant is derived from ``zipccl_fsdp.format`` at import time, so the
+kernels cannot drift from the format; the asserts say which shape of the
+format these kernels assume (and fail loudly if the format changes it).
+
+Code tables are packed into integers, 4 bits per entry, and looked up with a
+shift: a per-element table lookup then costs two integer ops and no memory
+access (a device LUT tensor would need a host-to-device copy per call or a
+global cache).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from zipccl_fsdp import format as F
+
+# ---------------------------------------------------------------------------
+# The shape of the format these kernels are written for.
+# ---------------------------------------------------------------------------
+assert F.FIXED_BITS == 3 and F.FIXED_ESC == 7 and F.REM_BITS == 3
+assert F.TIER_BITS == (2, 1, 1, 2, 2), "the dense kernels unroll these five tiers"
+assert all(c == (1 << b) - 1 for b, c in zip(F.TIER_BITS, F.TIER_SYMBOLS))  # all-ones = continue
+assert F.DENSE_SLOTS == 11 and F.DENSE_ESC == 11
+assert all(len(o) == F.DENSE_SLOTS - 1 for o in F.DENSE_ORDER)
+assert all(-8 <= d <= 7 for o in F.DENSE_ORDER for d in o), "offsets must fit a nibble"
+assert all(-8 <= d <= 7 for d in F.FIXED_LO + F.FIXED_LO_ZERO)
+assert F.CHUNK_ENTRY_NBYTES == 16 and F.MODE_RAW == 0 and F.MODE_CODED == 1
+assert (F.FLAG_LOW16, F.FLAG_ZERO) == (1, 2)
+
+
+def _signed64(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _nibbles(values) -> int:
+    """Pack small non-negative ints, entry i at bits [4i, 4i+4), as a signed int64."""
+    acc = 0
+    for i, v in enumerate(values):
+        assert 0 <= v < 16
+        acc |= v << (4 * i)
+    return _signed64(acc)
+
+
+_ABSENT = F.DENSE_SLOTS - 1  # nibble meaning "this offset has no dense symbol"
+NOT_IN_ORDER = tl.constexpr(_ABSENT)
+
+
+def _rank_lut(order) -> int:
+    """Nibble d+8 holds the index of offset d in ``order``, _ABSENT if absent."""
+    return _nibbles([order.index(d - 8) if d - 8 in order else _ABSENT for d in range(16)])
+
+
+def _sym_lut(order) -> int:
+    """Nibble k holds order[k] + 8."""
+    return _nibbles([d + 8 for d in order])
+
+
+# Dense code, per phase: offset -> order index (encode), order index -> offset (decode).
+RANK_LUT0 = tl.constexpr(_rank_lut(F.DENSE_ORDER[0]))
+RANK_LUT1 = tl.constexpr(_rank_lut(F.DENSE_ORDER[1]))
+RANK_LUT2 = tl.constexpr(_rank_lut(F.DENSE_ORDER[2]))
+RANK_LUT3 = tl.constexpr(_rank_lut(F.DENSE_ORDER[3]))
+SYM_LUT0 = tl.constexpr(_sym_lut(F.DENSE_ORDER[0]))
+SYM_LUT1 = tl.constexpr(_sym_lut(F.DENSE_ORDER[1]))
+SYM_LUT2 = tl.constexpr(_sym_lut(F.DENSE_ORDER[2]))
+SYM_LUT3 = tl.constexpr(_sym_lut(F.DENSE_ORDER[3]))
+# fixed3 window start, nibble zf*4 + phase holds FIXED_LO(_ZERO)[phase] + 8.
+FIXED_LO_LUT = tl.constexpr(_nibbles([v + 8 for v in F.FIXED_LO + F.FIXED_LO_ZERO]))
+
+ZERO_SLOT_SHIFT = tl.constexpr(F.FIXED_ZERO_SLOT_SHIFT)
+ZERO_FIRST_SHIFT = tl.constexpr(F.DENSE_ZERO_FIRST_SHIFT)
+DENSE_ZERO_LAST = tl.constexpr(F.DENSE_SLOTS - 1)  # rank of +0.0 without ZERO_FIRST
+DENSE_ESC = tl.constexpr(F.DENSE_ESC)
+# Tiers 1..4 (tier 0 is 2 bits wide and holds every element).
+T1_START, T2_START, T3_START, T4_START = (tl.constexpr(s) for s in F.TIER_START[1:])
+T1_BITS, T2_BITS, T3_BITS, T4_BITS = (tl.constexpr(b) for b in F.TIER_BITS[1:])
+T1_CAP, T2_CAP, T3_CAP, T4_CAP = (tl.constexpr(c) for c in F.TIER_SYMBOLS[1:])
+T0_CAP = tl.constexpr(F.TIER_SYMBOLS[0])
+
+# Codec ids as the kernels see them (constexpr: each codec compiles its own kernel).
+FIXED3 = tl.constexpr(F.CODEC_IDS["fixed3"])
+DENSE = tl.constexpr(F.CODEC_IDS["dense"])
+
+# Segmented-scan flag bit inside each 16-bit field (packed values are 8 bits).
+SEG_FLAG_BIT = tl.constexpr(15)
+SEG_FLAG_MASK4 = tl.constexpr(0x0001000100010001)
+
+
+# ---------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------
+@triton.jit
+def pick4(i, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr, D: tl.constexpr):
+    """One of four int64 constants, by a runtime index in 0..3."""
+    return tl.where(i == 0, tl.full([], A, tl.int64),
+                    tl.where(i == 1, tl.full([], B, tl.int64),
+                             tl.where(i == 2, tl.full([], C, tl.int64), tl.full([], D, tl.int64))))
+
+
+@triton.jit
+def nibble(lut, idx):
+    return ((lut >> (4 * idx).to(tl.int64)) & 0xF).to(tl.int32)
+
+
+@triton.jit
+def split_fields(w, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr):
+    """Exponent field and sign+mantissa field (sign on top) of int32 words."""
+    e = (w >> MAN_BITS) & ((1 << EXP_BITS) - 1)
+    sm = (((w >> (MAN_BITS + EXP_BITS)) & 1) << MAN_BITS) | (w & ((1 << MAN_BITS) - 1))
+    return e, sm
+
+
+@triton.jit
+def join_fields(e, sm, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr):
+    sign = (sm >> MAN_BITS) & 1
+    return (sign << (MAN_BITS + EXP_BITS)) | (e << MAN_BITS) | (sm & ((1 << MAN_BITS) - 1))
+
+
+@triton.jit
+def locator_finish(s, k):
+    """From the sum s and count k of the normal exponents (0 < e < emax):
+    q = floor(4 * s / k), (base, phase) = (q >> 2, q & 3); 0 when k == 0."""
+    q = tl.where(k > 0, (4 * s) // tl.maximum(k, 1), 0)  # both >= 0: // is floor
+    return q >> 2, q & 3
+
+
+@triton.jit
+def fixed_window(base, phase, zf, EMAX: tl.constexpr):
+    """fixed3: the exponent of code 0 (code 1 under ZERO_SLOT) and the window width."""
+    width = 7 - zf
+    lo = base + nibble(tl.full([], FIXED_LO_LUT, tl.int64), zf * 4 + phase) - 8
+    lo = tl.minimum(tl.maximum(lo, 0), EMAX + 1 - width)
+    return lo, width
+
+
+@triton.jit
+def dense_ranks(e, is_zero, base, phase, zf):
+    """Rank of each element in the chunk's dense symbol order; DENSE_ESC if absent."""
+    d = e - base
+    inr = (d >= -8) & (d <= 7)
+    lut = pick4(phase, RANK_LUT0, RANK_LUT1, RANK_LUT2, RANK_LUT3)
+    k = tl.where(inr, nibble(lut, tl.minimum(tl.maximum(d + 8, 0), 15)), NOT_IN_ORDER)
+    rank = tl.where(k == NOT_IN_ORDER, DENSE_ESC, k + zf)
+    return tl.where(is_zero, tl.where(zf != 0, 0, DENSE_ZERO_LAST), rank)
+
+
+@triton.jit
+def dense_symbols(rank, base, phase, zf):
+    """Inverse of dense_ranks for ranks < DENSE_ESC: (exponent, is +0.0)."""
+    is_zero = tl.where(zf != 0, rank == 0, rank == DENSE_ZERO_LAST)
+    k = tl.minimum(tl.maximum(rank - zf, 0), DENSE_ZERO_LAST - 1)
+    lut = pick4(phase, SYM_LUT0, SYM_LUT1, SYM_LUT2, SYM_LUT3)
+    return base + nibble(lut, k) - 8, is_zero
+
+
+@triton.jit
+def seg_combine4(a, b):
+    """Segmented sum over four 16-bit fields of an int64; bit 15 of a field
+    starts a new segment. Within a segment the values sum to at most 255 (they
+    are digits at distinct bit offsets of one byte), so fields never carry."""
+    restart = ((b >> SEG_FLAG_BIT) & SEG_FLAG_MASK4) * 0xFFFF
+    return (a & ~restart) + b
+
+
+@triton.jit
+def seg_combine24(a, b):
+    """Segmented sum of 24-bit groups; bit 24 starts a new segment."""
+    restart = ((b >> 24) & 1) * 0x1FFFFFF
+    return (a & ~restart) + b
