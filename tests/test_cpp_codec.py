@@ -1,0 +1,377 @@
+"""The C++ backend against the torch reference: the same payload bytes, the
+same decoded bits, the same refusals, on every kernel set this CPU runs.
+
+The extension is a supported path wherever a C++ compiler is installed, so
+these tests fail (they do not skip) when it does not build. Set
+ZIPCCL_FSDP_NO_CPP=1 to skip them on a platform without a compiler.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import zipccl_fsdp as z
+from zipccl_fsdp import codec, codec_cpp, codec_torch
+from zipccl_fsdp import format as F
+from codec_cases import CASES, DTYPES, INT_VIEW, SIZES, bits, case, from_bits, signed, special_words
+
+CODED = ("fixed3", "dense")
+
+if os.environ.get("ZIPCCL_FSDP_NO_CPP") == "1":
+    pytest.skip("ZIPCCL_FSDP_NO_CPP=1", allow_module_level=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    assert codec_cpp.available(), f"the C++ codec did not build: {codec_cpp.unavailable_reason()}"
+
+
+@pytest.fixture(params=codec_cpp.ISAS)
+def isa(request, monkeypatch, built):
+    """Run the test once per kernel set (forced through ZIPCCL_FSDP_CPP_ISA)."""
+    monkeypatch.setenv("ZIPCCL_FSDP_CPP_ISA", request.param)
+    if codec_cpp.isa() != request.param:
+        pytest.skip(f"this CPU does not run the {request.param} kernels")
+    return request.param
+
+
+def cpp_decode(p: torch.Tensor) -> torch.Tensor:
+    return z.decode(p, backend="cpp")
+
+
+def assert_same_as_torch(x: torch.Tensor, codec_name: str, what="") -> torch.Tensor:
+    """cpp payload == torch payload; each backend decodes it to x's bits."""
+    ref = codec_torch.encode(x, codec_name)
+    got = codec_cpp.encode(x, codec_name)
+    assert got.dtype == torch.uint8 and got.dim() == 1
+    assert torch.equal(got, ref), f"payload bytes differ {what}"
+    y = cpp_decode(ref)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    assert torch.equal(bits(y), bits(x)), f"cpp decode of the torch payload {what}"
+    return got
+
+
+# --------------------------------------------------------------------------
+# Byte equality with the reference
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("codec_name", z.CODECS)
+@pytest.mark.parametrize("name", CASES)
+def test_payload_bytes_equal_torch(isa, dtype, codec_name, name):
+    for n in SIZES + (31, 32, 33):
+        x = case(name, n, dtype, seed=n)
+        p = assert_same_as_torch(x, codec_name, (name, n))
+        y = z.decode(p, backend="torch")
+        assert torch.equal(bits(y), bits(x)), ("torch decode of the cpp payload", name, n)
+
+
+def mixed_large(dtype, n=1_000_003, seed=0) -> torch.Tensor:
+    """Gaussian spans of several sigmas, then special words, zeros, random bits."""
+    g = torch.Generator().manual_seed(seed)
+    sigmas = (1.0, 0.02, 3e-4, 1e-30, 1e30, 1e-3)
+    span = n // (len(sigmas) + 2)
+    parts = [(torch.randn(span, generator=g) * s) for s in sigmas]
+    x = torch.cat(parts).to(dtype)
+    itemsize = x.element_size()
+    rnd = torch.randint(-(1 << (8 * itemsize - 1)), 1 << (8 * itemsize - 1), (n - x.numel(),),
+                        generator=g, dtype=torch.int64).to(INT_VIEW[itemsize]).view(dtype)
+    x = torch.cat([x, rnd])
+    sp = from_bits(signed(special_words(dtype), itemsize), dtype)
+    idx = torch.randint(0, n, (4096,), generator=g)
+    x[idx] = sp.repeat(4096 // sp.numel() + 1)[:4096]
+    x[n // 3: n // 3 + 9000] = 0  # a zero-heavy stretch
+    return x
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("codec_name", CODED)
+def test_large_mixed_tensor(isa, dtype, codec_name):
+    assert_same_as_torch(mixed_large(dtype), codec_name)
+
+
+def test_fp32_bf16_casts_set_low16_and_match(isa):
+    x = (torch.randn(100_003) * 0.02).bfloat16().float()
+    for c in CODED:
+        p = assert_same_as_torch(x, c)
+        h = F.parse_header(p)
+        table = F.ChunkTable.from_bytes(p[h.table_offset:h.streams_offset], h.nchunks)
+        assert bool(((table.flags & F.FLAG_LOW16) != 0).all())
+
+
+def test_payload_independent_of_thread_count():
+    x = mixed_large(torch.bfloat16, n=300_007)
+    old = torch.get_num_threads()
+    try:
+        outs = []
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            outs.append([codec_cpp.encode(x, c) for c in CODED])
+        for o in outs[1:]:
+            assert all(torch.equal(a, b) for a, b in zip(outs[0], o))
+    finally:
+        torch.set_num_threads(old)
+
+
+# --------------------------------------------------------------------------
+# Decoding what the encoder never writes but the format allows
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("chunk_elems", [8, 40, 96, 4104, 65528])
+def test_decodes_other_chunk_sizes(isa, monkeypatch, chunk_elems):
+    monkeypatch.setattr(F, "CHUNK_ELEMS", chunk_elems)
+    for dtype in DTYPES:
+        n = 50 * chunk_elems + 5 if chunk_elems < 1000 else chunk_elems + 4469
+        x = mixed_large(dtype, n=n, seed=1)
+        for c in CODED:
+            p = codec_torch.encode(x, c)
+            assert F.parse_header(p).chunk_elems == chunk_elems
+            assert torch.equal(bits(cpp_decode(p)), bits(x)), (dtype, c)
+
+
+def test_shapes_out_and_auto_dispatch():
+    x = torch.randn(3, 5, 7).bfloat16()
+    p = z.encode(x, codec="dense", backend="cpp")
+    assert torch.equal(p, z.encode(x, codec="dense", backend="torch"))
+    assert torch.equal(p, z.encode(x, codec="dense"))  # auto picks cpp on CPU
+    assert codec._backend_module("auto", torch.device("cpu")) is codec_cpp
+    y = cpp_decode(p)
+    assert y.shape == (3, 5, 7) and torch.equal(bits(y), bits(x))
+    out = torch.empty(105, dtype=torch.bfloat16)
+    assert z.decode(p, out=out, backend="cpp") is out and torch.equal(bits(out), bits(x))
+    scalar = torch.tensor(-2.5, dtype=torch.float16)
+    for c in z.CODECS:
+        q = z.encode(scalar, codec=c, backend="cpp")
+        assert torch.equal(q, z.encode(scalar, codec=c, backend="torch"))
+        assert cpp_decode(q).shape == () and torch.equal(bits(cpp_decode(q)), bits(scalar))
+
+
+# --------------------------------------------------------------------------
+# Corrupt payloads: refused exactly when the reference refuses
+# --------------------------------------------------------------------------
+def decode_outcome(p: torch.Tensor, backend: str):
+    try:
+        return "ok", bits(z.decode(p, backend=backend))
+    except z.CorruptPayloadError:
+        return "corrupt", None
+
+
+def assert_same_outcome(p: torch.Tensor, what=""):
+    got, ref = decode_outcome(p, "cpp"), decode_outcome(p, "torch")
+    assert got[0] == ref[0], (what, got[0], ref[0])
+    if got[0] == "ok":
+        assert torch.equal(got[1], ref[1]), what
+    return got[0]
+
+
+def payloads():
+    for dtype in DTYPES:
+        for c in CODED:
+            for name in ("gauss", "special", "zero_heavy"):
+                yield (dtype, c, name), codec_cpp.encode(case(name, 4096 + 77, dtype, seed=3), c)
+
+
+def test_truncated_payloads_are_refused(isa):
+    for what, p in payloads():
+        h = F.parse_header(p)
+        cuts = {0, 10, 63, h.table_offset, h.streams_offset, h.streams_offset + 1,
+                p.numel() // 2, p.numel() - 1}
+        for cut in sorted(cuts):
+            with pytest.raises(z.CorruptPayloadError):
+                cpp_decode(p[:cut].clone())
+
+
+def test_flipped_table_bytes_match_the_reference(isa):
+    g = torch.Generator().manual_seed(0)
+    refused = 0
+    for what, p in payloads():
+        h = F.parse_header(p)
+        for _ in range(12):
+            q = p.clone()
+            i = int(torch.randint(h.table_offset, h.streams_offset, (1,), generator=g))
+            q[i] ^= 1 << int(torch.randint(0, 8, (1,), generator=g))
+            refused += assert_same_outcome(q, (what, i)) == "corrupt"
+    assert refused > 0
+
+
+def test_random_bytes_after_a_valid_header_match_the_reference(isa):
+    g = torch.Generator().manual_seed(1)
+    for what, p in payloads():
+        h = F.parse_header(p)
+        for k in range(6):
+            q = p.clone()
+            start = h.table_offset if k % 2 == 0 else h.streams_offset
+            q[start:] = torch.randint(0, 256, (q.numel() - start,), generator=g, dtype=torch.uint8)
+            assert_same_outcome(q, (what, k))
+
+
+def test_flipped_stream_bytes_match_the_reference(isa):
+    g = torch.Generator().manual_seed(2)
+    for what, p in payloads():
+        h = F.parse_header(p)
+        for _ in range(4):
+            q = p.clone()
+            idx = torch.randint(h.streams_offset, q.numel(), (3,), generator=g)
+            q[idx] ^= torch.randint(1, 256, (3,), generator=g, dtype=torch.uint8)
+            assert_same_outcome(q, what)
+
+
+def test_table_checks_match_validate_table():
+    # codec_cpp checks the table in C++ (format.py's torch ops are slow for a
+    # hot path); it must refuse exactly the entries validate_table refuses,
+    # with the reference's message, and decode the rest like the reference.
+    g = torch.Generator().manual_seed(4)
+
+    def pick(*choices):
+        return choices[int(torch.randint(0, len(choices), (1,), generator=g))]
+
+    def rand(hi):
+        return int(torch.randint(0, hi + 1, (1,), generator=g))
+
+    seen = {"refused": 0, "ok": 0}  # ok: the table passes; its chunks may still be refused
+    for _ in range(300):
+        dtype, codec_name = pick(*DTYPES), pick(*CODED)
+        info = F.DTYPES[dtype]
+        C = 64
+        numel = 1 + rand(3 * C)
+        nch = F.nchunks_for(numel, C)
+        n = F.chunk_lengths(numel, nch, C, "cpu")
+        rows = []
+        for c in range(nch):
+            nc = int(n[c])
+            if rand(9) == 0:  # anything the 16 bytes can say
+                rows.append([pick(0, 1, 2), pick(0, 1, 2, 3, 4), pick(0, info.emax, rand(255)),
+                             pick(0, 3, rand(255)), rand(70), rand(70)] + [rand(70) for _ in range(4)])
+            elif rand(4) == 0:
+                rows.append([0] * 10)  # RAW
+            else:  # an entry an encoder could write, with counts the codes may contradict
+                zf = rand(1)
+                low16 = F.FLAG_LOW16 if dtype == torch.float32 and rand(1) else 0
+                chain = sorted((rand(nc) for _ in range(5)), reverse=True)
+                opens, n_esc = (chain[:4], chain[4]) if codec_name == "dense" else ([0] * 4, rand(nc))
+                n_zero = rand(nc) if (zf or codec_name == "dense") else 0
+                rows.append([1, low16 | (F.FLAG_ZERO if zf else 0), rand(info.emax), rand(3),
+                             n_zero, n_esc] + opens)
+        t = torch.tensor(rows, dtype=torch.int64)
+        table = F.ChunkTable(t[:, 0], t[:, 1], t[:, 2], t[:, 3], t[:, 4], t[:, 5], t[:, 6:])
+        seg = F.segment_nbytes(codec_name, info, n, table)
+        lens = [max(0, int(s.sum())) for s in seg]
+        h = F.Header(codec_name, dtype, (numel,), numel, C, nch, *lens)
+        p = torch.cat([torch.frombuffer(bytearray(h.pack()), dtype=torch.uint8), table.to_bytes(),
+                       torch.randint(0, 256, (sum(lens),), generator=g, dtype=torch.uint8)])
+        try:
+            z.decode(p, backend="torch")
+        except z.CorruptPayloadError as e:
+            if "table entry" in str(e) or "stream length" in str(e):
+                with pytest.raises(z.CorruptPayloadError) as got:
+                    cpp_decode(p)
+                assert str(got.value) == str(e)
+                seen["refused"] += 1
+                continue
+        seen["ok"] += 1
+        assert_same_outcome(p, rows)
+    assert min(seen.values()) > 30, seen
+
+
+def test_inconsistent_counts_are_refused(isa):
+    # A table that passes validate_table and adds up, but whose escape count
+    # disagrees with the codes: the chunk decoder must notice.
+    x = torch.randn(4096).bfloat16()
+    x[:7] = torch.tensor(1e30)  # escapes in fixed3
+    p = codec_cpp.encode(x, "fixed3")
+    h = F.parse_header(p)
+    t = F.ChunkTable.from_bytes(p[h.table_offset:h.streams_offset].clone(), 1)
+    assert int(t.n_esc[0]) >= 7
+    for delta in (-1, 1):
+        t2 = F.ChunkTable(t.mode, t.flags, t.base, t.phase, t.n_zero, t.n_esc + delta, t.n_open)
+        h2 = F.Header(h.codec, h.dtype, h.shape, h.numel, h.chunk_elems, h.nchunks,
+                      h.codes_nbytes, h.sm_nbytes, h.rem_nbytes, h.esc_nbytes + delta)
+        streams = p[h.streams_offset:]
+        streams = streams[:-1] if delta < 0 else torch.cat([streams, streams[-1:]])
+        q = torch.cat([torch.frombuffer(bytearray(h2.pack()), dtype=torch.uint8), t2.to_bytes(),
+                       streams])
+        assert assert_same_outcome(q, delta) == "corrupt"
+
+
+# --------------------------------------------------------------------------
+# Property tests
+# --------------------------------------------------------------------------
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from(DTYPES), st.sampled_from(z.CODECS),
+       st.lists(st.integers(0, (1 << 32) - 1), min_size=0, max_size=200),
+       st.integers(0, 3), st.sampled_from(codec_cpp.ISAS))
+def test_hypothesis_bytes_equal_torch(dtype, codec_name, words, mode, isa_name):
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    mask = (1 << (8 * itemsize)) - 1
+    w = [v & mask for v in words]
+    if mode == 1:  # mostly +0.0
+        w = [v if i % 5 == 0 else 0 for i, v in enumerate(w)]
+    if mode == 2:  # a narrow exponent band
+        w = [(v & (mask >> 4)) | (0x3F80 if itemsize == 2 else 0x3F800000) for v in w]
+    if mode == 3:  # long enough for the 32-element SIMD blocks, with a tail
+        w = (w * 11)[: 4096 + 45]
+    lim = 1 << (8 * itemsize)
+    x = torch.tensor([v - lim if v >= lim // 2 else v for v in w],
+                     dtype=torch.int64).to(INT_VIEW[itemsize]).view(dtype)
+    old = os.environ.get("ZIPCCL_FSDP_CPP_ISA")
+    os.environ["ZIPCCL_FSDP_CPP_ISA"] = isa_name
+    try:
+        assert_same_as_torch(x, codec_name)
+    finally:
+        if old is None:
+            del os.environ["ZIPCCL_FSDP_CPP_ISA"]
+        else:
+            os.environ["ZIPCCL_FSDP_CPP_ISA"] = old
+
+
+# --------------------------------------------------------------------------
+# Building
+# --------------------------------------------------------------------------
+def run_python(code: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env={**os.environ, **env}, timeout=600)
+
+
+def test_failed_build_falls_back_to_torch(tmp_path):
+    r = run_python("""
+        import logging, torch
+        logging.basicConfig(level=logging.DEBUG)
+        import zipccl_fsdp as z
+        from zipccl_fsdp import codec, codec_cpp, codec_torch
+        assert not codec_cpp.available()
+        assert codec_cpp.unavailable_reason()
+        assert codec._backend_module("auto", torch.device("cpu")) is codec_torch
+        x = torch.randn(100).bfloat16()
+        assert torch.equal(z.decode(z.encode(x)).view(torch.int16), x.view(torch.int16))
+        try:
+            z.encode(x, backend="cpp")
+        except RuntimeError as e:
+            assert "unavailable" in str(e)
+        else:
+            raise AssertionError("backend='cpp' should raise")
+        print("FELL BACK")
+    """, {"CXX": str(tmp_path / "no-such-compiler"), "ZIPCCL_FSDP_CACHE_DIR": str(tmp_path)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "FELL BACK" in r.stdout
+    assert r.stderr.count("zipccl C++ codec unavailable") == 1  # logged once, at debug
+
+
+@pytest.mark.slow
+def test_concurrent_first_builds_share_one_cache(tmp_path):
+    code = """
+        import torch
+        from zipccl_fsdp import codec_cpp
+        assert codec_cpp.available(), codec_cpp.unavailable_reason()
+        x = torch.randn(10000, generator=torch.Generator().manual_seed(0)).bfloat16()
+        print(codec_cpp.encode(x, "dense").sum().item())
+    """
+    env = {**os.environ, "ZIPCCL_FSDP_CACHE_DIR": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    assert len({o[0] for o in outs}) == 1
+    assert len(list(tmp_path.glob("cpp-*/*.so"))) == 1

@@ -1,0 +1,1693 @@
+// The C++ CPU backend of the zipccl payload format (see zipccl_fsdp/format.py,
+// the only definition of the format, and codec_torch.py, the reference this
+// file must match byte for byte).
+//
+// Encode runs two passes over chunks, each an OpenMP loop over chunks:
+//   pass 1 reads a chunk and decides its table entry (locator, flags, counts),
+//          hence its segment lengths; a prefix sum gives every segment's offset
+//          (a stream's start depends on every chunk before it, so the tensor
+//          is read twice);
+//   pass 2 reads the chunk again and writes its segments straight into the
+//          payload Python allocated from pass 1's lengths.
+// Decode takes the segment offsets from the table alone (prefix sum) and
+// decodes every chunk straight into `out` in one parallel pass.
+// Nothing here throws: decode errors come back as (chunk << 8) | code and
+// codec_cpp.py raises CorruptPayloadError. entry_ok() applies the rules of
+// format.validate_table to every entry before anything is read.
+//
+// Two kernel sets, picked per call: generic scalar code (any CPU; also the
+// n % 32 tails of the other set), and AVX2 + BMI2 code on 32-element blocks.
+// The library is built for baseline x86-64 (the .so may be reused on another
+// machine); the AVX2 functions carry their own target attribute and run only
+// after a run-time CPU check.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "zipccl's C++ codec assumes a little-endian host (the format is little-endian)"
+#endif
+
+namespace zipccl {
+
+// --------------------------------------------------------------------------
+// Format constants (mirrors of format.py; codec_cpp.py compares them with
+// format.py at load time and refuses the extension if they ever drift).
+// --------------------------------------------------------------------------
+constexpr int kChunkElems = 4096;
+constexpr int kEntryBytes = 16;
+constexpr int kModeRaw = 0, kModeCoded = 1;
+constexpr int kFlagLow16 = 1, kFlagZero = 2;
+constexpr int kFixedZeroShift = 6, kDenseZeroShift = 3;
+constexpr int kFixedBits = 3, kFixedEsc = 7, kRemBits = 3;
+constexpr int kTierBits[5] = {2, 1, 1, 2, 2};
+constexpr int kTierSymbols[5] = {3, 1, 1, 3, 3};  // all-ones digit: continue
+constexpr int kDenseSlots = 11, kDenseEsc = 11, kZeroSymbol = 127;
+constexpr int8_t kDenseOrder[4][10] = {
+    {1, 0, 2, -1, -2, -3, -4, -5, 3, -6},
+    {1, 2, 0, -1, -2, -3, 3, -4, -5, -6},
+    {1, 2, 0, -1, 3, -2, -3, -4, -5, -6},
+    {2, 1, 0, 3, -1, -2, -3, -4, -5, -6},
+};
+constexpr int8_t kFixedLo[2][4] = {{-4, -3, -3, -3}, {-3, -3, -2, -2}};  // [zero_slot][phase]
+enum Codec { kRaw = 0, kFixed3 = 1, kDense = 2 };
+
+// Decode error codes (codec_cpp.py turns them into messages).
+enum Err {
+  kOk = 0,
+  kErrTable = 1,     // table entry the Python validation should have refused
+  kErrLengths = 2,   // stream lengths disagree with the table
+  kErrOpen = 3,      // dense tier open counts disagree with the table
+  kErrCounts = 4,    // decoded escape/zero counts disagree with the table
+  kErrExponent = 5,  // a code decodes to an exponent outside the dtype
+};
+
+// One chunk-table entry, exactly its 16 wire bytes on a little-endian host.
+struct Entry {
+  uint8_t mode, flags, base, phase;
+  uint16_t n_zero, n_esc, n_open[4];
+};
+static_assert(sizeof(Entry) == kEntryBytes, "chunk entry must be 16 bytes");
+
+struct Seg {
+  int64_t codes, sm, rem, esc;
+};
+
+static inline int64_t packed_nbytes(int64_t count, int bits) { return (count * bits + 7) >> 3; }
+
+// Element fields of one dtype. W is the unsigned word.
+template <typename W_, int EXP, int MAN>
+struct DT {
+  using W = W_;
+  static constexpr int kItem = sizeof(W);
+  static constexpr int kExp = EXP, kMan = MAN;
+  static constexpr uint32_t kEmax = (1u << EXP) - 1;
+  static constexpr uint32_t kManMask = (1u << MAN) - 1;
+  static constexpr bool kF32 = sizeof(W) == 4;
+  static constexpr bool kF16 = sizeof(W) == 2 && EXP == 5;
+  static inline uint32_t exp(uint32_t w) { return (w >> MAN) & kEmax; }
+  static inline uint32_t sm(uint32_t w) { return (((w >> (MAN + EXP)) & 1u) << MAN) | (w & kManMask); }
+  static inline uint32_t join(uint32_t e, uint32_t sm) {
+    return (((sm >> MAN) & 1u) << (MAN + EXP)) | (e << MAN) | (sm & kManMask);
+  }
+};
+using BF16 = DT<uint16_t, 8, 7>;
+using FP16 = DT<uint16_t, 5, 10>;
+using FP32 = DT<uint32_t, 8, 23>;
+
+template <class T>
+static inline Seg segment_nbytes(int codec, const Entry& en, int64_t n) {
+  if (en.mode != kModeCoded) return {0, n * T::kItem, 0, 0};
+  int64_t codes;
+  if (codec == kFixed3) {
+    codes = packed_nbytes(n, kFixedBits);
+  } else {
+    codes = packed_nbytes(n, kTierBits[0]);
+    for (int t = 1; t < 5; ++t) codes += packed_nbytes(en.n_open[t - 1], kTierBits[t]);
+  }
+  const int64_t kept = n - en.n_zero;
+  const int64_t smb = T::kF32 ? ((en.flags & kFlagLow16) ? 1 : 3) : 1;
+  return {codes, kept * smb, T::kF16 ? packed_nbytes(kept, kRemBits) : 0, en.n_esc};
+}
+
+// Lowest exponent of the fixed3 window and its width.
+template <class T>
+static inline void fixed_window(int base, int phase, bool zf, int* lo, int* width) {
+  const int w = zf ? 6 : 7;
+  int l = base + kFixedLo[zf][phase];
+  l = std::max(l, 0);
+  l = std::min(l, int(T::kEmax) + 1 - w);
+  *lo = l;
+  *width = w;
+}
+
+// Dense rank of an exponent offset d = e - base + 8, in [0, 16): symbol rank,
+// kDenseEsc when the offset is not in the order table. Zero symbol not here.
+struct DenseLuts {
+  uint8_t rank[2][4][16];              // [zero_first][phase][d + 8]
+  int8_t sym[2][4][kDenseSlots];       // [zero_first][phase][rank] -> offset or kZeroSymbol
+  DenseLuts() {
+    for (int zf = 0; zf < 2; ++zf)
+      for (int ph = 0; ph < 4; ++ph) {
+        for (int d = 0; d < 16; ++d) rank[zf][ph][d] = kDenseEsc;
+        int r = 0;
+        if (zf) sym[zf][ph][r++] = kZeroSymbol;
+        for (int k = 0; k < 10; ++k) {
+          sym[zf][ph][r] = kDenseOrder[ph][k];
+          rank[zf][ph][kDenseOrder[ph][k] + 8] = uint8_t(r);
+          ++r;
+        }
+        if (!zf) sym[zf][ph][r++] = kZeroSymbol;
+      }
+  }
+};
+static const DenseLuts kLuts;
+
+// --------------------------------------------------------------------------
+// Bit streams: value i of a stream occupies bits [b*i, b*(i+1)), LSB first.
+// Writers touch exactly ceil(bits/8) bytes and readers read nothing past
+// their segment: segments of other chunks are written concurrently, and a
+// payload ends where it ends.
+// --------------------------------------------------------------------------
+struct BitWriter {
+  uint8_t* p = nullptr;
+  uint64_t buf = 0;
+  int nb = 0;  // pending bits in buf, < 32 between calls
+  BitWriter() = default;
+  explicit BitWriter(uint8_t* dst) : p(dst) {}
+  // v < 2**bits, bits <= 32.
+  inline void put(uint64_t v, int bits) {
+    buf |= v << nb;
+    nb += bits;
+    if (nb >= 32) {
+      const uint32_t lo = uint32_t(buf);
+      std::memcpy(p, &lo, 4);
+      p += 4;
+      buf >>= 32;
+      nb -= 32;
+    }
+  }
+  inline void put64(uint64_t v, int bits) {
+    if (bits > 32) {
+      put(v & 0xFFFFFFFFu, 32);
+      put(v >> 32, bits - 32);
+    } else {
+      put(v, bits);
+    }
+  }
+  inline void finish() {
+    for (; nb > 0; nb -= 8) {
+      *p++ = uint8_t(buf);
+      buf >>= 8;
+    }
+  }
+};
+
+struct BitReader {
+  const uint8_t* p = nullptr;
+  const uint8_t* end = nullptr;
+  uint64_t buf = 0;  // bits [0, nb) are the next bits of the stream
+  int nb = 0;
+  BitReader() = default;
+  BitReader(const uint8_t* src, int64_t len) : p(src), end(src + len) {}
+  inline void refill() {
+    if (end - p >= 8) {
+      uint64_t v;
+      std::memcpy(&v, p, 8);
+      buf |= v << nb;  // bits past the claimed bytes are the stream's next bits too
+      const int take = (63 - nb) >> 3;
+      p += take;
+      nb += 8 * take;
+    } else {
+      for (; nb <= 56 && p < end; nb += 8) buf |= uint64_t(*p++) << nb;
+    }
+  }
+  // The next `bits` (<= 32) bits; zeros past the end (callers bound their
+  // reads by the table's counts, so that only happens on corrupt input).
+  inline uint32_t get(int bits) {
+    if (nb < bits) refill();
+    const uint32_t v = uint32_t(buf & ((uint64_t(1) << bits) - 1));
+    buf >>= bits;
+    nb = std::max(nb - bits, 0);
+    return v;
+  }
+  inline uint64_t get64(int bits) {
+    if (bits <= 32) return get(bits);
+    const uint64_t lo = get(32);
+    return lo | (uint64_t(get(bits - 32)) << 32);
+  }
+};
+
+// --------------------------------------------------------------------------
+// Chunk analysis shared by every path
+// --------------------------------------------------------------------------
+// Locator from the exponent sum S and count K of normal elements.
+static inline void set_locator(Entry& en, uint64_t S, uint64_t K) {
+  const uint64_t q = K ? (4 * S) / K : 0;
+  en.base = uint8_t(q >> 2);
+  en.phase = uint8_t(q & 3);
+}
+
+// Mode RAW with every field zero when coding would not shrink the chunk.
+template <class T>
+static inline Entry raw_if_larger(const Entry& en, int codec, int n) {
+  const Seg s = segment_nbytes<T>(codec, en, n);
+  return s.codes + s.sm + s.rem + s.esc >= int64_t(n) * T::kItem ? Entry{} : en;
+}
+
+template <class T>
+static inline int dense_rank(uint32_t w, int base, const uint8_t* lut, int zero_rank) {
+  if (w == 0) return zero_rank;
+  const int d = int(T::exp(w)) - base + 8;
+  return unsigned(d) < 16u ? lut[d] : kDenseEsc;
+}
+
+// --------------------------------------------------------------------------
+// Generic (scalar) kernels. They are the whole codec on CPUs without AVX2 and
+// the tails (n % 32 elements) of the AVX2 kernels, so they work on element
+// ranges [i0, n) with stream state passed in.
+// --------------------------------------------------------------------------
+struct EncOut {
+  uint8_t* sm;
+  BitWriter rem;
+  uint8_t* esc;
+};
+
+template <class T>
+static inline void emit_sm(uint32_t x, bool low16, EncOut& o) {
+  const uint32_t v = T::sm(x);
+  if (T::kF32) {
+    if (low16) {
+      *o.sm++ = uint8_t(v >> 16);
+    } else {
+      o.sm[0] = uint8_t(v);
+      o.sm[1] = uint8_t(v >> 8);
+      o.sm[2] = uint8_t(v >> 16);
+      o.sm += 3;
+    }
+  } else {
+    *o.sm++ = uint8_t(v);
+    if (T::kF16) o.rem.put(v >> 8, kRemBits);
+  }
+}
+
+template <class T>
+static inline void fixed3_encode_range(const typename T::W* w, int i0, int n, int lo, int width,
+                                       bool zf, bool low16, BitWriter& cw, EncOut& o) {
+  for (int i = i0; i < n; ++i) {
+    const uint32_t x = w[i];
+    if (zf && x == 0) {
+      cw.put(0, kFixedBits);
+      continue;
+    }
+    const uint32_t e = T::exp(x);
+    const uint32_t d = e - uint32_t(lo);
+    const uint32_t code = d < uint32_t(width) ? d + zf : kFixedEsc;
+    cw.put(code, kFixedBits);
+    if (code == kFixedEsc) *o.esc++ = uint8_t(e);
+    emit_sm<T>(x, low16, o);
+  }
+}
+
+template <class T>
+static inline void dense_encode_range(const typename T::W* w, int i0, int n, int base,
+                                      const uint8_t* lut, int zero_rank, bool low16,
+                                      BitWriter* tw, EncOut& o) {
+  for (int i = i0; i < n; ++i) {
+    const uint32_t x = w[i];
+    const int r = dense_rank<T>(x, base, lut, zero_rank);
+    tw[0].put(std::min(r, 3), 2);
+    if (r >= 3) {
+      tw[1].put(r > 3, 1);
+      if (r >= 4) {
+        tw[2].put(r > 4, 1);
+        if (r >= 5) {
+          tw[3].put(std::min(r - 5, 3), 2);
+          if (r >= 8) tw[4].put(r - 8, 2);
+        }
+      }
+    }
+    if (x == 0) continue;  // dense ships no sm for +0.0
+    if (r == kDenseEsc) *o.esc++ = uint8_t(T::exp(x));
+    emit_sm<T>(x, low16, o);
+  }
+}
+
+template <class T>
+static Entry analyze_chunk(const typename T::W* w, int n, int codec) {
+  uint64_t S = 0;
+  uint32_t K = 0, nz = 0, low = 0;
+  for (int i = 0; i < n; ++i) {
+    const uint32_t x = w[i];
+    const uint32_t e = T::exp(x);
+    const bool normal = (e - 1u) < (T::kEmax - 1u);
+    S += normal ? e : 0;
+    K += normal;
+    nz += x == 0;
+    if (T::kF32) low |= x & 0xFFFFu;
+  }
+  Entry en{};
+  en.mode = kModeCoded;
+  set_locator(en, S, K);
+  if (T::kF32 && low == 0) en.flags |= kFlagLow16;
+  if (codec == kFixed3) {
+    const bool zf = (int64_t(nz) << kFixedZeroShift) >= n;
+    int lo, width;
+    fixed_window<T>(en.base, en.phase, zf, &lo, &width);
+    uint32_t nesc = 0;
+    for (int i = 0; i < n; ++i) {
+      const uint32_t x = w[i];
+      nesc += (T::exp(x) - uint32_t(lo)) >= uint32_t(width) && !(zf && x == 0);
+    }
+    en.flags |= zf ? kFlagZero : 0;
+    en.n_zero = zf ? uint16_t(nz) : 0;
+    en.n_esc = uint16_t(nesc);
+  } else {
+    const bool zf = (int64_t(nz) << kDenseZeroShift) >= n;
+    const uint8_t* lut = kLuts.rank[zf][en.phase];
+    const int zero_rank = zf ? 0 : kDenseSlots - 1;
+    uint32_t cnt[5] = {0, 0, 0, 0, 0};  // rank >= 3, 4, 5, 8, == ESC
+    for (int i = 0; i < n; ++i) {
+      const int r = dense_rank<T>(w[i], en.base, lut, zero_rank);
+      cnt[0] += r >= 3;
+      cnt[1] += r >= 4;
+      cnt[2] += r >= 5;
+      cnt[3] += r >= 8;
+      cnt[4] += r == kDenseEsc;
+    }
+    en.flags |= zf ? kFlagZero : 0;
+    en.n_zero = uint16_t(nz);
+    en.n_esc = uint16_t(cnt[4]);
+    for (int t = 0; t < 4; ++t) en.n_open[t] = uint16_t(cnt[t]);
+  }
+  return raw_if_larger<T>(en, codec, n);
+}
+
+// Segment starts of the dense tiers inside a chunk's codes segment.
+static inline void dense_tier_segments(const Entry& en, int n, int64_t start[5], int64_t len[5]) {
+  const int64_t count[5] = {n, en.n_open[0], en.n_open[1], en.n_open[2], en.n_open[3]};
+  int64_t at = 0;
+  for (int t = 0; t < 5; ++t) {
+    start[t] = at;
+    len[t] = packed_nbytes(count[t], kTierBits[t]);
+    at += len[t];
+  }
+}
+
+template <class T>
+static void write_chunk(const typename T::W* w, int n, int codec, const Entry& en,
+                        uint8_t* codes, uint8_t* sm, uint8_t* rem, uint8_t* esc) {
+  if (en.mode != kModeCoded) {
+    std::memcpy(sm, w, size_t(n) * T::kItem);
+    return;
+  }
+  const bool zf = en.flags & kFlagZero;
+  const bool low16 = en.flags & kFlagLow16;
+  EncOut o{sm, BitWriter(rem), esc};
+  if (codec == kFixed3) {
+    int lo, width;
+    fixed_window<T>(en.base, en.phase, zf, &lo, &width);
+    BitWriter cw(codes);
+    fixed3_encode_range<T>(w, 0, n, lo, width, zf, low16, cw, o);
+    cw.finish();
+  } else {
+    int64_t start[5], len[5];
+    dense_tier_segments(en, n, start, len);
+    BitWriter tw[5];
+    for (int t = 0; t < 5; ++t) tw[t] = BitWriter(codes + start[t]);
+    dense_encode_range<T>(w, 0, n, en.base, kLuts.rank[zf][en.phase], zf ? 0 : kDenseSlots - 1,
+                          low16, tw, o);
+    for (auto& t : tw) t.finish();
+  }
+  o.rem.finish();
+}
+
+// Decode-side stream state of one chunk. Every read is bounded: sm by the
+// kept count the table implies, esc by n_esc.
+struct DecIn {
+  const uint8_t* sm;
+  const uint8_t* sm_end;
+  BitReader rem;
+  const uint8_t* esc;
+  const uint8_t* esc_end;
+  const uint8_t* end;  // end of the payload: bound of the AVX2 kernels' sloppy loads
+  int n_zero = 0;
+};
+
+template <class T>
+static inline int read_esc(DecIn& in, uint32_t* e) {
+  if (in.esc == in.esc_end) return kErrCounts;
+  *e = *in.esc++;
+  return *e > T::kEmax ? kErrExponent : kOk;
+}
+
+// Word of a live element with exponent e (in range), reading its sm.
+template <class T>
+static inline int emit_word(DecIn& in, uint32_t e, bool low16, typename T::W* out) {
+  uint32_t sm;
+  if (T::kF32 && !low16) {
+    if (in.sm_end - in.sm < 3) return kErrCounts;
+    sm = uint32_t(in.sm[0]) | (uint32_t(in.sm[1]) << 8) | (uint32_t(in.sm[2]) << 16);
+    in.sm += 3;
+  } else {
+    if (in.sm == in.sm_end) return kErrCounts;
+    sm = *in.sm++;
+    if (T::kF32) sm <<= 16;
+    if (T::kF16) sm |= in.rem.get(kRemBits) << 8;
+  }
+  *out = typename T::W(T::join(e, sm));
+  return kOk;
+}
+
+template <class T>
+static inline int dense_emit(int r, int base, const int8_t* sym, bool low16, DecIn& in,
+                             typename T::W* out) {
+  uint32_t e;
+  if (r == kDenseEsc) {
+    if (int err = read_esc<T>(in, &e)) return err;
+  } else {
+    const int s = sym[r];
+    if (s == kZeroSymbol) {
+      *out = 0;
+      ++in.n_zero;
+      return kOk;
+    }
+    const int ee = base + s;
+    if (ee < 0 || ee > int(T::kEmax)) return kErrExponent;
+    e = uint32_t(ee);
+  }
+  return emit_word<T>(in, e, low16, out);
+}
+
+template <class T>
+static inline int fixed3_decode_range(int i0, int n, int lo, bool zf, bool low16, BitReader& cr,
+                                      DecIn& in, typename T::W* out) {
+  for (int i = i0; i < n; ++i) {
+    const uint32_t code = cr.get(kFixedBits);
+    if (zf && code == 0) {
+      out[i] = 0;
+      ++in.n_zero;
+      continue;
+    }
+    uint32_t e;
+    if (code == kFixedEsc) {
+      if (int err = read_esc<T>(in, &e)) return err;
+    } else {
+      e = uint32_t(lo) + code - zf;
+    }
+    if (int err = emit_word<T>(in, e, low16, out + i)) return err;
+  }
+  return kOk;
+}
+
+// left[t]: digits of tier t+1 not read yet (the table's n_open minus reads).
+template <class T>
+static inline int dense_decode_range(int i0, int n, int base, const int8_t* sym, bool low16,
+                                     BitReader* tr, int* left, DecIn& in, typename T::W* out) {
+  for (int i = i0; i < n; ++i) {
+    uint32_t d = tr[0].get(2);
+    int r = int(d);
+    for (int t = 1; t < 5 && d == uint32_t(kTierSymbols[t - 1]); ++t) {
+      if (left[t - 1]-- == 0) return kErrOpen;
+      d = tr[t].get(kTierBits[t]);
+      r += int(d);
+    }
+    if (int err = dense_emit<T>(r, base, sym, low16, in, out + i)) return err;
+  }
+  return kOk;
+}
+
+// Chunk-level checks every decode path ends with.
+static inline int dense_tail_checks(const int* left) {
+  return (left[0] | left[1] | left[2] | left[3]) ? kErrOpen : kOk;
+}
+static inline int count_checks(const DecIn& in, const Entry& en) {
+  return (in.n_zero != en.n_zero || in.esc != in.esc_end) ? kErrCounts : kOk;
+}
+
+template <class T>
+static int decode_chunk_generic(int codec, const Entry& en, int n, const uint8_t* codes,
+                                DecIn& in, typename T::W* out) {
+  const bool zf = en.flags & kFlagZero;
+  const bool low16 = en.flags & kFlagLow16;
+  if (codec == kFixed3) {
+    int lo, width;
+    fixed_window<T>(en.base, en.phase, zf, &lo, &width);
+    BitReader cr(codes, packed_nbytes(n, kFixedBits));
+    if (int err = fixed3_decode_range<T>(0, n, lo, zf, low16, cr, in, out)) return err;
+  } else {
+    int64_t start[5], len[5];
+    dense_tier_segments(en, n, start, len);
+    BitReader tr[5];
+    for (int t = 0; t < 5; ++t) tr[t] = BitReader(codes + start[t], len[t]);
+    int left[4] = {en.n_open[0], en.n_open[1], en.n_open[2], en.n_open[3]};
+    if (int err = dense_decode_range<T>(0, n, en.base, kLuts.sym[zf][en.phase], low16, tr, left,
+                                        in, out))
+      return err;
+    if (int err = dense_tail_checks(left)) return err;
+  }
+  return count_checks(in, en);
+}
+
+// --------------------------------------------------------------------------
+// AVX2 + BMI2 kernels, 32 elements per block, every dtype: the codec logic
+// works on 32 exponent bytes and a +0.0 mask; Lanes<T> does the dtype's fields.
+// Compiled for that target whatever the build flags; called only after the
+// run-time CPU check.
+//
+// Escapes (a few % of elements) and omitted zeros are moved with branch-free
+// pshufb compaction/expansion, 8 bytes at a time: a branch per block on
+// "has an escape" mispredicts on half the blocks and cost more than the rest
+// of the block. Those moves use whole 8-byte loads and stores past the last
+// byte they need ("sloppy"); callers keep them inside the chunk's own segment
+// (writes) or the payload (reads) via the *_end pointers.
+// --------------------------------------------------------------------------
+#if defined(__x86_64__) || defined(__i386__)
+#define ZIPCCL_HAVE_AVX2_KERNELS 1
+#define ZC_AVX2 __attribute__((target("avx2,bmi,bmi2,popcnt")))
+
+namespace avx2 {
+
+// For an 8-bit mask: pshufb indices that gather its set lanes to the front
+// (compact), and that send the k-th source byte to the k-th set lane (expand).
+// 0x80 (zero) elsewhere.
+struct ByteLuts {
+  uint64_t compact[256], expand[256];
+  ByteLuts() {
+    for (int m = 0; m < 256; ++m) {
+      uint64_t c = 0x8080808080808080ull, e = c;
+      for (int j = 0, k = 0; j < 8; ++j) {
+        if (!((m >> j) & 1)) continue;
+        c = (c & ~(0xFFull << (8 * k))) | (uint64_t(j) << (8 * k));
+        e = (e & ~(0xFFull << (8 * j))) | (uint64_t(k) << (8 * j));
+        ++k;
+      }
+      compact[m] = c;
+      expand[m] = e;
+    }
+  }
+};
+static const ByteLuts kByteLuts;
+constexpr uint64_t kHiGroup = 0x0808080808080808ull;  // index offset of a qword's upper group
+constexpr uint64_t kEven = 0x5555555555555555ull, kOdd = 0xAAAAAAAAAAAAAAAAull;
+
+ZC_AVX2 static inline uint32_t movemask(__m256i v) { return uint32_t(_mm256_movemask_epi8(v)); }
+
+// Software prefetch this far ahead of a stream: the hardware prefetcher alone
+// leaves the fixed3 write pass 15-18% slower (64 MiB bf16, one thread).
+constexpr int kPrefetchBytes = 1024;
+static inline void prefetch_ahead(const void* p) {
+  _mm_prefetch(static_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T0);
+}
+ZC_AVX2 static inline int pop(uint32_t m) { return _mm_popcnt_u32(m); }
+
+// Writes the bytes of v whose bit is set in keep, in order, at dst; returns
+// the end. Stores reach dst + 32.
+ZC_AVX2 static inline uint8_t* compact32(__m256i v, uint32_t keep, uint8_t* dst) {
+  const uint64_t* L = kByteLuts.compact;
+  const __m128i a = _mm_shuffle_epi8(
+      _mm256_castsi256_si128(v), _mm_set_epi64x(int64_t(L[(keep >> 8) & 0xFF] + kHiGroup),
+                                                int64_t(L[keep & 0xFF])));
+  const __m128i b = _mm_shuffle_epi8(
+      _mm256_extracti128_si256(v, 1),
+      _mm_set_epi64x(int64_t(L[keep >> 24] + kHiGroup), int64_t(L[(keep >> 16) & 0xFF])));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), a);
+  dst += pop(keep & 0xFF);
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_unpackhi_epi64(a, a));
+  dst += pop((keep >> 8) & 0xFF);
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), b);
+  dst += pop((keep >> 16) & 0xFF);
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_unpackhi_epi64(b, b));
+  return dst + pop(keep >> 24);
+}
+
+// compact32 that writes nothing at or past end.
+ZC_AVX2 static inline uint8_t* put_compact(__m256i v, uint32_t keep, uint8_t* dst,
+                                           const uint8_t* end) {
+  if (__builtin_expect(end - dst >= 32, 1)) return compact32(v, keep, dst);
+  alignas(32) uint8_t tmp[64];
+  const size_t k = size_t(compact32(v, keep, tmp) - tmp);
+  std::memcpy(dst, tmp, k);
+  return dst + k;
+}
+
+// Lane i of the result: the next source byte if bit i of m is set, else 0.
+// Loads reach src + 32.
+ZC_AVX2 static inline __m256i expand32(const uint8_t* src, uint32_t m) {
+  const uint64_t* L = kByteLuts.expand;
+  const int c0 = pop(m & 0xFF), c1 = c0 + pop((m >> 8) & 0xFF), c2 = c1 + pop((m >> 16) & 0xFF);
+  uint64_t g0, g1, g2, g3;
+  std::memcpy(&g0, src, 8);
+  std::memcpy(&g1, src + c0, 8);
+  std::memcpy(&g2, src + c1, 8);
+  std::memcpy(&g3, src + c2, 8);
+  const __m128i a = _mm_shuffle_epi8(
+      _mm_set_epi64x(int64_t(g1), int64_t(g0)),
+      _mm_set_epi64x(int64_t(L[(m >> 8) & 0xFF] + kHiGroup), int64_t(L[m & 0xFF])));
+  const __m128i b = _mm_shuffle_epi8(
+      _mm_set_epi64x(int64_t(g3), int64_t(g2)),
+      _mm_set_epi64x(int64_t(L[m >> 24] + kHiGroup), int64_t(L[(m >> 16) & 0xFF])));
+  return _mm256_set_m128i(b, a);
+}
+
+// expand32 that reads nothing at or past end.
+ZC_AVX2 static inline __m256i get_expand(const uint8_t* src, uint32_t m, const uint8_t* end) {
+  if (__builtin_expect(end - src >= 32, 1)) return expand32(src, m);
+  alignas(32) uint8_t tmp[32] = {};
+  std::memcpy(tmp, src, size_t(std::min<ptrdiff_t>(32, end - src)));
+  return expand32(tmp, m);
+}
+
+// Branch-free bit streams: every put stores 8 bytes at the write position
+// and every get loads 8 at the read position, so no data-dependent
+// flush/refill branch sits in the pdep/popcnt chains of the dense tiers.
+// Only the last 8 bytes of a segment (writes) or payload (reads) take the
+// exact path.
+struct FastBitWriter {
+  uint8_t* p;
+  const uint8_t* end;  // segment end
+  uint64_t buf = 0;    // bits [0, nb) pending, nb < 8 between calls
+  int nb = 0;
+  FastBitWriter(uint8_t* dst, const uint8_t* seg_end) : p(dst), end(seg_end) {}
+  // v < 2**bits, bits <= 56.
+  inline void put(uint64_t v, int bits) {
+    buf |= v << nb;
+    nb += bits;
+    if (__builtin_expect(end - p >= 8, 1))
+      std::memcpy(p, &buf, 8);
+    else
+      std::memcpy(p, &buf, size_t(std::max<ptrdiff_t>(0, std::min<ptrdiff_t>(8, end - p))));
+    const int bytes = nb >> 3;
+    p += bytes;
+    buf = bytes ? buf >> (8 * bytes) : buf;  // shifts < 64: nb <= 63
+    nb &= 7;
+  }
+  inline void put64(uint64_t v, int bits) {  // bits <= 64
+    if (__builtin_expect(bits > 56, 0)) {
+      put(v & 0xFFFFFFFFu, 32);
+      put(v >> 32, bits - 32);
+    } else {
+      put(v, bits);
+    }
+  }
+  // Hands the position over to a BitWriter for the scalar tail.
+  inline BitWriter to_scalar() const {
+    BitWriter w(p);
+    w.buf = buf;
+    w.nb = nb;
+    return w;
+  }
+};
+
+struct FastBitReader {
+  const uint8_t* base;
+  const uint8_t* end;  // payload end: loads past the segment are masked off
+  uint64_t pos = 0;    // bit position
+  FastBitReader(const uint8_t* src, const uint8_t* payload_end) : base(src), end(payload_end) {}
+  inline uint64_t get(int bits) {  // bits <= 56
+    const uint8_t* q = base + (pos >> 3);
+    uint64_t v = 0;
+    if (__builtin_expect(end - q >= 8, 1))
+      std::memcpy(&v, q, 8);
+    else if (end > q)
+      std::memcpy(&v, q, size_t(end - q));
+    v >>= pos & 7;
+    pos += uint64_t(bits);
+    return v & ((uint64_t(1) << bits) - 1);
+  }
+  inline uint64_t get64(int bits) {  // bits <= 64
+    if (__builtin_expect(bits > 56, 0)) {
+      const uint64_t lo = get(32);
+      return lo | (get(bits - 32) << 32);
+    }
+    return get(bits);
+  }
+  // Hands the position over to a BitReader bounded by the segment.
+  inline BitReader to_scalar(const uint8_t* seg_end) const {
+    const uint8_t* q = base + (pos >> 3);
+    BitReader r(q, std::max<ptrdiff_t>(0, seg_end - q));
+    if (pos & 7) r.get(int(pos & 7));
+    return r;
+  }
+};
+
+// 32 codes (bytes < 8) -> 12 bytes, 3 bits each, LSB first.
+ZC_AVX2 static inline void store_pack3(uint8_t* dst, __m256i c) {
+  const __m256i p = _mm256_maddubs_epi16(c, _mm256_set1_epi16(0x0801));     // c0 + 8 c1
+  const __m256i q = _mm256_madd_epi16(p, _mm256_set1_epi32(0x00400001));   // p0 + 64 p1
+  const __m256i r = _mm256_or_si256(q, _mm256_srli_epi64(q, 20));           // 24 bits / qword
+  const __m256i idx = _mm256_setr_epi8(0, 1, 2, 8, 9, 10, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                       -1, -1, -1, -1, -1, -1, 0, 1, 2, 8, 9, 10, -1, -1, -1, -1);
+  const __m256i s = _mm256_shuffle_epi8(r, idx);
+  const __m128i v = _mm_or_si128(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), v);
+  const uint32_t hi = uint32_t(_mm_extract_epi32(v, 2));
+  std::memcpy(dst + 8, &hi, 4);
+}
+
+// 12 bytes of 3-bit codes -> 32 code bytes.
+ZC_AVX2 static inline __m256i unpack3(const uint8_t* src) {
+  uint32_t tail;
+  std::memcpy(&tail, src + 8, 4);
+  const __m128i x = _mm_insert_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src)),
+                                     int(tail), 2);
+  const __m256i y = _mm256_broadcastsi128_si256(x);
+  // Word j of a lane holds the two bytes that contain code j; mult moves its
+  // bits to [7, 10).
+  const __m256i idx = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 1, 2, 1, 2, 1, 2, 2, 3, 2, 3,
+                                       3, 4, 3, 4, 3, 4, 4, 5, 4, 5, 4, 5, 5, 6, 5, 6);
+  const __m256i mult = _mm256_setr_epi16(128, 16, 2, 64, 8, 1, 32, 4, 128, 16, 2, 64, 8, 1, 32, 4);
+  const __m256i seven = _mm256_set1_epi16(7);
+  const __m256i lo = _mm256_and_si256(
+      _mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(y, idx), mult), 7), seven);
+  const __m256i hi = _mm256_and_si256(
+      _mm256_srli_epi16(
+          _mm256_mullo_epi16(_mm256_shuffle_epi8(y, _mm256_add_epi8(idx, _mm256_set1_epi8(6))),
+                             mult),
+          7),
+      seven);
+  return _mm256_permute4x64_epi64(_mm256_packus_epi16(lo, hi), 0xD8);
+}
+
+// 32 digits (bytes < 4) -> 8 bytes, 2 bits each, LSB first.
+ZC_AVX2 static inline uint64_t pack2(__m256i d) {
+  const __m256i p = _mm256_maddubs_epi16(d, _mm256_set1_epi16(0x0401));     // d0 + 4 d1
+  const __m256i q = _mm256_madd_epi16(p, _mm256_set1_epi32(0x00100001));   // p0 + 16 p1
+  const __m256i idx = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                       -1, -1, -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i s = _mm256_shuffle_epi8(q, idx);
+  return uint64_t(_mm_cvtsi128_si64(
+      _mm_or_si128(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1))));
+}
+
+// Byte i = 0xFF where bit i of m is set.
+ZC_AVX2 static inline __m256i mask_bytes(uint32_t m) {
+  const __m256i rep = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(int(m)),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                       3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201ull));
+  return _mm256_cmpeq_epi8(_mm256_and_si256(rep, bit), bit);
+}
+
+// Dense ranks of 32 exponent bytes: rank LUT on e - base + 8 in [0, 16),
+// ESC outside, zero_rank on +0.0.
+struct DenseRanker {
+  __m256i lutx, lo, hi, bias, zrank, esc;
+  ZC_AVX2 DenseRanker(int base, int phase, bool zf) {
+    alignas(32) uint8_t t[32];
+    for (int d = 0; d < 16; ++d) t[d] = t[d + 16] = kLuts.rank[zf][phase][d] ^ kDenseEsc;
+    lutx = _mm256_load_si256(reinterpret_cast<const __m256i*>(t));
+    // e - base + 8 in [0, 16) as integers <=> e in [max(base-8, 0), min(base+7, 255)]
+    // (bytes wrap, so the range test comes first).
+    lo = _mm256_set1_epi8(char(std::max(base - 8, 0)));
+    hi = _mm256_set1_epi8(char(std::min(base + 7, 255)));
+    bias = _mm256_set1_epi8(char(base - 8));
+    zrank = _mm256_set1_epi8(char(zf ? 0 : kDenseSlots - 1));
+    esc = _mm256_set1_epi8(kDenseEsc);
+  }
+  ZC_AVX2 inline __m256i operator()(__m256i e8, __m256i zero) const {
+    const __m256i in = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_max_epu8(e8, lo), e8),
+                                        _mm256_cmpeq_epi8(_mm256_min_epu8(e8, hi), e8));
+    const __m256i d = _mm256_sub_epi8(e8, bias);
+    const __m256i idx = _mm256_or_si256(d, _mm256_xor_si256(in, _mm256_set1_epi8(-1)));
+    const __m256i r = _mm256_xor_si256(_mm256_shuffle_epi8(lutx, idx), esc);
+    return _mm256_blendv_epi8(r, zrank, zero);
+  }
+};
+
+ZC_AVX2 static inline uint32_t gt(__m256i r, int k) {  // mask of ranks > k
+  return movemask(_mm256_cmpgt_epi8(r, _mm256_set1_epi8(char(k))));
+}
+
+// ---- element fields, per dtype ----
+// Lanes<T> turns 32 words into exponent bytes and a +0.0 mask (0xFF bytes),
+// emits the sm (and fp16 rem) of the kept ones on encode, and assembles the
+// words from exponent bytes on decode. The codec logic above it is shared.
+struct EncSt {
+  uint8_t* sm;
+  const uint8_t* sm_end;
+  FastBitWriter rem;
+};
+
+// Next 32 sm bytes for the lanes in keep (zeros elsewhere); false if the
+// segment holds fewer than popcount(keep).
+ZC_AVX2 static inline bool take_sm(DecIn& in, uint32_t keep, __m256i* s8) {
+  const int k = pop(keep);
+  if (in.sm_end - in.sm < k) return false;
+  *s8 = keep == ~0u ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in.sm))
+                    : get_expand(in.sm, keep, in.end);
+  in.sm += k;
+  return true;
+}
+
+ZC_AVX2 static inline uint8_t* put_sm_bytes(__m256i v, uint32_t keep, uint8_t* dst,
+                                            const uint8_t* end) {
+  if (keep == ~0u && end - dst >= 32) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), v);
+    return dst + 32;
+  }
+  return put_compact(v, keep, dst, end);
+}
+
+// Bytes of two vectors of 16-bit lanes (< 256), in element order.
+ZC_AVX2 static inline __m256i pack16(__m256i a, __m256i b) {
+  return _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0xD8);
+}
+
+// Words of 16 elements (one half of a block) as 16-bit lanes.
+ZC_AVX2 static inline __m256i half16(__m256i v8, int h) {
+  return _mm256_cvtepu8_epi16(h ? _mm256_extracti128_si256(v8, 1) : _mm256_castsi256_si128(v8));
+}
+ZC_AVX2 static inline __m256i half16_mask(__m256i m8, int h) {
+  return _mm256_cvtepi8_epi16(h ? _mm256_extracti128_si256(m8, 1) : _mm256_castsi256_si128(m8));
+}
+// Quarter q (8 elements) as 32-bit lanes.
+ZC_AVX2 static inline __m128i quarter8(__m256i v8, int q) {
+  const __m128i h = q >= 2 ? _mm256_extracti128_si256(v8, 1) : _mm256_castsi256_si128(v8);
+  return (q & 1) ? _mm_srli_si128(h, 8) : h;
+}
+
+// 3-bit fields of 16 elements: the mask with 0b111 on every lane of keep16.
+ZC_AVX2 static inline uint64_t mask3(uint32_t keep16) { return _pdep_u64(keep16, 0x249249249249ull) * 7; }
+
+template <class T>
+struct Lanes;
+
+template <>
+struct Lanes<BF16> {
+  struct Raw {
+    __m256i sm8;
+  };
+  ZC_AVX2 static inline void fields(const uint16_t* w, __m256i* e8, __m256i* zero, Raw* raw) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16));
+    const __m256i ff = _mm256_set1_epi16(0xFF);
+    *e8 = pack16(_mm256_and_si256(_mm256_srli_epi16(a, 7), ff),
+                 _mm256_and_si256(_mm256_srli_epi16(b, 7), ff));
+    const __m256i z = _mm256_setzero_si256();
+    *zero = _mm256_permute4x64_epi64(
+        _mm256_packs_epi16(_mm256_cmpeq_epi16(a, z), _mm256_cmpeq_epi16(b, z)), 0xD8);
+    if (raw) {  // sm = sign << 7 | mantissa
+      const __m256i s80 = _mm256_set1_epi16(0x80), s7f = _mm256_set1_epi16(0x7F);
+      raw->sm8 = pack16(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 8), s80),
+                                        _mm256_and_si256(a, s7f)),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 8), s80),
+                                        _mm256_and_si256(b, s7f)));
+    }
+  }
+  ZC_AVX2 static inline void emit(const Raw& r, const uint16_t*, uint32_t keep, bool, EncSt& st) {
+    st.sm = put_sm_bytes(r.sm8, keep, st.sm, st.sm_end);
+  }
+  ZC_AVX2 static inline int assemble(__m256i e8, __m256i zero, uint32_t keep, bool, DecIn& in,
+                                     FastBitReader&, uint16_t* out) {
+    __m256i s8;
+    if (!take_sm(in, keep, &s8)) return kErrCounts;
+    const __m256i m80 = _mm256_set1_epi16(0x80), m7f = _mm256_set1_epi16(0x7F);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i e = half16(e8, h), s = half16(s8, h);
+      const __m256i w = _mm256_or_si256(
+          _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(s, m80), 8), _mm256_slli_epi16(e, 7)),
+          _mm256_and_si256(s, m7f));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16 * h),
+                          _mm256_andnot_si256(half16_mask(zero, h), w));
+    }
+    return kOk;
+  }
+};
+
+template <>
+struct Lanes<FP16> {
+  struct Raw {
+    __m256i sm8, rem8;  // low 8 bits of sm; sign << 2 | top 2 mantissa bits
+  };
+  ZC_AVX2 static inline void fields(const uint16_t* w, __m256i* e8, __m256i* zero, Raw* raw) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16));
+    const __m256i m1f = _mm256_set1_epi16(0x1F), ff = _mm256_set1_epi16(0xFF);
+    *e8 = pack16(_mm256_and_si256(_mm256_srli_epi16(a, 10), m1f),
+                 _mm256_and_si256(_mm256_srli_epi16(b, 10), m1f));
+    const __m256i z = _mm256_setzero_si256();
+    *zero = _mm256_permute4x64_epi64(
+        _mm256_packs_epi16(_mm256_cmpeq_epi16(a, z), _mm256_cmpeq_epi16(b, z)), 0xD8);
+    if (raw) {
+      raw->sm8 = pack16(_mm256_and_si256(a, ff), _mm256_and_si256(b, ff));
+      const __m256i m4 = _mm256_set1_epi16(4), m3 = _mm256_set1_epi16(3);
+      raw->rem8 = pack16(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 13), m4),
+                                         _mm256_and_si256(_mm256_srli_epi16(a, 8), m3)),
+                         _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 13), m4),
+                                         _mm256_and_si256(_mm256_srli_epi16(b, 8), m3)));
+    }
+  }
+  ZC_AVX2 static inline void emit(const Raw& r, const uint16_t*, uint32_t keep, bool, EncSt& st) {
+    st.sm = put_sm_bytes(r.sm8, keep, st.sm, st.sm_end);
+    alignas(16) uint8_t buf[16];
+    store_pack3(buf, r.rem8);
+    uint64_t lo, hi;
+    std::memcpy(&lo, buf, 8);
+    std::memcpy(&hi, buf + 6, 8);
+    lo &= 0xFFFFFFFFFFFFull;
+    hi &= 0xFFFFFFFFFFFFull;
+    if (keep == ~0u) {
+      st.rem.put(lo, 48);
+      st.rem.put(hi, 48);
+    } else {  // drop the 3-bit fields of omitted zeros
+      const uint32_t k0 = keep & 0xFFFF, k1 = keep >> 16;
+      st.rem.put(_pext_u64(lo, mask3(k0)), 3 * pop(k0));
+      st.rem.put(_pext_u64(hi, mask3(k1)), 3 * pop(k1));
+    }
+  }
+  ZC_AVX2 static inline int assemble(__m256i e8, __m256i zero, uint32_t keep, bool, DecIn& in,
+                                     FastBitReader& rr, uint16_t* out) {
+    __m256i s8;
+    if (!take_sm(in, keep, &s8)) return kErrCounts;  // also bounds the rem reads
+    const uint32_t k0 = keep & 0xFFFF, k1 = keep >> 16;
+    uint64_t lo = rr.get(3 * pop(k0)), hi = rr.get(3 * pop(k1));
+    if (keep != ~0u) {
+      lo = _pdep_u64(lo, mask3(k0));
+      hi = _pdep_u64(hi, mask3(k1));
+    }
+    alignas(16) uint8_t buf[16];
+    std::memcpy(buf, &lo, 8);
+    std::memcpy(buf + 6, &hi, 8);
+    const __m256i r8 = unpack3(buf);
+    const __m256i m4 = _mm256_set1_epi16(4), m3 = _mm256_set1_epi16(3);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i e = half16(e8, h), s = half16(s8, h), r = half16(r8, h);
+      const __m256i w = _mm256_or_si256(
+          _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(r, m4), 13), _mm256_slli_epi16(e, 10)),
+          _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(r, m3), 8), s));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16 * h),
+                          _mm256_andnot_si256(half16_mask(zero, h), w));
+    }
+    return kOk;
+  }
+};
+
+template <>
+struct Lanes<FP32> {
+  struct Raw {
+    __m256i v[4];
+  };
+  // Bytes of four vectors of 32-bit lanes (< 256), in element order.
+  ZC_AVX2 static inline __m256i pack32(const __m256i* x, bool sat_signed) {
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i p = sat_signed ? _mm256_packs_epi16(_mm256_packs_epi32(x[0], x[1]),
+                                                      _mm256_packs_epi32(x[2], x[3]))
+                                 : _mm256_packus_epi16(_mm256_packus_epi32(x[0], x[1]),
+                                                       _mm256_packus_epi32(x[2], x[3]));
+    return _mm256_permutevar8x32_epi32(p, order);
+  }
+  ZC_AVX2 static inline void fields(const uint32_t* w, __m256i* e8, __m256i* zero, Raw* raw) {
+    __m256i v[4], e[4], z[4];
+    const __m256i ff = _mm256_set1_epi32(0xFF), zz = _mm256_setzero_si256();
+    for (int k = 0; k < 4; ++k) {
+      v[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * k));
+      e[k] = _mm256_and_si256(_mm256_srli_epi32(v[k], 23), ff);
+      z[k] = _mm256_cmpeq_epi32(v[k], zz);
+      if (raw) raw->v[k] = v[k];
+    }
+    *e8 = pack32(e, false);
+    *zero = pack32(z, true);
+  }
+  ZC_AVX2 static inline __m256i low16_bits(const Raw& r) {
+    const __m256i m = _mm256_set1_epi32(0xFFFF);
+    return _mm256_and_si256(_mm256_or_si256(_mm256_or_si256(r.v[0], r.v[1]),
+                                            _mm256_or_si256(r.v[2], r.v[3])), m);
+  }
+  ZC_AVX2 static inline void emit(const Raw& r, const uint32_t* w, uint32_t keep, bool low16,
+                                  EncSt& st) {
+    if (low16) {  // one byte: sign << 7 | top 7 mantissa bits
+      __m256i s[4];
+      const __m256i m80 = _mm256_set1_epi32(0x80), m7f = _mm256_set1_epi32(0x7F);
+      for (int k = 0; k < 4; ++k)
+        s[k] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(r.v[k], 24), m80),
+                               _mm256_and_si256(_mm256_srli_epi32(r.v[k], 16), m7f));
+      st.sm = put_sm_bytes(pack32(s, false), keep, st.sm, st.sm_end);
+    } else if (keep == ~0u && st.sm_end - st.sm >= 104) {  // 3 bytes, 24 per 8 elements
+      const __m256i drop = _mm256_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1,
+                                            0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
+      const __m256i join = _mm256_setr_epi32(0, 1, 2, 4, 5, 6, 7, 7);
+      const __m256i man = _mm256_set1_epi32(0x7FFFFF), sgn = _mm256_set1_epi32(0x800000);
+      for (int k = 0; k < 4; ++k) {
+        const __m256i sm = _mm256_or_si256(_mm256_and_si256(r.v[k], man),
+                                           _mm256_and_si256(_mm256_srli_epi32(r.v[k], 8), sgn));
+        _mm256_storeu_si256(
+            reinterpret_cast<__m256i*>(st.sm + 24 * k),
+            _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(sm, drop), join));
+      }
+      st.sm += 96;
+    } else {  // omitted zeros or the segment's end: element by element
+      EncOut o{st.sm, BitWriter(), nullptr};
+      for (int i = 0; i < 32; ++i)
+        if ((keep >> i) & 1) emit_sm<FP32>(w[i], false, o);
+      st.sm = o.sm;
+    }
+  }
+  ZC_AVX2 static inline int assemble(__m256i e8, __m256i zero, uint32_t keep, bool low16,
+                                     DecIn& in, FastBitReader&, uint32_t* out) {
+    if (low16) {
+      __m256i s8;
+      if (!take_sm(in, keep, &s8)) return kErrCounts;
+      const __m256i m80 = _mm256_set1_epi32(0x80), m7f = _mm256_set1_epi32(0x7F);
+      for (int q = 0; q < 4; ++q) {
+        const __m256i e = _mm256_cvtepu8_epi32(quarter8(e8, q)),
+                      s = _mm256_cvtepu8_epi32(quarter8(s8, q));
+        const __m256i w = _mm256_or_si256(
+            _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(s, m80), 24),
+                            _mm256_slli_epi32(e, 23)),
+            _mm256_slli_epi32(_mm256_and_si256(s, m7f), 16));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 8 * q),
+                            _mm256_andnot_si256(_mm256_cvtepi8_epi32(quarter8(zero, q)), w));
+      }
+      return kOk;
+    }
+    if (keep == ~0u && in.sm_end - in.sm >= 96 && in.end - in.sm >= 104) {
+      const __m256i split = _mm256_setr_epi32(0, 1, 2, 2, 3, 4, 5, 5);
+      const __m256i widen = _mm256_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1,
+                                             0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1);
+      const __m256i man = _mm256_set1_epi32(0x7FFFFF), sgn = _mm256_set1_epi32(0x800000);
+      for (int q = 0; q < 4; ++q) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in.sm + 24 * q));
+        const __m256i s = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(raw, split), widen);
+        const __m256i w = _mm256_or_si256(
+            _mm256_or_si256(_mm256_and_si256(s, man), _mm256_slli_epi32(_mm256_and_si256(s, sgn), 8)),
+            _mm256_slli_epi32(_mm256_cvtepu8_epi32(quarter8(e8, q)), 23));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 8 * q), w);
+      }
+      in.sm += 96;
+      return kOk;
+    }
+    alignas(32) uint8_t e[32];  // omitted zeros or the segment's end: element by element
+    _mm256_store_si256(reinterpret_cast<__m256i*>(e), e8);
+    for (int i = 0; i < 32; ++i) {
+      if (!((keep >> i) & 1)) {
+        out[i] = 0;
+      } else if (int err = emit_word<FP32>(in, e[i], false, out + i)) {
+        return err;
+      }
+    }
+    return kOk;
+  }
+};
+
+// Escaped lanes whose exponent byte exceeds the dtype's (fp16: > 31).
+template <class T>
+ZC_AVX2 static inline uint32_t esc_out_of_range(__m256i ex, uint32_t escm) {
+  if (T::kEmax >= 255) return 0;
+  const __m256i emax = _mm256_set1_epi8(char(T::kEmax));
+  return escm & ~movemask(_mm256_cmpeq_epi8(_mm256_max_epu8(ex, emax), emax));
+}
+
+// Exponents of the escaped lanes m from the esc stream, zeros elsewhere.
+template <class T>
+ZC_AVX2 static inline int take_esc(DecIn& in, uint32_t m, __m256i* e8) {
+  const int k = pop(m);
+  if (in.esc_end - in.esc < k) return kErrCounts;
+  *e8 = get_expand(in.esc, m, in.end);
+  in.esc += k;
+  return esc_out_of_range<T>(*e8, m) ? kErrExponent : kOk;
+}
+
+// ---- encode pass 1 ----
+template <class T>
+ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec) {
+  using L = Lanes<T>;
+  alignas(32) uint8_t ebuf[kChunkElems];
+  alignas(32) uint8_t zbuf[kChunkElems];
+  const int nb = n / 32;
+  __m256i sacc = _mm256_setzero_si256(), lowacc = _mm256_setzero_si256();
+  uint64_t K = 0, nz = 0;
+  const __m256i z = _mm256_setzero_si256(), emax = _mm256_set1_epi8(char(T::kEmax));
+  for (int b = 0; b < nb; ++b) {
+    __m256i e8, zero;
+    typename L::Raw raw;
+    prefetch_ahead(w + 32 * b);
+    L::fields(w + 32 * b, &e8, &zero, T::kF32 ? &raw : nullptr);
+    if constexpr (T::kF32) lowacc = _mm256_or_si256(lowacc, L::low16_bits(raw));
+    const __m256i special = _mm256_or_si256(_mm256_cmpeq_epi8(e8, z), _mm256_cmpeq_epi8(e8, emax));
+    sacc = _mm256_add_epi64(sacc, _mm256_sad_epu8(_mm256_andnot_si256(special, e8), z));
+    K += 32 - pop(movemask(special));
+    nz += pop(movemask(zero));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(ebuf + 32 * b), e8);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(zbuf + 32 * b), zero);
+  }
+  alignas(32) uint64_t s4[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(s4), sacc);
+  uint64_t S = s4[0] + s4[1] + s4[2] + s4[3];
+  uint32_t low = _mm256_testz_si256(lowacc, lowacc) ? 0 : 1;
+  for (int i = 32 * nb; i < n; ++i) {
+    const uint32_t x = w[i], e = T::exp(x);
+    const bool normal = (e - 1u) < (T::kEmax - 1u);
+    S += normal ? e : 0;
+    K += normal;
+    nz += x == 0;
+    if (T::kF32) low |= x & 0xFFFFu;
+    ebuf[i] = uint8_t(e);
+    zbuf[i] = x == 0 ? 0xFF : 0;
+  }
+  Entry en{};
+  en.mode = kModeCoded;
+  set_locator(en, S, K);
+  if (T::kF32 && low == 0) en.flags |= kFlagLow16;
+  if (codec == kFixed3) {
+    const bool zf = (int64_t(nz) << kFixedZeroShift) >= n;
+    int lo, width;
+    fixed_window<T>(en.base, en.phase, zf, &lo, &width);
+    const __m256i vlo = _mm256_set1_epi8(char(lo)), vw = _mm256_set1_epi8(char(width - 1));
+    uint64_t nesc = 0;
+    for (int b = 0; b < nb; ++b) {
+      const __m256i e8 = _mm256_load_si256(reinterpret_cast<const __m256i*>(ebuf + 32 * b));
+      const __m256i d = _mm256_sub_epi8(e8, vlo);
+      uint32_t out = ~movemask(_mm256_cmpeq_epi8(_mm256_min_epu8(d, vw), d));
+      if (zf) out &= ~movemask(_mm256_load_si256(reinterpret_cast<const __m256i*>(zbuf + 32 * b)));
+      nesc += pop(out);
+    }
+    for (int i = 32 * nb; i < n; ++i)
+      nesc += (uint32_t(ebuf[i]) - uint32_t(lo)) >= uint32_t(width) && !(zf && zbuf[i]);
+    en.flags |= zf ? kFlagZero : 0;
+    en.n_zero = zf ? uint16_t(nz) : 0;
+    en.n_esc = uint16_t(nesc);
+  } else {
+    const bool zf = (int64_t(nz) << kDenseZeroShift) >= n;
+    const DenseRanker rank(en.base, en.phase, zf);
+    uint64_t c3 = 0, c4 = 0, c5 = 0, c8 = 0, ce = 0;
+    for (int b = 0; b < nb; ++b) {
+      const __m256i r =
+          rank(_mm256_load_si256(reinterpret_cast<const __m256i*>(ebuf + 32 * b)),
+               _mm256_load_si256(reinterpret_cast<const __m256i*>(zbuf + 32 * b)));
+      c3 += pop(gt(r, 2));
+      c4 += pop(gt(r, 3));
+      c5 += pop(gt(r, 4));
+      c8 += pop(gt(r, 7));
+      ce += pop(gt(r, 10));
+    }
+    const uint8_t* lut = kLuts.rank[zf][en.phase];
+    const int zero_rank = zf ? 0 : kDenseSlots - 1;
+    for (int i = 32 * nb; i < n; ++i) {
+      const int r = dense_rank<T>(w[i], en.base, lut, zero_rank);
+      c3 += r >= 3;
+      c4 += r >= 4;
+      c5 += r >= 5;
+      c8 += r >= 8;
+      ce += r == kDenseEsc;
+    }
+    en.flags |= zf ? kFlagZero : 0;
+    en.n_zero = uint16_t(nz);
+    en.n_esc = uint16_t(ce);
+    en.n_open[0] = uint16_t(c3);
+    en.n_open[1] = uint16_t(c4);
+    en.n_open[2] = uint16_t(c5);
+    en.n_open[3] = uint16_t(c8);
+  }
+  return raw_if_larger<T>(en, codec, n);
+}
+
+// ---- encode pass 2 ----
+template <class T>
+ZC_AVX2 static void write_fixed3(const typename T::W* w, int n, const Entry& en, uint8_t* codes,
+                                 uint8_t* sm, uint8_t* rem, uint8_t* esc) {
+  using L = Lanes<T>;
+  const bool zf = en.flags & kFlagZero, low16 = en.flags & kFlagLow16;
+  const Seg seg = segment_nbytes<T>(kFixed3, en, n);
+  const uint8_t* const esc_end = esc + seg.esc;
+  EncSt st{sm, sm + seg.sm, FastBitWriter(rem, rem + seg.rem)};
+  int lo, width;
+  fixed_window<T>(en.base, en.phase, zf, &lo, &width);
+  const __m256i vlo = _mm256_set1_epi8(char(lo)), vw = _mm256_set1_epi8(char(width - 1));
+  const __m256i vzf = _mm256_set1_epi8(char(zf)), v7 = _mm256_set1_epi8(kFixedEsc);
+  const int nb = n / 32;
+  for (int b = 0; b < nb; ++b) {
+    __m256i e8, zero;
+    typename L::Raw raw;
+    prefetch_ahead(w + 32 * b);
+    L::fields(w + 32 * b, &e8, &zero, &raw);
+    const __m256i d = _mm256_sub_epi8(e8, vlo);  // wraps to >= width below lo
+    const __m256i inwin = _mm256_cmpeq_epi8(_mm256_min_epu8(d, vw), d);
+    __m256i code = _mm256_blendv_epi8(v7, _mm256_add_epi8(d, vzf), inwin);
+    if (zf) code = _mm256_andnot_si256(zero, code);
+    store_pack3(codes + 12 * b, code);
+    esc = put_compact(e8, movemask(_mm256_cmpeq_epi8(code, v7)), esc, esc_end);
+    L::emit(raw, w + 32 * b, zf ? ~movemask(zero) : ~0u, low16, st);
+  }
+  BitWriter cw(codes + 12 * nb);
+  EncOut o{st.sm, st.rem.to_scalar(), esc};
+  fixed3_encode_range<T>(w, 32 * nb, n, lo, width, zf, low16, cw, o);
+  cw.finish();
+  o.rem.finish();
+}
+
+template <class T>
+ZC_AVX2 static void write_dense(const typename T::W* w, int n, const Entry& en, uint8_t* codes,
+                                uint8_t* sm, uint8_t* rem, uint8_t* esc) {
+  using L = Lanes<T>;
+  const bool zf = en.flags & kFlagZero, low16 = en.flags & kFlagLow16;
+  const Seg seg = segment_nbytes<T>(kDense, en, n);
+  const uint8_t* const esc_end = esc + seg.esc;
+  EncSt st{sm, sm + seg.sm, FastBitWriter(rem, rem + seg.rem)};
+  const DenseRanker rank(en.base, en.phase, zf);
+  const __m256i three = _mm256_set1_epi8(3);
+  int64_t start[5], len[5];
+  dense_tier_segments(en, n, start, len);
+  FastBitWriter f1(codes + start[1], codes + start[1] + len[1]),
+      f2(codes + start[2], codes + start[2] + len[2]), f3(codes + start[3], codes + start[3] + len[3]),
+      f4(codes + start[4], codes + start[4] + len[4]);
+  const int nb = n / 32;
+  for (int b = 0; b < nb; ++b) {
+    __m256i e8, zero;
+    typename L::Raw raw;
+    prefetch_ahead(w + 32 * b);
+    L::fields(w + 32 * b, &e8, &zero, &raw);
+    const __m256i r = rank(e8, zero);
+    const uint64_t t0 = pack2(_mm256_min_epu8(r, three));
+    std::memcpy(codes + 8 * b, &t0, 8);
+    // Bit planes of the rank give each tier's open set and digit bits; tier
+    // t's digits go to the elements open there, in order (pext).
+    const uint32_t q0 = movemask(_mm256_slli_epi16(r, 7)), q1 = movemask(_mm256_slli_epi16(r, 6)),
+                   q2 = movemask(_mm256_slli_epi16(r, 5)), q3 = movemask(_mm256_slli_epi16(r, 4));
+    const uint32_t ge4 = q3 | q2, ge3 = ge4 | (q1 & q0), ge5 = q3 | (q2 & (q1 | q0));
+    f1.put(_pext_u32(ge4, ge3), pop(ge3));
+    f2.put(_pext_u32(ge5, ge4), pop(ge4));
+    // tier 3 digit (rank 5..7, 8+ = continue): low bit on 6 and 8+, high bit on 7+
+    const uint64_t l3 = _pext_u32(q3 | (q2 & q1 & ~q0), ge5), h3 = _pext_u32(q3 | (q2 & q1 & q0), ge5);
+    f3.put64(_pdep_u64(l3, kEven) | _pdep_u64(h3, kOdd), 2 * pop(ge5));
+    // tier 4 digit: rank - 8 (11 = ESC)
+    const uint64_t l4 = _pext_u32(q0, q3), h4 = _pext_u32(q1, q3);
+    f4.put64(_pdep_u64(l4, kEven) | _pdep_u64(h4, kOdd), 2 * pop(q3));
+    // ESC is rare in dense (~10% of Gaussian blocks): a branch beats compaction.
+    if (const uint32_t escm = q3 & q1 & q0) esc = put_compact(e8, escm, esc, esc_end);
+    L::emit(raw, w + 32 * b, ~movemask(zero), low16, st);  // dense ships no sm for +0.0
+  }
+  BitWriter tw[5] = {BitWriter(codes + 8 * nb), f1.to_scalar(), f2.to_scalar(), f3.to_scalar(),
+                     f4.to_scalar()};
+  EncOut o{st.sm, st.rem.to_scalar(), esc};
+  dense_encode_range<T>(w, 32 * nb, n, en.base, kLuts.rank[zf][en.phase],
+                        zf ? 0 : kDenseSlots - 1, low16, tw, o);
+  for (auto& t : tw) t.finish();
+  o.rem.finish();
+}
+
+// ---- decode ----
+template <class T>
+ZC_AVX2 static int decode_fixed3(const Entry& en, int n, const uint8_t* codes, DecIn& in,
+                                 typename T::W* out) {
+  using L = Lanes<T>;
+  const bool zf = en.flags & kFlagZero, low16 = en.flags & kFlagLow16;
+  int lo, width;
+  fixed_window<T>(en.base, en.phase, zf, &lo, &width);
+  const __m256i vlo = _mm256_set1_epi8(char(lo - zf)), v7 = _mm256_set1_epi8(kFixedEsc);
+  const __m256i z = _mm256_setzero_si256();
+  FastBitReader rr(in.rem.p, in.end);
+  const int nb = n / 32;
+  for (int b = 0; b < nb; ++b) {
+    prefetch_ahead(in.sm);
+    prefetch_ahead(codes + 12 * b);
+    const __m256i code = unpack3(codes + 12 * b);
+    const __m256i escv = _mm256_cmpeq_epi8(code, v7);
+    const __m256i zero = zf ? _mm256_cmpeq_epi8(code, z) : z;
+    const uint32_t zm = movemask(zero);
+    __m256i ex;
+    if (int err = take_esc<T>(in, movemask(escv), &ex)) return err;
+    in.n_zero += pop(zm);
+    // e = lo + code - zf; bytes wrap only on lanes the masks replace
+    const __m256i e8 = _mm256_or_si256(_mm256_andnot_si256(escv, _mm256_add_epi8(code, vlo)), ex);
+    if (int err = L::assemble(e8, zero, ~zm, low16, in, rr, out + 32 * b)) return err;
+  }
+  in.rem = rr.to_scalar(in.rem.end);
+  BitReader cr(codes + 12 * nb, packed_nbytes(n, kFixedBits) - 12 * nb);
+  if (int err = fixed3_decode_range<T>(32 * nb, n, lo, zf, low16, cr, in, out)) return err;
+  return count_checks(in, en);
+}
+
+template <class T>
+ZC_AVX2 static int decode_dense(const Entry& en, int n, const uint8_t* codes, DecIn& in,
+                                typename T::W* out) {
+  using L = Lanes<T>;
+  const bool zf = en.flags & kFlagZero, low16 = en.flags & kFlagLow16;
+  const int8_t* sym = kLuts.sym[zf][en.phase];
+  // Per rank: the exponent byte, and 0x80 where base + symbol leaves [0, emax].
+  alignas(32) uint8_t te[32], tb[32];
+  for (int r = 0; r < 16; ++r) {
+    const int s = r < kDenseSlots ? sym[r] : kZeroSymbol;
+    const int e = int(en.base) + s;
+    te[r] = te[r + 16] = uint8_t(e);
+    tb[r] = tb[r + 16] = (s != kZeroSymbol && (e < 0 || e > int(T::kEmax))) ? 0x80 : 0;
+  }
+  const __m256i lut_e = _mm256_load_si256(reinterpret_cast<const __m256i*>(te));
+  const __m256i lut_bad = _mm256_load_si256(reinterpret_cast<const __m256i*>(tb));
+  const __m256i zrank = _mm256_set1_epi8(char(zf ? 0 : kDenseSlots - 1));
+  int64_t start[5], len[5];
+  dense_tier_segments(en, n, start, len);
+  FastBitReader f1(codes + start[1], in.end), f2(codes + start[2], in.end),
+      f3(codes + start[3], in.end), f4(codes + start[4], in.end), rr(in.rem.p, in.end);
+  int left[4] = {en.n_open[0], en.n_open[1], en.n_open[2], en.n_open[3]};
+  uint32_t bad = 0;
+  const int nb = n / 32;
+  for (int b = 0; b < nb; ++b) {
+    prefetch_ahead(in.sm);
+    prefetch_ahead(codes + 8 * b);
+    uint64_t v0;
+    std::memcpy(&v0, codes + 8 * b, 8);
+    const uint32_t l0 = uint32_t(_pext_u64(v0, kEven)), h0 = uint32_t(_pext_u64(v0, kOdd));
+    // Tier t's digits land on the elements still open there (pdep); every
+    // tier is read even when nothing is open (no data-dependent branches).
+    const uint32_t m1 = l0 & h0;
+    if ((left[0] -= pop(m1)) < 0) return kErrOpen;
+    const uint32_t b1 = _pdep_u32(uint32_t(f1.get(pop(m1))), m1);
+    if ((left[1] -= pop(b1)) < 0) return kErrOpen;
+    const uint32_t b2 = _pdep_u32(uint32_t(f2.get(pop(b1))), b1);
+    if ((left[2] -= pop(b2)) < 0) return kErrOpen;
+    const uint64_t v3 = f3.get64(2 * pop(b2));
+    const uint32_t l3 = _pdep_u32(uint32_t(_pext_u64(v3, kEven)), b2);
+    const uint32_t h3 = _pdep_u32(uint32_t(_pext_u64(v3, kOdd)), b2);
+    const uint32_t m4 = l3 & h3;
+    if ((left[3] -= pop(m4)) < 0) return kErrOpen;
+    const uint64_t v4 = f4.get64(2 * pop(m4));
+    const uint32_t l4 = _pdep_u32(uint32_t(_pext_u64(v4, kEven)), m4);
+    const uint32_t h4 = _pdep_u32(uint32_t(_pext_u64(v4, kOdd)), m4);
+    // Bit planes of the rank: tier 0 exits 0..2; tier 1: 3; tier 2: 4;
+    // tier 3: 5 + d (0b01xx); tier 4: 8 + d (0b10xx, 11 = ESC).
+    const uint32_t x0 = ~m1, x1 = m1 & ~b1, x2 = b1 & ~b2, x3 = b2 & ~m4;
+    const uint32_t r0 = (x0 & l0) | x1 | (x3 & ~l3) | (m4 & l4);
+    const uint32_t r1 = (x0 & h0) | x1 | (x3 & (l3 | h3)) | (m4 & h4);
+    const uint32_t r2 = x2 | x3;
+    const __m256i r = _mm256_or_si256(
+        _mm256_or_si256(_mm256_and_si256(mask_bytes(r0), _mm256_set1_epi8(1)),
+                        _mm256_and_si256(mask_bytes(r1), _mm256_set1_epi8(2))),
+        _mm256_or_si256(_mm256_and_si256(mask_bytes(r2), _mm256_set1_epi8(4)),
+                        _mm256_and_si256(mask_bytes(m4), _mm256_set1_epi8(8))));
+    bad |= movemask(_mm256_shuffle_epi8(lut_bad, r));
+    const __m256i zero = _mm256_cmpeq_epi8(r, zrank);
+    const uint32_t zm = movemask(zero);
+    __m256i e8 = _mm256_shuffle_epi8(lut_e, r);
+    if (const uint32_t escm = m4 & l4 & h4) {  // rare in dense: a branch beats expansion
+      __m256i ex;
+      if (int err = take_esc<T>(in, escm, &ex)) return err;
+      e8 = _mm256_or_si256(_mm256_andnot_si256(mask_bytes(escm), e8), ex);
+    }
+    in.n_zero += pop(zm);
+    if (int err = L::assemble(e8, zero, ~zm, low16, in, rr, out + 32 * b)) return err;
+  }
+  if (bad) return kErrExponent;
+  in.rem = rr.to_scalar(in.rem.end);
+  BitReader tr[5] = {BitReader(codes + 8 * nb, len[0] - 8 * nb),
+                     f1.to_scalar(codes + start[1] + len[1]), f2.to_scalar(codes + start[2] + len[2]),
+                     f3.to_scalar(codes + start[3] + len[3]), f4.to_scalar(codes + start[4] + len[4])};
+  if (int err = dense_decode_range<T>(32 * nb, n, en.base, sym, low16, tr, left, in, out))
+    return err;
+  if (int err = dense_tail_checks(left)) return err;
+  return count_checks(in, en);
+}
+
+}  // namespace avx2
+#endif
+
+// 0: generic, 1: AVX2 + BMI2 (not on AMD before Zen 3, whose pdep/pext are microcoded).
+static int best_isa() {
+#ifdef ZIPCCL_HAVE_AVX2_KERNELS
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2") &&
+      !__builtin_cpu_is("znver1") && !__builtin_cpu_is("znver2"))
+    return 1;
+#endif
+  return 0;
+}
+
+// --------------------------------------------------------------------------
+// Per-chunk dispatch and the passes over chunks
+// --------------------------------------------------------------------------
+template <class T>
+static inline Entry analyze_dispatch(const typename T::W* w, int n, int codec, int isa) {
+#ifdef ZIPCCL_HAVE_AVX2_KERNELS
+  if (isa >= 1) return avx2::analyze<T>(w, n, codec);
+#endif
+  (void)isa;
+  return analyze_chunk<T>(w, n, codec);
+}
+
+template <class T>
+static inline void write_dispatch(const typename T::W* w, int n, int codec, const Entry& en,
+                                  uint8_t* codes, uint8_t* sm, uint8_t* rem, uint8_t* esc,
+                                  int isa) {
+#ifdef ZIPCCL_HAVE_AVX2_KERNELS
+  if (isa >= 1 && en.mode == kModeCoded) {
+    if (codec == kFixed3)
+      avx2::write_fixed3<T>(w, n, en, codes, sm, rem, esc);
+    else
+      avx2::write_dense<T>(w, n, en, codes, sm, rem, esc);
+    return;
+  }
+#endif
+  (void)isa;
+  write_chunk<T>(w, n, codec, en, codes, sm, rem, esc);
+}
+
+template <class T>
+static inline int decode_dispatch(int codec, const Entry& en, int n, const uint8_t* codes,
+                                  DecIn& in, typename T::W* out, int isa) {
+#ifdef ZIPCCL_HAVE_AVX2_KERNELS
+  if (isa >= 1)
+    return codec == kFixed3 ? avx2::decode_fixed3<T>(en, n, codes, in, out)
+                            : avx2::decode_dense<T>(en, n, codes, in, out);
+#endif
+  (void)isa;
+  return decode_chunk_generic<T>(codec, en, n, codes, in, out);
+}
+
+// A call with fewer chunks stays on one thread: 8 chunks are ~30 us of work
+// on one core, a few times OpenMP's fork/join.
+constexpr int64_t kMinParallelChunks = 8;
+// Threads take chunks in runs of this many (dynamic schedule): with a static
+// split, a thread that loses its core to another process holds up the whole
+// call (2-thread decode on a loaded 2-core machine: ~4x slower than dynamic).
+constexpr int kChunksPerGrab = 16;
+
+static inline int chunk_len(int64_t numel, int64_t C, int64_t c) {
+  return int(std::min<int64_t>(C, numel - c * C));
+}
+
+// Encode pass 1: every chunk's entry, then the exclusive prefix sums of its
+// segment lengths per stream (off is (nchunks, 4): codes, sm, rem, esc).
+template <class T>
+static Seg plan_impl(const typename T::W* w, int64_t numel, int codec, Entry* ent, int64_t* off,
+                     int nthreads, int isa) {
+  const int64_t C = kChunkElems, nch = (numel + C - 1) / C;
+#pragma omp parallel for schedule(dynamic, kChunksPerGrab) num_threads(nthreads) if (nch >= kMinParallelChunks)
+  for (int64_t c = 0; c < nch; ++c)
+    ent[c] = analyze_dispatch<T>(w + c * C, chunk_len(numel, C, c), codec, isa);
+  Seg tot{0, 0, 0, 0};
+  for (int64_t c = 0; c < nch; ++c) {
+    const Seg s = segment_nbytes<T>(codec, ent[c], chunk_len(numel, C, c));
+    off[4 * c + 0] = tot.codes;
+    off[4 * c + 1] = tot.sm;
+    off[4 * c + 2] = tot.rem;
+    off[4 * c + 3] = tot.esc;
+    tot.codes += s.codes;
+    tot.sm += s.sm;
+    tot.rem += s.rem;
+    tot.esc += s.esc;
+  }
+  return tot;
+}
+
+// Encode pass 2: the table and every chunk's segments, at their offsets.
+template <class T>
+static void write_impl(const typename T::W* w, int64_t numel, int codec, const Entry* ent,
+                       const int64_t* off, uint8_t* p, int64_t table, const Seg& tot,
+                       int nthreads, int isa) {
+  const int64_t C = kChunkElems, nch = (numel + C - 1) / C;
+  uint8_t* codes = p + table + kEntryBytes * nch;
+  uint8_t* sm = codes + tot.codes;
+  uint8_t* rem = sm + tot.sm;
+  uint8_t* esc = rem + tot.rem;
+  std::memcpy(p + table, ent, size_t(kEntryBytes) * nch);
+#pragma omp parallel for schedule(dynamic, kChunksPerGrab) num_threads(nthreads) if (nch >= kMinParallelChunks)
+  for (int64_t c = 0; c < nch; ++c) {
+    const int64_t* o = off + 4 * c;
+    write_dispatch<T>(w + c * C, chunk_len(numel, C, c), codec, ent[c], codes + o[0], sm + o[1],
+                      rem + o[2], esc + o[3], isa);
+  }
+}
+
+// format.validate_table's rules for one entry. codec_cpp.py relies on them
+// instead of running format.py's torch version per call (too slow for a hot
+// path); tests/test_cpp_codec.py checks that both refuse the same tables.
+template <class T>
+static bool entry_ok(int codec, const Entry& en, int64_t n) {
+  if (en.mode > kModeCoded || en.phase > 3 || en.base > T::kEmax) return false;
+  if (en.flags & ~(kFlagLow16 | kFlagZero)) return false;
+  if (!T::kF32 && (en.flags & kFlagLow16)) return false;
+  if (en.n_zero > n || en.n_esc > n) return false;
+  if (en.mode == kModeRaw)
+    return !(en.base | en.phase | en.flags | en.n_zero | en.n_esc | en.n_open[0] | en.n_open[1] |
+             en.n_open[2] | en.n_open[3]);
+  if (codec == kFixed3) {
+    if (en.n_open[0] | en.n_open[1] | en.n_open[2] | en.n_open[3]) return false;
+    if (!(en.flags & kFlagZero) && en.n_zero) return false;
+  } else {
+    const int64_t chain[6] = {n, en.n_open[0], en.n_open[1], en.n_open[2], en.n_open[3], en.n_esc};
+    for (int k = 1; k < 6; ++k)
+      if (chain[k] > chain[k - 1]) return false;
+  }
+  return true;
+}
+
+template <class T>
+static int64_t decode_impl(const uint8_t* p, int64_t total, int codec, int64_t numel, int64_t C,
+                           int64_t nch, int64_t table, const Seg& want, typename T::W* out,
+                           int nthreads, int isa) {
+  std::vector<Entry> ent(nch);  // an aligned copy of the table, 16 B per chunk
+  std::memcpy(ent.data(), p + table, size_t(kEntryBytes) * nch);
+  std::vector<Seg> off(nch + 1);
+  Seg tot{0, 0, 0, 0};
+  for (int64_t c = 0; c < nch; ++c) {
+    if (!entry_ok<T>(codec, ent[c], chunk_len(numel, C, c))) return (c << 8) | kErrTable;
+    off[c] = tot;
+    const Seg s = segment_nbytes<T>(codec, ent[c], chunk_len(numel, C, c));
+    tot.codes += s.codes;
+    tot.sm += s.sm;
+    tot.rem += s.rem;
+    tot.esc += s.esc;
+  }
+  off[nch] = tot;
+  if (tot.codes != want.codes || tot.sm != want.sm || tot.rem != want.rem || tot.esc != want.esc)
+    return kErrLengths;
+  const uint8_t* codes = p + table + kEntryBytes * nch;
+  const uint8_t* sm = codes + tot.codes;
+  const uint8_t* rem = sm + tot.sm;
+  const uint8_t* esc = rem + tot.rem;
+  if (esc + tot.esc != p + total) return kErrLengths;
+  std::atomic<int64_t> first_err{INT64_MAX};
+#pragma omp parallel for schedule(dynamic, kChunksPerGrab) num_threads(nthreads) if (nch >= kMinParallelChunks)
+  for (int64_t c = 0; c < nch; ++c) {
+    const int n = chunk_len(numel, C, c);
+    const Seg& a = off[c];
+    const Seg& z = off[c + 1];
+    int err;
+    if (ent[c].mode != kModeCoded) {
+      std::memcpy(out + c * C, sm + a.sm, size_t(n) * T::kItem);
+      err = kOk;
+    } else {
+      DecIn in{sm + a.sm, sm + z.sm, BitReader(rem + a.rem, z.rem - a.rem), esc + a.esc,
+               esc + z.esc, p + total};
+      err = decode_dispatch<T>(codec, ent[c], n, codes + a.codes, in, out + c * C, isa);
+    }
+    if (err) {
+      const int64_t tag = (c << 8) | err;
+      int64_t cur = first_err.load();
+      while (tag < cur && !first_err.compare_exchange_weak(cur, tag)) {
+      }
+    }
+  }
+  const int64_t e = first_err.load();
+  return e == INT64_MAX ? 0 : e;
+}
+
+// --------------------------------------------------------------------------
+// C entry points, called through ctypes (which drops the GIL for the call).
+// codec_cpp.py owns every allocation and checks dtype, size and contiguity;
+// this file includes no torch or pybind11 header, which keeps the first build
+// to a couple of seconds.
+// --------------------------------------------------------------------------
+template <class F>
+static int64_t by_dtype(int64_t dtype_code, F&& f) {
+  switch (dtype_code) {
+    case 1: return f(BF16{});
+    case 2: return f(FP16{});
+    case 3: return f(FP32{});
+  }
+  return -1;
+}
+
+static inline bool args_ok(int64_t codec, int64_t nthreads, int64_t isa) {
+  return (codec == kFixed3 || codec == kDense) && nthreads >= 1 && isa >= 0 && isa <= best_isa();
+}
+
+}  // namespace zipccl
+
+extern "C" {
+
+// The best kernel set this CPU runs: 0 generic, 1 AVX2 + BMI2.
+int64_t zipccl_best_isa() { return zipccl::best_isa(); }
+
+// Encode pass 1. Fills entries (nchunks x 16 B), offsets (nchunks x 4 int64)
+// and lengths (codes, sm, rem, esc stream bytes). Returns 0, -1 on bad args.
+int64_t zipccl_encode_plan(const void* x, int64_t dtype_code, int64_t codec, int64_t numel,
+                           void* entries, int64_t* offsets, int64_t* lengths, int64_t nthreads,
+                           int64_t isa) {
+  using namespace zipccl;
+  if (!args_ok(codec, nthreads, isa) || numel <= 0) return -1;
+  return by_dtype(dtype_code, [&](auto t) -> int64_t {
+    using T = decltype(t);
+    const Seg s = plan_impl<T>(static_cast<const typename T::W*>(x), numel, int(codec),
+                               static_cast<Entry*>(entries), offsets, int(nthreads), int(isa));
+    lengths[0] = s.codes;
+    lengths[1] = s.sm;
+    lengths[2] = s.rem;
+    lengths[3] = s.esc;
+    return 0;
+  });
+}
+
+// Encode pass 2: the table and every segment into payload (allocated to the
+// lengths pass 1 returned). Returns 0, -1 on bad args.
+int64_t zipccl_encode_write(const void* x, int64_t dtype_code, int64_t codec, int64_t numel,
+                            const void* entries, const int64_t* offsets, const int64_t* lengths,
+                            void* payload, int64_t table_offset, int64_t nthreads, int64_t isa) {
+  using namespace zipccl;
+  if (!args_ok(codec, nthreads, isa) || numel <= 0) return -1;
+  const Seg tot{lengths[0], lengths[1], lengths[2], lengths[3]};
+  return by_dtype(dtype_code, [&](auto t) -> int64_t {
+    using T = decltype(t);
+    write_impl<T>(static_cast<const typename T::W*>(x), numel, int(codec),
+                  static_cast<const Entry*>(entries), offsets, static_cast<uint8_t*>(payload),
+                  table_offset, tot, int(nthreads), int(isa));
+    return 0;
+  });
+}
+
+// Decode the chunks of a payload whose header was validated in Python.
+// lengths: (codes, sm, rem, esc) from the header. Returns 0, -1 on bad args,
+// or (chunk << 8) | Err of the first bad chunk.
+int64_t zipccl_decode(const void* payload, int64_t total, void* out, int64_t dtype_code,
+                      int64_t codec, int64_t numel, int64_t chunk_elems, int64_t nchunks,
+                      int64_t table_offset, const int64_t* lengths, int64_t nthreads,
+                      int64_t isa) {
+  using namespace zipccl;
+  if (!args_ok(codec, nthreads, isa) || chunk_elems < 8 || chunk_elems > 65535 || numel <= 0 ||
+      nchunks != (numel + chunk_elems - 1) / chunk_elems || table_offset < 0 ||
+      table_offset + kEntryBytes * nchunks > total)
+    return -1;
+  const Seg want{lengths[0], lengths[1], lengths[2], lengths[3]};
+  return by_dtype(dtype_code, [&](auto t) -> int64_t {
+    using T = decltype(t);
+    return decode_impl<T>(static_cast<const uint8_t*>(payload), total, int(codec), numel,
+                          chunk_elems, nchunks, table_offset, want,
+                          static_cast<typename T::W*>(out), int(nthreads), int(isa));
+  });
+}
+
+// Asks for transparent huge pages on the 2 MiB-aligned interior of a buffer
+// that was just allocated and not yet touched: first-touch page faults cost
+// about as much as encoding into 4 KiB pages (a hint; errors are ignored).
+int64_t zipccl_advise_hugepages(void* p, int64_t nbytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  const uintptr_t huge = uintptr_t(2) << 20;
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + huge - 1) & ~(huge - 1);
+  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + uintptr_t(nbytes)) & ~(huge - 1);
+  if (b > a) return madvise(reinterpret_cast<void*>(a), b - a, MADV_HUGEPAGE);
+#endif
+  (void)p;
+  (void)nbytes;
+  return 0;
+}
+
+// The format constants this file was written for, flattened in the order
+// codec_cpp._expected_constants() lists them. Returns how many there are.
+int64_t zipccl_constants(int64_t* out, int64_t cap) {
+  using namespace zipccl;
+  std::vector<int64_t> v = {kChunkElems, kEntryBytes, kFixedZeroShift, kDenseZeroShift,
+                            kFixedBits, kFixedEsc, kRemBits, kDenseSlots, kZeroSymbol,
+                            kModeRaw, kModeCoded, kFlagLow16, kFlagZero, kRaw, kFixed3, kDense};
+  for (int b : kTierBits) v.push_back(b);
+  for (int s : kTierSymbols) v.push_back(s);
+  for (auto& row : kDenseOrder)
+    for (int8_t d : row) v.push_back(d);
+  for (auto& row : kFixedLo)
+    for (int8_t d : row) v.push_back(d);
+  const int64_t n = std::min<int64_t>(cap, int64_t(v.size()));
+  std::copy(v.begin(), v.begin() + n, out);
+  return int64_t(v.size());
+}
+
+}  // extern "C"
