@@ -68,17 +68,46 @@ def _backend_module(backend: str, device: torch.device):
 
 
 def chunk_sums(x: torch.Tensor) -> torch.Tensor:
-    """The integrity checksums of format.py: a u32 per CHUNK_ELEMS elements,
-    ``sum(word_i * (2 i + 1)) mod 2**32``, as an int64 tensor on x's device."""
+    """The integrity checksums of format.py ("Integrity"): a u32 per CHUNK_ELEMS
+    elements, the sum mod 2**32 of a bijective 32-bit mix of each word, its
+    position and the dtype, as an int64 tensor on x's device.
+
+    Every product stays below 2**63 (a 32-bit value times a 30-bit constant), so
+    int64 arithmetic is exact on every device. Blocks of 32 chunks on the CPU
+    (1 MiB of int64 temporaries) keep the passes in cache: 0.73 GB/s of bf16
+    with 2 threads (0.38 with 1) against 0.14 GB/s for the first, linear
+    definition computed over the whole tensor at once (block sweep 8..64 on
+    this 2-core machine: 32 was best or within 3% at 1 and 2 threads).
+    """
     info = F.dtype_info(x.dtype)
-    C = F.CHUNK_ELEMS
-    words = x.reshape(-1).view({2: torch.int16, 4: torch.int32}[info.itemsize]).to(torch.int64)
-    words = words & ((1 << (8 * info.itemsize)) - 1)
-    pad = F.nchunks_for(words.numel(), C) * C - words.numel()
-    words = torch.nn.functional.pad(words, (0, pad)).view(-1, C)
-    weights = torch.arange(1, 2 * C, 2, dtype=torch.int64, device=x.device)
-    # word < 2**32 and weight < 2**13: each product < 2**45, a row sum < 2**57.
-    return (words * weights).sum(1) & 0xFFFFFFFF
+    C, M = F.CHUNK_ELEMS, 0xFFFFFFFF
+    flat = x.reshape(-1).view({2: torch.int16, 4: torch.int32}[info.itemsize])
+    n = flat.numel()
+    word_mask = (1 << (8 * info.itemsize)) - 1
+    # Keyed by dtype too, so a payload relabelled bf16 <-> fp16 does not verify.
+    pos = torch.arange(C, dtype=torch.int64, device=x.device) | (info.code << 16)
+    key = (pos * F.SUM_KEY_MUL) & M
+    sums = torch.empty(F.nchunks_for(n, C), dtype=torch.int64, device=x.device)
+
+    def mix_sum(w: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        w &= word_mask
+        w ^= k
+        w *= F.SUM_MUL1
+        w &= M
+        w ^= w >> 15
+        w *= F.SUM_MUL2
+        w &= M
+        w ^= w >> 16
+        return w.sum(-1) & M
+
+    full = n // C
+    step = 32 if x.device.type == "cpu" else 4096
+    for c0 in range(0, full, step):
+        c1 = min(full, c0 + step)
+        sums[c0:c1] = mix_sum(flat[c0 * C:c1 * C].to(torch.int64).view(-1, C), key)
+    if n % C:
+        sums[full] = mix_sum(flat[full * C:].to(torch.int64), key[:n % C])
+    return sums
 
 
 def _sums_bytes(sums: torch.Tensor) -> torch.Tensor:
@@ -99,9 +128,11 @@ def _check_checksums(payload: torch.Tensor, header: F.Header, out: torch.Tensor)
     bad = (stored != chunk_sums(out)).nonzero()
     if bad.numel():
         c = int(bad[0, 0])
-        raise CorruptPayloadError(
+        err = CorruptPayloadError(
             f"checksum mismatch in chunk {c} (elements {c * F.CHUNK_ELEMS}.."
             f"{min((c + 1) * F.CHUNK_ELEMS, header.numel) - 1}): the payload was damaged")
+        err.chunk = c  # read by integrity.decode_from, which names it with the peer
+        raise err
 
 
 def encode(tensor: torch.Tensor, *, codec: str = "auto", backend: str = "auto",

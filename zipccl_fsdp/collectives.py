@@ -38,6 +38,12 @@ communication, so a bad call raises on every rank instead of hanging some.
 ``async_op=True`` returns a completed ``Work``: the collective runs
 synchronously underneath for now (the size exchange needs the host anyway).
 
+Integrity lives in ``integrity.py``: the agreement check at a group's first
+call (per-field, naming the ranks), ``ZipCCLConfig(verify=True)`` payload
+checksums, and the fallback to the raw collective on every rank when an encode
+fails (a payload size of -1 in the size exchange). The extra memory a
+compressed call allocates is described in ``memory.py``.
+
 Measured costs of the size exchange and the padding (2 cores, gloo; the
 numbers are in the report of the change that added this file):
 
@@ -59,8 +65,11 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from . import codec as _codec
+from . import integrity as _integrity
+from . import pipeline as _pipeline
+from . import policy as _policy
 from .config import DEFAULT_CONFIG, ZipCCLConfig
-from .errors import ZipCCLConfigError
+from .errors import CorruptPayloadError, ZipCCLConfigError  # noqa: F401
 from .stats import CommStats
 
 __all__ = ["all_gather_single", "reduce_scatter_single", "all_reduce", "all_to_all_single",
@@ -169,6 +178,57 @@ def _compresses(cfg: ZipCCLConfig, kind: str, unit_nbytes: int) -> bool:
     return cfg.compresses(kind) and unit_nbytes > 0 and unit_nbytes >= cfg.min_bytes
 
 
+def _plan(cfg: ZipCCLConfig, kind: str, group, world: int, t: torch.Tensor, unit: int,
+          compress: bool, st: CommStats) -> _policy.Plan:
+    """What ``cfg.policy`` does with a call that ``min_bytes`` and the ``compress_*``
+    switches let compress (``policy.py``); raw otherwise. Every rank gets the same plan."""
+    if not compress or cfg.policy == "never":
+        return _policy.RAW
+    if cfg.policy == "always" and cfg.pipeline_pieces <= 1:
+        return _policy.Plan(True, cfg.codec, reason="always")
+    pol = _policy.policy_for(cfg)
+    if pol.known_closed(kind, group, t.dtype, t.device):  # the hot path of a fast link
+        return _policy.LINK_RAW
+    with st.phase(kind, "policy"):
+        return pol.decide(
+            kind, group, world, (kind, tuple(t.shape), t.dtype), t.dtype, t.device,
+            _policy.traffic(kind, world, unit), st)
+
+
+def _decided(plan: _policy.Plan, codable: bool) -> dict:
+    """The stats of a plan: compressed, pipelined, or raw although codable."""
+    return dict(compressed_calls=int(plan.compress),
+                pipelined_calls=int(plan.compress and plan.pieces > 1),
+                raw_fallback_calls=int(codable and not plan.compress))
+
+
+def _native_all_reduce(tensor, parsed: _Op, op, group, world: int, async_op: bool):
+    """torch's own all-reduce, where the adaptive policy found that compression
+    can never pay on this group (the link is faster than the codec): zipccl
+    steps aside, numerics included (gloo sums bf16 in bf16). zipccl's raw
+    path (all-to-all, fp32 sum, all-gather) took 5 times as long as torch's
+    on this machine's loopback (327 against 65 ms for 64 MiB of bf16,
+    docs/benchmarks.md). gloo lacks AVG and
+    PREMUL_SUM: those scale each rank's tensor, then sum (as torch's DDP
+    allreduce_hook divides, then sums)."""
+    if dist.get_backend(group) == "nccl" or parsed.kind == "sum":
+        return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+    if parsed.kind == "avg":
+        tensor.div_(world)
+    else:
+        tensor.mul_(parsed.factor)
+    return dist.all_reduce(tensor, op=ReduceOp.SUM, group=group, async_op=async_op)
+
+
+def _pipelined_done(st: CommStats, kind: str, *outcomes: _pipeline.Outcome) -> None:
+    """Count a pipelined call's encode fallback; raise its decode error."""
+    if any(o.fell_back for o in outcomes):
+        _integrity.count_fallback(st, kind, not any(o.coded for o in outcomes))
+    for o in outcomes:
+        if o.error is not None:
+            raise o.error
+
+
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two contiguous tensors share any byte of memory."""
     if a.numel() == 0 or b.numel() == 0:
@@ -194,24 +254,9 @@ def _completed_work(async_op: bool, result):
 
 def _ensure_consistent(cfg: ZipCCLConfig, group, world: int, device: torch.device,
                        st: CommStats, kind: str) -> None:
-    """Once per (config, group): all ranks must agree on the protocol fields."""
-    if not cfg.check_consistency or world == 1:
-        return
-    key = getattr(group, "group_name", None) or id(group)
-    if key in cfg._checked_groups:
-        return
-    with st.phase(kind, "sizes"):
-        mine = torch.tensor([cfg.protocol_fingerprint()], dtype=torch.int64, device=device)
-        every = torch.empty(world, dtype=torch.int64, device=device)
-        _all_gather_single(every, mine, group=group)
-        prints = every.tolist()
-    st.add(kind, wire_bytes=8, size_bytes=8)
-    if len(set(prints)) != 1:
-        raise ZipCCLConfigError(
-            f"zipccl {kind}: the ranks of process group {key!r} use ZipCCLConfigs that "
-            f"disagree on min_bytes, compress_* or unsupported_dtype (fingerprints "
-            f"{prints}); those decide which collectives run and must be equal on every rank")
-    cfg._checked_groups.add(key)
+    """Once per (config, group): all ranks must agree on the protocol fields
+    (``integrity.check_agreement``: raises ZipCCLConfigError naming field and ranks)."""
+    _integrity.check_agreement(cfg, group, world, device, st, kind)
 
 
 # --------------------------------------------------------------------------
@@ -256,18 +301,24 @@ def _all_to_all_bytes(send: torch.Tensor, send_sizes: list, recv_sizes: list, ra
 # Cores shared by the public functions
 # --------------------------------------------------------------------------
 def _gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, compress: bool,
-            cfg: ZipCCLConfig, st: CommStats) -> None:
-    """All-gather ``own`` (flat) into ``slots`` (flat views, one per rank, sizes may differ)."""
+            cfg: ZipCCLConfig, st: CommStats) -> bool:
+    """All-gather ``own`` (flat) into ``slots`` (flat views, one per rank, sizes may differ).
+    Returns whether the call fell back to raw (some rank's encode failed)."""
     world = len(slots)
     device = own.device
     if any(_overlaps(own, s) for r, s in enumerate(slots) if r != rank) or (
             _overlaps(own, slots[rank]) and not _same_memory(own, slots[rank])):
         own = own.clone()  # it would be overwritten before it is copied to its slot
+    fell_back = False
     if compress:
         with st.phase(kind, "encode"):
-            payload = _codec.encode(own, codec=cfg.codec, backend=cfg.backend)
-        sizes = _all_gather_sizes(payload.numel(), group, world, device, st, kind)
-    else:
+            payload = _integrity.guarded(st, kind, lambda: _integrity.encode(own, cfg))
+        sizes = _all_gather_sizes(_integrity.FELL_BACK if payload is None else payload.numel(),
+                                  group, world, device, st, kind)
+        _integrity.raise_if_aborted(sizes, kind, group)
+        fell_back = _integrity.fell_back(sizes)
+        compress = not fell_back
+    if not compress:
         payload = own.view(torch.uint8)
         sizes = [s.numel() * s.element_size() for s in slots]
     width = max(sizes)
@@ -287,18 +338,20 @@ def _gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, compres
                 continue
             piece = recv[r * width:r * width + sizes[r]]
             if compress:
-                _codec.decode(piece, out=slots[r], backend=cfg.backend)
+                _integrity.decode_from(piece, slots[r], cfg, kind, r, group)
             else:
                 slots[r].view(torch.uint8).copy_(piece)
         if not _same_memory(own, slots[rank]):
             slots[rank].copy_(own)
+    return fell_back
 
 
 def _scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.Tensor,
                     op: _Op, group, rank: int, compress: bool, cfg: ZipCCLConfig,
-                    st: CommStats) -> None:
+                    st: CommStats) -> bool:
     """Reduce chunk ``rank`` of every rank's ``flat_in`` (chunks of ``counts`` elements,
-    in rank order) into the flat ``out``: fp32 sum in rank order, then scale and cast."""
+    in rank order) into the flat ``out``: fp32 sum in rank order, then scale and cast.
+    Returns whether the call fell back to raw (some rank's encode failed)."""
     world = len(counts)
     starts = [sum(counts[:r]) for r in range(world)]
     chunks = [flat_in[s:s + c] for s, c in zip(starts, counts)]
@@ -306,14 +359,19 @@ def _scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.T
     n = mine.numel()
     itemsize = flat_in.element_size()
     pieces = None
+    fell_back = False
     if world > 1:
         if compress:
             with st.phase(kind, "encode"):
-                payloads = [flat_in.new_empty(0, dtype=torch.uint8) if r == rank
-                            else _codec.encode(chunks[r], codec=cfg.codec, backend=cfg.backend)
-                            for r in range(world)]
-            send_sizes = [p.numel() for p in payloads]
+                payloads = _integrity.guarded(st, kind, lambda: [
+                    flat_in.new_empty(0, dtype=torch.uint8) if r == rank
+                    else _integrity.encode(chunks[r], cfg) for r in range(world)])
+            send_sizes = ([p.numel() for p in payloads] if payloads is not None
+                          else [_integrity.FELL_BACK] * world)
             recv_sizes = _all_to_all_sizes(send_sizes, group, rank, flat_in.device, st, kind)
+            fell_back = _integrity.fell_back(recv_sizes)
+            compress = not fell_back
+        if compress:
             send = torch.cat(payloads)
         else:
             # Send the input as it is; the own chunk goes to self (a local copy).
@@ -335,7 +393,7 @@ def _scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.T
             if scratch is None:
                 scratch = torch.empty(n, dtype=flat_in.dtype, device=flat_in.device)
             with st.phase(kind, "decode"):
-                src = _codec.decode(pieces[r], out=scratch, backend=cfg.backend)
+                src = _integrity.decode_from(pieces[r], scratch, cfg, kind, r, group)
         else:
             src = pieces[r].view(flat_in.dtype)
         with st.phase(kind, "reduce"):
@@ -350,12 +408,15 @@ def _scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.T
                 term.mul_(factor)
                 acc.add_(term)
             else:
-                acc.add_(src)
+                # Widen first: the same bits as a mixed-dtype add_ (bf16/fp16 ->
+                # fp32 is exact), 2.5x faster on a CPU (46 -> 18 ms for 16 M bf16).
+                acc.add_(src.to(torch.float32))
     with st.phase(kind, "reduce"):
         if op.kind == "avg":
             acc.div_(world)
         if acc is not out:
             out.copy_(acc)
+    return fell_back
 
 
 # --------------------------------------------------------------------------
@@ -392,8 +453,10 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
     _ensure_consistent(cfg, group, world, input_tensor.device, st, "all_gather")
     unit = input_tensor.numel() * input_tensor.element_size()
     compress = coded and world > 1 and _compresses(cfg, "all_gather", unit)
-    st.add("all_gather", calls=1, compressed_calls=int(compress),
-           raw_bytes=unit if world > 1 else 0)
+    plan = _plan(cfg, "all_gather", group, world, input_tensor, unit, compress, st)
+    compress = plan.compress
+    st.add("all_gather", calls=1, raw_bytes=unit if world > 1 else 0,
+           **_decided(plan, coded and world > 1))
     if not compress:
         if world > 1:
             st.add("all_gather", wire_bytes=unit)
@@ -406,7 +469,13 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
     n = input_tensor.numel()
     flat_out = output_tensor.view(-1)
     slots = [flat_out[r * n:(r + 1) * n] for r in range(world)]
-    _gather("all_gather", input_tensor.view(-1), slots, group, rank, True, cfg, st)
+    if plan.pipeline:
+        _pipelined_done(st, "all_gather", _pipeline.gather(
+            "all_gather", input_tensor.view(-1), slots, group, rank, plan, cfg, st,
+            _policy.policy_for(cfg), ("all_gather", tuple(input_tensor.shape), input_tensor.dtype)))
+        return _completed_work(async_op, output_tensor)
+    if _gather("all_gather", input_tensor.view(-1), slots, group, rank, True, cfg, st):
+        _integrity.count_fallback(st, "all_gather")
     return _completed_work(async_op, output_tensor)
 
 
@@ -451,10 +520,19 @@ def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=F
             return _reduce_scatter_single(output, input, op=op, group=group,
                                               async_op=async_op)
     compress = world > 1 and _compresses(cfg, "reduce_scatter", unit)
-    st.add("reduce_scatter", calls=1, compressed_calls=int(compress),
-           raw_bytes=(world - 1) * unit)
-    _scatter_reduce("reduce_scatter", input.view(-1), [n] * world, output.view(-1), parsed,
-                    group, rank, compress, cfg, st)
+    plan = _plan(cfg, "reduce_scatter", group, world, input, unit, compress, st)
+    compress = plan.compress
+    st.add("reduce_scatter", calls=1, raw_bytes=(world - 1) * unit,
+           **_decided(plan, world > 1))
+    if plan.pipeline:
+        _pipelined_done(st, "reduce_scatter", _pipeline.scatter_reduce(
+            "reduce_scatter", input.view(-1), [n] * world, output.view(-1), parsed, group, rank,
+            plan, cfg, st, _policy.policy_for(cfg), ("reduce_scatter", tuple(input.shape),
+                                                      input.dtype)))
+        return _completed_work(async_op, output)
+    if _scatter_reduce("reduce_scatter", input.view(-1), [n] * world, output.view(-1), parsed,
+                       group, rank, compress, cfg, st):
+        _integrity.count_fallback(st, "reduce_scatter")
     return _completed_work(async_op, output)
 
 
@@ -493,17 +571,43 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *,
     base, extra = divmod(numel, world)
     counts = [base + (r < extra) for r in range(world)]
     compress = world > 1 and _compresses(cfg, "all_reduce", counts[0] * itemsize)
-    st.add("all_reduce", calls=1, compressed_calls=int(compress),
-           raw_bytes=numel * itemsize if world > 1 else 0)
+    plan = _plan(cfg, "all_reduce", group, world, tensor, counts[0] * itemsize, compress, st)
+    compress = plan.compress
+    st.add("all_reduce", calls=1, raw_bytes=numel * itemsize if world > 1 else 0,
+           **_decided(plan, world > 1))
+    if plan.reason == "link":
+        st.add("all_reduce", wire_bytes=numel * itemsize)
+        with st.phase("all_reduce", "exchange"):
+            return _native_all_reduce(tensor, parsed, op, group, world, async_op)
     flat = tensor.view(-1)
     reduced = torch.empty(counts[rank], dtype=tensor.dtype, device=tensor.device)
-    _scatter_reduce("all_reduce", flat, counts, reduced, parsed, group, rank, compress, cfg, st)
+    if plan.pipeline:
+        pol, site = _policy.policy_for(cfg), ("all_reduce", tuple(tensor.shape), tensor.dtype)
+        first = _pipeline.scatter_reduce("all_reduce", flat, counts, reduced, parsed, group,
+                                         rank, plan, cfg, st, pol, site)
+        starts = [sum(counts[:r]) for r in range(world)]
+        slots = [flat[s:s + c] for s, c in zip(starts, counts)]
+        # A corrupt piece in the first half stops the second on every rank.
+        second = _pipeline.gather("all_reduce", reduced, slots, group, rank, plan, cfg, st,
+                                  pol, site, abort=first.error)
+        _pipelined_done(st, "all_reduce", first, second)
+        return _completed_work(async_op, tensor)
+    try:
+        fell_back = _scatter_reduce("all_reduce", flat, counts, reduced, parsed, group, rank,
+                                    compress, cfg, st)
+    except CorruptPayloadError:
+        if compress and world > 1:  # the peers are entering the all-gather: stop them there
+            _integrity.join_abort(group, world, tensor.device, st, "all_reduce")
+        raise
     starts = [sum(counts[:r]) for r in range(world)]
     slots = [flat[s:s + c] for s, c in zip(starts, counts)]
     if world == 1:
         slots[0].copy_(reduced)
     else:
-        _gather("all_reduce", reduced, slots, group, rank, compress, cfg, st)
+        fell_back = _gather("all_reduce", reduced, slots, group, rank, compress, cfg,
+                            st) or fell_back
+    if fell_back:
+        _integrity.count_fallback(st, "all_reduce")
     return _completed_work(async_op, tensor)
 
 
@@ -570,21 +674,46 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         with st.phase("all_to_all", "exchange"):
             return dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
                                           group=group, async_op=async_op)
+    send_coded = [_compresses(cfg, "all_to_all", c * itemsize) for c in in_counts]
+    recv_coded = [_compresses(cfg, "all_to_all", c * itemsize) for c in out_counts]
+    plan = None
+    if cfg.policy != "always" or cfg.pipeline_pieces > 1:
+        # Decided before any slicing: a raw call should cost as little as possible.
+        with st.phase("all_to_all", "policy"):
+            plan = _all_to_all_plan(cfg, group, world, rank, input, in_counts, send_coded, st)
+        st.add("all_to_all", **_decided(plan, True))
+        if not plan.compress:
+            st.add("all_to_all", wire_bytes=raw)
+            with st.phase("all_to_all", "exchange"):
+                return dist.all_to_all_single(output, input, output_split_sizes,
+                                              input_split_sizes, group=group, async_op=async_op)
     flat_in, flat_out = input.view(-1), output.view(-1)
     if _overlaps(flat_in, flat_out):
         flat_in = flat_in.clone()
     in_pieces = [flat_in[s:s + c] for s, c in zip(_starts(in_counts), in_counts)]
     out_pieces = [flat_out[s:s + c] for s, c in zip(_starts(out_counts), out_counts)]
-    send_coded = [_compresses(cfg, "all_to_all", c * itemsize) for c in in_counts]
-    recv_coded = [_compresses(cfg, "all_to_all", c * itemsize) for c in out_counts]
-    st.add("all_to_all", compressed_calls=int(any(send_coded) or any(recv_coded)))
+    if plan is not None:
+        _pipelined_done(st, "all_to_all", _pipeline.all_to_all(
+            "all_to_all", in_pieces, out_pieces, send_coded, recv_coded, group, rank, plan, cfg,
+            st, _policy.policy_for(cfg), ("all_to_all", tuple(input.shape[1:]), input.dtype)))
+        return _completed_work(async_op, output)
+    coded_call = any(send_coded) or any(recv_coded)
+    st.add("all_to_all", compressed_calls=int(coded_call))
     with st.phase("all_to_all", "encode"):
-        payloads = [flat_in.new_empty(0, dtype=torch.uint8) if r == rank
-                    else _codec.encode(in_pieces[r], codec=cfg.codec, backend=cfg.backend)
-                    if send_coded[r] else in_pieces[r].view(torch.uint8)
-                    for r in range(world)]
-    send_sizes = [p.numel() for p in payloads]
+        payloads = _integrity.guarded(st, "all_to_all", lambda: [
+            flat_in.new_empty(0, dtype=torch.uint8) if r == rank
+            else _integrity.encode(in_pieces[r], cfg)
+            if send_coded[r] else in_pieces[r].view(torch.uint8)
+            for r in range(world)])
+    send_sizes = ([p.numel() for p in payloads] if payloads is not None
+                  else [_integrity.FELL_BACK] * world)
     recv_sizes = _all_to_all_sizes(send_sizes, group, rank, input.device, st, "all_to_all")
+    if _integrity.fell_back(recv_sizes):  # some rank's encode failed: raw, on every rank
+        _integrity.count_fallback(st, "all_to_all", coded_call)
+        st.add("all_to_all", wire_bytes=raw)
+        with st.phase("all_to_all", "exchange"):
+            dist.all_to_all_single(flat_out, flat_in, out_counts, in_counts, group=group)
+        return _completed_work(async_op, output)
     pieces = _all_to_all_bytes(torch.cat(payloads), send_sizes, recv_sizes, rank, group, st,
                                "all_to_all")
     # Checked after the exchange, which every rank joins, so no peer is left waiting.
@@ -598,10 +727,27 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
             if r == rank:
                 out_pieces[r].copy_(in_pieces[r])
             elif recv_coded[r]:
-                _codec.decode(pieces[r], out=out_pieces[r], backend=cfg.backend)
+                _integrity.decode_from(pieces[r], out_pieces[r], cfg, "all_to_all", r, group)
             else:
                 out_pieces[r].view(torch.uint8).copy_(pieces[r])
     return _completed_work(async_op, output)
+
+
+def _all_to_all_plan(cfg: ZipCCLConfig, group, world: int, rank: int, t: torch.Tensor,
+                     in_counts: list, send_coded: list, st: CommStats) -> _policy.Plan:
+    """The plan of an all-to-all under "adaptive", "never" or forced pieces
+    (split sizes differ between ranks: ``Policy.decide_all_to_all``)."""
+    if cfg.policy == "never":
+        return _policy.RAW
+    pol = _policy.policy_for(cfg)
+    if cfg.policy == "always":
+        return pol.decide("all_to_all", group, world, ("all_to_all", tuple(t.shape[1:]), t.dtype),
+                          t.dtype, t.device, (), st)
+    itemsize = t.element_size()
+    send = sum(c for r, c in enumerate(in_counts) if r != rank) * itemsize
+    coded = sum(c for r, c in enumerate(in_counts) if r != rank and send_coded[r]) * itemsize
+    return pol.decide_all_to_all(group, world, tuple(t.shape[1:]), t.dtype, t.device, send,
+                                 coded, st)
 
 
 def _starts(counts: list) -> list:

@@ -5,8 +5,11 @@ decide the wire protocol (``min_bytes``, the ``compress_*`` switches and
 ``unsupported_dtype``): they choose between raw and compressed paths, and ranks
 that choose differently would call different collectives and hang. The first
 call with a config on a group checks this (``check_consistency``) and raises
-``ZipCCLConfigError`` on every rank when they disagree. ``codec`` and
-``backend`` may differ between ranks: payloads are self-describing.
+``ZipCCLConfigError`` on every rank when they disagree, naming the field and
+the ranks (``integrity.check_agreement``; the fields are
+``protocol_fields()``, plus the payload format version and the codec set of
+the build). ``codec`` and ``backend`` may differ between ranks: payloads are
+self-describing.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from dataclasses import dataclass, field
 _CODECS = ("auto", "raw", "fixed3", "dense")
 _BACKENDS = ("auto", "torch", "cpp", "triton")
 _UNSUPPORTED = ("raise", "raw")
+_POLICIES = ("always", "never", "adaptive")
 
 
 @dataclass(frozen=True)
@@ -31,7 +35,8 @@ class ZipCCLConfig:
     codec: str = "dense"
     """Exponent code for compressed payloads: "dense" (tiered prefix code),
     "fixed3" (fixed 3-bit codes: faster, larger), "auto" (the codec module's
-    default) or "raw" (framing only; for tests and measurement). "dense" by
+    default; under ``policy="adaptive"``, per call whichever of fixed3 and
+    dense the policy predicts faster) or "raw" (framing only; for tests and measurement). "dense" by
     default: on FSDP2 bf16 parameters it sends 0.66 of the raw bytes against
     0.70 for "fixed3" (tests/test_fsdp2.py), and compression is only switched
     on for links slow enough that bytes matter more than codec speed. On an
@@ -71,10 +76,72 @@ class ZipCCLConfig:
     check_consistency: bool = True
     """On the first call of this config on a process group, all-gather a
     fingerprint of the protocol fields and raise ``ZipCCLConfigError`` on every
-    rank if the ranks disagree (costs one tiny all-gather per group, once)."""
+    rank if the ranks disagree (costs one tiny all-gather per group, once: 8
+    bytes per rank; on a mismatch a second one of 256 bytes per rank finds the
+    field and the ranks). It must itself be equal on every rank."""
+
+    verify: bool = False
+    """Integrity mode: compressed payloads carry a checksum per 4096 elements
+    (``encode(verify=True)``) that the receiver checks on what it decoded; a
+    mismatch raises ``CorruptPayloadError`` naming the collective, the sending
+    rank and the chunk (any single flipped bit is caught,
+    ``benchmarks/bitflip_transit.py``). Raw sends (below ``min_bytes``,
+    compression off, fallbacks) are not covered. Cost, 64 MiB of Gaussian
+    bf16 on this 2-core CPU (``benchmarks/verify_cost.py``, verify off and on
+    interleaved): the payload grows by 4 bytes per 4096 elements (0.07% of a
+    bf16 payload); each side adds one checksum pass of torch ops at 0.5-0.7
+    GB/s, so with the cpp backend encode+decode takes 5-10x as long (dense
+    0.05 s -> 0.27 s, fixed3 0.03 s -> 0.27-0.30 s), with the torch backend
+    the same within noise; peak memory grows by at most 0.25x the input
+    (``memory.py``). Worth it to find or rule out corruption, or where the
+    link, not the codec, bounds the step."""
+
+    policy: str = "always"
+    """How each call chooses between raw and compressed (``policy.py``).
+    "always": compress every message of at least ``min_bytes`` (unpipelined
+    unless ``pipeline_pieces`` > 1), what zipccl did before the policy existed.
+    "never": send everything raw (reductions still sum in fp32 in rank order,
+    so results are bitwise those of the compressed path). "adaptive": per call,
+    raw, compressed, or compressed and pipelined, and with ``codec="auto"``
+    fixed3 or dense, whichever a cost model predicts fastest from the message
+    size, a running ratio per call site, the link's bandwidth and latency
+    (``link_gbps``, else measured at the first call on a process group) and the
+    codec's speed (``codec_gbps``, else measured). Measured speeds are agreed
+    across the group (the slowest rank's) and ratios come from the size
+    exchanges every rank sees, so all ranks take the same decision. Compression
+    must win by 10% in the model, so a fast link stays raw: on an unthrottled
+    loopback every call goes raw (docs/benchmarks.md)."""
+
+    link_gbps: float | None = None
+    """Link bandwidth for the adaptive policy, in Gbit/s that one rank gets
+    while every rank of the group sends at once (its share of a shared link).
+    None: measured at the first adaptive call on each process group (5 tiny
+    and 3 all-gathers of 2 MiB per rank, the slowest rank's times)."""
+
+    link_latency_us: float | None = None
+    """Latency of one small collective for the adaptive policy, in
+    microseconds. None: measured with the bandwidth, or 100 when ``link_gbps``
+    is given."""
+
+    codec_gbps: float | None = None
+    """Encode and decode speed for the adaptive policy, in GB/s of tensor
+    bytes, for both codecs and every dtype. None: measured on 1 MiB of
+    Gaussian data at the first adaptive call per process group and dtype (the
+    slowest rank's, about 20 ms on a CPU)."""
+
+    pipeline_pieces: int = 0
+    """Pieces a compressed message is cut into, so that encoding one piece,
+    moving the previous one and decoding the one before overlap (async
+    collectives; on CUDA the codec runs on a side stream). 0: the adaptive
+    policy picks the count from its cost model ("always" sends one piece);
+    n >= 1: n pieces. Results are bitwise the same for every count."""
 
     _checked_groups: set = field(default_factory=set, init=False, repr=False,
                                  compare=False, hash=False)
+    _runtime: dict = field(default_factory=dict, init=False, repr=False,
+                           compare=False, hash=False)
+    """Process-local state of the adaptive policy (``policy.policy_for``):
+    measured speeds per group, ratio estimates per call site."""
 
     def __post_init__(self) -> None:
         if self.codec not in _CODECS:
@@ -86,21 +153,52 @@ class ZipCCLConfig:
         if isinstance(min_bytes, bool) or not isinstance(min_bytes, int) or min_bytes < 0:
             raise ValueError(f"ZipCCLConfig.min_bytes must be an int >= 0, got {self.min_bytes!r}")
         for name in ("compress_all_gather", "compress_reduce_scatter", "compress_all_reduce",
-                     "compress_all_to_all", "check_consistency"):
+                     "compress_all_to_all", "check_consistency", "verify"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ZipCCLConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.unsupported_dtype not in _UNSUPPORTED:
             raise ValueError(f"ZipCCLConfig.unsupported_dtype must be one of {_UNSUPPORTED}, "
                              f"got {self.unsupported_dtype!r}")
+        if self.policy not in _POLICIES:
+            raise ValueError(f"ZipCCLConfig.policy must be one of {_POLICIES}, "
+                             f"got {self.policy!r}")
+        for name in ("link_gbps", "link_latency_us", "codec_gbps"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not value > 0):
+                raise ValueError(f"ZipCCLConfig.{name} must be None or a number > 0, "
+                                 f"got {value!r}")
+        pieces = self.pipeline_pieces
+        if isinstance(pieces, bool) or not isinstance(pieces, int) or pieces < 0:
+            raise ValueError(f"ZipCCLConfig.pipeline_pieces must be an int >= 0, got {pieces!r}")
 
     def compresses(self, kind: str) -> bool:
         """Whether collectives of ``kind`` ("all_gather", ...) are compressed."""
         return getattr(self, f"compress_{kind}")
 
+    def protocol_fields(self) -> dict:
+        """The fields every rank of a group must agree on, by name: those that
+        choose between raw and compressed paths or change the wire bytes. A new
+        field of that kind belongs here (``integrity.check_agreement`` exchanges
+        them and names the one that differs)."""
+        return {"min_bytes": self.min_bytes,
+                "compress_all_gather": self.compress_all_gather,
+                "compress_reduce_scatter": self.compress_reduce_scatter,
+                "compress_all_reduce": self.compress_all_reduce,
+                "compress_all_to_all": self.compress_all_to_all,
+                "unsupported_dtype": self.unsupported_dtype,
+                "verify": self.verify,
+                "policy": self.policy,
+                # Under "adaptive" the codec set is an input of every decision.
+                "policy_codec": self.codec if self.policy == "adaptive" else "",
+                "link_gbps": self.link_gbps,
+                "link_latency_us": self.link_latency_us,
+                "codec_gbps": self.codec_gbps,
+                "pipeline_pieces": self.pipeline_pieces}
+
     def protocol_fingerprint(self) -> int:
-        """A 63-bit hash of the fields every rank must agree on."""
-        text = repr((self.min_bytes, self.compress_all_gather, self.compress_reduce_scatter,
-                     self.compress_all_reduce, self.compress_all_to_all, self.unsupported_dtype))
+        """A 63-bit hash of ``protocol_fields()``."""
+        text = repr(sorted(self.protocol_fields().items()))
         return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
 
 

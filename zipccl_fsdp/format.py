@@ -45,10 +45,19 @@ holds the raw element bytes.
 
 Integrity (``verify``): with the header flag CHECKSUM, ``sums`` holds, for
 each run of CHUNK_ELEMS elements of the *original* tensor, the u32
-``sum(word_i * (2 i + 1)) mod 2**32`` over its unsigned words (i counts from 0
-within the run). The decoder recomputes it on what it produced, so any
-corruption that changes the output is caught; a single flipped bit always is
-(an odd multiple of a power of two below 2**32 is never 0 mod 2**32).
+``sum(mix(word_i ^ key_i)) mod 2**32`` over its unsigned words, where i counts
+from 0 within the run, ``key_i = (i | dtype_code << 16) * SUM_KEY_MUL mod
+2**32`` (so a payload relabelled to another dtype of the same width does not
+verify) and ``mix`` is
+the bijection of 32-bit values ``h = h * SUM_MUL1; h ^= h >> 15;
+h = h * SUM_MUL2; h ^= h >> 16`` (products mod 2**32). The decoder recomputes
+it on what it produced. A change of one element always changes the sum (mix is
+a bijection); a change of several elements escapes with probability about
+2**-32. (The first definition, ``sum(word_i * (2 i + 1))``, was linear: it
+missed any change whose differences cancel against the weights, such as the
+three-element change one damaged byte of the fp16 ``rem`` stream makes, two
+fp32 sign flips in one chunk, or a chunk's exponents all shifted by an even
+amount; the decode fuzzer found the first.)
 """
 from __future__ import annotations
 
@@ -148,6 +157,11 @@ def dtype_info(dtype: torch.dtype) -> DTypeInfo:
 _HEADER = struct.Struct("<4sBBBBQII4QII")
 assert _HEADER.size == HEADER_NBYTES
 HEADER_FLAG_CHECKSUM = 1
+# The checksum mix (see "Integrity" above): odd constants below 2**30, so a
+# 32-bit value times one fits an int64 exactly.
+SUM_KEY_MUL = 0x1E3779B1
+SUM_MUL1 = 0x2C1B3C6D
+SUM_MUL2 = 0x297A2D39
 _KNOWN_HEADER_FLAGS = HEADER_FLAG_CHECKSUM
 
 

@@ -20,11 +20,13 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
+from torch._C._autograd import _profiler_enabled
 from torch.profiler import record_function
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
-COUNTS = ("calls", "compressed_calls", "raw_bytes", "wire_bytes", "size_bytes", "pad_bytes")
-TIMES = ("encode_s", "decode_s", "comm_s", "size_exchange_s", "reduce_s")
+COUNTS = ("calls", "compressed_calls", "raw_bytes", "wire_bytes", "size_bytes", "pad_bytes",
+          "fallback_calls", "pipelined_calls", "raw_fallback_calls")
+TIMES = ("encode_s", "decode_s", "comm_s", "size_exchange_s", "reduce_s", "policy_s")
 
 # phase name -> the time fields it adds to
 _PHASE_FIELDS = {
@@ -33,6 +35,7 @@ _PHASE_FIELDS = {
     "sizes": ("comm_s", "size_exchange_s"),
     "exchange": ("comm_s",),
     "reduce": ("reduce_s",),
+    "policy": ("policy_s",),
 }
 
 
@@ -41,10 +44,21 @@ class CommStats:
 
     ``size_bytes`` (size exchanges and config checks) and ``pad_bytes`` (the
     all-gather padding to the largest payload) are the parts of ``wire_bytes``
-    that carry no data. ``comm_s`` includes ``size_exchange_s``, which also
-    holds the wait for the slowest peer to finish encoding (the first
-    collective after the encode absorbs the skew between ranks); ``reduce_s``
-    is the local part of a reduction (fp32 sums, scaling, the final cast).
+    that carry no data. ``fallback_calls`` counts calls that chose compression
+    but went raw on every rank because some rank's encode failed
+    (``integrity.py``); they are not in ``compressed_calls``. ``comm_s``
+    includes ``size_exchange_s``, which also holds the wait for the slowest
+    peer to finish encoding (the first collective after the encode absorbs the
+    skew between ranks); ``reduce_s`` is the local part of a reduction (fp32
+    sums, scaling, the final cast).
+
+    The policy's decisions (``policy.py``): ``compressed_calls`` sent
+    compressed payloads, ``pipelined_calls`` of them in more than one piece;
+    ``raw_fallback_calls`` are calls of a dtype the codec handles that the
+    policy (or ``min_bytes``) sent raw; ``compressed_fraction`` in a snapshot
+    is compressed_calls / calls. ``policy_s`` is the time spent deciding,
+    the one-time calibrations included (their collectives are in
+    ``wire_bytes`` and ``size_bytes`` too).
     """
 
     def __init__(self) -> None:
@@ -58,9 +72,14 @@ class CommStats:
 
     def snapshot(self) -> dict[str, dict[str, float]]:
         """A copy: ``{kind: {"calls", "compressed_calls", "raw_bytes", "wire_bytes",
-        "size_bytes", "pad_bytes", "encode_s", "decode_s", "comm_s", "size_exchange_s",
-        "reduce_s"}}``."""
-        return {kind: dict(fields) for kind, fields in self._data.items()}
+        "size_bytes", "pad_bytes", "fallback_calls", "pipelined_calls", "raw_fallback_calls",
+        "encode_s", "decode_s", "comm_s", "size_exchange_s", "reduce_s", "policy_s",
+        "compressed_fraction"}}``."""
+        snap = {kind: dict(fields) for kind, fields in self._data.items()}
+        for fields in snap.values():
+            fields["compressed_fraction"] = (fields["compressed_calls"] / fields["calls"]
+                                             if fields["calls"] else 0.0)
+        return snap
 
     def add(self, kind: str, **counts: float) -> None:
         fields = self._data[kind]
@@ -69,13 +88,24 @@ class CommStats:
 
     @contextmanager
     def phase(self, kind: str, phase: str):
-        """Time a phase and mark it ``zipccl::<kind>::<phase>`` in the profiler."""
-        with record_function(f"zipccl::{kind}::{phase}"):
-            start = time.perf_counter()
-            try:
-                yield
-            finally:
-                elapsed = time.perf_counter() - start
-                fields = self._data[kind]
-                for name in _PHASE_FIELDS[phase]:
-                    fields[name] += elapsed
+        """Time a phase and mark it ``zipccl::<kind>::<phase>`` in the profiler.
+
+        The profiler range is opened only while a profiler runs: an open
+        ``record_function`` around a gloo collective cost about 0.1-0.3 ms of
+        latency per call on this 2-core machine (a 1 KiB all-gather: 0.31 ms
+        bare, 0.64 ms inside a phase; docs/benchmarks.md), which is most of a
+        small raw call."""
+        ranged = _profiler_enabled()
+        if ranged:
+            rf = record_function(f"zipccl::{kind}::{phase}")
+            rf.__enter__()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - start
+            if ranged:
+                rf.__exit__(None, None, None)
+            fields = self._data[kind]
+            for name in _PHASE_FIELDS[phase]:
+                fields[name] += elapsed

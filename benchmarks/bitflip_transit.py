@@ -1,0 +1,302 @@
+"""Flip one random bit of a compressed payload in transit; count how verify mode fares.
+
+Two gloo ranks run the compressed collectives with
+``ZipCCLConfig(verify=True, min_bytes=0)``. On rank 1 a test transport
+(``FlipTransport``) wraps the ``torch.distributed`` calls the collectives send
+payload bytes with (uint8 tensors; the int64 size exchanges are left alone)
+and, once per call, flips one random bit inside one payload it sends to rank 0.
+Rank 0 compares what it got with the exact result, computed locally from every
+rank's (seeded) input. Each injection ends one of three ways:
+
+* caught: rank 0 raised ``CorruptPayloadError`` naming the collective and rank 1;
+* harmless: the result is bit-exact (the bit carried no information: stream
+  padding at the end of a bit-packed segment);
+* missed: a wrong result came back silently. Verify mode must make this 0.
+
+The catch rate is caught / (caught + missed). Cases cycle over all-gather,
+reduce-scatter, all-reduce (either half) and all-to-all, bf16 / fp16 / fp32 /
+fp32 exact bf16 casts, and the codecs dense, fixed3 and raw.
+
+Usage::
+
+    python benchmarks/bitflip_transit.py --injections 1000
+    python benchmarks/bitflip_transit.py --injections 1000 --no-verify  # for contrast
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import queue
+import struct
+import sys
+import tempfile
+import time
+from collections import Counter
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from zipccl_fsdp import collectives as C  # noqa: E402
+from zipccl_fsdp import format as F  # noqa: E402
+from zipccl_fsdp.config import ZipCCLConfig  # noqa: E402
+from zipccl_fsdp.errors import CorruptPayloadError  # noqa: E402
+
+KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+DTYPES = (("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32),
+          ("fp32_bf16cast", torch.float32))
+CODECS = ("dense", "fixed3", "raw")
+INT = {2: torch.int16, 4: torch.int32}
+N = 3 * 4096 + 123  # 4 chunks of the checksum, the last one short
+
+
+def payload_nbytes(buf: torch.Tensor) -> int:
+    """The length of the payload at the start of ``buf`` (read from its header),
+    or ``buf.numel()`` when no header is found there."""
+    if buf.numel() < F.HEADER_NBYTES:
+        return buf.numel()
+    raw = buf[:F.HEADER_NBYTES].numpy().tobytes()
+    (magic, _v, codec_id, _d, ndim, numel, chunk_elems, nchunks, codes, sm, rem, esc, flags,
+     _crc) = struct.unpack("<4sBBBBQII4QII", raw)
+    if magic != F.MAGIC:
+        return buf.numel()
+    total = (F.HEADER_NBYTES + 8 * ndim + F.CHUNK_ENTRY_NBYTES * nchunks + codes + sm + rem
+             + esc + (4 * F.nchunks_for(numel) if flags & F.HEADER_FLAG_CHECKSUM else 0))
+    return min(total, buf.numel())
+
+
+class FlipTransport:
+    """Wraps this rank's uint8 sends: when armed, the ``skip``-th next payload send
+    goes out with one random bit flipped inside one payload bound for ``to``.
+
+    It patches ``zipccl_fsdp.collectives._all_gather_single`` (the all-gather
+    the collectives bound at import) and ``torch.distributed.all_to_all_single``;
+    ``restore()`` undoes both. The sender's own tensors are never modified (the
+    flip is made on a copy), so only the receiver sees the damage.
+    """
+
+    def __init__(self, rank: int, world: int, seed: int) -> None:
+        self.rank, self.world = rank, world
+        self.rng = torch.Generator().manual_seed(seed)
+        self.armed = None  # (skip, to)
+        self.last = None  # (offset into the payload, bit, payload nbytes)
+        self._ag, self._a2a = C._all_gather_single, dist.all_to_all_single
+        C._all_gather_single = self._all_gather
+        dist.all_to_all_single = self._all_to_all
+
+    def restore(self) -> None:
+        C._all_gather_single, dist.all_to_all_single = self._ag, self._a2a
+
+    def arm(self, to: int, skip: int = 0) -> None:
+        self.armed, self.last = (skip, to), None
+
+    def _rand(self, hi: int) -> int:
+        return int(torch.randint(0, hi, (1,), generator=self.rng))
+
+    def _take(self, t: torch.Tensor) -> bool:
+        if self.armed is None or t.dtype != torch.uint8:
+            return False
+        skip, to = self.armed
+        if skip:
+            self.armed = (skip - 1, to)
+            return False
+        self.armed = None
+        return True
+
+    def _flip(self, t: torch.Tensor, start: int, nbytes: int) -> torch.Tensor:
+        t = t.clone()
+        bit = self._rand(8 * nbytes)
+        t[start + bit // 8] ^= 1 << (bit % 8)
+        self.last = (bit // 8, bit % 8, nbytes)
+        return t
+
+    def _all_gather(self, output, input, group=None, async_op=False):
+        if self._take(input):
+            input = self._flip(input, 0, payload_nbytes(input))
+        return self._ag(output, input, group=group, async_op=async_op)
+
+    def _all_to_all(self, output, input, output_split_sizes=None, input_split_sizes=None,
+                    group=None, async_op=False):
+        if input.dtype == torch.uint8 and self.armed is not None and input_split_sizes:
+            to = self.armed[1]
+            start = sum(input_split_sizes[:to])
+            if input_split_sizes[to] and self._take(input):
+                input = self._flip(input, start, input_split_sizes[to])
+        return self._a2a(output, input, output_split_sizes, input_split_sizes, group=group,
+                         async_op=async_op)
+
+
+def make_inputs(case: int, numel: int, dtag: str, dtype: torch.dtype, world: int) -> list:
+    """Every rank's input for one case (the same on every rank: the reference is local)."""
+    out = []
+    for r in range(world):
+        g = torch.Generator().manual_seed(case * 131 + r)
+        x = torch.randn(numel, generator=g) * (0.01 * (r + 1))
+        x[: numel // 8] = 0
+        x[7 + r] = float("nan")
+        if dtag == "fp32_bf16cast":
+            x = x.bfloat16().float()
+        out.append(x.to(dtype))
+    return out
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).contiguous().view(INT[t.element_size()])
+
+
+def _fp32_sum(parts: list, dtype) -> torch.Tensor:
+    acc = parts[0].to(torch.float32, copy=True)
+    for p in parts[1:]:
+        acc.add_(p)
+    return acc.to(dtype)
+
+
+def run_case(kind: str, xs: list, rank: int, world: int, cfg: ZipCCLConfig):
+    """Run one collective on this rank; return (result, exact expected result)."""
+    x = xs[rank]
+    n = x.numel()
+    if kind == "all_gather":
+        out = torch.empty(world * n, dtype=x.dtype)
+        C.all_gather_single(out, x, config=cfg)
+        return out, torch.cat(xs)
+    if kind == "reduce_scatter":
+        m = n // world
+        out = torch.empty(m, dtype=x.dtype)
+        C.reduce_scatter_single(out, x[:m * world].clone(), config=cfg)
+        return out, _fp32_sum([xi[rank * m:(rank + 1) * m] for xi in xs], x.dtype)
+    if kind == "all_reduce":
+        t = x.clone()
+        C.all_reduce(t, config=cfg)
+        base, extra = divmod(n, world)
+        counts = [base + (r < extra) for r in range(world)]
+        starts = [sum(counts[:r]) for r in range(world)]
+        want = torch.cat([_fp32_sum([xi[s:s + c] for xi in xs], x.dtype)
+                          for s, c in zip(starts, counts)])
+        return t, want
+    # all_to_all: uneven splits S[src][dst], all large enough to be coded (min_bytes=0)
+    base = n // (world + 1)
+    S = [[base + 17 * ((src + 2 * dst) % 3) for dst in range(world)] for src in range(world)]
+    send = x[:sum(S[rank])]
+    recv_splits = [S[src][rank] for src in range(world)]
+    out = torch.empty(sum(recv_splits), dtype=x.dtype)
+    C.all_to_all_single(out, send, recv_splits, S[rank], config=cfg)
+    want = torch.cat([xs[src][sum(S[src][:rank]):sum(S[src][:rank + 1])]
+                      for src in range(world)])
+    return out, want
+
+
+def worker_loop(rank: int, world: int, injections: int, seed: int, numel: int = N,
+                verify: bool = True) -> dict:
+    """Run inside an initialized gloo group: rank 1 flips, rank 0 receives and counts."""
+    flipper, victim = 1, 0
+    transport = FlipTransport(rank, world, seed) if rank == flipper else None
+    cfgs = {c: ZipCCLConfig(codec=c, verify=verify, min_bytes=0) for c in CODECS}
+    outcomes: Counter = Counter()
+    per_kind: Counter = Counter()
+    examples = {}
+    rng = torch.Generator().manual_seed(seed + 7)
+    try:
+        for i in range(injections):
+            kind = KINDS[i % len(KINDS)]
+            dtag, dtype = DTYPES[(i // len(KINDS)) % len(DTYPES)]
+            codec = CODECS[(i // (len(KINDS) * len(DTYPES))) % len(CODECS)]
+            skip = int(torch.randint(0, 2, (1,), generator=rng)) if kind == "all_reduce" else 0
+            xs = make_inputs(seed * 100003 + i, numel, dtag, dtype, world)
+            if transport is not None:
+                transport.arm(to=victim, skip=skip)
+            try:
+                got, want = run_case(kind, xs, rank, world, cfgs[codec])
+            except CorruptPayloadError as e:
+                outcome = "caught"
+                if rank == victim and not (e.collective == kind and e.peer == flipper):
+                    outcome = "caught_misattributed"
+                    examples.setdefault(outcome, str(e))
+                if rank == victim and e.chunk is not None:
+                    examples.setdefault("caught_chunk", str(e).splitlines()[0][:200])
+            else:
+                same = torch.equal(_bits(got), _bits(want))
+                outcome = "harmless" if same else "missed"
+                if not same:
+                    examples.setdefault("missed", f"{kind} {dtag} {codec} case {i}")
+            if rank == victim:
+                outcomes[outcome] += 1
+                per_kind[(kind, outcome)] += 1
+            elif outcome not in ("harmless", "caught"):
+                # The flipper's own result is never damaged; it raises only when the
+                # victim aborts an all-reduce in its first half.
+                outcomes["flipper_" + outcome] += 1
+    finally:
+        if transport is not None:
+            transport.restore()
+    return dict(outcomes=dict(outcomes), per_kind=dict(per_kind), examples=examples)
+
+
+def _proc(rank: int, world: int, init_file: str, injections: int, seed: int, verify: bool,
+          q) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=60))
+    try:
+        q.put((rank, worker_loop(rank, world, injections, seed, verify=verify)))
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--injections", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-verify", action="store_true",
+                    help="without checksums: what the format's own checks catch")
+    args = ap.parse_args(argv)
+    world = 2
+    t0 = time.perf_counter()
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    with tempfile.TemporaryDirectory(prefix="zipccl_bitflip_") as d:
+        procs = [ctx.Process(target=_proc, args=(r, world, os.path.join(d, "rdv"),
+                                                 args.injections, args.seed,
+                                                 not args.no_verify, q))
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        results = {}
+        while len(results) < world:
+            try:
+                rank, res = q.get(timeout=5)
+            except queue.Empty:
+                if any(not p.is_alive() for p in procs):
+                    for p in procs:
+                        p.kill()
+                    print("bitflip_transit: a rank died (its traceback is above)")
+                    return 2
+                continue
+            results[rank] = res
+        for p in procs:
+            p.join()
+    res = results[0]
+    o = res["outcomes"]
+    caught, missed = o.get("caught", 0), o.get("missed", 0)
+    print(f"bitflip_transit: {args.injections} injections (one bit flipped in transit per "
+          f"call, rank 1 -> rank 0), verify={not args.no_verify}, "
+          f"{time.perf_counter() - t0:.0f} s")
+    print(f"{'collective':<16} {'caught':>8} {'harmless':>9} {'missed':>8}")
+    for kind in KINDS:
+        row = [res["per_kind"].get((kind, k), 0) for k in ("caught", "harmless", "missed")]
+        print(f"{kind:<16} {row[0]:>8} {row[1]:>9} {row[2]:>8}")
+    print(f"{'total':<16} {caught:>8} {o.get('harmless', 0):>9} {missed:>8}")
+    rate = caught / max(caught + missed, 1)
+    print(f"catch rate (caught / damaging flips): {100 * rate:.2f}%")
+    for k, v in res["examples"].items():
+        print(f"example {k}: {v}")
+    flipper = {k: v for k, v in results[1]["outcomes"].items()}
+    if flipper:
+        print(f"flipper rank outcomes: {flipper}")
+    bad = (0 if args.no_verify else missed) + o.get("caught_misattributed", 0)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

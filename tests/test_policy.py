@@ -1,0 +1,368 @@
+"""The adaptive policy and the pipelined collectives, on real gloo process groups.
+
+Pipelined calls (any piece count, ragged sizes, both codecs) must equal torch's
+collectives (all-gather, all-to-all) or the fp32 rank-order reference
+(reduce-scatter, all-reduce) bit for bit. The policy must send tiny messages
+and fast links raw, compress on a slow link, and take the same decision on
+every rank even when the ranks measure different speeds.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dist_utils import DistPool
+from test_collectives import (OPS, assert_bits_equal, gather_all, make_data, make_op,
+                              reference_reduce, torch_all_gather_single)
+from zipccl_fsdp import policy as P
+from zipccl_fsdp.collectives import all_gather_single, all_reduce, all_to_all_single, \
+    reduce_scatter_single
+from zipccl_fsdp.config import ZipCCLConfig
+from zipccl_fsdp.errors import CorruptPayloadError
+from zipccl_fsdp.stats import CommStats
+
+RAGGED = (0, 1, 7, 4097, 10001)
+PIECES = (2, 3, 7)
+
+
+@pytest.fixture(scope="module")
+def pool2():
+    pool = DistPool(2)
+    yield pool
+    pool.close()
+
+
+def forced(pieces: int, codec: str) -> ZipCCLConfig:
+    return ZipCCLConfig(min_bytes=0, codec=codec, pipeline_pieces=pieces)
+
+
+SLOW = dict(policy="adaptive", codec="auto", link_gbps=0.1, codec_gbps=1.0)
+"""A link given as slow (12.5 MB/s) and a codec as fast: the policy compresses."""
+
+
+# --------------------------------------------------------------------------
+# Tasks (run inside the ranks)
+# --------------------------------------------------------------------------
+def task_pipelined_all_gather():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    st = CommStats()
+    for pieces in PIECES:
+        for codec in ("fixed3", "dense"):
+            cfg = forced(pieces, codec)
+            for dtype in (torch.bfloat16, torch.float32):
+                for n in RAGGED:
+                    x = make_data(n, dtype, seed=pieces + n, rank=rank)
+                    want = torch.empty(world * n, dtype=dtype)
+                    torch_all_gather_single(want, x)
+                    got = torch.full((world * n,), 3.0, dtype=dtype)
+                    all_gather_single(got, x, config=cfg, stats=st)
+                    assert_bits_equal(got, want, f"all_gather P={pieces} {codec} {dtype} n={n}")
+                    # FSDP2's in-place form.
+                    got2 = torch.full((world * n,), 3.0, dtype=dtype)
+                    got2[rank * n:(rank + 1) * n].copy_(x)
+                    all_gather_single(got2, got2[rank * n:(rank + 1) * n], config=cfg, stats=st)
+                    assert_bits_equal(got2, want, f"in-place all_gather P={pieces} n={n}")
+    return st.snapshot()["all_gather"]
+
+
+def task_pipelined_reductions():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    st = CommStats()
+    checked = 0
+    for pieces in PIECES:
+        cfg = forced(pieces, "dense" if pieces % 2 else "fixed3")
+        for dtype, kind in ((torch.bfloat16, "gauss"), (torch.float32, "bf16cast"),
+                            (torch.float32, "gauss")):
+            for n in RAGGED:
+                for op, factor in OPS:
+                    x = make_data(world * n, dtype, seed=pieces + 3 * n, rank=rank, kind=kind)
+                    parts = [p[rank * n:(rank + 1) * n] for p in gather_all(x)]
+                    want = reference_reduce(parts, op, factor, dtype)
+                    got = torch.full((n,), 7.0, dtype=dtype)
+                    reduce_scatter_single(got, x, make_op(op, factor), config=cfg, stats=st)
+                    assert_bits_equal(got, want, f"reduce_scatter P={pieces} {op} {dtype} "
+                                                 f"{kind} n={n}")
+                    # all-reduce of a ragged numel (chunks differ by one element)
+                    y = make_data(n, dtype, seed=pieces + 5 * n, rank=rank, kind=kind)
+                    want = reference_reduce(gather_all(y), op, factor, dtype)
+                    all_reduce(y, make_op(op, factor), config=cfg, stats=st)
+                    assert_bits_equal(y, want, f"all_reduce P={pieces} {op} {dtype} n={n}")
+                    checked += 2
+    s = st.snapshot()
+    return checked, s["reduce_scatter"], s["all_reduce"]
+
+
+def task_pipelined_all_to_all():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    st = CommStats()
+    row = 3
+    for pieces in PIECES:
+        for cfg in (forced(pieces, "dense"), ZipCCLConfig(min_bytes=2000, pipeline_pieces=pieces)):
+            for dtype in (torch.bfloat16, torch.float32):
+                # Ragged, some splits empty, some below min_bytes (sent raw).
+                send_rows = [0 if (rank + j) % 4 == 3 else (rank + 2 * j + 1) * 700 // 3
+                             for j in range(world)]
+                recv_rows = [0 if (j + rank) % 4 == 3 else (j + 2 * rank + 1) * 700 // 3
+                             for j in range(world)]
+                send_rows[rank] = recv_rows[rank] = 5
+                x = make_data(sum(send_rows) * row, dtype, seed=pieces, rank=rank).view(-1, row)
+                want = torch.empty(sum(recv_rows), row, dtype=dtype)
+                dist.all_to_all_single(want, x, recv_rows, send_rows)
+                got = torch.full_like(want, 5.0)
+                all_to_all_single(got, x, recv_rows, send_rows, config=cfg, stats=st)
+                assert_bits_equal(got, want, f"all_to_all P={pieces} {dtype} {cfg}")
+    return st.snapshot()["all_to_all"]
+
+
+def task_decisions_given_in_config():
+    """Tiny messages and a fast link go raw, a slow link compresses (pipelined)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = {}
+    cases = {
+        # name: (config, all-gather shard elements)
+        "tiny_slow_link": (ZipCCLConfig(min_bytes=0, **SLOW), 16),
+        "fast_link": (ZipCCLConfig(policy="adaptive", link_gbps=400.0, codec_gbps=1.0), 1 << 20),
+        "slow_link": (ZipCCLConfig(**SLOW), 1 << 20),
+        "never": (ZipCCLConfig(policy="never", min_bytes=0), 1 << 20),
+    }
+    for name, (cfg, n) in cases.items():
+        st = CommStats()
+        x = make_data(n, torch.bfloat16, seed=1, rank=rank)
+        want = torch.empty(world * n, dtype=torch.bfloat16)
+        torch_all_gather_single(want, x)
+        for _ in range(2):
+            got = torch.empty_like(want)
+            all_gather_single(got, x, config=cfg, stats=st)
+            assert_bits_equal(got, want, name)
+        g = make_data(world * n, torch.float32, seed=2, rank=rank, kind="bf16cast")
+        r = torch.empty(n, dtype=torch.float32)
+        reduce_scatter_single(r, g, config=cfg, stats=st)
+        parts = [p[rank * n:(rank + 1) * n] for p in gather_all(g)]
+        assert_bits_equal(r, reference_reduce(parts, "sum", 1.0, torch.float32), name)
+        s = st.snapshot()
+        out[name] = {k: {f: s[k][f] for f in ("calls", "compressed_calls", "pipelined_calls",
+                                                "raw_fallback_calls", "compressed_fraction",
+                                                "raw_bytes", "wire_bytes")}
+                     for k in ("all_gather", "reduce_scatter")}
+        out[name]["decisions"] = dict(P.policy_for(cfg).decisions)
+    return out
+
+
+def task_disagreeing_measurements():
+    """Rank 0 measures a fast link, rank 1 a slow one and a slower codec: alone
+    they would decide differently; agreed (the slowest rank's), they decide alike."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    link = [[1e-5, 1e-4], [1e-3, 0.5]][rank]          # tiny, 2 MiB all-gather seconds
+    codec = [[1e-3, 1e-3, 1e-4], [2e-3, 2e-3, 2e-4]][rank]
+    ab = [[0.01, 0.005, 0], [0.3, 0.2, 0]][rank]     # in-situ raw, compressed seconds
+    saved = P.measure_link_local, P.measure_codec_local, P.measure_ab_local
+    P.measure_link_local = lambda group, world, device: list(link)
+    P.measure_codec_local = lambda *a: list(codec)
+    P.measure_ab_local = lambda *a: list(ab)
+    try:
+        # What this rank would decide on its own numbers (the hazard).
+        own_link = P.LinkSpeed(link[0], P.LINK_PROBE_BYTES / (link[1] - link[0]))
+        call = codec[2] / 2
+        own_codec = P.CodecSpeed(P.CODEC_PROBE_BYTES / (codec[0] - call),
+                                 P.CODEC_PROBE_BYTES / (codec[1] - call), call)
+        alone = P.best_plan(P.traffic("all_gather", world, 1 << 22), own_link,
+                            {"dense": own_codec}, {"dense": 0.7})[0].compress
+        cfg = ZipCCLConfig(policy="adaptive")
+        st = CommStats()
+        plans = []
+        for n in (1 << 10, 1 << 16, 1 << 21):
+            x = make_data(n, torch.bfloat16, seed=n, rank=rank)
+            want = torch.empty(world * n, dtype=torch.bfloat16)
+            torch_all_gather_single(want, x)
+            got = torch.empty_like(want)
+            all_gather_single(got, x, config=cfg, stats=st)
+            assert_bits_equal(got, want, f"all_gather n={n}")
+            y = make_data(n * world, torch.float32, seed=n, rank=rank)
+            want = reference_reduce(gather_all(y), "avg", 1.0, torch.float32)
+            all_reduce(y, dist.ReduceOp.AVG, config=cfg, stats=st)
+            assert_bits_equal(y, want, f"all_reduce n={n}")
+            plans.append(sorted(P.policy_for(cfg).decisions.items()))
+        pol = P.policy_for(cfg)
+        speeds = {k: v for k, v in pol._links.items()}
+        return alone, plans, repr(speeds), st.snapshot()["all_gather"]["compressed_calls"]
+    finally:
+        P.measure_link_local, P.measure_codec_local, P.measure_ab_local = saved
+
+
+def task_measured_loopback():
+    """Measured for real: the loopback between two local processes is faster
+    than the CPU codec, so the adaptive policy sends everything raw."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = ZipCCLConfig(policy="adaptive", codec="auto")
+    st = CommStats()
+    n = 1 << 20
+    x = make_data(n, torch.bfloat16, seed=3, rank=rank)
+    got = torch.empty(world * n, dtype=torch.bfloat16)
+    all_gather_single(got, x, config=cfg, stats=st)
+    want = torch.empty_like(got)
+    torch_all_gather_single(want, x)
+    assert_bits_equal(got, want, "measured all_gather")
+    pol = P.policy_for(cfg)
+    (link,) = pol._links.values()
+    (speeds,) = pol._speeds.values()
+    return (st.snapshot()["all_gather"], link.bytes_per_s,
+            {c: s.encode_bps for c, s in speeds.items()})
+
+
+def task_encode_fails_midway():
+    """Rank 1's encoder fails at its third call: that piece and the later ones
+    go raw on every rank, the result is still exact."""
+    from zipccl_fsdp import codec as C
+    rank, world = dist.get_rank(), dist.get_world_size()
+    real = C.encode
+    calls = {"n": 0}
+
+    def flaky(x, **kw):
+        calls["n"] += 1
+        if rank == 1 and calls["n"] == 3:
+            raise RuntimeError("injected encoder failure")
+        return real(x, **kw)
+
+    C.encode = flaky
+    try:
+        st = CommStats()
+        n = 5000
+        x = make_data(n, torch.bfloat16, seed=9, rank=rank)
+        want = torch.empty(world * n, dtype=torch.bfloat16)
+        torch_all_gather_single(want, x)
+        got = torch.empty_like(want)
+        all_gather_single(got, x, config=forced(5, "dense"), stats=st)
+        assert_bits_equal(got, want, "all_gather after a failed encode")
+        return st.snapshot()["all_gather"]
+    finally:
+        C.encode = real
+
+
+def task_corrupt_piece_all_reduce():
+    """A corrupt piece in an all-reduce's first half: both ranks raise, nobody hangs,
+    and the group still works afterwards."""
+    from zipccl_fsdp import integrity as I
+    rank, world = dist.get_rank(), dist.get_world_size()
+    real = I.decode_from
+
+    def bad(piece, out, cfg, kind, peer, group):
+        if rank == 0:
+            raise CorruptPayloadError("injected corrupt piece")
+        return real(piece, out, cfg, kind, peer, group)
+
+    I.decode_from = bad
+    try:
+        y = make_data(6000, torch.float32, seed=4, rank=rank)
+        try:
+            all_reduce(y, config=forced(3, "dense"))
+            raised = None
+        except CorruptPayloadError as e:
+            raised = str(e)
+    finally:
+        I.decode_from = real
+    t = torch.full((4,), float(rank + 1))
+    all_reduce(t, config=forced(2, "dense"))
+    assert t.tolist() == [3.0] * 4
+    return raised
+
+
+# --------------------------------------------------------------------------
+# Tests
+# --------------------------------------------------------------------------
+def test_pipelined_all_gather_bitwise(pool2):
+    for s in pool2.run(task_pipelined_all_gather):
+        # every call but the empty ones (n = 0 is never encoded) went in pieces
+        assert s["pipelined_calls"] == s["compressed_calls"] == s["calls"] * 4 // 5 > 0
+
+
+def test_pipelined_reduce_scatter_and_all_reduce_bitwise(pool2):
+    for checked, rs, ar in pool2.run(task_pipelined_reductions):
+        assert checked > 0
+        assert rs["pipelined_calls"] == rs["calls"] * 4 // 5 > 0
+        assert ar["pipelined_calls"] == ar["calls"] * 4 // 5 > 0
+
+
+def test_pipelined_all_to_all_bitwise(pool2):
+    for s in pool2.run(task_pipelined_all_to_all):
+        assert s["pipelined_calls"] == s["calls"] > 0
+
+
+def test_policy_decisions_from_config(pool2):
+    r0, r1 = pool2.run(task_decisions_given_in_config)
+    for name in r0:  # every rank decided the same (wire bytes differ: own padding)
+        assert r0[name]["decisions"] == r1[name]["decisions"], name
+        for kind in ("all_gather", "reduce_scatter"):
+            a, b = dict(r0[name][kind]), dict(r1[name][kind])
+            a.pop("wire_bytes"), b.pop("wire_bytes")
+            assert a == b, (name, kind)
+    tiny, fast, slow, never = (r0[k] for k in ("tiny_slow_link", "fast_link", "slow_link",
+                                                "never"))
+    for kind in ("all_gather", "reduce_scatter"):
+        assert tiny[kind]["compressed_calls"] == 0 and tiny[kind]["raw_fallback_calls"] > 0
+        assert fast[kind]["compressed_calls"] == 0
+        assert fast[kind]["raw_fallback_calls"] == fast[kind]["calls"]
+        assert never[kind]["compressed_calls"] == 0
+        assert slow[kind]["compressed_fraction"] == 1.0
+        assert slow[kind]["pipelined_calls"] == slow[kind]["calls"] > 0
+        assert slow[kind]["wire_bytes"] < 0.8 * slow[kind]["raw_bytes"]
+    # The raw all-gathers of a fast link given in the config cost nothing extra:
+    # wire == raw bytes, but for the one-time 8-byte agreement check of the config.
+    assert fast["all_gather"]["wire_bytes"] == fast["all_gather"]["raw_bytes"] + 8
+    assert any(k[1] != "raw" and k[2] > 1 for k in slow["decisions"])
+
+
+def test_decisions_agree_when_measurements_differ(pool2):
+    (alone0, plans0, links0, c0), (alone1, plans1, links1, c1) = \
+        pool2.run(task_disagreeing_measurements)
+    assert alone0 != alone1          # on their own numbers the ranks would disagree
+    assert plans0 == plans1 and links0 == links1 and c0 == c1
+    assert c0 > 0                    # the agreed (slowest) link is slow: it compressed
+
+
+def test_measured_loopback_goes_raw(pool2):
+    for s, link_bps, codec_bps in pool2.run(task_measured_loopback):
+        assert s["compressed_calls"] == 0 and s["raw_fallback_calls"] == 1, (s, link_bps,
+                                                                            codec_bps)
+
+
+def test_pipelined_encode_failure_goes_raw_on_every_rank(pool2):
+    for s in pool2.run(task_encode_fails_midway):
+        assert s["fallback_calls"] == 1 and s["compressed_calls"] == 1
+
+
+def test_pipelined_all_reduce_corrupt_piece_raises_everywhere(pool2):
+    r0, r1 = pool2.run(task_corrupt_piece_all_reduce)
+    assert r0 and "injected" in r0
+    assert r1 and "corrupt" in r1 and "rank" in r1
+
+
+# --------------------------------------------------------------------------
+# The cost model alone (no processes)
+# --------------------------------------------------------------------------
+def test_cost_model_pipelines_large_messages_on_slow_links():
+    slow = P.LinkSpeed(150e-6, 62e6)          # the 1 Gbit namespace: 62 MB/s per rank
+    fast = P.LinkSpeed(150e-6, 3.7e9)         # an unthrottled loopback, as measured once
+    codec = {"dense": P.CodecSpeed(1.0e9, 1.5e9, 50e-6)}
+    f = {"dense": 0.67}
+    big = P.traffic("all_gather", 2, 32 << 20)
+    plan, t, raw = P.best_plan(big, slow, codec, f)
+    assert plan.compress and plan.pieces > 1 and t < P.MARGIN * raw
+    # more pieces hide more of the codec, up to the per-piece latencies
+    assert P.predict(big, slow, codec["dense"], 0.67, 8) < P.predict(big, slow, codec["dense"],
+                                                                      0.67, 1)
+    assert not P.best_plan(big, fast, codec, f)[0].compress
+    assert not P.best_plan(P.traffic("all_gather", 2, 64), slow, codec, f)[0].compress
+    # all-reduce = reduce-scatter + all-gather parts
+    assert len(P.traffic("all_reduce", 4, 1 << 20)) == 2
+
+
+def test_config_validates_policy_fields():
+    with pytest.raises(ValueError, match="policy"):
+        ZipCCLConfig(policy="sometimes")
+    with pytest.raises(ValueError, match="link_gbps"):
+        ZipCCLConfig(link_gbps=0)
+    with pytest.raises(ValueError, match="pipeline_pieces"):
+        ZipCCLConfig(pipeline_pieces=-1)
+    a, b = ZipCCLConfig(policy="adaptive"), ZipCCLConfig(policy="adaptive", link_gbps=1.0)
+    assert a.protocol_fingerprint() != b.protocol_fingerprint()

@@ -1,0 +1,248 @@
+"""Integrity for the compressed collectives: verify mode, cross-rank agreement,
+and the fallback to raw when an encode fails.
+
+The collectives in ``collectives.py`` call in here at three points.
+
+* **Agreement** (``check_agreement``): at the first call of a config on a
+  process group every rank all-gathers one int64, a hash of what it will put
+  on the wire: the payload format version, the codec set of its build and
+  ``ZipCCLConfig.protocol_fields()`` (``min_bytes``, the ``compress_*``
+  switches, ``unsupported_dtype``, ``verify``). When the hashes differ, every
+  rank sees it (it is an all-gather), so every rank joins a second all-gather
+  of a fixed-size vector of one int64 per field (``PROTOCOL_SLOTS``: 256 bytes
+  per rank) and raises ``ZipCCLConfigError`` naming each differing field and
+  the ranks on each side. Both exchanges are plain collectives all ranks join
+  at the same point, so a mismatch raises everywhere, never hangs; a rank that
+  never arrives makes the others fail at the process group's timeout. The
+  happy path costs 8 bytes per rank, once per (config, group).
+* **Verify** (``encode`` / ``decode_from``): with ``ZipCCLConfig(verify=True)``
+  payloads carry the per-4096-element checksums of ``encode(verify=True)``;
+  the receiver's decode checks them, and a failure is re-raised as
+  ``CorruptPayloadError`` with ``.collective``, ``.peer`` (the sending rank in
+  the group) and ``.chunk`` (the damaged 4096-element chunk, when the checksum
+  found it; None for a damaged header or table, which the message names). The
+  error is raised on the receiving rank after the call's exchanges, so the
+  group stays in step: the sender returns normally and may go on. The one
+  exception is all-reduce, whose all-gather half follows the reduce-scatter
+  half: a rank that finds a corrupt piece in the first half joins the second
+  half's size exchange with ``ABORT`` and every rank raises there.
+* **Fallback** (``guarded`` / ``fell_back``): an exception from the encoder
+  (a codec bug, a failed C++ build, out of memory) must not leave the ranks in
+  different collectives. The failing rank sends ``FELL_BACK`` (-1) instead of
+  its payload size in the size exchange every compressed call already makes;
+  every rank then sees it and runs that call's raw collective instead, so
+  there is no extra message. The call is counted in ``fallback_calls`` (not in
+  ``compressed_calls``) and the first one per stats owner is logged as a
+  warning with the traceback, later ones at debug level.
+
+Measured costs are in ``ZipCCLConfig.verify``'s docstring and in
+``benchmarks/verify_cost.py``; catch rates in ``benchmarks/bitflip_transit.py``.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+
+import torch
+import torch.distributed as dist
+
+from . import codec as _codec
+from . import format as F
+from .errors import CorruptPayloadError, ZipCCLConfigError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["FELL_BACK", "ABORT", "PROTOCOL_SLOTS", "protocol_fields", "check_agreement",
+           "encode", "guarded", "fell_back", "count_fallback", "decode_from",
+           "raise_if_aborted", "join_abort"]
+
+FELL_BACK = -1
+"""A payload size that means: this rank's encode failed, the call goes raw on every rank."""
+
+ABORT = -2
+"""A payload size that means: this rank found a corrupt payload earlier in this call."""
+
+PROTOCOL_SLOTS = 32
+"""Slots of the per-field agreement vector: slot 0 hashes the field names, one
+slot per field after it (room for 31 fields; the build has 9)."""
+
+# Integers below this travel as themselves (so errors can print them); other
+# values (strings, tuples, big ints) as a hash with this bit set.
+_HASHED = 1 << 62
+
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+# --------------------------------------------------------------------------
+# Agreement
+# --------------------------------------------------------------------------
+def protocol_fields(cfg) -> dict:
+    """What every rank of a group must agree on, by name: the payload format
+    version, the codecs this build decodes and the config's protocol fields."""
+    return {"format_version": F.VERSION, "codec_set": tuple(_codec.CODECS),
+            **cfg.protocol_fields()}
+
+
+def _hash62(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 2
+
+
+def _slot(value) -> int:
+    if isinstance(value, (bool, int)) and 0 <= int(value) < _HASHED:
+        return int(value)
+    return _HASHED | _hash62(repr(value))
+
+
+def field_vector(fields: dict) -> list:
+    """``PROTOCOL_SLOTS`` int64s: a hash of the field names, then one per field."""
+    if len(fields) >= PROTOCOL_SLOTS:
+        raise AssertionError(f"{len(fields)} protocol fields do not fit in "
+                             f"{PROTOCOL_SLOTS - 1} slots; raise PROTOCOL_SLOTS")
+    vec = [_HASHED | _hash62(repr(tuple(fields)))] + [_slot(v) for v in fields.values()]
+    return vec + [0] * (PROTOCOL_SLOTS - len(vec))
+
+
+def _gather_ints(values: list, group, world: int, device) -> list:
+    """All-gather a list of int64s of the same length on every rank; rows in rank order."""
+    mine = torch.tensor(values, dtype=torch.int64, device=device)
+    every = torch.empty(world * len(values), dtype=torch.int64, device=device)
+    _all_gather_single(every, mine, group=group)
+    flat = every.tolist()
+    return [flat[r * len(values):(r + 1) * len(values)] for r in range(world)]
+
+
+def _rank_names(ranks: list, group) -> str:
+    """``[0, 2]``, or ``3`` for one rank; with the global ranks for a subgroup."""
+    one = len(ranks) == 1
+    text = str(ranks[0] if one else ranks)
+    if group is not None and group is not dist.group.WORLD:
+        glob = [dist.get_global_rank(group, r) for r in ranks]
+        text += f" (global rank {glob[0]})" if one else f" (global ranks {glob})"
+    return text
+
+
+def _describe(fields: dict, table: list, rank: int, group) -> list:
+    """One line per disagreeing field: which ranks hold which value."""
+    names = ["<the list of fields: a different zipccl version>"] + list(fields)
+    values = [tuple(fields)] + list(fields.values())
+    lines = []
+    for slot, name in enumerate(names):
+        column = [row[slot] for row in table]
+        if len(set(column)) == 1:
+            continue
+        sides: dict = {}
+        for r, v in enumerate(column):
+            sides.setdefault(v, []).append(r)
+        parts = []
+        for v, ranks in sides.items():
+            if v == column[rank]:
+                shown = repr(values[slot])
+            elif not v & _HASHED and isinstance(values[slot], (bool, int)):
+                shown = repr(type(values[slot])(v))
+            else:
+                shown = "another value"
+            who, verb = ("rank", "has") if len(ranks) == 1 else ("ranks", "have")
+            parts.append(f"{who} {_rank_names(ranks, group)} {verb} {shown}")
+        lines.append(f"{name}: " + "; ".join(parts))
+        if slot == 0:  # different field lists: the per-field slots don't line up
+            break
+    return lines
+
+
+def check_agreement(cfg, group, world: int, device, st, kind: str) -> None:
+    """Once per (config, group): raise ``ZipCCLConfigError`` on every rank unless
+    all ranks agree on ``protocol_fields(cfg)`` (see the module docstring)."""
+    if not cfg.check_consistency or world == 1:
+        return
+    key = getattr(group, "group_name", None) or id(group)
+    if key in cfg._checked_groups:
+        return
+    fields = protocol_fields(cfg)
+    vec = field_vector(fields)
+    with st.phase(kind, "sizes"):
+        prints = [row[0] for row in _gather_ints([_hash62(repr(vec))], group, world, device)]
+    st.add(kind, wire_bytes=8, size_bytes=8)
+    if len(set(prints)) == 1:
+        cfg._checked_groups.add(key)
+        return
+    # Every rank saw the same fingerprints, so every rank joins this second exchange.
+    with st.phase(kind, "sizes"):
+        table = _gather_ints(vec, group, world, device)
+    st.add(kind, wire_bytes=8 * PROTOCOL_SLOTS, size_bytes=8 * PROTOCOL_SLOTS)
+    rank = dist.get_rank(group)
+    lines = _describe(fields, table, rank, group) or [f"fingerprints {prints}"]
+    raise ZipCCLConfigError(
+        f"zipccl {kind}: the ranks of process group {key!r} disagree on settings that decide "
+        f"which collectives run and what they send (they must be equal on every rank; this is "
+        f"rank {rank}):\n  " + "\n  ".join(lines))
+
+
+# --------------------------------------------------------------------------
+# Encode with fallback
+# --------------------------------------------------------------------------
+def encode(x: torch.Tensor, cfg) -> torch.Tensor:
+    """``codec.encode`` with the config's codec, backend and ``verify``."""
+    return _codec.encode(x, codec=cfg.codec, backend=cfg.backend, verify=cfg.verify)
+
+
+def guarded(st, kind: str, fn):
+    """``fn()``, or None when it raises: the caller then sends ``FELL_BACK``."""
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001 - any codec failure becomes a raw call, on every rank
+        first = st.snapshot()[kind]["fallback_calls"] == 0
+        (log.warning if first else log.debug)(
+            "zipccl %s: encoding failed on this rank; this call goes raw on every rank "
+            "(counted in fallback_calls%s)", kind,
+            "; later failures are logged at debug level" if first else "", exc_info=True)
+        return None
+
+
+def fell_back(sizes: list) -> bool:
+    """Whether any rank sent ``FELL_BACK`` in a size exchange (``sizes`` holds
+    every rank's value, this rank's own included)."""
+    return FELL_BACK in sizes
+
+
+def count_fallback(st, kind: str, was_compressed: bool = True) -> None:
+    """Count a call that fell back: a fallback call, no longer a compressed one."""
+    st.add(kind, fallback_calls=1, compressed_calls=-int(was_compressed))
+
+
+# --------------------------------------------------------------------------
+# Decode with context, and the all-reduce abort
+# --------------------------------------------------------------------------
+def _corrupt(kind: str, peer: int, group, err: Exception, text: str) -> CorruptPayloadError:
+    new = CorruptPayloadError(text)
+    new.collective, new.peer, new.chunk = kind, peer, getattr(err, "chunk", None)
+    return new
+
+
+def decode_from(piece: torch.Tensor, out: torch.Tensor, cfg, kind: str, peer: int,
+                group) -> torch.Tensor:
+    """``codec.decode(piece, out=out)``; a corrupt piece raises ``CorruptPayloadError``
+    naming the collective, the sending rank and the chunk."""
+    try:
+        return _codec.decode(piece, out=out, backend=cfg.backend)
+    except CorruptPayloadError as e:
+        chunk = getattr(e, "chunk", None)
+        where = f"chunk {chunk}" if chunk is not None else "header or chunk table"
+        raise _corrupt(kind, peer, group, e,
+                       f"zipccl {kind}: the payload received from rank "
+                       f"{_rank_names([peer], group)} is corrupt ({where}): {e}") from e
+
+
+def raise_if_aborted(sizes: list, kind: str, group) -> None:
+    """Raise on every rank when some rank sent ``ABORT`` in a size exchange."""
+    if ABORT in sizes:
+        peer = sizes.index(ABORT)
+        raise _corrupt(kind, peer, group, None,
+                       f"zipccl {kind}: rank {_rank_names([peer], group)} received a corrupt "
+                       f"payload earlier in this call and stopped it on every rank")
+
+
+def join_abort(group, world: int, device, st, kind: str) -> None:
+    """Join the size exchange of the next phase of this call with ``ABORT``."""
+    with st.phase(kind, "sizes"):
+        _gather_ints([ABORT], group, world, device)
+    st.add(kind, wire_bytes=8, size_bytes=8)
