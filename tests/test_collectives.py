@@ -13,7 +13,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from dist_utils import DistPool
 from zipccl_fsdp.collectives import (all_gather_single, all_reduce, all_to_all_single,
                                      reduce_scatter_single, reset_stats, stats)
 from zipccl_fsdp.config import ZipCCLConfig
@@ -28,20 +27,6 @@ CONFIGS = (ZipCCLConfig(min_bytes=0, codec="fixed3"), ZipCCLConfig(min_bytes=0, 
 # torch's own all-gather, the reference (torch 2.11 only has the older name).
 torch_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
-
-
-@pytest.fixture(scope="module")
-def pool2():
-    pool = DistPool(2)
-    yield pool
-    pool.close()
-
-
-@pytest.fixture(scope="module")
-def pool3():
-    pool = DistPool(3)
-    yield pool
-    pool.close()
 
 
 # --------------------------------------------------------------------------

@@ -15,27 +15,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dist_utils import DistPool
 from hooks.registry import ZipCCLHook, register_comm_hook, zipccl_hook
 from zipccl_fsdp.config import ZipCCLConfig
 
 CFG = ZipCCLConfig(min_bytes=0)  # compress every bucket chunk, however small
 STEPS = 5
 INT_VIEW = {torch.bfloat16: torch.int16, torch.float32: torch.int32}
-
-
-@pytest.fixture(scope="module")
-def pool2():
-    pool = DistPool(2)
-    yield pool
-    pool.close()
-
-
-@pytest.fixture(scope="module")
-def pool3():
-    pool = DistPool(3)
-    yield pool
-    pool.close()
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:

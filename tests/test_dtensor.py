@@ -15,27 +15,12 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch import nn
 
-from dist_utils import DistPool
 from hooks.dtensor import (DTensorCompressionMode, compress_dtensor_comms,
                            disable_dtensor_compression, enable_dtensor_compression)
 from zipccl_fsdp.config import ZipCCLConfig
 
 CFG = ZipCCLConfig(min_bytes=0)  # compress every non-empty message, however small
 INT_VIEW = {torch.bfloat16: torch.int16, torch.float32: torch.int32, torch.int64: torch.int64}
-
-
-@pytest.fixture(scope="module")
-def pool2():
-    pool = DistPool(2)
-    yield pool
-    pool.close()
-
-
-@pytest.fixture(scope="module")
-def pool4():
-    pool = DistPool(4)
-    yield pool
-    pool.close()
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:

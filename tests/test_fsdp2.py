@@ -25,7 +25,6 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import (DefaultAllGather,
                                                                    DefaultReduceScatter)
 
-from dist_utils import DistPool
 import hooks.fsdp2  # noqa: F401  (adds FSDPModule.register_comm_hook)
 from hooks.fsdp2 import ZipCCLAllGather, ZipCCLReduceScatter
 from hooks.fsdp2 import _param_groups
@@ -224,20 +223,6 @@ def task_refusals():
         is DefaultAllGather
     del rank
     return out
-
-
-@pytest.fixture(scope="module")
-def pool2():
-    pool = DistPool(2)
-    yield pool
-    pool.close()
-
-
-@pytest.fixture(scope="module")
-def pool3():
-    pool = DistPool(3)
-    yield pool
-    pool.close()
 
 
 def _ratio(stats: dict, kind: str) -> float:
