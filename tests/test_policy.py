@@ -203,11 +203,17 @@ def task_measured_loopback():
     want = torch.empty_like(got)
     torch_all_gather_single(want, x)
     assert_bits_equal(got, want, "measured all_gather")
+    # A raw all-reduce under "adaptive" is torch's own, bit for bit.
+    y = make_data(n, torch.bfloat16, seed=5, rank=rank)
+    want = y.clone()
+    dist.all_reduce(want)
+    all_reduce(y, config=cfg, stats=st)
+    assert_bits_equal(y, want, "raw all_reduce is torch's")
     pol = P.policy_for(cfg)
     (link,) = pol._links.values()
     (speeds,) = pol._speeds.values()
     return (st.snapshot()["all_gather"], link.bytes_per_s,
-            {c: s.encode_bps for c, s in speeds.items()})
+            {c: s.encode_bps for c, s in speeds.items()}, st.snapshot()["all_reduce"])
 
 
 def task_encode_fails_midway():
@@ -321,9 +327,10 @@ def test_decisions_agree_when_measurements_differ(pool2):
 
 
 def test_measured_loopback_goes_raw(pool2):
-    for s, link_bps, codec_bps in pool2.run(task_measured_loopback):
+    for s, link_bps, codec_bps, ar in pool2.run(task_measured_loopback):
         assert s["compressed_calls"] == 0 and s["raw_fallback_calls"] == 1, (s, link_bps,
                                                                             codec_bps)
+        assert ar["raw_fallback_calls"] == ar["calls"] == 1
 
 
 def test_pipelined_encode_failure_goes_raw_on_every_rank(pool2):

@@ -8,9 +8,10 @@ path), in an order rotated from round to round and each after 10 ms of idle
 link, so that none profits from a refilled tbf burst more than another; the
 first round warms up and lets the adaptive policy calibrate. The time of a
 call is the slowest rank's, and a row shows medians of ``--repeat`` rounds and
-their ratio (raw / zipccl: above 1 means zipccl is faster). Beside it: what the policy did (``plan``: raw, or
-codec x pieces), what its cost model predicted for raw and for its plan, and
-the measured ratio of raw to wire bytes.
+their ratio (raw / zipccl: above 1 means zipccl is faster). Beside it: what
+the policy did (``plan``: raw, or codec x pieces), what its cost model
+predicted for raw and for its plan, and the measured ratio of raw to wire
+bytes. Tables and how they were taken: docs/benchmarks.md.
 
 Message size is the full tensor on each rank: the all-gather output, the
 reduce-scatter input, the all-reduce tensor, the all-to-all input. Data is
@@ -104,12 +105,14 @@ def _calls(kind: str, x: torch.Tensor, world: int, cfg, dist, zc, st):
     if kind == "all_gather":
         inp = x[: numel // world].clone()
         out = torch.empty(numel, dtype=x.dtype)
-        return (lambda: ag_raw(out, inp), lambda: zc.all_gather_single(out, inp, config=cfg, stats=st),
+        return (lambda: ag_raw(out, inp),
+                lambda: zc.all_gather_single(out, inp, config=cfg, stats=st),
                 ("all_gather", tuple(inp.shape), x.dtype),
                 P.traffic("all_gather", world, inp.numel() * itemsize))
     if kind == "reduce_scatter":
         out = torch.empty(numel // world, dtype=x.dtype)
-        return (lambda: rs_raw(out, x), lambda: zc.reduce_scatter_single(out, x, config=cfg, stats=st),
+        return (lambda: rs_raw(out, x),
+                lambda: zc.reduce_scatter_single(out, x, config=cfg, stats=st),
                 ("reduce_scatter", tuple(x.shape), x.dtype),
                 P.traffic("reduce_scatter", world, out.numel() * itemsize))
     if kind == "all_reduce":
@@ -283,6 +286,9 @@ def _titan_runs(args, prefix: list) -> dict:
     finally:
         shutil.rmtree(out, ignore_errors=True)
     r, c = statistics.median(times["raw"]), statistics.median(times["zipccl"])
+    print("  titan step medians per run (ms): raw "
+          + ", ".join(f"{t * 1e3:.0f}" for t in times["raw"]) + "; zipccl "
+          + ", ".join(f"{t * 1e3:.0f}" for t in times["zipccl"]), flush=True)
     return dict(collective="titan step", data=Path(recipe).stem, size_mib=0.0,
                 raw_ms=r * 1e3, zipccl_ms=c * 1e3, speedup=r / c,
                 plan=f"compressed {statistics.fmean(fractions):.0%} of calls" if fractions else "",
@@ -358,7 +364,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-bytes", type=int, default=0,
                    help="ZipCCLConfig.min_bytes of the zipccl calls (default: 0)")
     p.add_argument("--repeat", type=int, default=5,
-                   help="timed rounds per row, raw and zipccl alternating (median; default 5)")
+                   help="timed rounds per row, every variant once a round in rotated order "
+                        "(median; default 5)")
     p.add_argument("--with-never", action="store_true",
                    help="also time zipccl with policy='never' (column 'never ms'): zipccl's own "
                         "raw path, which for reductions is an all-to-all and an fp32 sum in rank "
@@ -401,7 +408,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         link = f"plain loopback, unthrottled ({why}: cannot create a shaped namespace)"
     print(f"zipccl bench link: {args.nproc} ranks, {link}, policy {args.policy}, codec "
-          f"{args.codec}, median of {args.repeat} alternating rounds", flush=True)
+          f"{args.codec}, median of {args.repeat} rotated rounds", flush=True)
     if ok:
         with slow_link(rate) as ns:
             rows = run_ranks(spec, args.nproc, ns.prefix()) if sizes and kinds else []

@@ -203,12 +203,13 @@ def _decided(plan: _policy.Plan, codable: bool) -> dict:
 
 
 def _native_all_reduce(tensor, parsed: _Op, op, group, world: int, async_op: bool):
-    """torch's own all-reduce, where the adaptive policy found that compression
-    can never pay on this group (the link is faster than the codec): zipccl
-    steps aside, numerics included (gloo sums bf16 in bf16). zipccl's raw
-    path (all-to-all, fp32 sum, all-gather) took 5 times as long as torch's
-    on this machine's loopback (327 against 65 ms for 64 MiB of bf16,
-    docs/benchmarks.md). gloo lacks AVG and
+    """torch's own all-reduce, for the calls the adaptive policy sends raw:
+    zipccl steps aside, numerics included (gloo sums bf16 in bf16; the
+    compressed calls sum in fp32 in rank order). zipccl's own raw path
+    (all-to-all, fp32 sum, all-gather; "always" and "never" keep it) took 5
+    times as long as torch's on this machine's loopback (327 against 65 ms for
+    64 MiB of bf16) and 7% longer at 4 MiB on the 1 Gbit link
+    (docs/benchmarks.md). gloo lacks AVG and
     PREMUL_SUM: those scale each rank's tensor, then sum (as torch's DDP
     allreduce_hook divides, then sums)."""
     if dist.get_backend(group) == "nccl" or parsed.kind == "sum":
@@ -575,7 +576,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *,
     compress = plan.compress
     st.add("all_reduce", calls=1, raw_bytes=numel * itemsize if world > 1 else 0,
            **_decided(plan, world > 1))
-    if plan.reason == "link":
+    if not plan.compress and cfg.policy == "adaptive" and world > 1:
         st.add("all_reduce", wire_bytes=numel * itemsize)
         with st.phase("all_reduce", "exchange"):
             return _native_all_reduce(tensor, parsed, op, group, world, async_op)

@@ -110,7 +110,11 @@ class ZipCCLConfig:
     across the group (the slowest rank's) and ratios come from the size
     exchanges every rank sees, so all ranks take the same decision. Compression
     must win by 10% in the model, so a fast link stays raw: on an unthrottled
-    loopback every call goes raw (docs/benchmarks.md)."""
+    loopback every call goes raw (docs/benchmarks.md). Numerics: under
+    "adaptive" an all-reduce sent raw is torch's own (gloo sums bf16 in bf16),
+    a compressed one sums in fp32 in rank order; a reduce-scatter sums in fp32
+    in rank order either way; "always" and "never" never use torch's
+    reductions, so their results do not depend on any decision."""
 
     link_gbps: float | None = None
     """Link bandwidth for the adaptive policy, in Gbit/s that one rank gets

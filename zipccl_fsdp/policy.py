@@ -124,6 +124,10 @@ REPROBE_EVERY = 32
 PROBE_SECONDS = 0.04
 """Raw duration the in-situ A/B aims for (``Policy._in_situ``)."""
 
+AB_ROUNDS = 4
+"""Timed rounds of the in-situ A/B (best of; with 2, the loopback's noise here
+opened the gate now and then)."""
+
 PROBE_K_RANGE = (1.0, 64.0)
 """Bounds of the in-situ codec slowdown factor: a codec does not run faster
 inside a collective than alone; a smaller fitted factor (seen: 0.3 for fp32 on
@@ -299,7 +303,8 @@ def measure_codec_local(dtype: torch.dtype, device: torch.device, codec: str, ba
 
 def measure_ab_local(group, world: int, rank: int, x: torch.Tensor, plan: Plan, cfg) -> list:
     """[raw all-gather s, pipelined compressed all-gather s, bytes sent] of ``x``
-    on this rank: the minimum of two runs each, after a warm-up, alternating."""
+    on this rank: the minimum of ``AB_ROUNDS`` runs each, after a warm-up,
+    alternating which goes first."""
     from . import pipeline as _pipeline
     from .stats import CommStats
 
@@ -311,8 +316,8 @@ def measure_ab_local(group, world: int, rank: int, x: torch.Tensor, plan: Plan, 
     ticks = torch.empty(world, dtype=torch.int64, device=device)
     scratch = CommStats()
     best = {"raw": float("inf"), "zip": float("inf")}
-    for i in range(3):
-        for name in ("raw", "zip"):
+    for i in range(AB_ROUNDS + 1):
+        for name in (("raw", "zip") if i % 2 else ("zip", "raw")):
             ag(ticks, tick, group=group)  # start together
             _sync(device)
             t0 = time.perf_counter()
@@ -323,7 +328,7 @@ def measure_ab_local(group, world: int, rank: int, x: torch.Tensor, plan: Plan, 
             _sync(device)
             if i:
                 best[name] = min(best[name], time.perf_counter() - t0)
-    sent = 3 * x.nbytes + scratch.snapshot()["all_gather"]["wire_bytes"] + 6 * 8
+    sent = (AB_ROUNDS + 1) * (x.nbytes + 2 * 8) + scratch.snapshot()["all_gather"]["wire_bytes"]
     return [best["raw"], best["zip"], sent]
 
 
@@ -417,7 +422,7 @@ class Policy:
                  speeds: dict, st, kind: str) -> dict:
         """Correct measured speeds with one A/B on the real link: a raw and a
         pipelined compressed all-gather of Gaussian data, sized to take about
-        ``PROBE_SECONDS`` raw (1 to 8 MiB per rank), best of two after a
+        ``PROBE_SECONDS`` raw (1 to 8 MiB per rank), best of ``AB_ROUNDS`` after a
         warm-up, the slowest rank's times. The raw time refines the link's
         bandwidth; the compressed one gives the factor ``k`` by which the
         codec runs slower inside a collective than alone (CPU cores shared
