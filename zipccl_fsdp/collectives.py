@@ -64,8 +64,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from . import codec as _codec
 from . import integrity as _integrity
+from ._layout import gather_source, overlaps, same_memory, starts
 from . import pipeline as _pipeline
 from . import policy as _policy
 from .config import DEFAULT_CONFIG, ZipCCLConfig
@@ -230,18 +230,6 @@ def _pipelined_done(st: CommStats, kind: str, *outcomes: _pipeline.Outcome) -> N
             raise o.error
 
 
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two contiguous tensors share any byte of memory."""
-    if a.numel() == 0 or b.numel() == 0:
-        return False
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
-        return False
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
-
-
-def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.data_ptr() == b.data_ptr() and a.nbytes == b.nbytes
 
 
 def _completed_work(async_op: bool, result):
@@ -307,9 +295,7 @@ def _gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, compres
     Returns whether the call fell back to raw (some rank's encode failed)."""
     world = len(slots)
     device = own.device
-    if any(_overlaps(own, s) for r, s in enumerate(slots) if r != rank) or (
-            _overlaps(own, slots[rank]) and not _same_memory(own, slots[rank])):
-        own = own.clone()  # it would be overwritten before it is copied to its slot
+    own = gather_source(own, slots, rank)
     fell_back = False
     if compress:
         with st.phase(kind, "encode"):
@@ -342,7 +328,7 @@ def _gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, compres
                 _integrity.decode_from(piece, slots[r], cfg, kind, r, group)
             else:
                 slots[r].view(torch.uint8).copy_(piece)
-        if not _same_memory(own, slots[rank]):
+        if not same_memory(own, slots[rank]):
             slots[rank].copy_(own)
     return fell_back
 
@@ -381,7 +367,7 @@ def _scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.T
             recv_sizes = [n * itemsize] * world
         pieces = _all_to_all_bytes(send, send_sizes, recv_sizes, rank, group, st, kind)
 
-    acc = out if (out.dtype == torch.float32 and not _overlaps(out, flat_in)) else \
+    acc = out if (out.dtype == torch.float32 and not overlaps(out, flat_in)) else \
         torch.empty(n, dtype=torch.float32, device=out.device)
     factor = op.factor
     if isinstance(factor, torch.Tensor):
@@ -464,7 +450,7 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
             with st.phase("all_gather", "exchange"):
                 return _all_gather_single(output_tensor, input_tensor, group=group,
                                               async_op=async_op)
-        if not _same_memory(output_tensor, input_tensor):
+        if not same_memory(output_tensor, input_tensor):
             output_tensor.copy_(input_tensor.reshape(output_tensor.shape))
         return _completed_work(async_op, output_tensor)
     n = input_tensor.numel()
@@ -689,10 +675,10 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
                 return dist.all_to_all_single(output, input, output_split_sizes,
                                               input_split_sizes, group=group, async_op=async_op)
     flat_in, flat_out = input.view(-1), output.view(-1)
-    if _overlaps(flat_in, flat_out):
+    if overlaps(flat_in, flat_out):
         flat_in = flat_in.clone()
-    in_pieces = [flat_in[s:s + c] for s, c in zip(_starts(in_counts), in_counts)]
-    out_pieces = [flat_out[s:s + c] for s, c in zip(_starts(out_counts), out_counts)]
+    in_pieces = [flat_in[s:s + c] for s, c in zip(starts(in_counts), in_counts)]
+    out_pieces = [flat_out[s:s + c] for s, c in zip(starts(out_counts), out_counts)]
     if plan is not None:
         _pipelined_done(st, "all_to_all", _pipeline.all_to_all(
             "all_to_all", in_pieces, out_pieces, send_coded, recv_coded, group, rank, plan, cfg,
@@ -751,9 +737,3 @@ def _all_to_all_plan(cfg: ZipCCLConfig, group, world: int, rank: int, t: torch.T
                                  coded, st)
 
 
-def _starts(counts: list) -> list:
-    starts, total = [], 0
-    for c in counts:
-        starts.append(total)
-        total += c
-    return starts

@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from . import codec as _codec
 from . import integrity as _integrity
+from ._layout import gather_source, overlaps, same_memory, starts
 from .errors import CorruptPayloadError
 
 __all__ = ["Outcome", "gather", "scatter_reduce", "all_to_all"]
@@ -69,26 +70,7 @@ def _bounds(count: int, pieces: int) -> list:
     return [count * i // pieces for i in range(pieces + 1)]
 
 
-def _starts(counts: list) -> list:
-    starts, total = [], 0
-    for c in counts:
-        starts.append(total)
-        total += c
-    return starts
 
-
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two contiguous tensors share any byte (as in collectives.py)."""
-    if a.numel() == 0 or b.numel() == 0:
-        return False
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
-        return False
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
-
-
-def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.data_ptr() == b.data_ptr() and a.nbytes == b.nbytes
 
 
 class _Streams:
@@ -199,9 +181,7 @@ def gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, plan, cf
     first row: this one ``abort``, the others ``CorruptPayloadError``."""
     world = len(slots)
     device = own.device
-    if any(_overlaps(own, s) for r, s in enumerate(slots) if r != rank) or (
-            _overlaps(own, slots[rank]) and not _same_memory(own, slots[rank])):
-        own = own.clone()  # it would be overwritten before it is copied to its slot
+    own = gather_source(own, slots, rank)
     call = _Call(kind, group, world, rank, plan, cfg, st, device)
     pieces = plan.pieces
     itemsize = own.element_size()
@@ -272,7 +252,7 @@ def gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, plan, cf
             drain(in_flight.pop(0))
     while in_flight:
         drain(in_flight.pop(0))
-    if not _same_memory(own, slots[rank]):
+    if not same_memory(own, slots[rank]):
         slots[rank].copy_(own)
     return call.finish(policy, site)
 
@@ -289,13 +269,13 @@ def scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.Te
     world = len(counts)
     device = flat_in.device
     itemsize = flat_in.element_size()
-    chunks = [flat_in[s:s + c] for s, c in zip(_starts(counts), counts)]
+    chunks = [flat_in[s:s + c] for s, c in zip(starts(counts), counts)]
     n = counts[rank]
     mine = chunks[rank]
     call = _Call(kind, group, world, rank, plan, cfg, st, device)
     pieces = plan.pieces
     bounds = [_bounds(c, pieces) for c in counts]
-    acc = out if (out.dtype == torch.float32 and not _overlaps(out, flat_in)) else \
+    acc = out if (out.dtype == torch.float32 and not overlaps(out, flat_in)) else \
         torch.empty(n, dtype=torch.float32, device=out.device)
     factor = op.factor
     if isinstance(factor, torch.Tensor):

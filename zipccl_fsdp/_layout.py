@@ -1,0 +1,37 @@
+"""Small helpers about where tensors live, shared by collectives.py and pipeline.py."""
+from __future__ import annotations
+
+import torch
+
+
+def starts(counts: list) -> list:
+    """Exclusive prefix sums: where each of ``counts`` begins."""
+    out, total = [], 0
+    for c in counts:
+        out.append(total)
+        total += c
+    return out
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two contiguous tensors share any byte of memory."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
+
+
+def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.nbytes == b.nbytes
+
+
+def gather_source(own: torch.Tensor, slots: list, rank: int) -> torch.Tensor:
+    """``own``, or a copy of it when writing the gathered slots would overwrite
+    it before it reaches its own slot (FSDP2 passes the input as a view into
+    the output; only exactly its own slot is safe)."""
+    if any(overlaps(own, s) for r, s in enumerate(slots) if r != rank) or (
+            overlaps(own, slots[rank]) and not same_memory(own, slots[rank])):
+        return own.clone()
+    return own
