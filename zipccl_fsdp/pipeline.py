@@ -114,6 +114,18 @@ class _Call:
         self.coded_raw = 0          # global raw bytes of coded pieces
         self.coded_payload = 0      # and their payload bytes
 
+    def launch_all_to_all(self, payloads: list, recv_sizes: list):
+        """Start one piece's async all-to-all of ``payloads`` (one per peer);
+        returns the work, the receive buffer and the send buffer (kept alive
+        until the work completes)."""
+        send_sizes = [p.numel() for p in payloads]
+        send = torch.cat(payloads)
+        recv = torch.empty(sum(recv_sizes), dtype=torch.uint8, device=self.device)
+        self.streams.before_launch()
+        work = dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=self.group,
+                                      async_op=True)
+        self.st.add(self.kind, wire_bytes=sum(send_sizes))
+        return work, recv, send
     def encode(self, x: torch.Tensor):
         """Payload of ``x``, or None when the encoder failed (the rank sends FELL_BACK)."""
         cfg, plan = self.cfg, self.plan
@@ -364,13 +376,7 @@ def scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.Te
         if not coded:
             recv_sizes = [0 if r == rank else (bounds[rank][i + 1] - bounds[rank][i]) * itemsize
                           for r in range(world)]
-        send_sizes = [p.numel() for p in payloads]
-        send = torch.cat(payloads)
-        recv = torch.empty(sum(recv_sizes), dtype=torch.uint8, device=device)
-        call.streams.before_launch()
-        work = dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=group,
-                                      async_op=True)
-        st.add(kind, wire_bytes=sum(send_sizes))
+        work, recv, send = call.launch_all_to_all(payloads, recv_sizes)
         in_flight.append((i, work, recv, recv_sizes, coded, send))
         if i + 1 < pieces:
             start(i + 1)
@@ -474,13 +480,7 @@ def all_to_all(kind: str, in_parts: list, out_parts: list, send_coded: list, rec
         if not coded:
             recv_sizes = [0 if r == rank else (b_out[r][i + 1] - b_out[r][i]) * itemsize
                           for r in range(world)]
-        send_sizes = [p.numel() for p in payloads]
-        send = torch.cat(payloads)
-        recv = torch.empty(sum(recv_sizes), dtype=torch.uint8, device=device)
-        call.streams.before_launch()
-        work = dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=group,
-                                      async_op=True)
-        st.add(kind, wire_bytes=sum(send_sizes))
+        work, recv, send = call.launch_all_to_all(payloads, recv_sizes)
         in_flight.append((i, work, recv, recv_sizes, coded, send))
         if i + 1 < pieces:
             start(i + 1)
