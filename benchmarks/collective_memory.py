@@ -21,17 +21,15 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import queue
 import sys
-import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from _common import run_gloo_ranks  # noqa: E402
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 
@@ -99,42 +97,16 @@ def measure(mib: int) -> list:
     return rows
 
 
-def _proc(rank: int, world: int, init_file: str, mib: int, q) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=120))
-    try:
-        q.put((rank, measure(mib)))
-    finally:
-        dist.destroy_process_group()
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=16)
     args = ap.parse_args(argv)
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"  # read by the children's glibc at start
     world = 2
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    results = {}
-    with tempfile.TemporaryDirectory(prefix="zipccl_mem_") as d:
-        procs = [ctx.Process(target=_proc, args=(r, world, os.path.join(d, "rdv"), args.mib, q))
-                 for r in range(world)]
-        for p in procs:
-            p.start()
-        while len(results) < world:
-            try:
-                rank, rows = q.get(timeout=5)
-                results[rank] = rows
-            except queue.Empty:
-                if any(not p.is_alive() for p in procs):
-                    for p in procs:
-                        p.kill()
-                    print("collective_memory: a rank died (its traceback is above)")
-                    return 2
-        for p in procs:
-            p.join()
+    results = run_gloo_ranks("collective_memory", measure, (args.mib,), world=world,
+                             timeout_s=120)
+    if results is None:
+        return 2
     print(f"collective_memory: {args.mib} MiB input per rank, 2 gloo ranks, peak extra RSS "
           f"of one call (max over ranks), as a multiple of the input bytes")
     print(f"{'collective':<15} {'mode':<22} {'input MiB':>9} {'extra MiB':>10} {'x input':>8}")

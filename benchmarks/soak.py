@@ -17,21 +17,19 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import os
-import queue
 import sys
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from _common import run_gloo_ranks  # noqa: E402
 
 DIM, HIDDEN, BATCH = 128, 256, 16
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -102,17 +100,6 @@ def soak(steps: int, samples: tuple = (1, 100), verify: bool = True, hook: bool 
                 step_ms=1e3 * elapsed / steps)
 
 
-def _proc(rank: int, world: int, init_file: str, steps: int, samples: tuple, verify: bool,
-          hook: bool, q) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=60))
-    try:
-        q.put((rank, soak(steps, samples, verify, hook)))
-    finally:
-        dist.destroy_process_group()
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=1000)
@@ -122,28 +109,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     world = 2
     samples = tuple(s for s in (1, 10, 100, 250, 500, 750) if s < args.steps)
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    results = {}
-    with tempfile.TemporaryDirectory(prefix="zipccl_soak_") as d:
-        procs = [ctx.Process(target=_proc, args=(r, world, os.path.join(d, "rdv"), args.steps,
-                                                 samples, not args.no_verify,
-                                                 not args.no_hook, q))
-                 for r in range(world)]
-        for p in procs:
-            p.start()
-        while len(results) < world:
-            try:
-                rank, res = q.get(timeout=5)
-                results[rank] = res
-            except queue.Empty:
-                if any(not p.is_alive() for p in procs):
-                    for p in procs:
-                        p.kill()
-                    print("soak: a rank died (its traceback is above)")
-                    return 2
-        for p in procs:
-            p.join()
+    results = run_gloo_ranks("soak", soak, (args.steps, samples, not args.no_verify,
+                                            not args.no_hook), world=world, timeout_s=60)
+    if results is None:
+        return 2
     ok = True
     ref = 100 if args.steps >= 100 else 1
     print(f"soak: {args.steps} steps, 2 gloo ranks, FSDP2 + "

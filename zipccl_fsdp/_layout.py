@@ -1,4 +1,5 @@
-"""Small helpers about where tensors live, shared by collectives.py and pipeline.py."""
+"""Small helpers about where tensors live and how they are cut and padded,
+shared by collectives.py and pipeline.py."""
 from __future__ import annotations
 
 import torch
@@ -13,6 +14,11 @@ def starts(counts: list) -> list:
     return out
 
 
+def split_flat(flat: torch.Tensor, counts: list) -> list:
+    """Views of consecutive runs of ``counts`` elements of ``flat``, in order."""
+    return [flat[s:s + c] for s, c in zip(starts(counts), counts)]
+
+
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two contiguous tensors share any byte of memory."""
     if a.numel() == 0 or b.numel() == 0:
@@ -25,6 +31,17 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.data_ptr() == b.data_ptr() and a.nbytes == b.nbytes
+
+
+def zero_padded(payload: torch.Tensor, width: int) -> torch.Tensor:
+    """``payload`` (uint8), or a copy of it zero-padded to ``width`` bytes: what
+    an all-gather slot of the largest payload's width sends."""
+    if payload.numel() == width:
+        return payload
+    send = torch.empty(width, dtype=torch.uint8, device=payload.device)
+    send[:payload.numel()].copy_(payload)
+    send[payload.numel():].zero_()
+    return send
 
 
 def gather_source(own: torch.Tensor, slots: list, rank: int) -> torch.Tensor:

@@ -60,12 +60,15 @@ numbers are in the report of the change that added this file):
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from . import integrity as _integrity
-from ._layout import gather_source, overlaps, same_memory, starts
+from ._layout import gather_source, overlaps, same_memory, split_flat, zero_padded
+from ._reduce import RankOrderSum
 from . import pipeline as _pipeline
 from . import policy as _policy
 from .config import DEFAULT_CONFIG, ZipCCLConfig
@@ -230,8 +233,6 @@ def _pipelined_done(st: CommStats, kind: str, *outcomes: _pipeline.Outcome) -> N
             raise o.error
 
 
-
-
 def _completed_work(async_op: bool, result):
     """Mirror torch's return value: None, or a Work when ``async_op``."""
     if not async_op:
@@ -246,6 +247,59 @@ def _ensure_consistent(cfg: ZipCCLConfig, group, world: int, device: torch.devic
     """Once per (config, group): all ranks must agree on the protocol fields
     (``integrity.check_agreement``: raises ZipCCLConfigError naming field and ranks)."""
     _integrity.check_agreement(cfg, group, world, device, st, kind)
+
+
+class _Setup(NamedTuple):
+    """What a public collective runs with."""
+
+    cfg: ZipCCLConfig
+    st: CommStats
+    group: object
+    world: int
+    rank: int
+
+
+def _begin(where: str, group, config: ZipCCLConfig | None, stats: CommStats | None,
+           *tensors: torch.Tensor) -> _Setup | None:
+    """A public call's config and stats (the module's own when None) and its
+    group, world size and rank, after checking its ``tensors``: ``output,
+    input`` (``_check_pair``) or an in-place ``tensor``. None when this rank is
+    not in ``group``: the call then does nothing and returns None, as torch's
+    does."""
+    info = _group_info(group)
+    if info is None:
+        return None
+    if len(tensors) == 2:
+        _check_pair(*tensors, where)
+    else:
+        _check_tensor(*tensors, "tensor", where)
+    return _Setup(config or DEFAULT_CONFIG, stats or _STATS, *info)
+
+
+def _check_world_times(big: torch.Tensor, big_name: str, small: torch.Tensor, small_name: str,
+                       world: int, where: str) -> None:
+    """``big`` must hold world_size times the elements of ``small``."""
+    if big.numel() != world * small.numel():
+        raise ValueError(f"zipccl {where}: {big_name} has {big.numel()} elements, "
+                         f"expected world_size {world} x {small_name} {small.numel()}")
+
+
+def _admit(call: _Setup, t: torch.Tensor, kind: str, where: str) -> bool:
+    """The last step before a call's first communication: whether the codec
+    handles ``t``'s dtype (``_coded``: raises where the config says so), then
+    the agreement check of the ranks' configs (``_ensure_consistent``)."""
+    coded = _coded(t.dtype, call.cfg, where)
+    _ensure_consistent(call.cfg, call.group, call.world, t.device, call.st, kind)
+    return coded
+
+
+def _to_torch(st: CommStats, kind: str, wire_bytes: int, collective, *args, **kwargs):
+    """Hand the call to torch: run ``collective`` (a ``torch.distributed``
+    function, or ``_native_all_reduce``) as the call's exchange phase, counting
+    ``wire_bytes`` sent; return its result."""
+    st.add(kind, wire_bytes=wire_bytes)
+    with st.phase(kind, "exchange"):
+        return collective(*args, **kwargs)
 
 
 # --------------------------------------------------------------------------
@@ -309,12 +363,7 @@ def _gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, compres
         payload = own.view(torch.uint8)
         sizes = [s.numel() * s.element_size() for s in slots]
     width = max(sizes)
-    if payload.numel() == width:
-        send = payload
-    else:
-        send = torch.empty(width, dtype=torch.uint8, device=device)
-        send[:payload.numel()].copy_(payload)
-        send[payload.numel():].zero_()
+    send = zero_padded(payload, width)
     recv = torch.empty(world * width, dtype=torch.uint8, device=device)
     with st.phase(kind, "exchange"):
         _all_gather_single(recv, send, group=group)
@@ -340,8 +389,7 @@ def _scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.T
     in rank order) into the flat ``out``: fp32 sum in rank order, then scale and cast.
     Returns whether the call fell back to raw (some rank's encode failed)."""
     world = len(counts)
-    starts = [sum(counts[:r]) for r in range(world)]
-    chunks = [flat_in[s:s + c] for s, c in zip(starts, counts)]
+    chunks = split_flat(flat_in, counts)
     mine = chunks[rank]
     n = mine.numel()
     itemsize = flat_in.element_size()
@@ -367,11 +415,7 @@ def _scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.T
             recv_sizes = [n * itemsize] * world
         pieces = _all_to_all_bytes(send, send_sizes, recv_sizes, rank, group, st, kind)
 
-    acc = out if (out.dtype == torch.float32 and not overlaps(out, flat_in)) else \
-        torch.empty(n, dtype=torch.float32, device=out.device)
-    factor = op.factor
-    if isinstance(factor, torch.Tensor):
-        factor = factor.to(device=acc.device, dtype=torch.float32).reshape(())
+    total = RankOrderSum(out, flat_in, op)
     scratch = None
     for r in range(world):
         if r == rank:
@@ -384,25 +428,9 @@ def _scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.T
         else:
             src = pieces[r].view(flat_in.dtype)
         with st.phase(kind, "reduce"):
-            # Multiply and add as separate roundings (no fused alpha), like
-            # NCCL's PREMUL_SUM and like the reference the tests use.
-            if r == 0:
-                acc.copy_(src)
-                if op.kind == "premul_sum":
-                    acc.mul_(factor)
-            elif op.kind == "premul_sum":
-                term = src.to(torch.float32, copy=True)
-                term.mul_(factor)
-                acc.add_(term)
-            else:
-                # Widen first: the same bits as a mixed-dtype add_ (bf16/fp16 ->
-                # fp32 is exact), 2.5x faster on a CPU (46 -> 18 ms for 16 M bf16).
-                acc.add_(src.to(torch.float32))
+            total.add(src, r)
     with st.phase(kind, "reduce"):
-        if op.kind == "avg":
-            acc.div_(world)
-        if acc is not out:
-            out.copy_(acc)
+        total.finish(world)
     return fell_back
 
 
@@ -426,18 +454,12 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
         >>> all_gather_single(out, shard, config=ZipCCLConfig(codec="dense"))
     """
     where = "all_gather_single"
-    cfg = config or DEFAULT_CONFIG
-    st = stats or _STATS
-    info = _group_info(group)
-    if info is None:
+    call = _begin(where, group, config, stats, output_tensor, input_tensor)
+    if call is None:
         return None
-    group, world, rank = info
-    _check_pair(output_tensor, input_tensor, where)
-    if output_tensor.numel() != world * input_tensor.numel():
-        raise ValueError(f"zipccl {where}: output has {output_tensor.numel()} elements, "
-                         f"expected world_size {world} x input {input_tensor.numel()}")
-    coded = _coded(input_tensor.dtype, cfg, where)
-    _ensure_consistent(cfg, group, world, input_tensor.device, st, "all_gather")
+    cfg, st, group, world, rank = call
+    _check_world_times(output_tensor, "output", input_tensor, "input", world, where)
+    coded = _admit(call, input_tensor, "all_gather", where)
     unit = input_tensor.numel() * input_tensor.element_size()
     compress = coded and world > 1 and _compresses(cfg, "all_gather", unit)
     plan = _plan(cfg, "all_gather", group, world, input_tensor, unit, compress, st)
@@ -446,10 +468,8 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
            **_decided(plan, coded and world > 1))
     if not compress:
         if world > 1:
-            st.add("all_gather", wire_bytes=unit)
-            with st.phase("all_gather", "exchange"):
-                return _all_gather_single(output_tensor, input_tensor, group=group,
-                                              async_op=async_op)
+            return _to_torch(st, "all_gather", unit, _all_gather_single, output_tensor,
+                             input_tensor, group=group, async_op=async_op)
         if not same_memory(output_tensor, input_tensor):
             output_tensor.copy_(input_tensor.reshape(output_tensor.shape))
         return _completed_work(async_op, output_tensor)
@@ -485,27 +505,19 @@ def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=F
         >>> reduce_scatter_single(out, grads, op=ReduceOp.AVG)
     """
     where = "reduce_scatter_single"
-    cfg = config or DEFAULT_CONFIG
-    st = stats or _STATS
     parsed = _parse_op(op, where)
-    info = _group_info(group)
-    if info is None:
+    call = _begin(where, group, config, stats, output, input)
+    if call is None:
         return None
-    group, world, rank = info
-    _check_pair(output, input, where)
-    if input.numel() != world * output.numel():
-        raise ValueError(f"zipccl {where}: input has {input.numel()} elements, expected "
-                         f"world_size {world} x output {output.numel()}")
+    cfg, st, group, world, rank = call
+    _check_world_times(input, "input", output, "output", world, where)
     n = output.numel()
     unit = n * input.element_size()
-    coded = _coded(input.dtype, cfg, where)
-    _ensure_consistent(cfg, group, world, input.device, st, "reduce_scatter")
+    coded = _admit(call, input, "reduce_scatter", where)
     if not coded:
-        st.add("reduce_scatter", calls=1, raw_bytes=(world - 1) * unit,
-               wire_bytes=(world - 1) * unit)
-        with st.phase("reduce_scatter", "exchange"):
-            return _reduce_scatter_single(output, input, op=op, group=group,
-                                              async_op=async_op)
+        st.add("reduce_scatter", calls=1, raw_bytes=(world - 1) * unit)
+        return _to_torch(st, "reduce_scatter", (world - 1) * unit, _reduce_scatter_single,
+                         output, input, op=op, group=group, async_op=async_op)
     compress = world > 1 and _compresses(cfg, "reduce_scatter", unit)
     plan = _plan(cfg, "reduce_scatter", group, world, input, unit, compress, st)
     compress = plan.compress
@@ -538,23 +550,19 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *,
         >>> all_reduce(bucket, op=ReduceOp.AVG)
     """
     where = "all_reduce"
-    cfg = config or DEFAULT_CONFIG
-    st = stats or _STATS
     parsed = _parse_op(op, where)
-    info = _group_info(group)
-    if info is None:
+    call = _begin(where, group, config, stats, tensor)
+    if call is None:
         return None
-    group, world, rank = info
-    _check_tensor(tensor, "tensor", where)
+    cfg, st, group, world, rank = call
     numel = tensor.numel()
     itemsize = tensor.element_size()
-    coded = _coded(tensor.dtype, cfg, where)
-    _ensure_consistent(cfg, group, world, tensor.device, st, "all_reduce")
+    coded = _admit(call, tensor, "all_reduce", where)
     if not coded:
-        st.add("all_reduce", calls=1, raw_bytes=numel * itemsize if world > 1 else 0,
-               wire_bytes=numel * itemsize if world > 1 else 0)
-        with st.phase("all_reduce", "exchange"):
-            return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+        raw = numel * itemsize if world > 1 else 0
+        st.add("all_reduce", calls=1, raw_bytes=raw)
+        return _to_torch(st, "all_reduce", raw, dist.all_reduce, tensor, op=op, group=group,
+                         async_op=async_op)
     base, extra = divmod(numel, world)
     counts = [base + (r < extra) for r in range(world)]
     compress = world > 1 and _compresses(cfg, "all_reduce", counts[0] * itemsize)
@@ -563,17 +571,15 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *,
     st.add("all_reduce", calls=1, raw_bytes=numel * itemsize if world > 1 else 0,
            **_decided(plan, world > 1))
     if not plan.compress and cfg.policy == "adaptive" and world > 1:
-        st.add("all_reduce", wire_bytes=numel * itemsize)
-        with st.phase("all_reduce", "exchange"):
-            return _native_all_reduce(tensor, parsed, op, group, world, async_op)
+        return _to_torch(st, "all_reduce", numel * itemsize, _native_all_reduce, tensor, parsed,
+                         op, group, world, async_op)
     flat = tensor.view(-1)
     reduced = torch.empty(counts[rank], dtype=tensor.dtype, device=tensor.device)
+    slots = split_flat(flat, counts)
     if plan.pipeline:
         pol, site = _policy.policy_for(cfg), ("all_reduce", tuple(tensor.shape), tensor.dtype)
         first = _pipeline.scatter_reduce("all_reduce", flat, counts, reduced, parsed, group,
                                          rank, plan, cfg, st, pol, site)
-        starts = [sum(counts[:r]) for r in range(world)]
-        slots = [flat[s:s + c] for s, c in zip(starts, counts)]
         # A corrupt piece in the first half stops the second on every rank.
         second = _pipeline.gather("all_reduce", reduced, slots, group, rank, plan, cfg, st,
                                   pol, site, abort=first.error)
@@ -586,8 +592,6 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *,
         if compress and world > 1:  # the peers are entering the all-gather: stop them there
             _integrity.join_abort(group, world, tensor.device, st, "all_reduce")
         raise
-    starts = [sum(counts[:r]) for r in range(world)]
-    slots = [flat[s:s + c] for s, c in zip(starts, counts)]
     if world == 1:
         slots[0].copy_(reduced)
     else:
@@ -628,13 +632,10 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         >>> all_to_all_single(recv_tokens, send_tokens, recv_counts, send_counts)
     """
     where = "all_to_all_single"
-    cfg = config or DEFAULT_CONFIG
-    st = stats or _STATS
-    info = _group_info(group)
-    if info is None:
+    call = _begin(where, group, config, stats, output, input)
+    if call is None:
         return None
-    group, world, rank = info
-    _check_pair(output, input, where)
+    cfg, st, group, world, rank = call
     coded = _coded(input.dtype, cfg, where)
     in_rows = _row_counts(input, input_split_sizes, world, "input", where)
     out_rows = _row_counts(output, output_split_sizes, world, "output", where)
@@ -657,10 +658,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     _ensure_consistent(cfg, group, world, input.device, st, "all_to_all")
     st.add("all_to_all", calls=1, raw_bytes=raw)
     if not coded or not cfg.compress_all_to_all or world == 1:
-        st.add("all_to_all", wire_bytes=raw)
-        with st.phase("all_to_all", "exchange"):
-            return dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
-                                          group=group, async_op=async_op)
+        return _to_torch(st, "all_to_all", raw, dist.all_to_all_single, output, input,
+                         output_split_sizes, input_split_sizes, group=group, async_op=async_op)
     send_coded = [_compresses(cfg, "all_to_all", c * itemsize) for c in in_counts]
     recv_coded = [_compresses(cfg, "all_to_all", c * itemsize) for c in out_counts]
     plan = None
@@ -670,15 +669,14 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
             plan = _all_to_all_plan(cfg, group, world, rank, input, in_counts, send_coded, st)
         st.add("all_to_all", **_decided(plan, True))
         if not plan.compress:
-            st.add("all_to_all", wire_bytes=raw)
-            with st.phase("all_to_all", "exchange"):
-                return dist.all_to_all_single(output, input, output_split_sizes,
-                                              input_split_sizes, group=group, async_op=async_op)
+            return _to_torch(st, "all_to_all", raw, dist.all_to_all_single, output, input,
+                             output_split_sizes, input_split_sizes, group=group,
+                             async_op=async_op)
     flat_in, flat_out = input.view(-1), output.view(-1)
     if overlaps(flat_in, flat_out):
         flat_in = flat_in.clone()
-    in_pieces = [flat_in[s:s + c] for s, c in zip(starts(in_counts), in_counts)]
-    out_pieces = [flat_out[s:s + c] for s, c in zip(starts(out_counts), out_counts)]
+    in_pieces = split_flat(flat_in, in_counts)
+    out_pieces = split_flat(flat_out, out_counts)
     if plan is not None:
         _pipelined_done(st, "all_to_all", _pipeline.all_to_all(
             "all_to_all", in_pieces, out_pieces, send_coded, recv_coded, group, rank, plan, cfg,
@@ -697,9 +695,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     recv_sizes = _all_to_all_sizes(send_sizes, group, rank, input.device, st, "all_to_all")
     if _integrity.fell_back(recv_sizes):  # some rank's encode failed: raw, on every rank
         _integrity.count_fallback(st, "all_to_all", coded_call)
-        st.add("all_to_all", wire_bytes=raw)
-        with st.phase("all_to_all", "exchange"):
-            dist.all_to_all_single(flat_out, flat_in, out_counts, in_counts, group=group)
+        _to_torch(st, "all_to_all", raw, dist.all_to_all_single, flat_out, flat_in, out_counts,
+                  in_counts, group=group)
         return _completed_work(async_op, output)
     pieces = _all_to_all_bytes(torch.cat(payloads), send_sizes, recv_sizes, rank, group, st,
                                "all_to_all")

@@ -40,7 +40,8 @@ import torch.distributed as dist
 
 from . import codec as _codec
 from . import integrity as _integrity
-from ._layout import gather_source, overlaps, same_memory, starts
+from ._layout import gather_source, same_memory, split_flat, zero_padded
+from ._reduce import RankOrderSum
 from .errors import CorruptPayloadError
 
 __all__ = ["Outcome", "gather", "scatter_reduce", "all_to_all"]
@@ -68,9 +69,6 @@ class Outcome(NamedTuple):
 # --------------------------------------------------------------------------
 def _bounds(count: int, pieces: int) -> list:
     return [count * i // pieces for i in range(pieces + 1)]
-
-
-
 
 
 class _Streams:
@@ -101,12 +99,14 @@ class _Streams:
 
 
 class _Call:
-    """Bookkeeping shared by the three collectives: rows, fallback, ratio, errors."""
+    """Bookkeeping shared by the three collectives: rows, fallback, ratio, errors,
+    and the schedule that overlaps their pieces (``run``)."""
 
     def __init__(self, kind, group, world, rank, plan, cfg, st, device) -> None:
         self.kind, self.group, self.world, self.rank = kind, group, world, rank
         self.plan, self.cfg, self.st, self.device = plan, cfg, st, device
         self.streams = _Streams(device)
+        self.empty = torch.empty(0, dtype=torch.uint8, device=device)  # what a rank sends itself
         self.raw_mode = False       # sticky after a FELL_BACK
         self.fell = False
         self.coded = False
@@ -114,10 +114,59 @@ class _Call:
         self.coded_raw = 0          # global raw bytes of coded pieces
         self.coded_payload = 0      # and their payload bytes
 
-    def launch_all_to_all(self, payloads: list, recv_sizes: list):
-        """Start one piece's async all-to-all of ``payloads`` (one per peer);
-        returns the work, the receive buffer and the send buffer (kept alive
-        until the work completes)."""
+    def run(self, raw, encode, exchange, drain) -> None:
+        """Move every piece: encode piece i+1 while piece i is in flight, then
+        decode piece i-1.
+
+        ``raw(i)``: what piece i sends raw; ``encode(i)``: its payload(s) and
+        this rank's row; ``exchange(i, payloads, rows)``: launch its exchange
+        (``rows`` is None when the piece goes raw) and return the work and a
+        tuple for ``drain``, called with that tuple once the work is done."""
+        def begin(i):
+            if self.raw_mode:
+                return raw(i), None
+            payloads, row = encode(i)
+            return payloads, self.launch_row(row)
+
+        pieces = self.plan.pieces
+        started = begin(0)
+        in_flight: list = []
+        for i in range(pieces):
+            payloads, launched = started
+            started = rows = None
+            if launched is not None:
+                rows = self.rows(launched)
+                if self.raw_mode:
+                    payloads, rows = raw(i), None
+            in_flight.append(exchange(i, payloads, rows))
+            if i + 1 < pieces:
+                started = begin(i + 1)
+            if len(in_flight) > 1:
+                self._land(in_flight.pop(0), drain)
+        while in_flight:
+            self._land(in_flight.pop(0), drain)
+
+    def _land(self, flight, drain) -> None:
+        work, entry = flight
+        with self.st.phase(self.kind, "exchange"), self.streams.codec():
+            work.wait()
+        drain(*entry)
+
+    def raw_parts(self, part, i: int) -> list:
+        """Piece ``i`` of the split for each peer, as bytes (nothing for this
+        rank): what an all-to-all piece sends raw."""
+        return [self.empty if r == self.rank else part(r, i).view(torch.uint8)
+                for r in range(self.world)]
+
+    def fell_back_row(self) -> list:
+        """The row of a rank whose encode failed: ``FELL_BACK`` for every peer."""
+        return [0 if r == self.rank else _integrity.FELL_BACK for r in range(self.world)] + [0, 0]
+
+    def launch_all_to_all(self, i: int, payloads: list, recv_sizes: list, coded: bool):
+        """Start piece ``i``'s async all-to-all of ``payloads`` (one per peer);
+        returns the work and the drain's tuple: ``i``, the receive buffer,
+        ``recv_sizes``, ``coded`` and the send buffer (kept alive until the
+        work completes)."""
         send_sizes = [p.numel() for p in payloads]
         send = torch.cat(payloads)
         recv = torch.empty(sum(recv_sizes), dtype=torch.uint8, device=self.device)
@@ -125,7 +174,8 @@ class _Call:
         work = dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=self.group,
                                       async_op=True)
         self.st.add(self.kind, wire_bytes=sum(send_sizes))
-        return work, recv, send
+        return work, (i, recv, recv_sizes, coded, send)
+
     def encode(self, x: torch.Tensor):
         """Payload of ``x``, or None when the encoder failed (the rank sends FELL_BACK)."""
         cfg, plan = self.cfg, self.plan
@@ -195,31 +245,38 @@ def gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, plan, cf
     device = own.device
     own = gather_source(own, slots, rank)
     call = _Call(kind, group, world, rank, plan, cfg, st, device)
-    pieces = plan.pieces
     itemsize = own.element_size()
-    bounds = [_bounds(s.numel(), pieces) for s in slots]
-    started: list = [None] * pieces
-    in_flight: list = []
+    bounds = [_bounds(s.numel(), plan.pieces) for s in slots]
 
-    def raw_part(i):
-        return own[bounds[rank][i]:bounds[rank][i + 1]].view(torch.uint8)
+    def mine(i):
+        return own[bounds[rank][i]:bounds[rank][i + 1]]
 
-    def start(i):
-        if call.raw_mode:
-            started[i] = (raw_part(i), None)
-            return
+    def raw(i):
+        return mine(i).view(torch.uint8)
+
+    def encode(i):
         if abort is not None:
-            started[i] = (None, call.launch_row([_integrity.ABORT, 0, 0]))
-            return
-        x = own[bounds[rank][i]:bounds[rank][i + 1]]
+            return None, [_integrity.ABORT, 0, 0]
+        x = mine(i)
         payload = call.encode(x)
         size = _integrity.FELL_BACK if payload is None else payload.numel()
-        started[i] = (payload, call.launch_row([size, x.nbytes, max(size, 0)]))
+        return payload, [size, x.nbytes, max(size, 0)]
 
-    def drain(entry):
-        i, work, recv, width, sizes, coded, _send = entry
-        with st.phase(kind, "exchange"), call.streams.codec():
-            work.wait()
+    def exchange(i, payload, rows):
+        if rows is None:
+            sizes = [(b[i + 1] - b[i]) * itemsize for b in bounds]
+        else:
+            _aborted(rows, call, abort)
+            sizes = [row[0] for row in rows]
+        width = max(sizes)
+        send = zero_padded(payload, width)
+        recv = torch.empty(world * width, dtype=torch.uint8, device=device)
+        call.streams.before_launch()
+        work = _all_gather_single(recv, send, group=group, async_op=True)
+        st.add(kind, wire_bytes=width, pad_bytes=width - payload.numel())
+        return work, (i, recv, width, sizes, rows is not None, send)
+
+    def drain(i, recv, width, sizes, coded, _send):
         with st.phase(kind, "decode"), call.streams.codec():
             for r in range(world):
                 if r == rank:
@@ -231,39 +288,7 @@ def gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, plan, cf
                 else:
                     out.view(torch.uint8).copy_(got)
 
-    start(0)
-    for i in range(pieces):
-        payload, launched = started[i]
-        started[i] = None
-        coded = False
-        if launched is not None:
-            rows = call.rows(launched)
-            _aborted(rows, call, abort)
-            if call.raw_mode:
-                payload = raw_part(i)
-            else:
-                coded = True
-                sizes = [row[0] for row in rows]
-        if not coded:
-            sizes = [(b[i + 1] - b[i]) * itemsize for b in bounds]
-        width = max(sizes)
-        if payload.numel() == width:
-            send = payload
-        else:
-            send = torch.empty(width, dtype=torch.uint8, device=device)
-            send[:payload.numel()].copy_(payload)
-            send[payload.numel():].zero_()
-        recv = torch.empty(world * width, dtype=torch.uint8, device=device)
-        call.streams.before_launch()
-        work = _all_gather_single(recv, send, group=group, async_op=True)
-        st.add(kind, wire_bytes=width, pad_bytes=width - payload.numel())
-        in_flight.append((i, work, recv, width, sizes, coded, send))
-        if i + 1 < pieces:
-            start(i + 1)
-        if len(in_flight) > 1:
-            drain(in_flight.pop(0))
-    while in_flight:
-        drain(in_flight.pop(0))
+    call.run(raw, encode, exchange, drain)
     if not same_memory(own, slots[rank]):
         slots[rank].copy_(own)
     return call.finish(policy, site)
@@ -281,69 +306,44 @@ def scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.Te
     world = len(counts)
     device = flat_in.device
     itemsize = flat_in.element_size()
-    chunks = [flat_in[s:s + c] for s, c in zip(starts(counts), counts)]
+    chunks = split_flat(flat_in, counts)
     n = counts[rank]
     mine = chunks[rank]
     call = _Call(kind, group, world, rank, plan, cfg, st, device)
-    pieces = plan.pieces
-    bounds = [_bounds(c, pieces) for c in counts]
-    acc = out if (out.dtype == torch.float32 and not overlaps(out, flat_in)) else \
-        torch.empty(n, dtype=torch.float32, device=out.device)
-    factor = op.factor
-    if isinstance(factor, torch.Tensor):
-        factor = factor.to(device=acc.device, dtype=torch.float32).reshape(())
+    bounds = [_bounds(c, plan.pieces) for c in counts]
+    total = RankOrderSum(out, flat_in, op)
     scratch = torch.empty(n, dtype=flat_in.dtype, device=device)
-    empty = flat_in.new_empty(0, dtype=torch.uint8)
-    started: list = [None] * pieces
-    in_flight: list = []
 
     def part(r, i):
         return chunks[r][bounds[r][i]:bounds[r][i + 1]]
 
-    def raw_parts(i):
-        return [empty if r == rank else part(r, i).view(torch.uint8) for r in range(world)]
+    def raw(i):
+        return call.raw_parts(part, i)
 
-    def start(i):
-        if call.raw_mode:
-            started[i] = (raw_parts(i), None)
-            return
+    def encode(i):
         payloads, failed = [], False
         for r in range(world):
             if r == rank:
-                payloads.append(empty)
+                payloads.append(call.empty)
                 continue
             p = call.encode(part(r, i)) if not failed else None
             failed = failed or p is None
             payloads.append(p)
         if failed:
-            row = [0 if r == rank else _integrity.FELL_BACK for r in range(world)] + [0, 0]
-        else:
-            sizes = [p.numel() for p in payloads]
-            raw = sum(part(r, i).nbytes for r in range(world) if r != rank)
-            row = sizes + [raw, sum(sizes)]
-        started[i] = (payloads, call.launch_row(row))
+            return payloads, call.fell_back_row()
+        sizes = [p.numel() for p in payloads]
+        raw_bytes = sum(part(r, i).nbytes for r in range(world) if r != rank)
+        return payloads, sizes + [raw_bytes, sum(sizes)]
 
-    def reduce_into(a, b, src, r):
-        # Multiply and add as separate roundings (no fused alpha), exactly as
-        # collectives._scatter_reduce does, element for element.
-        dst = acc[a:b]
-        if r == 0:
-            dst.copy_(src)
-            if op.kind == "premul_sum":
-                dst.mul_(factor)
-        elif op.kind == "premul_sum":
-            term = src.to(torch.float32, copy=True)
-            term.mul_(factor)
-            dst.add_(term)
+    def exchange(i, payloads, rows):
+        if rows is None:
+            recv_sizes = [0 if r == rank else (bounds[rank][i + 1] - bounds[rank][i]) * itemsize
+                          for r in range(world)]
         else:
-            # Widen first: the same bits as a mixed-dtype add_ (bf16/fp16 ->
-            # fp32 is exact), 2.5x faster on a CPU (46 -> 18 ms for 16 M bf16).
-            dst.add_(src.to(torch.float32))
+            recv_sizes = [rows[r][rank] for r in range(world)]
+        return call.launch_all_to_all(i, payloads, recv_sizes, rows is not None)
 
-    def drain(entry):
-        i, work, recv, recv_sizes, coded, _send = entry
-        with st.phase(kind, "exchange"), call.streams.codec():
-            work.wait()
+    def drain(i, recv, recv_sizes, coded, _send):
         a, b = bounds[rank][i], bounds[rank][i + 1]
         offset = 0
         for r in range(world):
@@ -359,36 +359,11 @@ def scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.Te
                 src = got.view(flat_in.dtype)
             if call.error is None:
                 with st.phase(kind, "reduce"), call.streams.codec():
-                    reduce_into(a, b, src, r)
+                    total.add(src, r, a, b)
 
-    start(0)
-    for i in range(pieces):
-        payloads, launched = started[i]
-        started[i] = None
-        coded = False
-        if launched is not None:
-            rows = call.rows(launched)
-            if call.raw_mode:
-                payloads = raw_parts(i)
-            else:
-                coded = True
-                recv_sizes = [rows[r][rank] for r in range(world)]
-        if not coded:
-            recv_sizes = [0 if r == rank else (bounds[rank][i + 1] - bounds[rank][i]) * itemsize
-                          for r in range(world)]
-        work, recv, send = call.launch_all_to_all(payloads, recv_sizes)
-        in_flight.append((i, work, recv, recv_sizes, coded, send))
-        if i + 1 < pieces:
-            start(i + 1)
-        if len(in_flight) > 1:
-            drain(in_flight.pop(0))
-    while in_flight:
-        drain(in_flight.pop(0))
+    call.run(raw, encode, exchange, drain)
     with st.phase(kind, "reduce"), call.streams.codec():
-        if op.kind == "avg":
-            acc.div_(world)
-        if acc is not out:
-            out.copy_(acc)
+        total.finish(world)
     return call.finish(policy, site)
 
 
@@ -405,47 +380,43 @@ def all_to_all(kind: str, in_parts: list, out_parts: list, send_coded: list, rec
     device = in_parts[rank].device
     itemsize = in_parts[rank].element_size()
     call = _Call(kind, group, world, rank, plan, cfg, st, device)
-    pieces = plan.pieces
-    b_in = [_bounds(x.numel(), pieces) for x in in_parts]
-    b_out = [_bounds(x.numel(), pieces) for x in out_parts]
-    empty = in_parts[rank].new_empty(0, dtype=torch.uint8)
-    started: list = [None] * pieces
-    in_flight: list = []
+    b_in = [_bounds(x.numel(), plan.pieces) for x in in_parts]
+    b_out = [_bounds(x.numel(), plan.pieces) for x in out_parts]
 
     def part(r, i):
         return in_parts[r][b_in[r][i]:b_in[r][i + 1]]
 
-    def raw_parts(i):
-        return [empty if r == rank else part(r, i).view(torch.uint8) for r in range(world)]
+    def raw(i):
+        return call.raw_parts(part, i)
 
-    def start(i):
-        if call.raw_mode:
-            started[i] = (raw_parts(i), None)
-            return
-        payloads, failed, raw, coded_bytes = [], False, 0, 0
+    def encode(i):
+        payloads, failed, raw_bytes, coded_bytes = [], False, 0, 0
         for r in range(world):
             x = part(r, i)
             if r == rank:
-                payloads.append(empty)
+                payloads.append(call.empty)
             elif send_coded[r] and not failed:
                 p = call.encode(x)
                 failed = p is None
                 payloads.append(p)
                 if p is not None:
-                    raw += x.nbytes
+                    raw_bytes += x.nbytes
                     coded_bytes += p.numel()
             else:
                 payloads.append(x.view(torch.uint8))
         if failed:
-            row = [0 if r == rank else _integrity.FELL_BACK for r in range(world)] + [0, 0]
-        else:
-            row = [p.numel() for p in payloads] + [raw, coded_bytes]
-        started[i] = (payloads, call.launch_row(row))
+            return payloads, call.fell_back_row()
+        return payloads, [p.numel() for p in payloads] + [raw_bytes, coded_bytes]
 
-    def drain(entry):
-        i, work, recv, recv_sizes, coded, _send = entry
-        with st.phase(kind, "exchange"), call.streams.codec():
-            work.wait()
+    def exchange(i, payloads, rows):
+        if rows is None:
+            recv_sizes = [0 if r == rank else (b_out[r][i + 1] - b_out[r][i]) * itemsize
+                          for r in range(world)]
+        else:
+            recv_sizes = [0 if r == rank else rows[r][rank] for r in range(world)]
+        return call.launch_all_to_all(i, payloads, recv_sizes, rows is not None)
+
+    def drain(i, recv, recv_sizes, coded, _send):
         offset = 0
         with st.phase(kind, "decode"), call.streams.codec():
             for r in range(world):
@@ -465,28 +436,6 @@ def all_to_all(kind: str, in_parts: list, out_parts: list, send_coded: list, rec
                 else:
                     out.view(torch.uint8).copy_(got)
 
-    start(0)
-    for i in range(pieces):
-        payloads, launched = started[i]
-        started[i] = None
-        coded = False
-        if launched is not None:
-            rows = call.rows(launched)
-            if call.raw_mode:
-                payloads = raw_parts(i)
-            else:
-                coded = True
-                recv_sizes = [0 if r == rank else rows[r][rank] for r in range(world)]
-        if not coded:
-            recv_sizes = [0 if r == rank else (b_out[r][i + 1] - b_out[r][i]) * itemsize
-                          for r in range(world)]
-        work, recv, send = call.launch_all_to_all(payloads, recv_sizes)
-        in_flight.append((i, work, recv, recv_sizes, coded, send))
-        if i + 1 < pieces:
-            start(i + 1)
-        if len(in_flight) > 1:
-            drain(in_flight.pop(0))
-    while in_flight:
-        drain(in_flight.pop(0))
+    call.run(raw, encode, exchange, drain)
     out_parts[rank].copy_(in_parts[rank])
     return call.finish(policy, site)
