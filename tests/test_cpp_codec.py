@@ -43,12 +43,16 @@ def cpp_decode(p: torch.Tensor) -> torch.Tensor:
     return z.decode(p, backend="cpp")
 
 
-def assert_same_as_torch(x: torch.Tensor, codec_name: str, what="") -> torch.Tensor:
-    """cpp payload == torch payload; each backend decodes it to x's bits."""
-    ref = codec_torch.encode(x, codec_name)
-    got = codec_cpp.encode(x, codec_name)
+def assert_same_as_torch(x: torch.Tensor, codec_name: str, what="",
+                         verify: bool = False) -> torch.Tensor:
+    """cpp payload == torch payload; each backend decodes it to x's bits. With
+    verify, the torch payload's checksums come from codec.chunk_sums (torch ops)
+    and the cpp one's from C++."""
+    ref = z.encode(x, codec=codec_name, backend="torch", verify=verify)
+    got = z.encode(x, codec=codec_name, backend="cpp", verify=verify)
     assert got.dtype == torch.uint8 and got.dim() == 1
     assert torch.equal(got, ref), f"payload bytes differ {what}"
+    assert bool(F.parse_header(got).flags & F.HEADER_FLAG_CHECKSUM) == verify
     y = cpp_decode(ref)
     assert y.dtype == x.dtype and y.shape == x.shape
     assert torch.equal(bits(y), bits(x)), f"cpp decode of the torch payload {what}"
@@ -58,13 +62,14 @@ def assert_same_as_torch(x: torch.Tensor, codec_name: str, what="") -> torch.Ten
 # --------------------------------------------------------------------------
 # Byte equality with the reference
 # --------------------------------------------------------------------------
+@pytest.mark.parametrize("verify", [False, True], ids=["plain", "verify"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("codec_name", z.CODECS)
 @pytest.mark.parametrize("name", CASES)
-def test_payload_bytes_equal_torch(isa, dtype, codec_name, name):
-    for n in SIZES + (31, 32, 33):
+def test_payload_bytes_equal_torch(isa, dtype, codec_name, name, verify):
+    for n in SIZES + (15, 16, 17, 31, 32, 33):
         x = case(name, n, dtype, seed=n)
-        p = assert_same_as_torch(x, codec_name, (name, n))
+        p = assert_same_as_torch(x, codec_name, (name, n), verify)
         y = z.decode(p, backend="torch")
         assert torch.equal(bits(y), bits(x)), ("torch decode of the cpp payload", name, n)
 
@@ -91,6 +96,7 @@ def mixed_large(dtype, n=1_000_003, seed=0) -> torch.Tensor:
 @pytest.mark.parametrize("codec_name", CODED)
 def test_large_mixed_tensor(isa, dtype, codec_name):
     assert_same_as_torch(mixed_large(dtype), codec_name)
+    assert_same_as_torch(mixed_large(dtype, n=100_003, seed=5), codec_name, verify=True)
 
 
 def test_fp32_bf16_casts_set_low16_and_match(isa):
@@ -109,11 +115,102 @@ def test_payload_independent_of_thread_count():
         outs = []
         for t in (1, 2, 3):
             torch.set_num_threads(t)
-            outs.append([codec_cpp.encode(x, c) for c in CODED])
+            outs.append([codec_cpp.encode(x, c, verify=v) for c in z.CODECS
+                         for v in (False, True)])
         for o in outs[1:]:
             assert all(torch.equal(a, b) for a, b in zip(outs[0], o))
     finally:
         torch.set_num_threads(old)
+
+
+# --------------------------------------------------------------------------
+# Checksums (verify): format.py's definition, computed in C++
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_chunk_sums_equal_torch(isa, dtype):
+    for name in CASES:
+        for n in SIZES + (1, 15, 16, 17, 4095, 4096, 2 * 4096 + 31):
+            x = case(name, n, dtype, seed=n + 1)
+            got, ref = codec_cpp.chunk_sums(x), codec.chunk_sums(x)
+            assert got.dtype == ref.dtype == torch.int64 and got.shape == (F.nchunks_for(n),)
+            assert torch.equal(got, ref), (name, n)
+
+
+def test_sum_constants_are_checked_at_load(monkeypatch):
+    # The C++ mix carries its own copy of format.py's constants; the load-time
+    # comparison must cover them (a library for other constants is refused).
+    assert F.SUM_MUL1 in codec_cpp._expected_constants()
+    monkeypatch.setattr(F, "SUM_MUL1", F.SUM_MUL1 + 2)
+    with pytest.raises(RuntimeError, match="format constants"):
+        codec_cpp._build()
+
+
+def damage_one_element(p: torch.Tensor) -> tuple:
+    """A copy of the verified payload p with one sm byte of its middle chunk changed
+    (a value changes, the structure does not); and that chunk."""
+    h = F.parse_header(p)
+    table = F.ChunkTable.from_bytes(p[h.table_offset:h.streams_offset], h.nchunks)
+    n = F.chunk_lengths(h.numel, h.nchunks, h.chunk_elems, "cpu")
+    sm_len = F.segment_nbytes(h.codec, F.DTYPES[h.dtype], n, table)[1]
+    c = h.nchunks // 2
+    at = h.streams_offset + h.codes_nbytes + int(sm_len[:c].sum()) + 5
+    q = p.clone()
+    q[at] ^= 0x10
+    return q, c
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("codec_name", CODED)
+def test_verified_payload_damage_is_caught_like_torch(isa, dtype, codec_name):
+    x = case("special", 3 * 4096 + 5, dtype, seed=2)
+    p = z.encode(x, codec=codec_name, backend="cpp", verify=True)
+    q, c = damage_one_element(p)
+    errors = {}
+    for backend in ("cpp", "torch"):
+        with pytest.raises(z.CorruptPayloadError) as e:
+            z.decode(q, backend=backend)
+        errors[backend] = (str(e.value), getattr(e.value, "chunk", None))
+    assert errors["cpp"] == errors["torch"], errors
+    assert errors["cpp"][1] == c and f"checksum mismatch in chunk {c}" in errors["cpp"][0]
+    # The sums stream itself damaged: the chunk whose stored sum changed.
+    h = F.parse_header(p)
+    q = p.clone()
+    q[h.sums_offset + 4 * 2 + 3] ^= 0x80
+    with pytest.raises(z.CorruptPayloadError, match="checksum mismatch in chunk 2") as e:
+        cpp_decode(q)
+    assert e.value.chunk == 2
+
+
+@pytest.mark.parametrize("codec_name", z.CODECS)
+def test_verified_payload_any_flipped_bit_is_caught(isa, codec_name):
+    x = case("special", 3 * 4096 + 5, torch.bfloat16)
+    p = z.encode(x, codec=codec_name, backend="cpp", verify=True)
+    assert p.numel() == z.encode(x, codec=codec_name, backend="cpp").numel() + 4 * 4
+    assert torch.equal(bits(cpp_decode(p)), bits(x))
+    g = torch.Generator().manual_seed(8)
+    for pos in torch.randint(0, p.numel() * 8, (60,), generator=g).tolist():
+        q = p.clone()
+        q[pos // 8] ^= 1 << (pos % 8)
+        with pytest.raises(z.CorruptPayloadError):
+            cpp_decode(q)
+
+
+@pytest.mark.parametrize("chunk_elems", [40, 4104])
+def test_verified_payload_with_other_chunk_sizes(isa, monkeypatch, chunk_elems):
+    # Chunks that are not the checksum's 4096-element runs: C++ sums the decoded
+    # tensor in a second pass instead of chunk by chunk.
+    for dtype in DTYPES:
+        x = mixed_large(dtype, n=3 * 4096 + 77, seed=3)
+        with monkeypatch.context() as m:
+            m.setattr(F, "CHUNK_ELEMS", chunk_elems)
+            plain = codec_torch.encode(x, "dense")
+        p = codec._add_checksums(plain, x)
+        assert F.parse_header(p).chunk_elems == chunk_elems
+        assert torch.equal(bits(cpp_decode(p)), bits(x)), dtype
+        q = p.clone()
+        q[-1] ^= 1
+        with pytest.raises(z.CorruptPayloadError, match="checksum mismatch in chunk 3"):
+            cpp_decode(q)
 
 
 # --------------------------------------------------------------------------
@@ -301,8 +398,8 @@ def test_inconsistent_counts_are_refused(isa):
 @settings(max_examples=80, deadline=None)
 @given(st.sampled_from(DTYPES), st.sampled_from(z.CODECS),
        st.lists(st.integers(0, (1 << 32) - 1), min_size=0, max_size=200),
-       st.integers(0, 3), st.sampled_from(codec_cpp.ISAS))
-def test_hypothesis_bytes_equal_torch(dtype, codec_name, words, mode, isa_name):
+       st.integers(0, 3), st.sampled_from(codec_cpp.ISAS), st.booleans())
+def test_hypothesis_bytes_equal_torch(dtype, codec_name, words, mode, isa_name, verify):
     itemsize = torch.empty(0, dtype=dtype).element_size()
     mask = (1 << (8 * itemsize)) - 1
     w = [v & mask for v in words]
@@ -318,7 +415,7 @@ def test_hypothesis_bytes_equal_torch(dtype, codec_name, words, mode, isa_name):
     old = os.environ.get("ZIPCCL_FSDP_CPP_ISA")
     os.environ["ZIPCCL_FSDP_CPP_ISA"] = isa_name
     try:
-        assert_same_as_torch(x, codec_name)
+        assert_same_as_torch(x, codec_name, verify=verify)
     finally:
         if old is None:
             del os.environ["ZIPCCL_FSDP_CPP_ISA"]

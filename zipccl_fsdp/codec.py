@@ -10,6 +10,12 @@ dispatches to a backend:
 * ``"auto"``: triton on CUDA, cpp on CPU, falling back to torch.
 
 All backends write byte-identical payloads and read each other's.
+
+Checksums (``verify``): a backend whose module sets ``CHECKSUMS`` (cpp)
+computes them itself, in the passes over each chunk it makes anyway
+(``encode(x, codec, verify=True)``, ``decode(..., sums=buffer)``); for the
+others this module computes them with ``chunk_sums`` (torch ops). Either way
+the comparison and its error are here (``_check_checksums``).
 """
 from __future__ import annotations
 
@@ -122,10 +128,11 @@ def _add_checksums(payload: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.cat([head, payload[head.numel():], _sums_bytes(chunk_sums(x))])
 
 
-def _check_checksums(payload: torch.Tensor, header: F.Header, out: torch.Tensor) -> None:
-    stored = payload[header.sums_offset:header.total_nbytes].view(-1, 4).to(torch.int64)
-    stored = stored[:, 0] | stored[:, 1] << 8 | stored[:, 2] << 16 | stored[:, 3] << 24
-    bad = (stored != chunk_sums(out)).nonzero()
+def _check_checksums(payload: torch.Tensor, header: F.Header, sums: torch.Tensor) -> None:
+    """Compare the payload's sums stream with ``sums``, the checksums of the decoded
+    tensor as bytes (``_sums_bytes``); raise naming the first chunk that differs."""
+    stored = payload[header.sums_offset:header.total_nbytes].view(-1, 4)
+    bad = (stored != sums.view(-1, 4)).any(1).nonzero()
     if bad.numel():
         c = int(bad[0, 0])
         err = CorruptPayloadError(
@@ -158,7 +165,10 @@ def encode(tensor: torch.Tensor, *, codec: str = "auto", backend: str = "auto",
     x = tensor.detach()
     if not x.is_contiguous():
         x = x.contiguous()
-    payload = _backend_module(backend, x.device).encode(x, codec)
+    module = _backend_module(backend, x.device)
+    if verify and getattr(module, "CHECKSUMS", False):
+        return module.encode(x, codec, verify=True)
+    payload = module.encode(x, codec)
     return _add_checksums(payload, x) if verify else payload
 
 
@@ -186,8 +196,14 @@ def decode(payload: torch.Tensor, *, out: torch.Tensor | None = None,
         return module.decode(payload, header, out)
     # Backends see the payload without its checksums; we check them after.
     plain = dataclasses.replace(header, flags=0)
-    module.decode(payload[:header.sums_offset], plain, out)
-    _check_checksums(payload, header, out)
+    body = payload[:header.sums_offset]
+    if getattr(module, "CHECKSUMS", False):
+        sums = torch.empty(4 * header.nsums, dtype=torch.uint8, device=payload.device)
+        module.decode(body, plain, out, sums=sums)
+    else:
+        module.decode(body, plain, out)
+        sums = _sums_bytes(chunk_sums(out))
+    _check_checksums(payload, header, sums)
     return out
 
 

@@ -17,6 +17,11 @@ If the build fails (no compiler, no ninja, a compile error), ``available()``
 returns False, ``unavailable_reason()`` says why (also logged once at debug
 level), and ``backend="auto"`` falls back to the torch backend.
 
+With ``verify`` the checksums of ``format.py`` ("Integrity") are computed
+here too (``CHECKSUMS``): per chunk, while it is in cache, in the encode write
+pass and in the decode loop (AVX2 with the portable code as fallback and
+tail), about 4 G elements/s per core; ``codec.py`` compares them.
+
 The payloads are byte-identical to ``codec_torch``'s, and ``decode`` refuses
 exactly the payloads ``codec_torch.decode`` refuses: C++ applies the rules of
 ``format.validate_table`` and ``segment_nbytes`` to the table (format.py's own
@@ -90,15 +95,20 @@ def _expected_constants() -> list:
             *F.TIER_SYMBOLS]
     for row in F.DENSE_ORDER:
         flat += row
-    return flat + list(F.FIXED_LO) + list(F.FIXED_LO_ZERO)
+    flat += list(F.FIXED_LO) + list(F.FIXED_LO_ZERO)
+    flat += [F.DTYPES[d].code for d in (torch.bfloat16, torch.float16, torch.float32)]
+    return flat + [F.SUM_KEY_MUL, F.SUM_MUL1, F.SUM_MUL2]
 
 
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 _SIGNATURES = {
     "zipccl_best_isa": [],
     "zipccl_encode_plan": [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64],
-    "zipccl_encode_write": [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64],
-    "zipccl_decode": [_PTR, _I64, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _PTR, _I64, _I64],
+    "zipccl_encode_write": [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _I64,
+                            _I64],
+    "zipccl_decode": [_PTR, _I64, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _PTR, _PTR, _I64,
+                      _I64],
+    "zipccl_chunk_sums": [_PTR, _I64, _I64, _PTR, _I64, _I64],
     "zipccl_constants": [_PTR, _I64],
     "zipccl_advise_hugepages": [_PTR, _I64],
 }
@@ -210,9 +220,32 @@ def _fresh_buffer(ext, nbytes: int) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------
-# Encode / decode: the same signatures as codec_torch.
+# Encode / decode: codec_torch's signatures, plus the checksums of format.py
+# ("Integrity") computed here, in the passes that touch each chunk anyway
+# (codec.py computes them with torch ops for backends without CHECKSUMS).
 # --------------------------------------------------------------------------
-def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
+CHECKSUMS = True
+"""``encode(verify=True)`` and ``decode(sums=...)`` compute the checksums in C++."""
+
+
+def _sums_into(ext, x: torch.Tensor, sums: torch.Tensor) -> None:
+    """The checksums of x (one u32 per CHUNK_ELEMS, little-endian) into the uint8 sums."""
+    if x.numel() and ext.zipccl_chunk_sums(x.data_ptr(), F.dtype_info(x.dtype).code, x.numel(),
+                                           sums.data_ptr(), torch.get_num_threads(),
+                                           _isa(ext)) != 0:
+        raise RuntimeError("zipccl_chunk_sums refused its arguments")
+
+
+def chunk_sums(x: torch.Tensor) -> torch.Tensor:
+    """``codec.chunk_sums`` in C++: the checksums of x as an int64 tensor."""
+    x = x.contiguous()
+    sums = torch.empty(4 * F.nchunks_for(x.numel()), dtype=torch.uint8)
+    _sums_into(_ext(), x, sums)
+    return sums.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+
+
+def encode(x: torch.Tensor, codec: str, verify: bool = False) -> torch.Tensor:
+    """With ``verify``, the payload also carries the checksums (header flag CHECKSUM)."""
     info = F.dtype_info(x.dtype)
     ext = _ext()
     x = x.contiguous()
@@ -220,11 +253,14 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
     prefix = F.HEADER_NBYTES + 8 * x.dim()
     C = F.CHUNK_ELEMS
     header = F.Header(codec, x.dtype, tuple(x.shape), numel, C if codec != "raw" else 0,
-                      F.nchunks_for(numel, C) if codec != "raw" else 0, 0, 0, 0, 0)
+                      F.nchunks_for(numel, C) if codec != "raw" else 0, 0, 0, 0, 0,
+                      F.HEADER_FLAG_CHECKSUM if verify else 0)
     if codec == "raw":
         header.sm_nbytes = numel * info.itemsize
-        out = _fresh_buffer(ext, prefix + header.sm_nbytes)
-        out[prefix:].copy_(x.reshape(-1).view(torch.uint8))
+        out = _fresh_buffer(ext, header.total_nbytes)
+        out[prefix:header.sums_offset].copy_(x.reshape(-1).view(torch.uint8))
+        if verify:
+            _sums_into(ext, x, out[header.sums_offset:])
     elif numel == 0:
         out = torch.empty(prefix, dtype=torch.uint8)
     else:
@@ -240,7 +276,8 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
         (header.codes_nbytes, header.sm_nbytes, header.rem_nbytes,
          header.esc_nbytes) = lengths.tolist()
         out = _fresh_buffer(ext, header.total_nbytes)
-        if ext.zipccl_encode_write(*args, out.data_ptr(), header.table_offset, threads,
+        sums = out.data_ptr() + header.sums_offset if verify else None
+        if ext.zipccl_encode_write(*args, out.data_ptr(), header.table_offset, sums, threads,
                                    isa_) != 0:
             raise RuntimeError("zipccl_encode_write refused its arguments")
     out[:prefix].copy_(torch.frombuffer(bytearray(header.pack()), dtype=torch.uint8))
@@ -270,11 +307,20 @@ def _refuse_like_torch(payload: torch.Tensor, header: F.Header, info: F.DTypeInf
         raise CorruptPayloadError(f"stream lengths {want} disagree with the chunk table {got}")
 
 
-def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor) -> torch.Tensor:
+def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor,
+           sums: torch.Tensor | None = None) -> torch.Tensor:
+    """Decode into ``out``; with ``sums`` (uint8, 4 bytes per CHUNK_ELEMS), also write
+    the checksums of what was decoded there, for codec.py to compare."""
     info = F.DTYPES[header.dtype]
     ext = _ext()
+    if sums is not None and (sums.dtype != torch.uint8 or not sums.is_contiguous()
+                             or sums.numel() != 4 * F.nchunks_for(header.numel)):
+        raise ValueError("sums must be a contiguous uint8 tensor of 4 bytes per "
+                         f"{F.CHUNK_ELEMS} elements")
     if header.codec == "raw":
         out.reshape(-1).view(torch.uint8).copy_(payload[header.streams_offset:])
+        if sums is not None:
+            _sums_into(ext, out, sums)
         return out
     if header.numel == 0:
         return out
@@ -293,6 +339,7 @@ def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor) -> torch.
     status = ext.zipccl_decode(payload.data_ptr(), payload.numel(), out.data_ptr(), info.code,
                                F.CODEC_IDS[header.codec], header.numel, header.chunk_elems,
                                header.nchunks, header.table_offset, lengths.data_ptr(),
+                               None if sums is None else sums.data_ptr(),
                                torch.get_num_threads(), _isa(ext))
     if status < 0:
         raise RuntimeError("zipccl_decode refused its arguments")

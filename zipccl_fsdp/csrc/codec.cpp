@@ -11,6 +11,8 @@
 //          payload Python allocated from pass 1's lengths.
 // Decode takes the segment offsets from the table alone (prefix sum) and
 // decodes every chunk straight into `out` in one parallel pass.
+// With verify, pass 2 and the decode pass also compute each chunk's checksum
+// (format.py, "Integrity") while the chunk is in cache; codec.py compares them.
 // Nothing here throws: decode errors come back as (chunk << 8) | code and
 // codec_cpp.py raises CorruptPayloadError. entry_ok() applies the rules of
 // format.validate_table to every entry before anything is read.
@@ -61,6 +63,10 @@ constexpr int8_t kDenseOrder[4][10] = {
 };
 constexpr int8_t kFixedLo[2][4] = {{-4, -3, -3, -3}, {-3, -3, -2, -2}};  // [zero_slot][phase]
 enum Codec { kRaw = 0, kFixed3 = 1, kDense = 2 };
+// Integrity checksums (format.py, "Integrity"): per run of kChunkElems input
+// elements, the sum mod 2**32 of mix(word_i ^ key_i), key_i = (i | code << 16)
+// * kSumKeyMul, mix: h *= kSumMul1; h ^= h >> 15; h *= kSumMul2; h ^= h >> 16.
+constexpr uint32_t kSumKeyMul = 0x1E3779B1u, kSumMul1 = 0x2C1B3C6Du, kSumMul2 = 0x297A2D39u;
 
 // Decode error codes (codec_cpp.py turns them into messages).
 enum Err {
@@ -85,10 +91,11 @@ struct Seg {
 
 static inline int64_t packed_nbytes(int64_t count, int bits) { return (count * bits + 7) >> 3; }
 
-// Element fields of one dtype. W is the unsigned word.
-template <typename W_, int EXP, int MAN>
+// Element fields of one dtype. W is the unsigned word, CODE format.py's dtype code.
+template <typename W_, int EXP, int MAN, int CODE>
 struct DT {
   using W = W_;
+  static constexpr int kCode = CODE;
   static constexpr int kItem = sizeof(W);
   static constexpr int kExp = EXP, kMan = MAN;
   static constexpr uint32_t kEmax = (1u << EXP) - 1;
@@ -101,9 +108,9 @@ struct DT {
     return (((sm >> MAN) & 1u) << (MAN + EXP)) | (e << MAN) | (sm & kManMask);
   }
 };
-using BF16 = DT<uint16_t, 8, 7>;
-using FP16 = DT<uint16_t, 5, 10>;
-using FP32 = DT<uint32_t, 8, 23>;
+using BF16 = DT<uint16_t, 8, 7, 1>;
+using FP16 = DT<uint16_t, 5, 10, 2>;
+using FP32 = DT<uint32_t, 8, 23, 3>;
 
 template <class T>
 static inline Seg segment_nbytes(int codec, const Entry& en, int64_t n) {
@@ -537,6 +544,23 @@ static int decode_chunk_generic(int codec, const Entry& en, int n, const uint8_t
     if (int err = dense_tail_checks(left)) return err;
   }
   return count_checks(in, en);
+}
+
+// The checksum of one run, over elements [i0, n) of it (i counts from the
+// run's start); the whole sum on CPUs without AVX2, the n % 16 tail otherwise.
+static inline uint32_t sum_mix(uint32_t h) {
+  h *= kSumMul1;
+  h ^= h >> 15;
+  h *= kSumMul2;
+  return h ^ (h >> 16);
+}
+
+template <class T>
+static uint32_t run_sum_generic(const typename T::W* w, int i0, int n) {
+  uint32_t s = 0;
+  for (int i = i0; i < n; ++i)
+    s += sum_mix(uint32_t(w[i]) ^ ((uint32_t(i) | uint32_t(T::kCode) << 16) * kSumKeyMul));
+  return s;
 }
 
 // --------------------------------------------------------------------------
@@ -1389,6 +1413,47 @@ ZC_AVX2 static int decode_dense(const Entry& en, int n, const uint8_t* codes, De
   return count_checks(in, en);
 }
 
+// ---- checksum ----
+ZC_AVX2 static inline __m256i mix8(__m256i w, __m256i key) {
+  __m256i h = _mm256_mullo_epi32(_mm256_xor_si256(w, key), _mm256_set1_epi32(int(kSumMul1)));
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 15));
+  h = _mm256_mullo_epi32(h, _mm256_set1_epi32(int(kSumMul2)));
+  return _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+}
+
+// run_sum_generic on 16 elements a step: the keys are i * kSumKeyMul + the
+// dtype's term (i < 2**16 has no bit in common with code << 16), so they step
+// by a constant. Two accumulators give the two mullo chains room to overlap.
+template <class T>
+ZC_AVX2 static uint32_t run_sum(const typename T::W* w, int n) {
+  const __m256i step = _mm256_set1_epi32(int(8 * kSumKeyMul));
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256i key = _mm256_add_epi32(_mm256_mullo_epi32(lane, _mm256_set1_epi32(int(kSumKeyMul))),
+                                 _mm256_set1_epi32(int((uint32_t(T::kCode) << 16) * kSumKeyMul)));
+  __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256i w0, w1;
+    if (T::kItem == 2) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i));
+      w0 = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(v));
+      w1 = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1));
+    } else {
+      w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i));
+      w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i + 8));
+    }
+    acc0 = _mm256_add_epi32(acc0, mix8(w0, key));
+    key = _mm256_add_epi32(key, step);
+    acc1 = _mm256_add_epi32(acc1, mix8(w1, key));
+    key = _mm256_add_epi32(key, step);
+  }
+  const __m256i acc = _mm256_add_epi32(acc0, acc1);
+  __m128i a = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+  a = _mm_add_epi32(a, _mm_shuffle_epi32(a, 0x4E));
+  a = _mm_add_epi32(a, _mm_shuffle_epi32(a, 0xB1));
+  return uint32_t(_mm_cvtsi128_si32(a)) + run_sum_generic<T>(w, i, n);
+}
+
 }  // namespace avx2
 #endif
 
@@ -1444,6 +1509,17 @@ static inline int decode_dispatch(int codec, const Entry& en, int n, const uint8
   return decode_chunk_generic<T>(codec, en, n, codes, in, out);
 }
 
+template <class T>
+static inline uint32_t sum_dispatch(const typename T::W* w, int n, int isa) {
+#ifdef ZIPCCL_HAVE_AVX2_KERNELS
+  if (isa >= 1) return avx2::run_sum<T>(w, n);
+#endif
+  (void)isa;
+  return run_sum_generic<T>(w, 0, n);
+}
+
+static inline void store_u32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
+
 // A call with fewer chunks stays on one thread: 8 chunks are ~30 us of work
 // on one core, a few times OpenMP's fork/join.
 constexpr int64_t kMinParallelChunks = 8;
@@ -1481,10 +1557,12 @@ static Seg plan_impl(const typename T::W* w, int64_t numel, int codec, Entry* en
 }
 
 // Encode pass 2: the table and every chunk's segments, at their offsets.
+// With sums (not null), also each chunk's checksum, while the chunk is in
+// cache (encode chunks are kChunkElems long, the checksum's run).
 template <class T>
 static void write_impl(const typename T::W* w, int64_t numel, int codec, const Entry* ent,
                        const int64_t* off, uint8_t* p, int64_t table, const Seg& tot,
-                       int nthreads, int isa) {
+                       uint8_t* sums, int nthreads, int isa) {
   const int64_t C = kChunkElems, nch = (numel + C - 1) / C;
   uint8_t* codes = p + table + kEntryBytes * nch;
   uint8_t* sm = codes + tot.codes;
@@ -1494,9 +1572,21 @@ static void write_impl(const typename T::W* w, int64_t numel, int codec, const E
 #pragma omp parallel for schedule(dynamic, kChunksPerGrab) num_threads(nthreads) if (nch >= kMinParallelChunks)
   for (int64_t c = 0; c < nch; ++c) {
     const int64_t* o = off + 4 * c;
-    write_dispatch<T>(w + c * C, chunk_len(numel, C, c), codec, ent[c], codes + o[0], sm + o[1],
-                      rem + o[2], esc + o[3], isa);
+    const int n = chunk_len(numel, C, c);
+    if (sums) store_u32(sums + 4 * c, sum_dispatch<T>(w + c * C, n, isa));
+    write_dispatch<T>(w + c * C, n, codec, ent[c], codes + o[0], sm + o[1], rem + o[2],
+                      esc + o[3], isa);
   }
+}
+
+// The checksums of a whole tensor (one u32 per kChunkElems, little-endian).
+template <class T>
+static void sums_impl(const typename T::W* w, int64_t numel, uint8_t* sums, int nthreads,
+                      int isa) {
+  const int64_t C = kChunkElems, nch = (numel + C - 1) / C;
+#pragma omp parallel for schedule(dynamic, kChunksPerGrab) num_threads(nthreads) if (nch >= kMinParallelChunks)
+  for (int64_t c = 0; c < nch; ++c)
+    store_u32(sums + 4 * c, sum_dispatch<T>(w + c * C, chunk_len(numel, C, c), isa));
 }
 
 // format.validate_table's rules for one entry. codec_cpp.py relies on them
@@ -1522,10 +1612,13 @@ static bool entry_ok(int codec, const Entry& en, int64_t n) {
   return true;
 }
 
+// With sums (not null), also the checksums of what was decoded: per chunk
+// while it is in cache when chunks are the checksum's runs (every encoder
+// writes those), else in a second pass.
 template <class T>
 static int64_t decode_impl(const uint8_t* p, int64_t total, int codec, int64_t numel, int64_t C,
                            int64_t nch, int64_t table, const Seg& want, typename T::W* out,
-                           int nthreads, int isa) {
+                           uint8_t* sums, int nthreads, int isa) {
   std::vector<Entry> ent(nch);  // an aligned copy of the table, 16 B per chunk
   std::memcpy(ent.data(), p + table, size_t(kEntryBytes) * nch);
   std::vector<Seg> off(nch + 1);
@@ -1567,10 +1660,14 @@ static int64_t decode_impl(const uint8_t* p, int64_t total, int codec, int64_t n
       int64_t cur = first_err.load();
       while (tag < cur && !first_err.compare_exchange_weak(cur, tag)) {
       }
+    } else if (sums && C == kChunkElems) {
+      store_u32(sums + 4 * c, sum_dispatch<T>(out + c * C, n, isa));
     }
   }
   const int64_t e = first_err.load();
-  return e == INT64_MAX ? 0 : e;
+  if (e != INT64_MAX) return e;
+  if (sums && C != kChunkElems) sums_impl<T>(out, numel, sums, nthreads, isa);
+  return 0;
 }
 
 // --------------------------------------------------------------------------
@@ -1582,9 +1679,9 @@ static int64_t decode_impl(const uint8_t* p, int64_t total, int codec, int64_t n
 template <class F>
 static int64_t by_dtype(int64_t dtype_code, F&& f) {
   switch (dtype_code) {
-    case 1: return f(BF16{});
-    case 2: return f(FP16{});
-    case 3: return f(FP32{});
+    case BF16::kCode: return f(BF16{});
+    case FP16::kCode: return f(FP16{});
+    case FP32::kCode: return f(FP32{});
   }
   return -1;
 }
@@ -1620,10 +1717,12 @@ int64_t zipccl_encode_plan(const void* x, int64_t dtype_code, int64_t codec, int
 }
 
 // Encode pass 2: the table and every segment into payload (allocated to the
-// lengths pass 1 returned). Returns 0, -1 on bad args.
+// lengths pass 1 returned), and with sums (not null) the checksums there
+// (nchunks x u32). Returns 0, -1 on bad args.
 int64_t zipccl_encode_write(const void* x, int64_t dtype_code, int64_t codec, int64_t numel,
                             const void* entries, const int64_t* offsets, const int64_t* lengths,
-                            void* payload, int64_t table_offset, int64_t nthreads, int64_t isa) {
+                            void* payload, int64_t table_offset, void* sums, int64_t nthreads,
+                            int64_t isa) {
   using namespace zipccl;
   if (!args_ok(codec, nthreads, isa) || numel <= 0) return -1;
   const Seg tot{lengths[0], lengths[1], lengths[2], lengths[3]};
@@ -1631,17 +1730,19 @@ int64_t zipccl_encode_write(const void* x, int64_t dtype_code, int64_t codec, in
     using T = decltype(t);
     write_impl<T>(static_cast<const typename T::W*>(x), numel, int(codec),
                   static_cast<const Entry*>(entries), offsets, static_cast<uint8_t*>(payload),
-                  table_offset, tot, int(nthreads), int(isa));
+                  table_offset, tot, static_cast<uint8_t*>(sums), int(nthreads), int(isa));
     return 0;
   });
 }
 
 // Decode the chunks of a payload whose header was validated in Python.
-// lengths: (codes, sm, rem, esc) from the header. Returns 0, -1 on bad args,
-// or (chunk << 8) | Err of the first bad chunk.
+// lengths: (codes, sm, rem, esc) from the header. With sums (not null), also
+// the checksums of the decoded tensor there (one u32 per kChunkElems; written
+// only when decode succeeds). Returns 0, -1 on bad args, or
+// (chunk << 8) | Err of the first bad chunk.
 int64_t zipccl_decode(const void* payload, int64_t total, void* out, int64_t dtype_code,
                       int64_t codec, int64_t numel, int64_t chunk_elems, int64_t nchunks,
-                      int64_t table_offset, const int64_t* lengths, int64_t nthreads,
+                      int64_t table_offset, const int64_t* lengths, void* sums, int64_t nthreads,
                       int64_t isa) {
   using namespace zipccl;
   if (!args_ok(codec, nthreads, isa) || chunk_elems < 8 || chunk_elems > 65535 || numel <= 0 ||
@@ -1653,7 +1754,22 @@ int64_t zipccl_decode(const void* payload, int64_t total, void* out, int64_t dty
     using T = decltype(t);
     return decode_impl<T>(static_cast<const uint8_t*>(payload), total, int(codec), numel,
                           chunk_elems, nchunks, table_offset, want,
-                          static_cast<typename T::W*>(out), int(nthreads), int(isa));
+                          static_cast<typename T::W*>(out), static_cast<uint8_t*>(sums),
+                          int(nthreads), int(isa));
+  });
+}
+
+// The checksums of x (numel elements): one u32 per kChunkElems into sums.
+// Returns 0, -1 on bad args.
+int64_t zipccl_chunk_sums(const void* x, int64_t dtype_code, int64_t numel, void* sums,
+                          int64_t nthreads, int64_t isa) {
+  using namespace zipccl;
+  if (numel < 0 || nthreads < 1 || isa < 0 || isa > best_isa()) return -1;
+  return by_dtype(dtype_code, [&](auto t) -> int64_t {
+    using T = decltype(t);
+    sums_impl<T>(static_cast<const typename T::W*>(x), numel, static_cast<uint8_t*>(sums),
+                 int(nthreads), int(isa));
+    return 0;
   });
 }
 
@@ -1685,6 +1801,9 @@ int64_t zipccl_constants(int64_t* out, int64_t cap) {
     for (int8_t d : row) v.push_back(d);
   for (auto& row : kFixedLo)
     for (int8_t d : row) v.push_back(d);
+  for (int64_t k : {int64_t(BF16::kCode), int64_t(FP16::kCode), int64_t(FP32::kCode),
+                    int64_t(kSumKeyMul), int64_t(kSumMul1), int64_t(kSumMul2)})
+    v.push_back(k);
   const int64_t n = std::min<int64_t>(cap, int64_t(v.size()));
   std::copy(v.begin(), v.begin() + n, out);
   return int64_t(v.size());
