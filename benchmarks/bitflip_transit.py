@@ -1,8 +1,8 @@
 """Flip one random bit of a compressed payload in transit; count how verify mode fares.
 
 Two gloo ranks run the compressed collectives with
-``ZipCCLConfig(verify=True, min_bytes=0)``. On rank 1 a test transport
-(``FlipTransport``) wraps the ``torch.distributed`` calls the collectives send
+``ZipCCLConfig(policy="always", verify=True, min_bytes=0)``. On rank 1 a test
+transport (``FlipTransport``) wraps the ``torch.distributed`` calls the collectives send
 payload bytes with (uint8 tensors; the int64 size exchanges are left alone)
 and, once per call, flips one random bit inside one payload it sends to rank 0.
 Rank 0 compares what it got with the exact result, computed locally from every
@@ -192,7 +192,7 @@ def worker_loop(rank: int, world: int, injections: int, seed: int, numel: int = 
     """Run inside an initialized gloo group: rank 1 flips, rank 0 receives and counts."""
     flipper, victim = 1, 0
     transport = FlipTransport(rank, world, seed) if rank == flipper else None
-    cfgs = {c: ZipCCLConfig(codec=c, verify=verify, min_bytes=0) for c in CODECS}
+    cfgs = {c: ZipCCLConfig(policy="always", codec=c, verify=verify, min_bytes=0) for c in CODECS}
     outcomes: Counter = Counter()
     per_kind: Counter = Counter()
     examples = {}

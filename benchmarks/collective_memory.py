@@ -64,10 +64,12 @@ def measure(mib: int) -> list:
     for backend in (["cpp"] if codec_cpp.available() else []) + ["torch"]:
         for verify in (False, True):
             name = f"zipccl {backend}" + (" +verify" if verify else "")
-            modes.append((name, ZipCCLConfig(min_bytes=0, backend=backend, verify=verify)))
+            modes.append((name, ZipCCLConfig(policy="always", min_bytes=0, backend=backend,
+                                             verify=verify)))
         if backend == "cpp" and "pipeline_pieces" in ZipCCLConfig.__dataclass_fields__:
             modes.append((f"zipccl {backend} 4 pieces",
-                          ZipCCLConfig(min_bytes=0, backend=backend, pipeline_pieces=4)))
+                          ZipCCLConfig(policy="always", min_bytes=0, backend=backend,
+                                       pipeline_pieces=4)))
     rows = []
     g = torch.Generator().manual_seed(dist.get_rank())
     for kind in KINDS:

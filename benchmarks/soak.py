@@ -2,7 +2,7 @@
 
 Two gloo ranks train a 2-block MLP (dim 128; ``fully_shard`` per block and on
 the root, bf16 parameters, fp32 reduce) with ``ZipCCLHook(ZipCCLConfig(
-min_bytes=0, verify=True))``, so every all-gather and reduce-scatter is
+policy="always", min_bytes=0, verify=True))``, so every all-gather and reduce-scatter is
 compressed and checksummed. Each rank samples its resident set size
 (``/proc/self/statm``, after a ``gc.collect()``) at a few steps and checks the
 hook's statistics: calls == steps x calls per step (counted after step 1),
@@ -68,7 +68,7 @@ def soak(steps: int, samples: tuple = (1, 100), verify: bool = True, hook: bool 
     for block in model[:2]:
         fully_shard(block, mesh=mesh, mp_policy=mpp)
     fully_shard(model, mesh=mesh, mp_policy=mpp)
-    zhook = ZipCCLHook(ZipCCLConfig(min_bytes=0, verify=verify))
+    zhook = ZipCCLHook(ZipCCLConfig(policy="always", min_bytes=0, verify=verify))
     if hook:
         model.register_comm_hook(zhook)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -21,9 +21,13 @@ from zipccl_fsdp.stats import CommStats
 
 SIZES = (0, 1, 7, 4097)
 DTYPES = (torch.bfloat16, torch.float32)
-# min_bytes 0 forces the compressed path at every size; the default keeps small ones raw.
-CONFIGS = (ZipCCLConfig(min_bytes=0, codec="fixed3"), ZipCCLConfig(min_bytes=0, codec="dense"),
-           ZipCCLConfig())
+# policy "always" compresses every message of at least min_bytes (the default
+# policy, "adaptive", would send these small ones raw on a fast loopback; see
+# test_policy.py). min_bytes 0 forces the compressed path at every size; the
+# default min_bytes keeps small ones raw.
+CONFIGS = (ZipCCLConfig(policy="always", min_bytes=0, codec="fixed3"),
+           ZipCCLConfig(policy="always", min_bytes=0, codec="dense"),
+           ZipCCLConfig(policy="always"))
 # torch's own all-gather, the reference (torch 2.11 only has the older name).
 torch_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
@@ -163,7 +167,7 @@ def task_all_to_all():
     rank, world = dist.get_rank(), dist.get_world_size()
     checked = 0
     row = 3
-    for ci, cfg in enumerate(CONFIGS + (ZipCCLConfig(min_bytes=2000),)):
+    for ci, cfg in enumerate(CONFIGS + (ZipCCLConfig(policy="always", min_bytes=2000),)):
         for dtype in DTYPES:
             # Ragged: rank r sends (r + 2 * j) * 700 // 3 rows to rank j, some splits empty.
             send_rows = [0 if (rank + j) % 4 == 3 else (rank + 2 * j + 1) * 700 // (3 + ci)
@@ -191,7 +195,7 @@ def task_all_to_all():
 def task_stats_and_async():
     rank, world = dist.get_rank(), dist.get_world_size()
     reset_stats()
-    cfg = ZipCCLConfig(min_bytes=0)
+    cfg = ZipCCLConfig(policy="always", min_bytes=0)
     n = 1 << 14
     x = make_data(n, torch.bfloat16, 1, rank)
     out = torch.empty(world * n, dtype=torch.bfloat16)
@@ -209,12 +213,13 @@ def task_stats_and_async():
     assert ag["encode_s"] > 0 and ag["decode_s"] > 0 and ag["comm_s"] >= ag["size_exchange_s"] > 0
     # Raw path: what the rank hands to torch is exactly the raw count.
     own = CommStats()
-    all_gather_single(out[:world], x[:1], config=ZipCCLConfig(check_consistency=False), stats=own)
+    all_gather_single(out[:world], x[:1],
+                      config=ZipCCLConfig(policy="always", check_consistency=False), stats=own)
     raw_ag = own.snapshot()["all_gather"]
     assert raw_ag["compressed_calls"] == 0 and raw_ag["wire_bytes"] == raw_ag["raw_bytes"] == 2
     # The one-time consistency check of a new config is counted too: one int64.
     own.reset()
-    all_gather_single(out[:world], x[:1], config=ZipCCLConfig(), stats=own)
+    all_gather_single(out[:world], x[:1], config=ZipCCLConfig(policy="always"), stats=own)
     assert own.snapshot()["all_gather"]["wire_bytes"] == 2 + 8
     assert stats()["all_gather"]["calls"] == 1  # the call above went to `own`
     reset_stats()
@@ -246,18 +251,18 @@ def task_bad_input():
             errors.append(None)
     # The group is still in step: a real collective works afterwards.
     t = torch.full((4,), float(rank + 1))
-    all_reduce(t, config=ZipCCLConfig(min_bytes=0))
+    all_reduce(t, config=ZipCCLConfig(policy="always", min_bytes=0))
     assert t.tolist() == [world * (world + 1) / 2] * 4
     # unsupported_dtype="raw" hands such calls to torch unchanged.
     i = torch.full((3,), rank, dtype=torch.int64)
-    all_reduce(i, config=ZipCCLConfig(unsupported_dtype="raw"))
+    all_reduce(i, config=ZipCCLConfig(policy="always", unsupported_dtype="raw"))
     assert i.tolist() == [world * (world - 1) // 2] * 3
     return errors
 
 
 def task_config_mismatch():
     rank = dist.get_rank()
-    cfg = ZipCCLConfig(min_bytes=0 if rank == 0 else 1 << 20)
+    cfg = ZipCCLConfig(policy="always", min_bytes=0 if rank == 0 else 1 << 20)
     x = torch.randn(64)
     out = torch.empty(dist.get_world_size() * 64)
     try:
@@ -271,7 +276,7 @@ def task_subgroup():
     """A group of ranks 1..world-1; rank 0 is not a member and returns None."""
     rank, world = dist.get_rank(), dist.get_world_size()
     group = dist.new_group(list(range(1, world)))
-    cfg = ZipCCLConfig(min_bytes=0)
+    cfg = ZipCCLConfig(policy="always", min_bytes=0)
     x = make_data(4097, torch.bfloat16, 3, rank)
     sub = world - 1
     if rank == 0:

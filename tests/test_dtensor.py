@@ -19,7 +19,7 @@ from hooks.dtensor import (DTensorCompressionMode, compress_dtensor_comms,
                            disable_dtensor_compression, enable_dtensor_compression)
 from zipccl_fsdp.config import ZipCCLConfig
 
-CFG = ZipCCLConfig(min_bytes=0)  # compress every non-empty message, however small
+CFG = ZipCCLConfig(policy="always", min_bytes=0)  # compress every non-empty message, however small
 INT_VIEW = {torch.bfloat16: torch.int16, torch.float32: torch.int32, torch.int64: torch.int64}
 
 

@@ -47,7 +47,7 @@ def _fault_proc(rank: int, world: int, init_file: str, kind: str, mode: str, vic
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world,
                             timeout=datetime.timedelta(seconds=FAULT_PG_TIMEOUT_S))
-    cfg = ZipCCLConfig(min_bytes=0, verify=True)
+    cfg = ZipCCLConfig(policy="always", min_bytes=0, verify=True)
     xs = B.make_inputs(1, B.N, "bf16", torch.bfloat16, world)
     B.run_case(kind, xs, rank, world, cfg)  # warm: the agreement check is behind us
     if rank == victim:

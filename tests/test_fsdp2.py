@@ -129,7 +129,10 @@ def train(model: nn.Module, steps: int = STEPS) -> tuple[list, list]:
 def task_train(mode: str):
     model = build()
     hook = None
-    if mode == "zipccl":
+    if mode == "zipccl":  # compress every message of at least the default min_bytes
+        hook = ZipCCLHook(ZipCCLConfig(policy="always"))
+        assert model.register_comm_hook(hook) is hook
+    elif mode == "zipccl_default":  # the default hook: adaptive policy
         zipccl_hook.reset_stats()
         assert model.register_comm_hook(zipccl_hook) is zipccl_hook
         hook = zipccl_hook
@@ -149,7 +152,7 @@ def task_register_remove():
     model = build()
     fsdp_modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
     assert len(fsdp_modules) == LAYERS + 1
-    hook = ZipCCLHook(ZipCCLConfig(codec="dense", min_bytes=0))
+    hook = ZipCCLHook(ZipCCLConfig(policy="always", codec="dense", min_bytes=0))
     register_comm_hook(model, hook)
     for m in fsdp_modules:
         (group,) = param_groups(m)
@@ -245,6 +248,14 @@ def test_fsdp2_two_ranks_bitwise_equal_to_default_and_compressed(pool2):
         assert rs <= 0.4, s["reduce_scatter"]
     # Training moved: the losses are not all the same.
     assert len(set(default[0]["losses"])) > 1
+    # The default hook (policy "adaptive") measures this unthrottled loopback as
+    # faster than the CPU codec and sends every call raw: the same bits again.
+    for rank, (d, z) in enumerate(zip(default, pool2.run(task_train, "zipccl_default"))):
+        assert z["losses"] == d["losses"] and z["digests"] == d["digests"], rank
+        s = z["stats"]
+        assert s["all_gather"]["calls"] > 0 and s["reduce_scatter"]["calls"] > 0, s
+        assert s["all_gather"]["compressed_calls"] == 0, s["all_gather"]
+        assert s["reduce_scatter"]["compressed_calls"] == 0, s["reduce_scatter"]
 
 
 def test_fsdp2_three_ranks_bitwise_equal_to_all_to_all_reference(pool3):

@@ -135,7 +135,7 @@ def task_verify_round_trip():
     rank, world = dist.get_rank(), dist.get_world_size()
     out = {}
     for verify in (False, True):
-        cfg = ZipCCLConfig(min_bytes=0, verify=verify)
+        cfg = ZipCCLConfig(policy="always", min_bytes=0, verify=verify)
         st = CommStats()
         results = []
         for i, kind in enumerate(B.KINDS):
@@ -157,7 +157,7 @@ def task_verify_round_trip():
 def task_corrupt_in_transit(kind: str, skip: int):
     """Rank 1 flips one bit of a payload it sends rank 0; rank 0 must name kind, peer, chunk."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    cfg = ZipCCLConfig(min_bytes=0, verify=True)
+    cfg = ZipCCLConfig(policy="always", min_bytes=0, verify=True)
     transport = B.FlipTransport(rank, world, seed=5) if rank == 1 else None
     xs = B.make_inputs(3, B.N, "bf16", torch.bfloat16, world)
     if transport:
@@ -172,7 +172,7 @@ def task_corrupt_in_transit(kind: str, skip: int):
             transport.restore()
     # The group is still in step.
     t = torch.ones(8)
-    all_reduce(t, config=ZipCCLConfig(min_bytes=0, verify=True))
+    all_reduce(t, config=ZipCCLConfig(policy="always", min_bytes=0, verify=True))
     assert t.tolist() == [float(world)] * 8
     return result
 
@@ -181,11 +181,11 @@ def task_config_mismatch(which: str):
     rank, world = dist.get_rank(), dist.get_world_size()
     saved = integrity._codec.CODECS
     if which == "verify":
-        cfg = ZipCCLConfig(min_bytes=0, verify=rank == world - 1)
+        cfg = ZipCCLConfig(policy="always", min_bytes=0, verify=rank == world - 1)
     elif which == "min_bytes":
-        cfg = ZipCCLConfig(min_bytes=0 if rank != 1 else 1 << 20)
+        cfg = ZipCCLConfig(policy="always", min_bytes=0 if rank != 1 else 1 << 20)
     else:  # a build that decodes a codec the others don't know
-        cfg = ZipCCLConfig(min_bytes=0)
+        cfg = ZipCCLConfig(policy="always", min_bytes=0)
         if rank == 1:
             integrity._codec.CODECS = saved + ("zstd",)
     x = torch.randn(1000)
@@ -198,7 +198,7 @@ def task_config_mismatch(which: str):
         integrity._codec.CODECS = saved
     # Still in step, and an agreeing config works.
     t = torch.full((300,), float(rank))
-    all_reduce(t, config=ZipCCLConfig(min_bytes=0))
+    all_reduce(t, config=ZipCCLConfig(policy="always", min_bytes=0))
     assert t.tolist() == [float(sum(range(world)))] * 300
     return message
 
@@ -216,7 +216,7 @@ def task_fallback(fail_rank: int, fail_after: int):
     """``fail_rank``'s encoder raises after ``fail_after`` successful encodes in each
     call; every collective must still return the exact result on every rank."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    cfg = ZipCCLConfig(min_bytes=0, verify=True)
+    cfg = ZipCCLConfig(policy="always", min_bytes=0, verify=True)
     st = CommStats()
     real = zcodec.encode
     count = {"n": 0}

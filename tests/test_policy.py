@@ -34,7 +34,7 @@ def pool2():
 
 
 def forced(pieces: int, codec: str) -> ZipCCLConfig:
-    return ZipCCLConfig(min_bytes=0, codec=codec, pipeline_pieces=pieces)
+    return ZipCCLConfig(policy="always", min_bytes=0, codec=codec, pipeline_pieces=pieces)
 
 
 SLOW = dict(policy="adaptive", codec="auto", link_gbps=0.1, codec_gbps=1.0)
@@ -98,7 +98,8 @@ def task_pipelined_all_to_all():
     st = CommStats()
     row = 3
     for pieces in PIECES:
-        for cfg in (forced(pieces, "dense"), ZipCCLConfig(min_bytes=2000, pipeline_pieces=pieces)):
+        for cfg in (forced(pieces, "dense"),
+                    ZipCCLConfig(policy="always", min_bytes=2000, pipeline_pieces=pieces)):
             for dtype in (torch.bfloat16, torch.float32):
                 # Ragged, some splits empty, some below min_bytes (sent raw).
                 send_rows = [0 if (rank + j) % 4 == 3 else (rank + 2 * j + 1) * 700 // 3

@@ -33,7 +33,7 @@ RECIPES = REPO / "recipes"
 TINY = RECIPES / "llama3_tiny_cpu.toml"
 STEPS = 5
 RUN_TIMEOUT_S = 240
-TAGS = ("raw_MB", "wire_MB", "ratio", "comm_ms", "encode_ms", "decode_ms")
+TAGS = ("raw_MB", "wire_MB", "ratio", "comm_ms", "encode_ms", "decode_ms", "compressed_fraction")
 
 
 def _env(cache: Path) -> dict:
@@ -121,6 +121,8 @@ def test_per_step_zipccl_scalars_beside_torchtitans(runs, kind):
     calls = scalars[f"zipccl/{kind}/calls"]
     compressed = scalars[f"zipccl/{kind}/compressed_calls"]
     assert all(compressed[s] > 0 and calls[s] >= compressed[s] for s in calls)
+    fraction = scalars[f"zipccl/{kind}/compressed_fraction"]
+    assert all(fraction[s] == pytest.approx(compressed[s] / calls[s]) for s in calls)
 
 
 def test_baseline_run_has_no_zipccl_traffic(runs):
@@ -195,7 +197,9 @@ def test_every_recipe_passes_launcher_and_torchtitan_checks(recipe, quiet_env):
     assert cmd[cmd.index("--module") + 1] == r.module
     assert cmd[cmd.index("--config") + 1] == r.config
     settings = RunSettings(**json.loads(prepared.env[SETTINGS_ENV]))
-    assert settings.compress and settings.zipccl_config().codec == r.zipccl["codec"]
+    cfg = settings.zipccl_config()
+    assert settings.compress and cfg.codec == r.zipccl["codec"]
+    assert cfg.policy == r.zipccl.get("policy", "adaptive")
 
 
 def _write(tmp_path, text: str) -> Path:
@@ -225,7 +229,11 @@ def test_bad_recipe_values_and_options_are_errors(tmp_path, quiet_env):
 
     for text, words in (("[zipccl]\ncollectives = ['all_gathr']\n", "all_gathr"),
                         ("[zipccl]\ncodec = 'zstd'\n", "codec"),
-                        ("[zipccl]\nmin_bytes = 'big'\n", "min_bytes")):
+                        ("[zipccl]\nmin_bytes = 'big'\n", "min_bytes"),
+                        ("[zipccl]\npolicy = 'sometimes'\n", "policy"),
+                        ("[zipccl]\nlink_gbps = 'fast'\n", "link_gbps"),
+                        ("[zipccl]\nlink_gbps = -1.0\n", "link_gbps"),
+                        ("[zipccl]\npipeline_pieces = 2.5\n", "pipeline_pieces")):
         with pytest.raises(SystemExit) as e:
             main(["titan", "--recipe", str(_write(tmp_path, text)), "--dry-run"])
         assert words in str(e.value.code)
@@ -235,6 +243,18 @@ def test_bad_recipe_values_and_options_are_errors(tmp_path, quiet_env):
     with pytest.raises(SystemExit) as e:
         main(["titan", "--recipe", str(TINY), "--dry-run", "--profile", "3-1"])
     assert "3-1" in str(e.value.code)
+
+
+def test_policy_keys_reach_the_config(tmp_path, quiet_env):
+    from zipccl_fsdp.titan import launch
+    from zipccl_fsdp.titan.comms import SETTINGS_ENV, RunSettings
+
+    path = _write(tmp_path, "[zipccl]\npolicy = 'adaptive'\nlink_gbps = 1\n"
+                            "link_latency_us = 250.0\ncodec_gbps = 2.5\npipeline_pieces = 4\n")
+    prepared = launch.prepare(_launch_args(path, "--dump-folder", "x"))
+    cfg = RunSettings(**json.loads(prepared.env[SETTINGS_ENV])).zipccl_config()
+    assert (cfg.policy, cfg.link_gbps, cfg.link_latency_us, cfg.codec_gbps,
+            cfg.pipeline_pieces) == ("adaptive", 1, 250.0, 2.5, 4)
 
 
 def _help(capsys, *words) -> str:

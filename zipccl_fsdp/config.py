@@ -32,16 +32,16 @@ class ZipCCLConfig:
         >>> all_gather_single(out, inp, config=cfg)
     """
 
-    codec: str = "dense"
+    codec: str = "auto"
     """Exponent code for compressed payloads: "dense" (tiered prefix code),
-    "fixed3" (fixed 3-bit codes: faster, larger), "auto" (the codec module's
-    default; under ``policy="adaptive"``, per call whichever of fixed3 and
-    dense the policy predicts faster) or "raw" (framing only; for tests and measurement). "dense" by
-    default: on FSDP2 bf16 parameters it sends 0.66 of the raw bytes against
-    0.70 for "fixed3" (tests/test_fsdp2.py), and compression is only switched
-    on for links slow enough that bytes matter more than codec speed. On an
-    H200 (Triton) both encode 8 MiB of bf16 in under 1 ms; on the CPU backend
-    dense encodes at 0.14 GB/s, fixed3 at 0.32 GB/s."""
+    "fixed3" (fixed 3-bit codes: faster, larger), "raw" (framing only; for
+    tests and measurement) or "auto" (the default): under
+    ``policy="adaptive"``, per call whichever of fixed3 and dense the policy
+    predicts faster; under "always", the codec module's default, "dense": on
+    FSDP2 bf16 parameters it sends 0.66 of the raw bytes against 0.70 for
+    "fixed3" (tests/test_fsdp2.py). With the C++ backend on 2 CPU cores (64
+    MiB of bf16, ``zipccl bench codec``) dense encodes at about 2.3 GB/s and
+    decodes at 3.8, fixed3 at 3.1 and 6.7."""
 
     backend: str = "auto"
     """Codec backend: "auto" (Triton on CUDA, C++ or torch on CPU), "torch",
@@ -89,17 +89,20 @@ class ZipCCLConfig:
     compression off, fallbacks) are not covered. Cost, 64 MiB of Gaussian
     bf16 on this 2-core CPU (``benchmarks/verify_cost.py``, verify off and on
     interleaved): the payload grows by 4 bytes per 4096 elements (0.07% of a
-    bf16 payload); each side adds one checksum pass of torch ops at 0.5-0.7
-    GB/s, so with the cpp backend encode+decode takes 5-10x as long (dense
-    0.05 s -> 0.27 s, fixed3 0.03 s -> 0.27-0.30 s), with the torch backend
-    the same within noise; peak memory grows by at most 0.25x the input
-    (``memory.py``). Worth it to find or rule out corruption, or where the
+    bf16 payload). With the cpp backend the checksums are computed in C++
+    inside the encode and decode passes, so encode+decode takes 1.15-1.4x as
+    long (dense 0.049 s -> 0.063 s, fixed3 0.031 s -> 0.041 s, 2 threads);
+    the torch and triton backends compute them with torch ops at 0.3-0.6 GB/s
+    per side (5-9x the cpp codec's time). Peak memory grows by at most 0.25x
+    the input (``memory.py``, measured before the C++ sums). Worth it to find or rule out corruption, or where the
     link, not the codec, bounds the step."""
 
-    policy: str = "always"
+    policy: str = "adaptive"
     """How each call chooses between raw and compressed (``policy.py``).
+    "adaptive" by default, so that zipccl never makes a fast link slower.
     "always": compress every message of at least ``min_bytes`` (unpipelined
-    unless ``pipeline_pieces`` > 1), what zipccl did before the policy existed.
+    unless ``pipeline_pieces`` > 1): for tests, measurements and links known
+    to be slow.
     "never": send everything raw (reductions still sum in fp32 in rank order,
     so results are bitwise those of the compressed path). "adaptive": per call,
     raw, compressed, or compressed and pipelined, and with ``codec="auto"``

@@ -184,21 +184,25 @@ def format_table(runs: dict, *, link: str, steps: int, out: Path, seconds: float
     # Step 1 carries one-time costs (config check, first encodes): leave it out.
     warm = lambda d: {s: v for s, v in d.items() if s >= 2}  # noqa: E731
     head = (f"{'collective':<16}{'raw MB':>9}{'wire MB':>10}{'ratio':>8}{'comm ms':>10}"
-            f"{'encode ms':>11}{'decode ms':>11}")
+            f"{'encode ms':>11}{'decode ms':>11}{'compressed':>12}")
     lines = ["", f"zipccl demo: 2 ranks, {steps} steps each, {link}", head, "-" * len(head)]
     for kind in _KINDS:
         cols = {n: warm(zc.get(f"zipccl/{kind}/{n}", {}))
-                for n in ("raw_MB", "wire_MB", "comm_ms", "encode_ms", "decode_ms")}
+                for n in ("raw_MB", "wire_MB", "comm_ms", "encode_ms", "decode_ms", "calls",
+                          "compressed_calls")}
         if not cols["raw_MB"]:
             continue
         mean = {n: statistics.fmean(v.values()) if v else float("nan") for n, v in cols.items()}
         ratio = sum(cols["raw_MB"].values()) / max(sum(cols["wire_MB"].values()), 1e-12)
+        calls = sum(cols["calls"].values())
+        share = f"{sum(cols['compressed_calls'].values()) / calls:.0%}" if calls else "-"
         lines.append(f"{kind:<16}{mean['raw_MB']:>9.3f}{mean['wire_MB']:>10.3f}{ratio:>8.2f}"
                      f"{mean['comm_ms']:>10.1f}{mean['encode_ms']:>11.1f}"
-                     f"{mean['decode_ms']:>11.1f}")
+                     f"{mean['decode_ms']:>11.1f}{share:>12}")
     if len(lines) == 4:
         lines.append("(no zipccl/<kind>/* scalars: was the run compressed?)")
-    lines.append(f"{'':<16}per step, rank 0, mean of steps 2-{steps}")
+    lines.append(f"{'':<16}per step, rank 0, mean of steps 2-{steps}; compressed: the")
+    lines.append(f"{'':<16}calls the policy (ZipCCLConfig.policy) sent compressed")
     lines.append("-" * len(head))
     t_raw = warm(raw.get("time_metrics/end_to_end(s)", {}))
     t_zc = warm(zc.get("time_metrics/end_to_end(s)", {}))

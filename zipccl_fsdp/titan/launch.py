@@ -67,9 +67,21 @@ ZIPCCL_KEYS = {
                "MoE all-to-all)",
     "unsupported_dtype": 'dtypes the codec lacks: "raise" or "raw"',
     "verify": "integrity mode: per-chunk checksums checked by the receiver (ZipCCLConfig.verify)",
+    "policy": 'raw or compressed per call: "adaptive" (default), "always" or "never" '
+              '(ZipCCLConfig.policy)',
+    "link_gbps": "link bandwidth per rank for the adaptive policy, Gbit/s (default: measured)",
+    "link_latency_us": "latency of a small collective for the adaptive policy, microseconds",
+    "codec_gbps": "codec speed for the adaptive policy, GB/s (default: measured)",
+    "pipeline_pieces": "pieces per compressed message; 0: the adaptive policy chooses",
 }
+_NUMBER = (int, float)
 _ZIPCCL_TYPES = {"codec": str, "backend": str, "collectives": list, "min_bytes": int,
-                 "telemetry": bool, "dtensor": bool, "unsupported_dtype": str, "verify": bool}
+                 "telemetry": bool, "dtensor": bool, "unsupported_dtype": str, "verify": bool,
+                 "policy": str, "link_gbps": _NUMBER, "link_latency_us": _NUMBER,
+                 "codec_gbps": _NUMBER, "pipeline_pieces": int}
+_CONFIG_KEYS = ("codec", "backend", "min_bytes", "unsupported_dtype", "verify", "policy",
+                "link_gbps", "link_latency_us", "codec_gbps", "pipeline_pieces")
+"""[zipccl] keys that are ``ZipCCLConfig`` fields of the same name."""
 
 
 class RecipeError(ValueError):
@@ -118,8 +130,8 @@ def load_recipe(path: str | os.PathLike) -> Recipe:
     for key, value in zipccl.items():
         want = _ZIPCCL_TYPES[key]
         if isinstance(value, bool) != (want is bool) or not isinstance(value, want):
-            raise RecipeError(f"{path}: [zipccl] {key} must be a {want.__name__}, "
-                              f"got {value!r}")
+            kind = "number" if want is _NUMBER else want.__name__
+            raise RecipeError(f"{path}: [zipccl] {key} must be a {kind}, got {value!r}")
     description = data.pop("description", "")
     settings: dict[str, Any] = {}
     _flatten(data, "", settings)
@@ -154,9 +166,7 @@ def run_settings(recipe: Recipe, *, compress: bool = True, capture: int = 0,
     from .comms import COMM_KINDS, RunSettings
 
     table = dict(recipe.zipccl)
-    config: dict[str, Any] = {k: table[k] for k in ("codec", "backend", "min_bytes",
-                                                     "unsupported_dtype", "verify")
-                              if k in table}
+    config: dict[str, Any] = {k: table[k] for k in _CONFIG_KEYS if k in table}
     if "collectives" in table:
         unknown = [k for k in table["collectives"] if k not in COMM_KINDS]
         if unknown:

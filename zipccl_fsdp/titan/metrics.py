@@ -104,7 +104,9 @@ class StepDeltas:
     ``comm_ms``, ``encode_ms``, ``decode_ms``
         host wall-clock time in the exchange, the encoder and the decoder;
     ``calls``, ``compressed_calls``
-        collectives run, and how many of them sent compressed payloads.
+        collectives run, and how many of them sent compressed payloads;
+    ``compressed_fraction``
+        compressed_calls / calls: what the policy decided (``policy.py``).
 
     Nothing is logged for steps in which the kind made no call.
     """
@@ -138,6 +140,8 @@ class StepDeltas:
         }
         if delta.get("wire_bytes"):
             out["ratio"] = delta["raw_bytes"] / delta["wire_bytes"]
+        if "compressed_calls" in delta:
+            out["compressed_fraction"] = delta["compressed_calls"] / delta["calls"]
         return out
 
 
