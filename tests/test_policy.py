@@ -365,6 +365,29 @@ def test_cost_model_pipelines_large_messages_on_slow_links():
     assert len(P.traffic("all_reduce", 4, 1 << 20)) == 2
 
 
+def test_a_new_site_measures_its_own_ratio():
+    """One site of a class with a poor ratio (an fp32 lm_head gradient) must not
+    keep the class's other sites (bf16-cast layer gradients) raw: a site's first
+    call is compressed whenever an optimistic ratio would be, and from then on
+    its own ratio decides."""
+    cfg = ZipCCLConfig(policy="adaptive", codec="dense", link_gbps=0.5, codec_gbps=2.0)
+    pol, cpu, f32 = P.policy_for(cfg), torch.device("cpu"), torch.float32
+    parts = P.traffic("reduce_scatter", 2, 1 << 20)
+
+    def decide(site):
+        return pol.decide("reduce_scatter", None, 2, site, f32, cpu, parts)
+
+    head, layer = ("reduce_scatter", (1 << 19,), f32), ("reduce_scatter", (3 << 18,), f32)
+    assert decide(head).compress  # the first site of its class: optimistic
+    pol.observe(None, head, "dense", 1000, 880)
+    assert not decide(head).compress  # its own poor ratio
+    first = decide(layer)  # the class says raw, but this site was never measured
+    assert first.compress and first.reason == "first", first
+    pol.observe(None, layer, "dense", 1000, 350)
+    assert decide(layer).compress and decide(layer).reason == "model"
+    assert not decide(head).compress
+
+
 def test_config_validates_policy_fields():
     with pytest.raises(ValueError, match="policy"):
         ZipCCLConfig(policy="sometimes")

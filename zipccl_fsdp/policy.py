@@ -52,9 +52,11 @@ Where the numbers come from, and why every rank decides the same:
   raw bytes they code, so every rank sees every rank's numbers and updates the
   same mean. A new site starts from the mean of its class (same group, kind
   and dtype: FSDP2's many parameter groups look alike), and the first site of
-  a class from an optimistic ``BEST_FRACTION``, so that its first call is
-  compressed and measures it. A site kept raw only by its ratio (the
-  optimistic one would compress) is probed with one compressed call every
+  a class from an optimistic ``BEST_FRACTION``. A site's first call is
+  compressed whenever the optimistic ratio would compress, so that it
+  measures its own ratio rather than living on its class's (one fp32 lm_head
+  gradient must not keep the bf16-cast gradients of every layer raw). A site
+  kept raw only by its own ratio is probed with one compressed call every
   ``REPROBE_EVERY`` calls.
 * the message size: equal on every rank for all-gather, reduce-scatter and
   all-reduce; all-to-all splits differ, so there the ranks all-gather their
@@ -68,6 +70,7 @@ in ``Policy.decisions``.
 from __future__ import annotations
 
 import collections
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -75,6 +78,8 @@ import torch
 import torch.distributed as dist
 
 from . import codec as _codec
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["Plan", "RAW", "Traffic", "LinkSpeed", "CodecSpeed", "Policy", "policy_for",
            "predict", "predict_raw"]
@@ -526,8 +531,11 @@ class Policy:
         (``parts`` from ``traffic``), or of an all-to-all once its sizes are
         agreed. A first call on a group may calibrate (collectives on
         ``group``, counted in ``st``)."""
-        return self._count(kind, self._decide(kind, group, world, site, dtype, device, parts,
-                                              st))
+        plan = self._decide(kind, group, world, site, dtype, device, parts, st)
+        if logger.isEnabledFor(logging.DEBUG):  # each decision and why (plan.reason)
+            logger.debug("%s %s %s: %s, expected wire fractions %s", kind, site[1], dtype, plan,
+                         self.fractions(group, site, dtype))
+        return self._count(kind, plan)
 
     def _decide(self, kind, group, world, site, dtype, device, parts, st) -> Plan:
         cfg = self.cfg
@@ -555,6 +563,13 @@ class Policy:
         hope = best_plan(parts, link, speeds, best, cfg.pipeline_pieces)[0]
         if not hope.compress:
             return Plan(False, reason="size")
+        if not state.fraction:
+            # Raw only by its class's ratio, never measured itself: measure it.
+            # Tensors of one kind and dtype need not look alike (an fp32 lm_head
+            # gradient codes to 0.86 of its bytes, the bf16-cast layer gradients
+            # beside it to 0.35), and a site kept raw would be probed only once
+            # in REPROBE_EVERY calls.
+            return Plan(True, hope.codec, hope.pieces, True, "first")
         state.raw_streak += 1
         if state.raw_streak % REPROBE_EVERY == 0:
             return Plan(True, hope.codec, hope.pieces, True, "probe")
