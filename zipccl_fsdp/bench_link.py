@@ -17,9 +17,10 @@ Message size is the full tensor on each rank: the all-gather output, the
 reduce-scatter input, the all-reduce tensor, the all-to-all input. Data is
 Gaussian (bf16, or fp32 exact casts of bf16: FSDP2's gradients) or, with
 ``--input``, the tensors of a capture file (``zipccl titan --capture``) tiled
-to the size. ``--titan`` also trains the tiny torchtitan recipe
-(``recipes/llama3_tiny_cpu.toml``) inside the same namespace, alternating raw
-(FSDP2's own comms) and zipccl runs, and reports the median step time.
+to the size. ``--titan`` also trains a torchtitan recipe (by default the
+demo's, ``recipes/llama3_debugmodel.toml``: torchtitan's llama3 debugmodel)
+inside the same namespace, alternating raw (FSDP2's own comms) and zipccl
+runs, and reports the median step time.
 """
 from __future__ import annotations
 
@@ -335,7 +336,7 @@ def plot(rows: list, path: str, link: str) -> None:
     for r in rows:
         if r["collective"] == "titan step":
             ax.axhline(r["speedup"], color="tab:purple", ls="--", lw=1,
-                       label=f"tiny recipe step time ({r['speedup']:.2f})")
+                       label=f"{r['data']} step time ({r['speedup']:.2f})")
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message size (MiB)")
@@ -374,10 +375,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="message data from this capture file (zipccl titan --capture), tiled "
                         "to each size, instead of Gaussian data")
     p.add_argument("--titan", action="store_true",
-                   help="also train the tiny torchtitan recipe raw and with zipccl (alternating "
+                   help="also train a torchtitan recipe raw and with zipccl (alternating "
                         "runs) and report the median step time")
     p.add_argument("--recipe", metavar="FILE", help="with --titan: the recipe "
-                                                    "(default: recipes/llama3_tiny_cpu.toml)")
+                                                    "(default: recipes/llama3_debugmodel.toml)")
     p.add_argument("--titan-steps", type=int, default=20,
                    help="with --titan: steps per run; steps 1-2 are left out (default: 20)")
     p.add_argument("--titan-runs", type=int, default=2,

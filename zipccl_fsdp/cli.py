@@ -14,7 +14,7 @@ import sys
 # (words, module, one-line help, pip extra it needs)
 COMMANDS = [
     (("demo",), "zipccl_fsdp.demo",
-     "2 ranks train a tiny llama3 with and without zipccl and print what was saved", "titan"),
+     "2 ranks train a small llama3 with and without zipccl and print what was saved", "titan"),
     (("bench", "codec"), "zipccl_fsdp.bench_codec",
      "ratio and GB/s of each codec beside zstd-3 and a plain copy", None),
     (("bench", "link"), "zipccl_fsdp.bench_link",

@@ -1,6 +1,12 @@
-"""``zipccl demo``: 2 ranks train a tiny llama3 twice, raw and with zipccl, and compare.
+"""``zipccl demo``: 2 ranks train a small llama3 twice, raw and with zipccl, and compare.
 
-Both runs are ``zipccl titan --recipe recipes/llama3_tiny_cpu.toml`` (FSDP2,
+The model is torchtitan's own llama3 debugmodel (6 M parameters): the
+smallest model whose per-layer messages (0.5-1.7 MB) are large enough for
+the link, not its latency, to set their time on a 1 Gbit/s link, so that the
+adaptive policy has something to gain (``recipes/llama3_tiny_cpu.toml``, the
+smoke recipe, moves 6-130 KB messages whose time is latency).
+
+Both runs are ``zipccl titan --recipe recipes/llama3_debugmodel.toml`` (FSDP2,
 gloo, CPU), the first with ``--no-compress`` (FSDP2's own comms), the second
 with zipccl's; the same seed and data. As root with ``ip`` and ``tc`` the ranks
 run inside a network namespace of our own whose loopback is limited to
@@ -26,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-_RECIPE = "llama3_tiny_cpu.toml"
+_RECIPE = "llama3_debugmodel.toml"
 _STEP_LINE = re.compile(r"step:\s*(\d+)\s+loss:\s*([-\d.naninf]+)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
@@ -34,18 +40,18 @@ _RUNS = (("raw", True), ("zipccl", False))  # (name, --no-compress)
 
 
 def _default_recipe() -> Path:
-    """recipes/llama3_tiny_cpu.toml of this checkout, else of the current folder."""
+    """recipes/llama3_debugmodel.toml of this checkout, else of the current folder."""
     here = Path(__file__).resolve().parents[1] / "recipes" / _RECIPE
     return here if here.exists() else Path("recipes") / _RECIPE
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.description = ("2 ranks train a tiny llama3 (FSDP2, CPU) twice, with FSDP2's own comms "
+    p.description = ("2 ranks train a small llama3 (FSDP2, CPU) twice, with FSDP2's own comms "
                      "and with zipccl's, over a rate-limited loopback when possible, then print "
                      "one table: bytes per collective, ratio, comm time, step times, and "
                      "whether the losses are bitwise equal.")
-    p.add_argument("--steps", type=int, default=30,
-                   help="training steps of each run (default: 30)")
+    p.add_argument("--steps", type=int, default=20,
+                   help="training steps of each run (default: 20)")
     p.add_argument("--rate", default="1gbit",
                    help="tc rate of the namespace loopback, e.g. 1gbit, 100mbit, or 'none' for "
                         "an unthrottled namespace (default: 1gbit; needs root, ip and tc)")
