@@ -472,3 +472,24 @@ def test_concurrent_first_builds_share_one_cache(tmp_path):
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
     assert len({o[0] for o in outs}) == 1
     assert len(list(tmp_path.glob("cpp-*/*.so"))) == 1
+
+
+@pytest.mark.parametrize("codec_name", ["fixed3", "dense"])
+def test_structural_errors_name_their_chunk(codec_name):
+    """A code that decodes outside the dtype is refused with the chunk it is in,
+    in the message and as ``.chunk`` (which integrity.decode_from reports)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3 * 4096 + 17, generator=g).half()
+    x[-40:-30] = float("inf")  # escapes (e = emax is outside every window)
+    p = z.encode(x, codec=codec_name, backend="cpp")
+    p[-1] = 200  # the last escape byte: an exponent no fp16 has
+    with pytest.raises(z.CorruptPayloadError, match="outside the dtype") as e:
+        z.decode(p, backend="cpp")
+    with pytest.raises(z.CorruptPayloadError, match="outside the dtype") as want:
+        z.decode(p, backend="torch")
+    assert str(want.value) in str(e.value)  # the same refusal; cpp also names the chunk
+    h = F.parse_header(p)
+    table = F.ChunkTable.from_bytes(p[h.table_offset:h.table_offset + 16 * h.nchunks], h.nchunks)
+    last_with_escapes = int(table.n_esc.nonzero().max())
+    assert e.value.chunk == last_with_escapes, (e.value.chunk, table.n_esc.tolist())
+    assert str(e.value).endswith(f"(chunk {last_with_escapes})")

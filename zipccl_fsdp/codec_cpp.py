@@ -347,5 +347,8 @@ def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor,
         code = status & 0xFF
         if code in (_ERR_TABLE, _ERR_LENGTHS):
             _refuse_like_torch(payload, header, info)
-        raise CorruptPayloadError(_ERRORS[code].format(chunk=status >> 8))
+        err = CorruptPayloadError(_ERRORS[code].format(chunk=status >> 8))
+        if "{chunk}" in _ERRORS[code]:
+            err.chunk = status >> 8  # read by integrity.decode_from, which names it with the peer
+        raise err
     return out
