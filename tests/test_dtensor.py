@@ -80,7 +80,15 @@ def _parallelize(block: Block, tp_mesh) -> Block:
     })
 
 
-def run_tensor_parallel() -> dict:
+POLICY_CONFIGS = {
+    "default": ZipCCLConfig(),  # adaptive: this fast loopback is measured, so all raw
+    "adaptive_slow": ZipCCLConfig(min_bytes=0, link_gbps=0.01, codec_gbps=5.0),
+}
+"""The adaptive policy inside the dispatch mode: its calibration and its size
+exchanges are collectives of their own, issued from within the mode."""
+
+
+def run_tensor_parallel(config: str = "always") -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     rank = dist.get_rank()
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
@@ -89,7 +97,7 @@ def run_tensor_parallel() -> dict:
     torch.manual_seed(1)
     x = torch.randn(2, 32, 64).chunk(dist.get_world_size(), dim=1)[rank].contiguous()
     want_out, want_grads = _tp_step(model, x)
-    with compress_dtensor_comms(CFG) as mode:
+    with compress_dtensor_comms(POLICY_CONFIGS.get(config, CFG)) as mode:
         got_out, got_grads = _tp_step(model, x)
     assert_bits_equal(got_out, want_out, "output")
     for name, want in want_grads.items():
@@ -101,6 +109,16 @@ def test_tensor_parallel_bitwise_and_compressed(pool2):
     for stats in pool2.run(run_tensor_parallel):
         assert_compressed(stats, ("all_gather", "reduce_scatter", "all_reduce"))
         assert not stats["passthrough"], stats["passthrough"]
+
+
+def test_tensor_parallel_under_the_adaptive_policy(pool2):
+    for stats in pool2.run(run_tensor_parallel, "default"):
+        kinds = [k for k in ("all_gather", "reduce_scatter", "all_reduce") if k in stats]
+        assert sum(stats[k]["calls"] for k in kinds) > 0, stats
+        assert all(stats[k]["compressed_calls"] == 0 for k in kinds), stats
+    for stats in pool2.run(run_tensor_parallel, "adaptive_slow"):
+        assert sum(stats[k]["compressed_calls"] for k in ("all_gather", "reduce_scatter",
+                                                          "all_reduce") if k in stats) > 0, stats
 
 
 # --------------------------------------------------------------------------
@@ -179,9 +197,9 @@ def _a2a(x, case, autograd):
     return y.detach().clone(), x.grad.clone()
 
 
-def run_all_to_all(dtype) -> dict:
+def run_all_to_all(dtype, config: str = "always") -> dict:
     rank = dist.get_rank()
-    mode = DTensorCompressionMode(CFG)
+    mode = DTensorCompressionMode(POLICY_CONFIGS.get(config, CFG))
     for case in SPLITS:
         g = torch.Generator().manual_seed(rank)
         x = (torch.randn(sum(SPLITS[case][rank]), WIDTH, generator=g) * 0.1).to(dtype)
@@ -209,6 +227,13 @@ def test_all_to_all_ragged_bitwise_and_compressed(pool2, dtype):
         assert stats["all_to_all"]["calls"] == 9
         assert stats["passthrough"] == {
             "_c10d_functional.all_to_all_single.default:dtype torch.int64": 1}
+
+
+def test_all_to_all_under_the_adaptive_policy(pool2):
+    for stats in pool2.run(run_all_to_all, torch.bfloat16, "default"):
+        assert stats["all_to_all"]["calls"] == 9 and stats["all_to_all"]["compressed_calls"] == 0
+    for stats in pool2.run(run_all_to_all, torch.bfloat16, "adaptive_slow"):
+        assert stats["all_to_all"]["calls"] == 9 and stats["all_to_all"]["compressed_calls"] > 0
 
 
 # --------------------------------------------------------------------------
