@@ -19,6 +19,8 @@ from hooks.registry import ZipCCLHook, register_comm_hook, zipccl_hook
 from zipccl_fsdp.config import ZipCCLConfig
 
 CFG = ZipCCLConfig(policy="always", min_bytes=0)  # compress every bucket chunk, however small
+SLOW = ZipCCLConfig(min_bytes=0, link_gbps=0.01, codec_gbps=5.0)
+"""The default policy, "adaptive", told the link is slow: it compresses."""
 STEPS = 5
 INT_VIEW = {torch.bfloat16: torch.int16, torch.float32: torch.int32}
 
@@ -88,7 +90,8 @@ def _registration(how: str, hook: ZipCCLHook):
 def run_against(dtype: torch.dtype, reference, how: str) -> dict:
     want = _train(dtype, None if reference is None else
                   lambda model: model.register_comm_hook(None, reference))
-    hook = zipccl_hook if how == "default hook" else ZipCCLHook(CFG)
+    hook = (zipccl_hook if how == "default hook" else ZipCCLHook(SLOW) if how == "adaptive slow"
+            else ZipCCLHook(CFG))
     hook.reset_stats()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         got = _train(dtype, _registration(how, hook))
@@ -119,6 +122,11 @@ def test_default_hook_state_none(pool2):
     # own all-reduce, which on 2 ranks sums in the only order there is.
     for st, _ in pool2.run(run_against, torch.float32, None, "default hook"):
         assert st["calls"] > STEPS and st["compressed_calls"] == 0, st
+
+
+def test_adaptive_policy_on_a_slow_link(pool2):
+    for st, _ in pool2.run(run_against, torch.bfloat16, None, "adaptive slow"):
+        assert st["calls"] > STEPS and st["compressed_calls"] > 0, st
 
 
 def run_remove_and_reinstall() -> tuple:

@@ -132,6 +132,9 @@ def task_train(mode: str):
     if mode == "zipccl":  # compress every message of at least the default min_bytes
         hook = ZipCCLHook(ZipCCLConfig(policy="always"))
         assert model.register_comm_hook(hook) is hook
+    elif mode == "zipccl_slow":  # the adaptive policy told the link is slow: it compresses
+        hook = ZipCCLHook(ZipCCLConfig(link_gbps=0.01, codec_gbps=5.0))
+        assert model.register_comm_hook(hook) is hook
     elif mode == "zipccl_default":  # the default hook: adaptive policy
         zipccl_hook.reset_stats()
         assert model.register_comm_hook(zipccl_hook) is zipccl_hook
@@ -256,6 +259,12 @@ def test_fsdp2_two_ranks_bitwise_equal_to_default_and_compressed(pool2):
         assert s["all_gather"]["calls"] > 0 and s["reduce_scatter"]["calls"] > 0, s
         assert s["all_gather"]["compressed_calls"] == 0, s["all_gather"]
         assert s["reduce_scatter"]["compressed_calls"] == 0, s["reduce_scatter"]
+    # Told the link is slow, it compresses (pipelined, in pieces): the same bits.
+    for rank, (d, z) in enumerate(zip(default, pool2.run(task_train, "zipccl_slow"))):
+        assert z["losses"] == d["losses"] and z["digests"] == d["digests"], rank
+        s = z["stats"]
+        assert s["all_gather"]["compressed_calls"] > 0, s["all_gather"]
+        assert s["reduce_scatter"]["compressed_calls"] > 0, s["reduce_scatter"]
 
 
 def test_fsdp2_three_ranks_bitwise_equal_to_all_to_all_reference(pool3):
