@@ -165,6 +165,13 @@ def _coded(dtype: torch.dtype, cfg: ZipCCLConfig, where: str) -> bool:
     return False
 
 
+_LAST_GROUP: tuple = (None, None)
+"""(group, (group, world_size, rank)) of the last call: asking torch costs 2-3
+us per call (a tenth of a raw call's Python). Replaced whole, so a thread reads
+a consistent pair; holds one reference, so a new group, or a new default group
+after re-initialisation, is a different object."""
+
+
 def _group_info(group):
     """(group, world_size, rank), or None when this rank is not in ``group``."""
     if group is None:
@@ -172,9 +179,15 @@ def _group_info(group):
         if group is None:
             raise RuntimeError("zipccl: the default process group is not initialized; "
                                "call torch.distributed.init_process_group first")
+    global _LAST_GROUP
+    last = _LAST_GROUP
+    if last[0] is group:
+        return last[1]
     if dist._rank_not_in_group(group):
         return None
-    return group, dist.get_world_size(group), dist.get_rank(group)
+    info = group, dist.get_world_size(group), dist.get_rank(group)
+    _LAST_GROUP = (group, info)
+    return info
 
 
 def _compresses(cfg: ZipCCLConfig, kind: str, unit_nbytes: int) -> bool:
@@ -608,7 +621,7 @@ def _row_counts(t: torch.Tensor, splits, world: int, name: str, where: str) -> l
         if rows % world:
             raise ValueError(f"zipccl {where}: {name} has {rows} rows, not divisible by "
                              f"world_size {world}; pass split sizes")
-        splits = [rows // world] * world
+        return [rows // world] * world
     splits = [int(s) for s in splits]
     if len(splits) != world or any(s < 0 for s in splits) or sum(splits) != rows:
         raise ValueError(f"zipccl {where}: {name} split sizes {splits} must be {world} "
@@ -616,7 +629,6 @@ def _row_counts(t: torch.Tensor, splits, world: int, name: str, where: str) -> l
     return splits
 
 
-@torch.no_grad()
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
                       group=None, async_op=False, *, config: ZipCCLConfig | None = None,
                       stats: CommStats | None = None):
@@ -654,12 +666,31 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     if in_counts[rank] != out_counts[rank]:
         raise ValueError(f"zipccl {where}: this rank sends itself {in_rows[rank]} rows but "
                          f"expects {out_rows[rank]}")
-    raw = sum(in_counts[r] for r in range(world) if r != rank) * itemsize
+    raw = (sum(in_counts) - in_counts[rank]) * itemsize
     _ensure_consistent(cfg, group, world, input.device, st, "all_to_all")
-    st.add("all_to_all", calls=1, raw_bytes=raw)
     if not coded or not cfg.compress_all_to_all or world == 1:
+        st.add("all_to_all", calls=1, raw_bytes=raw)
         return _to_torch(st, "all_to_all", raw, dist.all_to_all_single, output, input,
                          output_split_sizes, input_split_sizes, group=group, async_op=async_op)
+    if cfg.policy == "never" or (cfg.policy == "adaptive" and _policy.policy_for(cfg).known_closed(
+            "all_to_all", group, input.dtype, input.device)):
+        # Raw for sure (a fast link, or "never"): the lean path. Every microsecond
+        # counts here: 40 us of Python were 7% of a 1 MiB all-to-all (0.6 ms)
+        # on a fast loopback (docs/benchmarks.md).
+        st.add("all_to_all", calls=1, raw_bytes=raw, raw_fallback_calls=1)
+        return _to_torch(st, "all_to_all", raw, dist.all_to_all_single, output, input,
+                         output_split_sizes, input_split_sizes, group=group, async_op=async_op)
+    st.add("all_to_all", calls=1, raw_bytes=raw)
+    with torch.no_grad():
+        return _all_to_all_coded(output, input, cfg, st, group, world, rank, in_counts,
+                                 out_counts, itemsize, raw, output_split_sizes,
+                                 input_split_sizes, async_op, where)
+
+
+def _all_to_all_coded(output, input, cfg: ZipCCLConfig, st: CommStats, group, world: int,
+                      rank: int, in_counts: list, out_counts: list, itemsize: int, raw: int,
+                      output_split_sizes, input_split_sizes, async_op: bool, where: str):
+    """The rest of ``all_to_all_single`` for a call that may compress."""
     send_coded = [_compresses(cfg, "all_to_all", c * itemsize) for c in in_counts]
     recv_coded = [_compresses(cfg, "all_to_all", c * itemsize) for c in out_counts]
     plan = None
