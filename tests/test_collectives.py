@@ -345,6 +345,30 @@ def test_bad_input_raises_on_every_rank(world, pool2, pool3):
         assert errors[6].startswith("ValueError")
 
 
+def task_raw_paths_with_grad_tensors():
+    """Tensors that require grad take the lean raw paths (the default policy on
+    this fast loopback, and "never") without autograd seeing the call."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x = make_data(1 << 12, torch.float32, 7, rank).requires_grad_()
+    for cfg in (ZipCCLConfig(), ZipCCLConfig(policy="never")):
+        out = torch.empty(world << 12, requires_grad=True)
+        all_gather_single(out, x, config=cfg)
+        want = torch.empty(world << 12)
+        torch_all_gather_single(want, x.detach())
+        assert_bits_equal(out.detach(), want, "all_gather")
+        assert out.grad_fn is None
+        got = torch.empty(1 << 12, requires_grad=True)
+        all_to_all_single(got, x, config=cfg)
+        want = torch.empty(1 << 12)
+        dist.all_to_all_single(want, x.detach())
+        assert_bits_equal(got.detach(), want, "all_to_all")
+    return True
+
+
+def test_raw_paths_accept_tensors_that_require_grad(pool2):
+    assert pool2.run(task_raw_paths_with_grad_tensors) == [True, True]
+
+
 def test_config_mismatch_raises_on_every_rank(pool2):
     messages = pool2.run(task_config_mismatch)
     assert all(m and "disagree" in m for m in messages), messages

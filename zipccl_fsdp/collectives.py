@@ -60,6 +60,7 @@ numbers are in the report of the change that added this file):
 """
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -306,6 +307,14 @@ def _admit(call: _Setup, t: torch.Tensor, kind: str, where: str) -> bool:
     return coded
 
 
+def _no_grad_if_needed(*tensors: torch.Tensor):
+    """``torch.no_grad()`` when autograd could see the call, else a no-op: the
+    lean raw paths skip the 2-10 us of entering it when nothing requires grad."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return torch.no_grad()
+    return contextlib.nullcontext()
+
+
 def _to_torch(st: CommStats, kind: str, wire_bytes: int, collective, *args, **kwargs):
     """Hand the call to torch: run ``collective`` (a ``torch.distributed``
     function, or ``_native_all_reduce``) as the call's exchange phase, counting
@@ -450,7 +459,6 @@ def _scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.T
 # --------------------------------------------------------------------------
 # Public collectives
 # --------------------------------------------------------------------------
-@torch.no_grad()
 def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *,
                       config: ZipCCLConfig | None = None, stats: CommStats | None = None):
     """All-gather ``input_tensor`` of every rank into ``output_tensor``, compressed.
@@ -476,16 +484,26 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
     unit = input_tensor.numel() * input_tensor.element_size()
     compress = coded and world > 1 and _compresses(cfg, "all_gather", unit)
     plan = _plan(cfg, "all_gather", group, world, input_tensor, unit, compress, st)
-    compress = plan.compress
+    if not plan.compress and world > 1:  # the lean path of every raw call
+        st.add("all_gather", calls=1, raw_bytes=unit, raw_fallback_calls=int(coded),
+               wire_bytes=unit)
+        with st.phase("all_gather", "exchange"), _no_grad_if_needed(output_tensor, input_tensor):
+            return _all_gather_single(output_tensor, input_tensor, group=group,
+                                      async_op=async_op)
     st.add("all_gather", calls=1, raw_bytes=unit if world > 1 else 0,
            **_decided(plan, coded and world > 1))
-    if not compress:
-        if world > 1:
-            return _to_torch(st, "all_gather", unit, _all_gather_single, output_tensor,
-                             input_tensor, group=group, async_op=async_op)
-        if not same_memory(output_tensor, input_tensor):
-            output_tensor.copy_(input_tensor.reshape(output_tensor.shape))
-        return _completed_work(async_op, output_tensor)
+    with torch.no_grad():
+        if not plan.compress:  # one rank
+            if not same_memory(output_tensor, input_tensor):
+                output_tensor.copy_(input_tensor.reshape(output_tensor.shape))
+            return _completed_work(async_op, output_tensor)
+        return _all_gather_coded(output_tensor, input_tensor, plan, cfg, st, group, world,
+                                 rank, async_op)
+
+
+def _all_gather_coded(output_tensor, input_tensor, plan, cfg: ZipCCLConfig, st: CommStats,
+                      group, world: int, rank: int, async_op: bool):
+    """The rest of ``all_gather_single`` for a compressed call."""
     n = input_tensor.numel()
     flat_out = output_tensor.view(-1)
     slots = [flat_out[r * n:(r + 1) * n] for r in range(world)]
@@ -678,8 +696,10 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         # counts here: 40 us of Python were 7% of a 1 MiB all-to-all (0.6 ms)
         # on a fast loopback (docs/benchmarks.md).
         st.add("all_to_all", calls=1, raw_bytes=raw, raw_fallback_calls=1)
-        return _to_torch(st, "all_to_all", raw, dist.all_to_all_single, output, input,
-                         output_split_sizes, input_split_sizes, group=group, async_op=async_op)
+        with _no_grad_if_needed(output, input):
+            return _to_torch(st, "all_to_all", raw, dist.all_to_all_single, output, input,
+                             output_split_sizes, input_split_sizes, group=group,
+                             async_op=async_op)
     st.add("all_to_all", calls=1, raw_bytes=raw)
     with torch.no_grad():
         return _all_to_all_coded(output, input, cfg, st, group, world, rank, in_counts,
