@@ -235,13 +235,18 @@ def _ratio(stats: dict, kind: str) -> float:
     return stats[kind]["wire_bytes"] / stats[kind]["raw_bytes"]
 
 
+def _stats_of_same_training(reference: list, runs: list) -> list:
+    """Each rank's hook stats, once its losses and final parameters are bitwise
+    those of ``reference``."""
+    for rank, (r, z) in enumerate(zip(reference, runs)):
+        assert z["losses"] == r["losses"], f"rank {rank}: losses differ"
+        assert z["digests"] == r["digests"], f"rank {rank}: final parameters differ"
+    return [z["stats"] for z in runs]
+
+
 def test_fsdp2_two_ranks_bitwise_equal_to_default_and_compressed(pool2):
     default = pool2.run(task_train, "default")
-    zipped = pool2.run(task_train, "zipccl")
-    for rank, (d, z) in enumerate(zip(default, zipped)):
-        assert z["losses"] == d["losses"], f"rank {rank}: losses differ"
-        assert z["digests"] == d["digests"], f"rank {rank}: final parameters differ"
-        s = z["stats"]
+    for rank, s in enumerate(_stats_of_same_training(default, pool2.run(task_train, "zipccl"))):
         assert s["all_gather"]["compressed_calls"] > 0
         assert s["reduce_scatter"]["compressed_calls"] > 0
         ag, rs = _ratio(s, "all_gather"), _ratio(s, "reduce_scatter")
@@ -253,27 +258,20 @@ def test_fsdp2_two_ranks_bitwise_equal_to_default_and_compressed(pool2):
     assert len(set(default[0]["losses"])) > 1
     # The default hook (policy "adaptive") measures this unthrottled loopback as
     # faster than the CPU codec and sends every call raw: the same bits again.
-    for rank, (d, z) in enumerate(zip(default, pool2.run(task_train, "zipccl_default"))):
-        assert z["losses"] == d["losses"] and z["digests"] == d["digests"], rank
-        s = z["stats"]
+    for s in _stats_of_same_training(default, pool2.run(task_train, "zipccl_default")):
         assert s["all_gather"]["calls"] > 0 and s["reduce_scatter"]["calls"] > 0, s
         assert s["all_gather"]["compressed_calls"] == 0, s["all_gather"]
         assert s["reduce_scatter"]["compressed_calls"] == 0, s["reduce_scatter"]
     # Told the link is slow, it compresses (pipelined, in pieces): the same bits.
-    for rank, (d, z) in enumerate(zip(default, pool2.run(task_train, "zipccl_slow"))):
-        assert z["losses"] == d["losses"] and z["digests"] == d["digests"], rank
-        s = z["stats"]
+    for s in _stats_of_same_training(default, pool2.run(task_train, "zipccl_slow")):
         assert s["all_gather"]["compressed_calls"] > 0, s["all_gather"]
         assert s["reduce_scatter"]["compressed_calls"] > 0, s["reduce_scatter"]
 
 
 def test_fsdp2_three_ranks_bitwise_equal_to_all_to_all_reference(pool3):
     reference = pool3.run(task_train, "a2a_reference")
-    zipped = pool3.run(task_train, "zipccl")
-    for rank, (r, z) in enumerate(zip(reference, zipped)):
-        assert z["losses"] == r["losses"], f"rank {rank}: losses differ"
-        assert z["digests"] == r["digests"], f"rank {rank}: final parameters differ"
-        s = z["stats"]
+    for rank, s in enumerate(_stats_of_same_training(reference,
+                                                     pool3.run(task_train, "zipccl"))):
         print(f"rank {rank}: all_gather wire/raw {_ratio(s, 'all_gather'):.4f}, "
               f"reduce_scatter wire/raw {_ratio(s, 'reduce_scatter'):.4f}")
         assert _ratio(s, "all_gather") <= 0.7 and _ratio(s, "reduce_scatter") <= 0.4

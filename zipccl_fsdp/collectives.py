@@ -485,11 +485,10 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
     compress = coded and world > 1 and _compresses(cfg, "all_gather", unit)
     plan = _plan(cfg, "all_gather", group, world, input_tensor, unit, compress, st)
     if not plan.compress and world > 1:  # the lean path of every raw call
-        st.add("all_gather", calls=1, raw_bytes=unit, raw_fallback_calls=int(coded),
-               wire_bytes=unit)
-        with st.phase("all_gather", "exchange"), _no_grad_if_needed(output_tensor, input_tensor):
-            return _all_gather_single(output_tensor, input_tensor, group=group,
-                                      async_op=async_op)
+        st.add("all_gather", calls=1, raw_bytes=unit, raw_fallback_calls=int(coded))
+        with _no_grad_if_needed(output_tensor, input_tensor):
+            return _to_torch(st, "all_gather", unit, _all_gather_single, output_tensor,
+                             input_tensor, group=group, async_op=async_op)
     st.add("all_gather", calls=1, raw_bytes=unit if world > 1 else 0,
            **_decided(plan, coded and world > 1))
     with torch.no_grad():
