@@ -1,16 +1,17 @@
-"""What a raw zipccl call costs on top of torch's own, measured inside real calls.
+"""What a raw zipccl call costs beside torch's own, measured inside real calls.
 
 Two gloo ranks on the plain (unthrottled) loopback, where the adaptive policy
-sends everything raw. Per round, after a ``dist.barrier()``, either torch's
-own collective or zipccl's (default config) runs; zipccl's rounds record time
-stamps at its entry, just before and just after the torch call it hands over
-to, and at its exit. A real call follows a blocking collective, and Python
-right after one runs several times slower than in a hot loop (cold caches),
-so the hot loop alone (``--hot``, the torch call stubbed out) understates the
-cost.
+sends everything raw. Rounds, each after a ``dist.barrier()``, cycle through
+three ways to make the same call: torch's own collective; zipccl's with the
+default config, which after its first call takes the raw lane
+(``zipccl_fsdp/_raw_lanes.py``); and zipccl's general path (the same config
+with its lanes dropped before each call, i.e. the code before lanes).
+Medians of each, and their ratios to torch's. A real call follows a blocking
+collective, and Python right after one runs several times slower than in a
+hot loop, which is why this measures inside real calls.
 
-    python benchmarks/raw_call_overhead.py                   # all_to_all and all_gather, 1 MiB
-    python benchmarks/raw_call_overhead.py --mib 4 --rounds 400
+    python benchmarks/raw_call_overhead.py                    # 1 and 4 MiB, three collectives
+    python benchmarks/raw_call_overhead.py --mib 1 --kinds all_to_all --rounds 1500
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -30,90 +32,74 @@ from _common import run_gloo_ranks  # noqa: E402
 import zipccl_fsdp.collectives as C  # noqa: E402
 from zipccl_fsdp.config import ZipCCLConfig  # noqa: E402
 
-_TORCH = {"all_to_all": ("all_to_all_single", dist, "all_to_all_single"),
-          "all_gather": ("all_gather_single", C, "_all_gather_single")}
-"""kind -> (zipccl function, module holding the torch call it hands to, its name)."""
+KINDS = ("all_to_all", "all_gather", "all_reduce")
+WAYS = ("torch", "lane", "general")
 
 
-def _buffers(kind: str, numel: int, world: int):
+def _calls(kind: str, numel: int, world: int, cfg: ZipCCLConfig) -> dict:
+    """way -> a no-argument call of ``kind`` on fresh buffers of ``numel`` bf16."""
+    warnings.filterwarnings("ignore", category=FutureWarning)  # all_gather_into_tensor
     x = torch.randn(numel).bfloat16()
-    out = torch.empty(numel if kind == "all_to_all" else world * numel, dtype=x.dtype)
-    return x, out
+    if kind == "all_gather":
+        out = torch.empty(world * numel, dtype=x.dtype)
+        torch_call = lambda: C._all_gather_single(out, x)  # noqa: E731
+        ours = lambda: C.all_gather_single(out, x, config=cfg)  # noqa: E731
+    elif kind == "all_to_all":
+        out = torch.empty_like(x)
+        torch_call = lambda: dist.all_to_all_single(out, x)  # noqa: E731
+        ours = lambda: C.all_to_all_single(out, x, config=cfg)  # noqa: E731
+    else:  # sums grow to inf and NaN: the same bytes for every way
+        torch_call = lambda: dist.all_reduce(x)  # noqa: E731
+        ours = lambda: C.all_reduce(x, config=cfg)  # noqa: E731
+
+    def general():
+        cfg._raw_lanes.clear()
+        ours()
+    return {"torch": torch_call, "lane": ours, "general": general}
 
 
-def measure(kind: str, mib: float, rounds: int, hot: int) -> dict:
-    """On each rank: median microseconds of torch's call alone, and of zipccl's
-    Python before and after the torch call it makes; the hot-loop cost."""
+def measure(kind: str, mib: float, rounds: int) -> dict:
+    """On each rank: median microseconds of each way, rounds interleaved."""
     world = dist.get_world_size()
-    x, out = _buffers(kind, int(mib * (1 << 20)) // 2, world)
     cfg = ZipCCLConfig()
-    ours_name, holder, attr = _TORCH[kind]
-    ours = getattr(C, ours_name)
-    real = getattr(holder, attr)
+    calls = _calls(kind, int(mib * (1 << 20)) // 2, world, cfg)
     for _ in range(5):  # calibrates the policy, which then keeps this loopback raw
-        ours(out, x, config=cfg)
-    marks: dict = {}
-
-    def timed(*args, **kwargs):
-        marks["in"] = time.perf_counter()
-        result = real(*args, **kwargs)
-        marks["out"] = time.perf_counter()
-        return result
-
-    alone, before, after = [], [], []
+        calls["lane"]()
+    times = {way: [] for way in WAYS}
     for i in range(rounds):
+        way = WAYS[i % len(WAYS)]
         dist.barrier()
-        if i % 2:
-            setattr(holder, attr, timed)
-            try:
-                t0 = time.perf_counter()
-                ours(out, x, config=cfg)
-                t1 = time.perf_counter()
-            finally:
-                setattr(holder, attr, real)
-            before.append(marks["in"] - t0)
-            after.append(t1 - marks["out"])
-        else:
-            t0 = time.perf_counter()
-            real(out, x)
-            alone.append(time.perf_counter() - t0)
-    setattr(holder, attr, lambda *a, **k: None)
-    try:
-        best = float("inf")
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(hot):
-                ours(out, x, config=cfg)
-            best = min(best, (time.perf_counter() - t0) / hot)
-    finally:
-        setattr(holder, attr, real)
-    med = statistics.median
-    return dict(torch_us=med(alone) * 1e6, before_us=med(before) * 1e6,
-                after_us=med(after) * 1e6, hot_us=best * 1e6)
+        t0 = time.perf_counter()
+        calls[way]()
+        times[way].append(time.perf_counter() - t0)
+    snap = C.stats()[kind]
+    assert snap["compressed_calls"] == 0, f"{kind} compressed on the plain loopback: {snap}"
+    return {way: statistics.median(t) * 1e6 for way, t in times.items()}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--kinds", default="all_to_all,all_gather",
-                   help="comma-separated, of all_to_all, all_gather (default: both)")
-    p.add_argument("--mib", type=float, default=1.0,
-                   help="message size: the all-to-all input, the all-gather shard (default 1)")
-    p.add_argument("--rounds", type=int, default=300, help="rounds, half of them zipccl's")
-    p.add_argument("--hot", type=int, default=2000, help="calls of the stubbed hot loop")
+    p.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of {KINDS}")
+    p.add_argument("--mib", default="1,4",
+                   help="message sizes in MiB, comma-separated: the all-to-all and all-reduce "
+                        "input, the all-gather shard (default 1,4)")
+    p.add_argument("--rounds", type=int, default=900, help="rounds, a third of them per way")
     args = p.parse_args(argv)
-    print(f"raw_call_overhead: 2 gloo ranks, plain loopback, {args.mib:g} MiB bf16, "
-          f"{args.rounds} rounds (medians, rank 0)")
-    print(f"{'collective':<12}{'torch us':>10}{'zipccl before':>15}{'after':>8}"
-          f"{'overhead':>10}{'hot loop':>10}")
+    print(f"raw_call_overhead: 2 gloo ranks, plain loopback, bf16, {args.rounds} rounds "
+          f"interleaved (medians in us; ratios to torch's; rank 0 | rank 1)")
+    print(f"{'collective':<12}{'MiB':>5}{'torch':>9}{'lane':>9}{'general':>9}"
+          f"{'lane/torch':>19}{'general/torch':>19}")
     for kind in args.kinds.split(","):
-        results = run_gloo_ranks("raw_call_overhead", measure,
-                                 (kind, args.mib, args.rounds, args.hot))
-        if results is None:
-            return 2
-        r = results[0]
-        extra = r["before_us"] + r["after_us"]
-        print(f"{kind:<12}{r['torch_us']:>10.0f}{r['before_us']:>15.1f}{r['after_us']:>8.1f}"
-              f"{extra / r['torch_us']:>10.1%}{r['hot_us']:>10.1f}")
+        for mib in (float(m) for m in args.mib.split(",")):
+            results = run_gloo_ranks("raw_call_overhead", measure, (kind, mib, args.rounds))
+            if results is None:
+                return 2
+            r = results[0]
+            lane = " | ".join(f"{res['lane'] / res['torch']:.3f}" for res in results.values())
+            general = " | ".join(f"{res['general'] / res['torch']:.3f}"
+                                 for res in results.values())
+            print(f"{kind:<12}{mib:>5g}{r['torch']:>9.0f}{r['lane']:>9.0f}{r['general']:>9.0f}"
+                  f"{lane:>19}{general:>19}")
     return 0
 
 

@@ -67,6 +67,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
+from . import _raw_lanes
 from . import integrity as _integrity
 from ._layout import gather_source, overlaps, same_memory, split_flat, zero_padded
 from ._reduce import RankOrderSum
@@ -236,6 +237,17 @@ def _native_all_reduce(tensor, parsed: _Op, op, group, world: int, async_op: boo
     else:
         tensor.mul_(parsed.factor)
     return dist.all_reduce(tensor, op=ReduceOp.SUM, group=group, async_op=async_op)
+
+
+def _open_lane(call: _Setup, kind: str, plan: _policy.Plan, stats_arg, t: torch.Tensor) -> None:
+    """Open the raw lane of this call's (kind, group, stats, dtype, device)
+    when ``plan`` sent it raw for a reason no later call can change: the
+    adaptive policy's closed gate, or "never" (``_raw_lanes.py``)."""
+    cfg = call.cfg
+    if plan is _policy.LINK_RAW or cfg.policy == "never":
+        decisions = _policy.policy_for(cfg).decisions if cfg.policy == "adaptive" else None
+        _raw_lanes.open_lane(cfg, kind, call.group, call.world, call.rank, stats_arg,
+                             call.st.fields(kind), t.dtype, t.device, decisions)
 
 
 def _pipelined_done(st: CommStats, kind: str, *outcomes: _pipeline.Outcome) -> None:
@@ -474,6 +486,9 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
         >>> out = torch.empty(world * shard.numel(), dtype=shard.dtype)
         >>> all_gather_single(out, shard, config=ZipCCLConfig(codec="dense"))
     """
+    done = _raw_lanes.all_gather(output_tensor, input_tensor, group, async_op, config, stats)
+    if done is not _raw_lanes.MISS:
+        return done
     where = "all_gather_single"
     call = _begin(where, group, config, stats, output_tensor, input_tensor)
     if call is None:
@@ -486,6 +501,8 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
     plan = _plan(cfg, "all_gather", group, world, input_tensor, unit, compress, st)
     if not plan.compress and world > 1:  # the lean path of every raw call
         st.add("all_gather", calls=1, raw_bytes=unit, raw_fallback_calls=int(coded))
+        if coded:
+            _open_lane(call, "all_gather", plan, stats, input_tensor)
         with _no_grad_if_needed(output_tensor, input_tensor):
             return _to_torch(st, "all_gather", unit, _all_gather_single, output_tensor,
                              input_tensor, group=group, async_op=async_op)
@@ -565,7 +582,6 @@ def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=F
     return _completed_work(async_op, output)
 
 
-@torch.no_grad()
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *,
                config: ZipCCLConfig | None = None, stats: CommStats | None = None):
     """All-reduce ``tensor`` in place: compressed reduce-scatter + all-gather.
@@ -579,6 +595,16 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *,
 
         >>> all_reduce(bucket, op=ReduceOp.AVG)
     """
+    done = _raw_lanes.all_reduce(tensor, op, group, async_op, config, stats)
+    if done is not _raw_lanes.MISS:
+        return done
+    with torch.no_grad():
+        return _all_reduce(tensor, op, group, async_op, config, stats)
+
+
+def _all_reduce(tensor, op, group, async_op: bool, config: ZipCCLConfig | None,
+                stats: CommStats | None):
+    """``all_reduce`` off its raw lane."""
     where = "all_reduce"
     parsed = _parse_op(op, where)
     call = _begin(where, group, config, stats, tensor)
@@ -601,6 +627,8 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *,
     st.add("all_reduce", calls=1, raw_bytes=numel * itemsize if world > 1 else 0,
            **_decided(plan, world > 1))
     if not plan.compress and cfg.policy == "adaptive" and world > 1:
+        if parsed.kind == "sum":
+            _open_lane(call, "all_reduce", plan, stats, tensor)
         return _to_torch(st, "all_reduce", numel * itemsize, _native_all_reduce, tensor, parsed,
                          op, group, world, async_op)
     flat = tensor.view(-1)
@@ -660,6 +688,10 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
 
         >>> all_to_all_single(recv_tokens, send_tokens, recv_counts, send_counts)
     """
+    done = _raw_lanes.all_to_all(output, input, output_split_sizes, input_split_sizes, group,
+                                 async_op, config, stats)
+    if done is not _raw_lanes.MISS:
+        return done
     where = "all_to_all_single"
     call = _begin(where, group, config, stats, output, input)
     if call is None:
@@ -691,10 +723,11 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
                          output_split_sizes, input_split_sizes, group=group, async_op=async_op)
     if cfg.policy == "never" or (cfg.policy == "adaptive" and _policy.policy_for(cfg).known_closed(
             "all_to_all", group, input.dtype, input.device)):
-        # Raw for sure (a fast link, or "never"): the lean path. Every microsecond
-        # counts here: 40 us of Python were 7% of a 1 MiB all-to-all (0.6 ms)
-        # on a fast loopback (docs/benchmarks.md).
+        # Raw for sure (a fast link, or "never"): the lean path, and the lane
+        # of the next such calls.
         st.add("all_to_all", calls=1, raw_bytes=raw, raw_fallback_calls=1)
+        _open_lane(call, "all_to_all", _policy.LINK_RAW if cfg.policy == "adaptive"
+                   else _policy.RAW, stats, input)
         with _no_grad_if_needed(output, input):
             return _to_torch(st, "all_to_all", raw, dist.all_to_all_single, output, input,
                              output_split_sizes, input_split_sizes, group=group,

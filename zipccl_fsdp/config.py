@@ -149,6 +149,9 @@ class ZipCCLConfig:
                            compare=False, hash=False)
     """Process-local state of the adaptive policy (``policy.policy_for``):
     measured speeds per group, ratio estimates per call site."""
+    _raw_lanes: dict = field(default_factory=dict, init=False, repr=False,
+                             compare=False, hash=False)
+    """Process-local: the raw lanes of calls sure to go raw (``_raw_lanes.py``)."""
 
     def __post_init__(self) -> None:
         if self.codec not in _CODECS:

@@ -65,9 +65,15 @@ class CommStats:
         self.reset()
 
     def reset(self) -> None:
-        """Zero every counter."""
-        self._data = {kind: {**{k: 0 for k in COUNTS}, **{k: 0.0 for k in TIMES}}
-                      for kind in KINDS}
+        """Zero every counter (in place: ``fields`` dicts stay valid)."""
+        for kind in KINDS:
+            self._data.setdefault(kind, {}).update(
+                {**{k: 0 for k in COUNTS}, **{k: 0.0 for k in TIMES}})
+
+    def fields(self, kind: str) -> dict[str, float]:
+        """The live counters of ``kind``, for a caller that adds to them directly
+        (the raw lanes, ``_raw_lanes.py``); valid across ``reset``."""
+        return self._data[kind]
 
     def snapshot(self) -> dict[str, dict[str, float]]:
         """A copy: ``{kind: {"calls", "compressed_calls", "raw_bytes", "wire_bytes",

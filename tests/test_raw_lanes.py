@@ -1,0 +1,248 @@
+"""Raw lanes (``zipccl_fsdp/_raw_lanes.py``) on real gloo process groups.
+
+Once a call went raw for good (a link faster than the codec, or "never"), the
+next calls of its (kind, group, stats, dtype, device) skip the general path.
+They must give torch's results bit for bit and count the stats the general
+path counts; calls a lane is not sure of (bad splits, tensors that require
+grad, a profiler, other ops, other groups) must take the general path, with
+its errors on every rank.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed import ReduceOp
+
+from dist_utils import DistPool
+from test_collectives import assert_bits_equal, make_data, torch_all_gather_single
+import zipccl_fsdp.collectives as C
+from zipccl_fsdp import policy as P
+from zipccl_fsdp.collectives import all_gather_single, all_reduce, all_to_all_single
+from zipccl_fsdp.config import ZipCCLConfig
+from zipccl_fsdp.stats import CommStats
+
+# The codec is "slower" than the link: the adaptive policy's gate closes at the
+# first call, with no measurement.
+FAST_LINK = dict(policy="adaptive", link_gbps=400.0, codec_gbps=1.0)
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@pytest.fixture(scope="module")
+def pool2():
+    pool = DistPool(2)
+    yield pool
+    pool.close()
+
+
+class _GeneralPath:
+    """Counts the calls that reach the general path (``collectives._begin``)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self._real = C._begin
+
+    def __enter__(self):
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return self._real(*args, **kwargs)
+        C._begin = counted
+        return self
+
+    def __exit__(self, *exc) -> None:
+        C._begin = self._real
+
+
+def _lane_keys(cfg: ZipCCLConfig) -> list:
+    return sorted((k[0], str(k[3])) for k in cfg._raw_lanes)
+
+
+def task_lanes_equal_torch(policy: str):
+    """Every dtype and shape (ragged and empty splits, tiny and odd sizes, the
+    format's special values): lane calls equal torch's, skip the general path
+    after the first call, and count what the general path counts."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = ZipCCLConfig(**FAST_LINK) if policy == "adaptive" else ZipCCLConfig(policy="never")
+    st = CommStats()
+    counts = []
+    for dtype in DTYPES:
+        for n in (1 << 16, 4097, 7, 1):  # the first is big enough to decide, and opens
+            x = make_data(n, dtype, seed=n, rank=rank)
+            with _GeneralPath() as general:
+                for _ in range(3):
+                    got = torch.empty(world * n, dtype=dtype)
+                    all_gather_single(got, x, config=cfg, stats=st)
+                    want = torch.empty_like(got)
+                    torch_all_gather_single(want, x)
+                    assert_bits_equal(got, want, f"all_gather {dtype} {n}")
+            counts.append(("all_gather", general.calls))
+            rows = x.view(n, 1).repeat(1, 3).reshape(n, 3)
+            for splits in (None, [0, n], [n, 0], [n // 2, n - n // 2]):
+                if splits is None and n % world:
+                    continue
+                # Every rank sends splits[r] rows to rank r, so receives splits[rank] from each.
+                recv = None if splits is None else [splits[rank]] * world
+                out_rows = n if splits is None else world * splits[rank]
+                with _GeneralPath() as general:
+                    for _ in range(3):
+                        got = torch.empty(out_rows, 3, dtype=dtype)
+                        all_to_all_single(got, rows, recv, splits, config=cfg, stats=st)
+                        want = torch.empty_like(got)
+                        dist.all_to_all_single(want, rows, recv, splits)
+                        assert_bits_equal(got, want, f"all_to_all {dtype} {n} {splits}")
+                counts.append(("all_to_all", general.calls))
+            if policy == "adaptive":
+                with _GeneralPath() as general:
+                    for _ in range(3):
+                        y, want = x.clone(), x.clone()
+                        all_reduce(y, config=cfg, stats=st)
+                        dist.all_reduce(want)
+                        assert_bits_equal(y, want, f"all_reduce {dtype} {n}")
+                counts.append(("all_reduce", general.calls))
+    return counts, st.snapshot(), _lane_keys(cfg)
+
+
+@pytest.mark.parametrize("policy", ["adaptive", "never"])
+def test_lanes_equal_torch_and_skip_the_general_path(pool2, policy):
+    for counts, snap, lanes in pool2.run(task_lanes_equal_torch, policy):
+        # One call of each (kind, dtype) opens the lane; all others take it.
+        first = {}
+        for kind, calls in counts:
+            first.setdefault(kind, []).append(calls)
+        for kind, per_case in first.items():
+            assert sum(per_case) == len(DTYPES), (kind, per_case)
+        kinds = ["all_gather", "all_to_all"] + (["all_reduce"] if policy == "adaptive" else [])
+        assert lanes == sorted((k, str(d)) for k in kinds for d in DTYPES)
+        if policy == "never":  # "never" reduces in fp32 in rank order: no torch lane
+            assert snap["all_reduce"]["calls"] == 0
+        for kind in kinds:
+            s = snap[kind]
+            assert s["calls"] == s["raw_fallback_calls"] > 0, (kind, s)
+            assert s["compressed_calls"] == 0, s
+            assert s["wire_bytes"] - s["size_bytes"] == s["raw_bytes"] > 0, s
+
+
+def task_stats_match_general_path():
+    """The same calls through a lane and through the general path (a fresh
+    config each time, so no lane) count the same bytes, calls and decisions."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x = make_data(3000, torch.bfloat16, seed=1, rank=rank).view(1000, 3)
+    out = torch.empty(world * 1000, 3, dtype=torch.bfloat16)
+    snaps, decisions = [], []
+    for fresh in (True, False):
+        cfg = ZipCCLConfig(**FAST_LINK)
+        all_gather_single(out, x, config=cfg)  # opens the lanes (and decides)
+        all_to_all_single(x.clone(), x, config=cfg)
+        all_reduce(x.clone(), config=cfg)
+        C.reset_stats()
+        P.policy_for(cfg).decisions.clear()
+        for _ in range(4):
+            if fresh:
+                cfg._raw_lanes.clear()
+            all_gather_single(out, x, config=cfg)
+            recv = [(300, 700)[rank]] * world
+            all_to_all_single(torch.empty(sum(recv), 3, dtype=x.dtype), x, recv, [300, 700],
+                              config=cfg)
+            all_reduce(x.clone(), config=cfg)
+        snap = C.stats()
+        snaps.append({k: {f: v for f, v in s.items() if not f.endswith("_s")}
+                      for k, s in snap.items()})
+        assert all(s["comm_s"] > 0 for k, s in snap.items() if s["calls"]), snap
+        decisions.append(sorted(P.policy_for(cfg).decisions.items()))
+    return snaps, decisions
+
+
+def test_lane_stats_match_the_general_path(pool2):
+    for (general, lane), (dec_general, dec_lane) in pool2.run(task_stats_match_general_path):
+        assert general == lane
+        assert dec_general == dec_lane and dec_lane
+
+
+def task_lane_misses():
+    """Calls a lane must not take reach the general path, and bad ones raise
+    its errors on every rank."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = ZipCCLConfig(**FAST_LINK)
+    n = 1 << 15  # 128 KiB: big enough for the policy to decide (min_bytes)
+    x = make_data(n, torch.float32, seed=2, rank=rank)
+    out = torch.empty(world * n)
+    all_gather_single(out, x, config=cfg)
+    all_to_all_single(torch.empty(n), x, config=cfg)
+    all_reduce(x.clone(), config=cfg)
+    seen = {}
+    with _GeneralPath() as general:
+        all_gather_single(out, x, config=cfg)
+        all_to_all_single(torch.empty(n), x, config=cfg)
+        all_reduce(x.clone(), config=cfg)
+        seen["lanes"] = general.calls
+        # Grad-requiring tensors, another stats object, another group, a
+        # non-SUM op, a profiler: the general path.
+        all_gather_single(out, x.clone().requires_grad_(), config=cfg)
+        all_to_all_single(torch.empty(n), x, config=cfg, stats=CommStats())
+        group = dist.new_group([0, 1])
+        all_reduce(x.clone(), group=group, config=cfg)
+        all_reduce(x.clone(), op=ReduceOp.AVG, config=cfg)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            all_gather_single(out, x, config=cfg)
+        names = {e.name for e in prof.events()}
+        seen["misses"] = general.calls - seen["lanes"]
+        errors = []
+        for bad in (lambda: all_to_all_single(torch.empty(n), x, [10, n - 10], [20, n - 20],
+                                              config=cfg),
+                    lambda: all_to_all_single(torch.empty(n), x, [n], [n], config=cfg),
+                    lambda: all_gather_single(torch.empty(world * n)[::2], x[:n // 2],
+                                              config=cfg),
+                    lambda: all_gather_single(torch.empty(world * n + 1), x, config=cfg),
+                    lambda: all_to_all_single(torch.empty(n, dtype=torch.float64), x,
+                                              config=cfg)):
+            try:
+                bad()
+                errors.append(None)
+            except (ValueError, TypeError) as e:
+                errors.append(f"{type(e).__name__}: {e}")
+    seen["profiled"] = "zipccl::all_gather::exchange" in names
+    return seen, errors
+
+
+def test_lane_misses_take_the_general_path(pool2):
+    for seen, errors in pool2.run(task_lane_misses):
+        assert seen["lanes"] == 0
+        assert seen["misses"] == 5
+        assert seen["profiled"]
+        assert all(e and e.split(":")[0] in ("ValueError", "TypeError") and "zipccl" in e
+                   for e in errors), errors
+
+
+def task_async_and_reset():
+    """``async_op=True`` through a lane returns torch's Work; counters stay
+    live across ``reset_stats``."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = ZipCCLConfig(**FAST_LINK)
+    x = make_data(1 << 12, torch.bfloat16, seed=4, rank=rank)
+    out = torch.empty(world << 12, dtype=torch.bfloat16)
+    all_gather_single(out, x, config=cfg)  # opens the lanes
+    all_reduce(x.clone(), config=cfg)
+    all_to_all_single(torch.empty_like(x), x, config=cfg)
+    C.reset_stats()
+    works = [all_gather_single(out, x, async_op=True, config=cfg)]
+    y = x.clone()
+    works.append(all_reduce(y, async_op=True, config=cfg))
+    got = torch.empty_like(x)
+    works.append(all_to_all_single(got, x, async_op=True, config=cfg))
+    for w in works:
+        w.wait()
+    want = torch.empty_like(out)
+    torch_all_gather_single(want, x)
+    assert_bits_equal(out, want, "async all_gather")
+    want = x.clone()
+    dist.all_reduce(want)
+    assert_bits_equal(y, want, "async all_reduce")
+    want = torch.empty_like(x)
+    dist.all_to_all_single(want, x)
+    assert_bits_equal(got, want, "async all_to_all")
+    return {k: C.stats()[k]["calls"] for k in ("all_gather", "all_reduce", "all_to_all")}
+
+
+def test_async_lanes_and_reset_stats(pool2):
+    for calls in pool2.run(task_async_and_reset):
+        assert calls == {"all_gather": 1, "all_reduce": 1, "all_to_all": 1}
