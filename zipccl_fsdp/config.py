@@ -14,7 +14,7 @@ self-describing.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 _CODECS = ("auto", "raw", "fixed3", "dense")
 _BACKENDS = ("auto", "torch", "cpp", "triton")
@@ -152,6 +152,19 @@ class ZipCCLConfig:
     _raw_lanes: dict = field(default_factory=dict, init=False, repr=False,
                              compare=False, hash=False)
     """Process-local: the raw lanes of calls sure to go raw (``_raw_lanes.py``)."""
+
+    def __getstate__(self) -> dict:
+        """Pickle and copy the settings only: the process-local state (checked
+        groups, the policy's measurements, raw lanes) holds process groups
+        and starts afresh in the copy."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+
+    def __setstate__(self, state: dict) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+        for f in fields(self):
+            if not f.init:
+                object.__setattr__(self, f.name, f.default_factory())
 
     def __post_init__(self) -> None:
         if self.codec not in _CODECS:
