@@ -33,9 +33,11 @@ depend on their order: on two ranks the result equals DDP's default bit for
 bit, for fp32 and bf16 buckets. On other world sizes it is deterministic and
 the same on every backend, with one rounding fewer than pre-dividing.
 
-The all-reduce runs synchronously inside the hook (the size exchange needs
-the host), so this bucket's communication does not overlap the rest of
-backward; DDP waits on every bucket's future at the end of backward anyway.
+A raw all-reduce (a fast link, where the adaptive policy sends everything
+raw) returns torch's own pending Work, so the bucket's communication overlaps
+the rest of backward as with DDP's default hook. A compressed one runs
+synchronously inside the hook (its size exchange needs the host), so it does
+not overlap; DDP waits on every bucket's future at the end of backward anyway.
 """
 # No ``from __future__ import annotations`` here: DDP compares the hook's
 # ``bucket`` and return annotations to ``dist.GradBucket`` and
@@ -119,12 +121,15 @@ def ddp_comm_hook(state, bucket: dist.GradBucket, *, config: Optional[ZipCCLConf
     # zipccl's all-reduce decodes every peer's chunk straight into its slot of
     # ``buffer``: that is the in-place "decompress" step that torch's
     # compression hooks run in ``fut.then`` (no second bucket-sized tensor at
-    # peak memory; https://github.com/pytorch/pytorch/issues/45968). It has
-    # completed when it returns, so the future is already done.
-    _coll.all_reduce(buffer, op=op, group=group, config=cfg, stats=stats)
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    fut.set_result(buffer)
-    return fut
+    # peak memory; https://github.com/pytorch/pytorch/issues/45968). A
+    # compressed call has completed when it returns; a raw one may be pending.
+    work = _coll.all_reduce(buffer, op=op, group=group, async_op=True, config=cfg,
+                            stats=stats)
+    if work is None:  # this rank is not in ``group``: nothing was reduced
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        fut.set_result(buffer)
+        return fut
+    return work.get_future().then(lambda _: buffer)
 
 
 # --------------------------------------------------------------------------

@@ -124,6 +124,26 @@ def test_default_hook_state_none(pool2):
         assert st["calls"] > STEPS and st["compressed_calls"] == 0, st
 
 
+FAST = ZipCCLConfig(min_bytes=0, link_gbps=400.0, codec_gbps=1.0)
+"""The default policy told the link is fast: every bucket goes raw, through the raw lane."""
+
+
+def train_on_a_fast_link() -> tuple:
+    want = _train(torch.bfloat16)
+    hook = ZipCCLHook(FAST)
+    got = _train(torch.bfloat16, lambda model: model.register_comm_hook(None, hook))
+    _assert_same_training(got, want)
+    return hook.stats()["all_reduce"], sorted(k[0] for k in FAST._raw_lanes)
+
+
+def test_fast_link_buckets_take_the_raw_lane_and_equal_ddp_default(pool2):
+    # Raw buckets return torch's pending Work (overlapping backward, as DDP's
+    # default hook does); on 2 ranks pre-dividing and summing is DDP's default.
+    for st, lanes in pool2.run(train_on_a_fast_link):
+        assert st["calls"] > STEPS and st["compressed_calls"] == 0, st
+        assert lanes == ["all_reduce"]
+
+
 def test_adaptive_policy_on_a_slow_link(pool2):
     for st, _ in pool2.run(run_against, torch.bfloat16, None, "adaptive slow"):
         assert st["calls"] > STEPS and st["compressed_calls"] > 0, st

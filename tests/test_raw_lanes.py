@@ -9,6 +9,9 @@ its errors on every rank.
 """
 from __future__ import annotations
 
+import copy
+import pickle
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -98,6 +101,11 @@ def task_lanes_equal_torch(policy: str):
                         all_reduce(y, config=cfg, stats=st)
                         dist.all_reduce(want)
                         assert_bits_equal(y, want, f"all_reduce {dtype} {n}")
+                        # AVG on gloo: divide, then sum (gloo has no AVG), as DDP's hook does.
+                        y, want = x.clone(), x.clone() / world
+                        all_reduce(y, op=ReduceOp.AVG, config=cfg, stats=st)
+                        dist.all_reduce(want)
+                        assert_bits_equal(y, want, f"all_reduce AVG {dtype} {n}")
                 counts.append(("all_reduce", general.calls))
     return counts, st.snapshot(), _lane_keys(cfg)
 
@@ -175,13 +183,13 @@ def task_lane_misses():
         all_to_all_single(torch.empty(n), x, config=cfg)
         all_reduce(x.clone(), config=cfg)
         seen["lanes"] = general.calls
-        # Grad-requiring tensors, another stats object, another group, a
-        # non-SUM op, a profiler: the general path.
+        # Grad-requiring tensors, another stats object, another group,
+        # PREMUL_SUM, a profiler: the general path.
         all_gather_single(out, x.clone().requires_grad_(), config=cfg)
         all_to_all_single(torch.empty(n), x, config=cfg, stats=CommStats())
         group = dist.new_group([0, 1])
         all_reduce(x.clone(), group=group, config=cfg)
-        all_reduce(x.clone(), op=ReduceOp.AVG, config=cfg)
+        all_reduce(x.clone(), op=dist._make_nccl_premul_sum(0.5), config=cfg)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             all_gather_single(out, x, config=cfg)
         names = {e.name for e in prof.events()}
@@ -246,3 +254,26 @@ def task_async_and_reset():
 def test_async_lanes_and_reset_stats(pool2):
     for calls in pool2.run(task_async_and_reset):
         assert calls == {"all_gather": 1, "all_reduce": 1, "all_to_all": 1}
+
+
+def task_used_config_copies():
+    """A config that holds lanes (process groups) still pickles and copies:
+    the settings travel, the process-local state starts afresh."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = ZipCCLConfig(**FAST_LINK)
+    x = make_data(1 << 16, torch.bfloat16, seed=5, rank=rank)
+    all_gather_single(torch.empty(world << 16, dtype=torch.bfloat16), x, config=cfg)
+    assert cfg._raw_lanes and cfg._runtime and cfg._checked_groups
+    for twin in (pickle.loads(pickle.dumps(cfg)), copy.deepcopy(cfg), copy.copy(cfg)):
+        assert twin == cfg and twin is not cfg
+        assert not twin._raw_lanes and not twin._runtime and not twin._checked_groups
+        got = torch.empty(world << 16, dtype=torch.bfloat16)
+        all_gather_single(got, x, config=twin)
+        want = torch.empty_like(got)
+        torch_all_gather_single(want, x)
+        assert_bits_equal(got, want, "all_gather with a copied config")
+    return True
+
+
+def test_used_config_pickles_and_copies(pool2):
+    assert pool2.run(task_used_config_copies) == [True, True]

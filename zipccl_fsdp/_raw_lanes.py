@@ -40,6 +40,7 @@ MISS = object()
 
 _Tensor = torch.Tensor
 _SUM = ReduceOp.SUM
+_AVG = ReduceOp.AVG
 _clock = time.perf_counter
 _OPTIONS = {"all_gather": AllgatherOptions, "all_to_all": AllToAllOptions,
             "all_reduce": AllreduceOptions}
@@ -48,36 +49,48 @@ _OPTIONS = {"all_gather": AllgatherOptions, "all_to_all": AllToAllOptions,
 class _Lane:
     """What a raw call of one (kind, group, stats, dtype, device) needs: the
     group, its size and this rank, the stats fields it adds to, the policy's
-    decision counter, and torch's options objects (one per ``async_op``)."""
+    decision counter, and torch's options objects, at ``opts[async_op]``; an
+    all-reduce's AVG options at ``opts[2 + async_op]`` where the backend has
+    AVG (NCCL), else None: gloo's AVG divides, then sums, as the general
+    path's ``collectives._native_all_reduce`` does."""
 
-    __slots__ = ("pg", "world", "rank", "fields", "decisions", "decision", "opts")
+    __slots__ = ("pg", "world", "rank", "itemsize", "fields", "decisions", "decision", "opts")
 
-    def __init__(self, kind: str, pg, world: int, rank: int, fields: dict, decisions) -> None:
-        self.pg, self.world, self.rank, self.fields = pg, world, rank, fields
+    def __init__(self, kind: str, pg, world: int, rank: int, itemsize: int, fields: dict,
+                 decisions, native_avg: bool) -> None:
+        self.pg, self.world, self.rank, self.itemsize = pg, world, rank, itemsize
+        self.fields = fields
         self.decisions = decisions if decisions is not None else collections.Counter()
         self.decision = (kind, "raw", 1)
-        self.opts = tuple(_options(kind, async_op) for async_op in (False, True))
+        self.opts = tuple(_options(kind, _SUM, async_op) for async_op in (False, True))
+        if kind == "all_reduce":
+            self.opts += tuple(_options(kind, _AVG, async_op) if native_avg else None
+                               for async_op in (False, True))
 
 
-def _options(kind: str, async_op: bool):
+def _options(kind: str, op, async_op: bool):
     opts = _OPTIONS[kind]()
     opts.asyncOp = async_op
     if kind == "all_reduce":
-        opts.reduceOp = _SUM
+        opts.reduceOp = op
     return opts
 
 
 def open_lane(cfg, kind: str, pg, world: int, rank: int, stats_arg, fields: dict,
-              dtype: torch.dtype, device: torch.device, decisions=None) -> None:
+              dtype: torch.dtype, device: torch.device, decisions=None,
+              native_avg: bool = False) -> None:
     """Open the lane of ``kind`` calls on process group ``pg`` (resolved: never
     None) passing ``stats=stats_arg`` (None included) with tensors of ``dtype``
     on ``device``. Only for a call just sent raw for a reason no later call
     can change (see the module docstring); ``fields`` is the stats object's
     dict for ``kind`` (``CommStats.fields``), ``decisions`` the policy's
-    counter of its plans, if it has one."""
+    counter of its plans, if it has one; ``native_avg``: the backend reduces
+    with AVG (NCCL)."""
     key = (kind, pg, stats_arg, dtype, device)
     if key not in cfg._raw_lanes:
-        cfg._raw_lanes[key] = _Lane(kind, pg, world, rank, fields, decisions)
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        cfg._raw_lanes[key] = _Lane(kind, pg, world, rank, itemsize, fields, decisions,
+                                    native_avg)
 
 
 # The three lanes below repeat their checks and counting inline rather than
@@ -99,7 +112,7 @@ def all_gather(output, input, group, async_op, config, stats):
             or not input.is_contiguous() or not output.is_contiguous()
             or output.numel() != lane.world * input.numel() or _world.pg_coalesce_state):
         return MISS
-    nbytes = input.numel() * input.element_size()
+    nbytes = input.numel() * lane.itemsize
     fields = lane.fields
     fields["calls"] += 1
     fields["raw_bytes"] += nbytes
@@ -127,10 +140,12 @@ def all_to_all(output, input, output_split_sizes, input_split_sizes, group, asyn
          device))
     if (lane is None or output.dtype is not input.dtype or output.device != device
             or input.requires_grad or output.requires_grad
-            or not input.is_contiguous() or not output.is_contiguous()
-            or not input.dim() or not output.dim()):
+            or not input.is_contiguous() or not output.is_contiguous()):
         return MISS
-    rows_in, rows_out = input.shape[0], output.shape[0]
+    shape_in, shape_out = input.shape, output.shape
+    if not shape_in or not shape_out:  # 0-dim
+        return MISS
+    rows_in, rows_out = shape_in[0], shape_out[0]
     if rows_in:
         row = input.numel() // rows_in
         if row * rows_out != output.numel():  # rows of different sizes
@@ -154,7 +169,7 @@ def all_to_all(output, input, output_split_sizes, input_split_sizes, group, asyn
                 or in_splits[rank] != out_splits[rank]):
             return MISS
         sent_rows = rows_in - in_splits[rank]
-    nbytes = sent_rows * row * input.element_size()
+    nbytes = sent_rows * row * lane.itemsize
     fields = lane.fields
     fields["calls"] += 1
     fields["raw_bytes"] += nbytes
@@ -172,9 +187,9 @@ def all_to_all(output, input, output_split_sizes, input_split_sizes, group, asyn
 
 
 def all_reduce(tensor, op, group, async_op, config, stats):
-    """``collectives.all_reduce`` through its lane (SUM only), or MISS."""
-    if (type(tensor) is not _Tensor or op is not _SUM or _has_torch_function((tensor,))
-            or _profiler_enabled()):
+    """``collectives.all_reduce`` through its lane (SUM and AVG), or MISS."""
+    if (type(tensor) is not _Tensor or (op is not _SUM and op is not _AVG)
+            or _has_torch_function((tensor,)) or _profiler_enabled()):
         return MISS
     lane = (DEFAULT_CONFIG if config is None else config)._raw_lanes.get(
         ("all_reduce", _world.default_pg if group is None else group, stats, tensor.dtype,
@@ -182,7 +197,7 @@ def all_reduce(tensor, op, group, async_op, config, stats):
     if (lane is None or tensor.requires_grad or not tensor.is_contiguous()
             or _world.pg_coalesce_state):
         return MISS
-    nbytes = tensor.numel() * tensor.element_size()
+    nbytes = tensor.numel() * lane.itemsize
     fields = lane.fields
     fields["calls"] += 1
     fields["raw_bytes"] += nbytes
@@ -190,7 +205,13 @@ def all_reduce(tensor, op, group, async_op, config, stats):
     fields["wire_bytes"] += nbytes
     lane.decisions[lane.decision] += 1
     start = _clock()
-    work = lane.pg.allreduce([tensor], lane.opts[1 if async_op else 0])
+    at = 1 if async_op else 0
+    if op is _AVG:
+        if lane.opts[2] is not None:
+            at += 2
+        else:
+            tensor.div_(lane.world)
+    work = lane.pg.allreduce([tensor], lane.opts[at])
     if not async_op:
         work.wait()
         work = None

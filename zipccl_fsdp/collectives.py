@@ -35,7 +35,8 @@ A rank's own chunk of a reduce-scatter or all-to-all is never encoded nor sent.
 
 Every check that can fail (dtype, op, shapes) runs before the first
 communication, so a bad call raises on every rank instead of hanging some.
-``async_op=True`` returns a completed ``Work``: the collective runs
+``async_op=True`` returns a ``Work``: torch's own, possibly pending, for a
+call sent raw; a completed one for a compressed call, which runs
 synchronously underneath for now (the size exchange needs the host anyway).
 
 Integrity lives in ``integrity.py``: the agreement check at a group's first
@@ -239,7 +240,8 @@ def _native_all_reduce(tensor, parsed: _Op, op, group, world: int, async_op: boo
     return dist.all_reduce(tensor, op=ReduceOp.SUM, group=group, async_op=async_op)
 
 
-def _open_lane(call: _Setup, kind: str, plan: _policy.Plan, stats_arg, t: torch.Tensor) -> None:
+def _open_lane(call: _Setup, kind: str, plan: _policy.Plan, stats_arg, t: torch.Tensor,
+               native_avg: bool = False) -> None:
     """Open the raw lane of this call's (kind, group, stats, dtype, device)
     when ``plan`` sent it raw for a reason no later call can change: the
     adaptive policy's closed gate, or "never" (``_raw_lanes.py``)."""
@@ -247,7 +249,7 @@ def _open_lane(call: _Setup, kind: str, plan: _policy.Plan, stats_arg, t: torch.
     if plan is _policy.LINK_RAW or cfg.policy == "never":
         decisions = _policy.policy_for(cfg).decisions if cfg.policy == "adaptive" else None
         _raw_lanes.open_lane(cfg, kind, call.group, call.world, call.rank, stats_arg,
-                             call.st.fields(kind), t.dtype, t.device, decisions)
+                             call.st.fields(kind), t.dtype, t.device, decisions, native_avg)
 
 
 def _pipelined_done(st: CommStats, kind: str, *outcomes: _pipeline.Outcome) -> None:
@@ -478,8 +480,8 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
     Like ``torch.distributed.all_gather_single``: ``output_tensor`` holds
     world_size x ``input_tensor.numel()`` elements, rank-major; the input may be
     a view into the output. Bitwise the same result as torch's. With
-    ``async_op=True`` the returned ``Work`` is already complete: the call runs
-    synchronously underneath for now.
+    ``async_op=True`` a ``Work`` (complete unless the call went raw; see the
+    module docstring).
 
     Example::
 
@@ -588,8 +590,10 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *,
 
     Like ``torch.distributed.all_reduce`` with SUM, AVG or PREMUL_SUM. Any
     numel: rank r reduces elements [start_r, start_r + count_r) with counts
-    differing by at most one. Same numerics as ``reduce_scatter_single``.
-    With ``async_op=True`` the returned ``Work`` is already complete.
+    differing by at most one. Same numerics as ``reduce_scatter_single``,
+    except for a call the adaptive policy sends raw: that one is torch's own
+    all-reduce (``_native_all_reduce``). With ``async_op=True`` a ``Work``
+    (complete unless the call went raw; see the module docstring).
 
     Example::
 
@@ -627,8 +631,8 @@ def _all_reduce(tensor, op, group, async_op: bool, config: ZipCCLConfig | None,
     st.add("all_reduce", calls=1, raw_bytes=numel * itemsize if world > 1 else 0,
            **_decided(plan, world > 1))
     if not plan.compress and cfg.policy == "adaptive" and world > 1:
-        if parsed.kind == "sum":
-            _open_lane(call, "all_reduce", plan, stats, tensor)
+        _open_lane(call, "all_reduce", plan, stats, tensor,
+                   native_avg=dist.get_backend(group) == "nccl")
         return _to_torch(st, "all_reduce", numel * itemsize, _native_all_reduce, tensor, parsed,
                          op, group, world, async_op)
     flat = tensor.view(-1)
@@ -681,8 +685,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
 
     Like ``torch.distributed.all_to_all_single``: splits are row counts of dim
     0 (equal splits when ``None``). Splits of at least ``config.min_bytes`` are
-    encoded. Bitwise the same result as torch's. With ``async_op=True`` the
-    returned ``Work`` is already complete.
+    encoded. Bitwise the same result as torch's. With ``async_op=True`` a
+    ``Work`` (complete unless the call went raw; see the module docstring).
 
     Example::
 
