@@ -1,12 +1,14 @@
 """What a raw zipccl call costs beside torch's own, measured inside real calls.
 
 Two gloo ranks on the plain (unthrottled) loopback, where the adaptive policy
-sends everything raw. Rounds, each after a ``dist.barrier()``, cycle through
-three ways to make the same call: torch's own collective; zipccl's with the
-default config, which after its first call takes the raw lane
-(``zipccl_fsdp/_raw_lanes.py``); and zipccl's general path (the same config
-with its lanes dropped before each call, i.e. the code before lanes).
-Medians of each, and their ratios to torch's. A real call follows a blocking
+sends everything raw. Each round, after a ``dist.barrier()``, makes the same
+call one of three ways, in an order drawn from a seeded generator (the same
+on both ranks; a fixed cycle skewed the all-reduce by 10-20% in one run):
+torch's own collective; zipccl's with a default config, which after its
+first call takes the raw lane (``zipccl_fsdp/_raw_lanes.py``); and zipccl's
+general path, with a default config that never keeps a lane (what every raw
+call cost before lanes, plus one lane lookup). Medians of each, and their
+ratios to torch's. A real call follows a blocking
 collective, and Python right after one runs several times slower than in a
 hot loop, which is why this measures inside real calls.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import sys
 import time
@@ -36,38 +39,44 @@ KINDS = ("all_to_all", "all_gather", "all_reduce")
 WAYS = ("torch", "lane", "general")
 
 
-def _calls(kind: str, numel: int, world: int, cfg: ZipCCLConfig) -> dict:
+class _NoLanes(dict):
+    """A ``ZipCCLConfig._raw_lanes`` that keeps nothing: every call takes the general path."""
+
+    def __setitem__(self, key, value) -> None:
+        pass
+
+
+def _calls(kind: str, numel: int, world: int) -> dict:
     """way -> a no-argument call of ``kind`` on fresh buffers of ``numel`` bf16."""
+    cfg, no_lanes = ZipCCLConfig(), ZipCCLConfig()
+    object.__setattr__(no_lanes, "_raw_lanes", _NoLanes())
     warnings.filterwarnings("ignore", category=FutureWarning)  # all_gather_into_tensor
     x = torch.randn(numel).bfloat16()
     if kind == "all_gather":
         out = torch.empty(world * numel, dtype=x.dtype)
         torch_call = lambda: C._all_gather_single(out, x)  # noqa: E731
-        ours = lambda: C.all_gather_single(out, x, config=cfg)  # noqa: E731
+        ours = lambda c: C.all_gather_single(out, x, config=c)  # noqa: E731
     elif kind == "all_to_all":
         out = torch.empty_like(x)
         torch_call = lambda: dist.all_to_all_single(out, x)  # noqa: E731
-        ours = lambda: C.all_to_all_single(out, x, config=cfg)  # noqa: E731
+        ours = lambda c: C.all_to_all_single(out, x, config=c)  # noqa: E731
     else:  # sums grow to inf and NaN: the same bytes for every way
         torch_call = lambda: dist.all_reduce(x)  # noqa: E731
-        ours = lambda: C.all_reduce(x, config=cfg)  # noqa: E731
-
-    def general():
-        cfg._raw_lanes.clear()
-        ours()
-    return {"torch": torch_call, "lane": ours, "general": general}
+        ours = lambda c: C.all_reduce(x, config=c)  # noqa: E731
+    return {"torch": torch_call, "lane": lambda: ours(cfg), "general": lambda: ours(no_lanes)}
 
 
 def measure(kind: str, mib: float, rounds: int) -> dict:
     """On each rank: median microseconds of each way, rounds interleaved."""
     world = dist.get_world_size()
-    cfg = ZipCCLConfig()
-    calls = _calls(kind, int(mib * (1 << 20)) // 2, world, cfg)
-    for _ in range(5):  # calibrates the policy, which then keeps this loopback raw
+    calls = _calls(kind, int(mib * (1 << 20)) // 2, world)
+    for _ in range(5):  # calibrates the policies, which then keep this loopback raw
         calls["lane"]()
+        calls["general"]()
     times = {way: [] for way in WAYS}
-    for i in range(rounds):
-        way = WAYS[i % len(WAYS)]
+    order = random.Random(0)  # the same sequence on every rank
+    for _ in range(rounds):
+        way = order.choice(WAYS)
         dist.barrier()
         t0 = time.perf_counter()
         calls[way]()
