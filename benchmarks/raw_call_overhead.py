@@ -2,13 +2,14 @@
 
 Two gloo ranks on the plain (unthrottled) loopback, where the adaptive policy
 sends everything raw. Each round, after a ``dist.barrier()``, makes the same
-call one of three ways, in an order drawn from a seeded generator (the same
+call one of four ways, in an order drawn from a seeded generator (the same
 on both ranks; a fixed cycle skewed the all-reduce by 10-20% in one run):
-torch's own collective; zipccl's with a default config, which after its
-first call takes the raw lane (``zipccl_fsdp/_raw_lanes.py``); and zipccl's
-general path, with a default config that never keeps a lane (what every raw
-call cost before lanes, plus one lane lookup). Medians of each, and their
-ratios to torch's. A real call follows a blocking
+torch's own collective, twice over (``torch_again``: the same call, counted
+apart, so its ratio to ``torch`` shows the noise of the measurement);
+zipccl's with a default config, which after its first call takes the raw
+lane (``zipccl_fsdp/_raw_lanes.py``); and zipccl's general path, with a
+default config that never keeps a lane (what every raw call cost before
+lanes, plus one lane lookup). Medians of each, and their ratios to torch's. A real call follows a blocking
 collective, and Python right after one runs several times slower than in a
 hot loop, which is why this measures inside real calls.
 
@@ -36,7 +37,7 @@ import zipccl_fsdp.collectives as C  # noqa: E402
 from zipccl_fsdp.config import ZipCCLConfig  # noqa: E402
 
 KINDS = ("all_to_all", "all_gather", "all_reduce")
-WAYS = ("torch", "lane", "general")
+WAYS = ("torch", "torch_again", "lane", "general")
 
 
 class _NoLanes(dict):
@@ -52,18 +53,27 @@ def _calls(kind: str, numel: int, world: int) -> dict:
     object.__setattr__(no_lanes, "_raw_lanes", _NoLanes())
     warnings.filterwarnings("ignore", category=FutureWarning)  # all_gather_into_tensor
     x = torch.randn(numel).bfloat16()
+    # One lambda per way around one call each: an extra Python frame costs
+    # several microseconds here, which would show as overhead.
     if kind == "all_gather":
         out = torch.empty(world * numel, dtype=x.dtype)
-        torch_call = lambda: C._all_gather_single(out, x)  # noqa: E731
-        ours = lambda c: C.all_gather_single(out, x, config=c)  # noqa: E731
-    elif kind == "all_to_all":
+        return {"torch": lambda: C._all_gather_single(out, x),
+                "torch_again": lambda: C._all_gather_single(out, x),
+                "lane": lambda: C.all_gather_single(out, x, config=cfg),
+                "general": lambda: C.all_gather_single(out, x, config=no_lanes)}
+    if kind == "all_to_all":
         out = torch.empty_like(x)
-        torch_call = lambda: dist.all_to_all_single(out, x)  # noqa: E731
-        ours = lambda c: C.all_to_all_single(out, x, config=c)  # noqa: E731
-    else:  # sums grow to inf and NaN: the same bytes for every way
-        torch_call = lambda: dist.all_reduce(x)  # noqa: E731
-        ours = lambda c: C.all_reduce(x, config=c)  # noqa: E731
-    return {"torch": torch_call, "lane": lambda: ours(cfg), "general": lambda: ours(no_lanes)}
+        return {"torch": lambda: dist.all_to_all_single(out, x),
+                "torch_again": lambda: dist.all_to_all_single(out, x),
+                "lane": lambda: C.all_to_all_single(out, x, config=cfg),
+                "general": lambda: C.all_to_all_single(out, x, config=no_lanes)}
+    # All-reduce: the tensor is refilled before each timed call (``refill``),
+    # so every call sums the same bytes (repeated sums grow to inf and NaN).
+    return {"torch": lambda: dist.all_reduce(x),
+            "torch_again": lambda: dist.all_reduce(x),
+            "lane": lambda: C.all_reduce(x, config=cfg),
+            "general": lambda: C.all_reduce(x, config=no_lanes),
+            "refill": (x, x.clone())}
 
 
 def measure(kind: str, mib: float, rounds: int) -> dict:
@@ -73,10 +83,13 @@ def measure(kind: str, mib: float, rounds: int) -> dict:
     for _ in range(5):  # calibrates the policies, which then keep this loopback raw
         calls["lane"]()
         calls["general"]()
+    refill = calls.get("refill")
     times = {way: [] for way in WAYS}
     order = random.Random(0)  # the same sequence on every rank
     for _ in range(rounds):
         way = order.choice(WAYS)
+        if refill is not None:
+            refill[0].copy_(refill[1])
         dist.barrier()
         t0 = time.perf_counter()
         calls[way]()
@@ -92,23 +105,22 @@ def main(argv=None) -> int:
     p.add_argument("--mib", default="1,4",
                    help="message sizes in MiB, comma-separated: the all-to-all and all-reduce "
                         "input, the all-gather shard (default 1,4)")
-    p.add_argument("--rounds", type=int, default=900, help="rounds, a third of them per way")
+    p.add_argument("--rounds", type=int, default=1200, help="rounds, about a quarter per way")
     args = p.parse_args(argv)
     print(f"raw_call_overhead: 2 gloo ranks, plain loopback, bf16, {args.rounds} rounds "
           f"interleaved (medians in us; ratios to torch's; rank 0 | rank 1)")
     print(f"{'collective':<12}{'MiB':>5}{'torch':>9}{'lane':>9}{'general':>9}"
-          f"{'lane/torch':>19}{'general/torch':>19}")
+          f"{'torch_again/torch':>19}{'lane/torch':>19}{'general/torch':>19}")
     for kind in args.kinds.split(","):
         for mib in (float(m) for m in args.mib.split(",")):
             results = run_gloo_ranks("raw_call_overhead", measure, (kind, mib, args.rounds))
             if results is None:
                 return 2
             r = results[0]
-            lane = " | ".join(f"{res['lane'] / res['torch']:.3f}" for res in results.values())
-            general = " | ".join(f"{res['general'] / res['torch']:.3f}"
-                                 for res in results.values())
+            ratios = [" | ".join(f"{res[way] / res['torch']:.3f}" for res in results.values())
+                      for way in ("torch_again", "lane", "general")]
             print(f"{kind:<12}{mib:>5g}{r['torch']:>9.0f}{r['lane']:>9.0f}{r['general']:>9.0f}"
-                  f"{lane:>19}{general:>19}")
+                  + "".join(f"{x:>19}" for x in ratios))
     return 0
 
 
