@@ -76,7 +76,7 @@ def _calls(kind: str, numel: int, world: int) -> dict:
             "refill": (x, x.clone())}
 
 
-def measure(kind: str, mib: float, rounds: int) -> dict:
+def measure(kind: str, mib: float, rounds: int, gap_ms: float = 0.0) -> dict:
     """On each rank: median microseconds of each way, rounds interleaved."""
     world = dist.get_world_size()
     calls = _calls(kind, int(mib * (1 << 20)) // 2, world)
@@ -90,6 +90,9 @@ def measure(kind: str, mib: float, rounds: int) -> dict:
         way = order.choice(WAYS)
         if refill is not None:
             refill[0].copy_(refill[1])
+        if gap_ms:
+            dist.barrier()
+            time.sleep(gap_ms / 1e3)
         dist.barrier()
         t0 = time.perf_counter()
         calls[way]()
@@ -106,6 +109,9 @@ def main(argv=None) -> int:
                    help="message sizes in MiB, comma-separated: the all-to-all and all-reduce "
                         "input, the all-gather shard (default 1,4)")
     p.add_argument("--rounds", type=int, default=1200, help="rounds, about a quarter per way")
+    p.add_argument("--gap-ms", type=float, default=0.0,
+                   help="idle milliseconds before each call's barrier (zipccl bench link "
+                        "waits 10 ms: the code after it runs colder still)")
     args = p.parse_args(argv)
     print(f"raw_call_overhead: 2 gloo ranks, plain loopback, bf16, {args.rounds} rounds "
           f"interleaved (medians in us; ratios to torch's; rank 0 | rank 1)")
@@ -113,7 +119,8 @@ def main(argv=None) -> int:
           f"{'torch_again/torch':>19}{'lane/torch':>19}{'general/torch':>19}")
     for kind in args.kinds.split(","):
         for mib in (float(m) for m in args.mib.split(",")):
-            results = run_gloo_ranks("raw_call_overhead", measure, (kind, mib, args.rounds))
+            results = run_gloo_ranks("raw_call_overhead", measure,
+                                     (kind, mib, args.rounds, args.gap_ms))
             if results is None:
                 return 2
             r = results[0]
