@@ -1,11 +1,14 @@
-"""Compress DTensor and functional collectives: a ``TorchDispatchMode``.
+"""Compress DTensor and functional collectives: zipccl's kernels for torch's
+functional-collective ops.
 
 DTensor redistribution (Shard->Replicate, Partial->Shard, Partial->Replicate),
 tensor/sequence parallelism and MoE token dispatch
 (``torch.distributed._functional_collectives``) all lower to
-``torch.ops._c10d_functional.*``; torch offers no registry to swap those, so
-this module intercepts them with a dispatch mode and runs
-``zipccl_fsdp.collectives`` instead:
+``torch.ops._c10d_functional.*``; torch offers no registry to swap those. While
+a ``DTensorCompression`` is active, this module registers kernels of its own
+for five of those ops, for CPU and CUDA tensors
+(``torch.library.Library(namespace, "IMPL")``), which run
+``zipccl_fsdp.collectives``:
 
 =================================================  ===========================
 ``_c10d_functional.all_gather_into_tensor``        ``all_gather_single``
@@ -17,56 +20,66 @@ avg)
 Shard(j) on non-CPU meshes)
 =================================================  ===========================
 
-Why a dispatch mode and not a ``TorchFunctionMode``: torch registers the
-autograd formulas of these ops with ``torch.library.register_autograd``
-(``torch/distributed/_functional_collectives.py``: the backward of an
-all-gather calls ``_c10d_functional.reduce_scatter_tensor`` and so on). Those
-backward calls are dispatcher calls, never Python function calls, so only a
-dispatch mode sees them. The mode sits below autograd: autograd records the
-same graph as without it.
+Why kernels: torch registers these ops' kernels for the
+CompositeExplicitAutograd alias key and their autograd formulas in Python
+(``torch.library.register_autograd``: the backward of an all-gather calls
+``_c10d_functional.reduce_scatter_tensor``, and so on). A kernel registered
+for the CPU and CUDA keys takes precedence over the composite one for those
+devices, below autograd, so it runs for forward and backward alike and
+autograd records the same graph. It runs for these ops only, on every thread
+(autograd's backward threads included). The first version of this module was
+a ``TorchDispatchMode``, which routes every op of its thread through Python:
+4.8 us more per op and 1.14x slower tensor-parallel steps with every
+collective raw (``benchmarks/dtensor_overhead.py``, docs/benchmarks.md).
+
+Torch's own kernels stay registered underneath: a call zipccl does not take
+(integer dtypes such as MoE token counts, reduce ops other than sum/avg, odd
+shapes, tracing) runs torch's kernel (``OpOverload._op_dk`` with the
+CompositeExplicitAutograd key) and is counted per op and reason under
+``"passthrough"`` in ``stats()``. Other functional collectives (broadcast,
+coalesced and in-place variants) are not intercepted at all. Deactivating the
+last ``DTensorCompression`` removes zipccl's kernels.
+
+Activation is process-wide. Compressions stack: the most recent active one
+handles the calls, and they must be exited in reverse order.
 
 A real functional collective returns a tensor whose ``Work`` is registered for
 a later ``_c10d_functional.wait_tensor`` (``AsyncCollectiveTensor`` issues it
-on first use). The compressed collectives are synchronous, so the mode returns
-a completed, unregistered tensor; ``wait_tensor`` on a tensor with no
-registered work returns it unchanged (``wait_tensor`` in
+on first use). zipccl's collectives return when done, so the kernels return
+unregistered tensors; ``wait_tensor`` on a tensor with no registered work
+returns it unchanged (``wait_tensor`` in
 ``torch/csrc/distributed/c10d/Functional.cpp`` pops the works the
 ``WorkRegistry`` holds for the tensor and waits on each, of which there are
 none here; checked on torch 2.13 with gloo).
-
-Calls the codec cannot take (integer dtypes such as MoE token counts, reduce
-ops other than sum/avg, fake or meta tensors while tracing) and every other
-functional collective run torch's own kernel and are counted per op under
-``"passthrough"`` in ``stats()``.
-
-The mode lives on the thread that enters it (autograd's device threads
-inherit it): call ``backward()`` while it is active, or backward's collectives
-run uncompressed. Like every dispatch mode it routes every op of the thread
-through Python, a few microseconds each.
 """
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections import Counter
 
 import torch
 import torch.distributed as dist
+from torch._C import DispatchKey
 from torch.distributed import ReduceOp
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from zipccl_fsdp import collectives as _coll
 from zipccl_fsdp.config import DEFAULT_CONFIG, ZipCCLConfig
 from zipccl_fsdp.stats import CommStats
 
-__all__ = ["DTensorCompressionMode", "compress_dtensor_comms", "enable_dtensor_compression",
-           "disable_dtensor_compression"]
+__all__ = ["DTensorCompression", "DTensorCompressionMode", "compress_dtensor_comms",
+           "enable_dtensor_compression", "disable_dtensor_compression"]
 
-_funcol = torch.ops._c10d_functional
 _REDUCE_OPS = {"sum": ReduceOp.SUM, "avg": ReduceOp.AVG}
-# Functional-collective namespaces whose unhandled ops are counted as passthrough.
-_COLLECTIVE_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd", "_dtensor")
-# Ops of those namespaces that move no data: not counted.
-_QUIET = ("wait_tensor", "_wrap_tensor_autograd", "mesh_get_process_group")
+_TORCH_KERNEL = DispatchKey.CompositeExplicitAutograd
+_DEVICE_KEYS = ("CPU", "CUDA")
+_OPS = {  # (namespace, op name) -> the DTensorCompression method that handles it
+    ("_c10d_functional", "all_gather_into_tensor"): "_all_gather",
+    ("_c10d_functional", "reduce_scatter_tensor"): "_reduce_scatter",
+    ("_c10d_functional", "all_reduce"): "_all_reduce",
+    ("_c10d_functional", "all_to_all_single"): "_all_to_all",
+    ("_dtensor", "shard_dim_alltoall"): "_shard_dim_alltoall",
+}
 
 
 def _resolve_group(group_name):
@@ -79,9 +92,9 @@ def _resolve_group(group_name):
 def _plain(t):
     """``t`` as a plain tensor the codec can read, or None when it is not one.
 
-    An ``AsyncCollectiveTensor`` argument reaches a mode before its own
-    ``__torch_dispatch__`` (modes go first): wait on it. Fake and meta tensors
-    (tracing) are not data.
+    A kernel below the Python dispatch keys sees plain tensors; an
+    ``AsyncCollectiveTensor`` (should one arrive) is waited on. Fake and meta
+    tensors (tracing) are not data.
     """
     from torch.distributed._functional_collectives import AsyncCollectiveTensor
     if isinstance(t, AsyncCollectiveTensor):
@@ -91,24 +104,24 @@ def _plain(t):
     return t
 
 
-class DTensorCompressionMode(TorchDispatchMode):
+class DTensorCompression:
     """Run functional collectives through ``zipccl_fsdp.collectives`` while active.
 
-    Use it through ``compress_dtensor_comms`` or ``enable_dtensor_compression``.
-    Results are bitwise those of ``zipccl_fsdp.collectives`` (data movement is
-    bit-exact; reductions sum in fp32 in rank order, which is torch's result
-    bit for bit on two ranks).
+    Use it through ``compress_dtensor_comms`` or ``enable_dtensor_compression``
+    (or as a context manager). Results are bitwise those of
+    ``zipccl_fsdp.collectives`` (data movement is bit-exact; reductions sum in
+    fp32 in rank order when compressed, which is torch's result bit for bit
+    on two ranks).
 
     Example::
 
-        >>> with compress_dtensor_comms(ZipCCLConfig(min_bytes=0)) as mode:
+        >>> with compress_dtensor_comms(ZipCCLConfig(min_bytes=0)) as comp:
         ...     loss = tp_model(x).sum()
         ...     loss.backward()
-        >>> mode.stats()["all_gather"]["wire_bytes"]
+        >>> comp.stats()["all_gather"]["wire_bytes"]
     """
 
     def __init__(self, config: ZipCCLConfig | None = None) -> None:
-        super().__init__()
         if config is not None and not isinstance(config, ZipCCLConfig):
             raise TypeError(f"config must be a ZipCCLConfig or None, got {type(config).__name__}")
         # What the user tunes
@@ -116,18 +129,11 @@ class DTensorCompressionMode(TorchDispatchMode):
         # Statistics
         self._stats = CommStats()
         self._passthrough: Counter = Counter()
-        self._handlers = {
-            _funcol.all_gather_into_tensor.default: self._all_gather,
-            _funcol.reduce_scatter_tensor.default: self._reduce_scatter,
-            _funcol.all_reduce.default: self._all_reduce,
-            _funcol.all_to_all_single.default: self._all_to_all,
-            torch.ops._dtensor.shard_dim_alltoall.default: self._shard_dim_alltoall,
-        }
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict:
         """Counters: ``CommStats.snapshot()`` per kind, plus ``"passthrough"``:
-        ``{op or "op:reason": calls}`` for functional collectives left to torch."""
+        ``{"op:reason": calls}`` for intercepted calls left to torch's kernel."""
         snap = self._stats.snapshot()
         snap["passthrough"] = dict(self._passthrough)
         return snap
@@ -137,24 +143,28 @@ class DTensorCompressionMode(TorchDispatchMode):
         self._stats.reset()
         self._passthrough.clear()
 
-    # --------------------------------------------------------------- dispatch
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        handler = self._handlers.get(func)
-        if handler is not None:
-            from torch.distributed._functional_collectives import _are_we_tracing
-            if _are_we_tracing():
-                reason = "tracing"
-            else:
-                result = handler(*args, **kwargs)
-                if not isinstance(result, str):
-                    return result
-                reason = result
-            self._passthrough[f"{func}:{reason}"] += 1
-        elif func.namespace in _COLLECTIVE_NAMESPACES and \
-                func._schema.name.split("::")[-1] not in _QUIET:
-            self._passthrough[str(func)] += 1
-        return func(*args, **kwargs)
+    # ------------------------------------------------------------- activation
+    def __enter__(self) -> "DTensorCompression":
+        _activate(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _deactivate(self)
+
+    # ------------------------------------------------------------------ calls
+    def _call(self, op, method: str, args: tuple, kwargs: dict):
+        """One call of ``op`` (an OpOverload) on this rank: zipccl's collective,
+        or torch's kernel with the reason counted."""
+        from torch.distributed._functional_collectives import _are_we_tracing
+        if _are_we_tracing():
+            reason = "tracing"
+        else:
+            result = getattr(self, method)(*args, **kwargs)
+            if not isinstance(result, str):
+                return result
+            reason = result
+        self._passthrough[f"{op}:{reason}"] += 1
+        return op._op_dk(_TORCH_KERNEL, *args, **kwargs)
 
     # Each handler returns the op's result, or a string saying why torch's own
     # kernel must run instead (checked before any communication, on values
@@ -240,38 +250,89 @@ class DTensorCompressionMode(TorchDispatchMode):
         return torch.cat(recv.unbind(0), dim=gather_dim)
 
 
+DTensorCompressionMode = DTensorCompression
+"""The first version's name (it was a ``TorchDispatchMode``); same interface."""
+
+
+# --------------------------------------------------------------------------
+# Activation: zipccl's kernels are registered while any compression is active.
+# --------------------------------------------------------------------------
+_ACTIVE: list[DTensorCompression] = []
+"""Active compressions, oldest first; the last one handles the calls."""
+_LIBRARIES: list = []
+"""The ``torch.library.Library`` objects holding zipccl's kernels while active."""
+_LOCK = threading.Lock()
+
+
+def _kernel(op, method: str):
+    """The kernel of ``op``: the newest active compression's handler."""
+    def kernel(*args, **kwargs):
+        active = _ACTIVE[-1] if _ACTIVE else None
+        if active is None:  # raced with the last deactivation: torch's own
+            return op._op_dk(_TORCH_KERNEL, *args, **kwargs)
+        return active._call(op, method, args, kwargs)
+    return kernel
+
+
+def _activate(comp: DTensorCompression) -> None:
+    with _LOCK:
+        if any(c is comp for c in _ACTIVE):
+            raise RuntimeError("this DTensorCompression is already active")
+        if not _ACTIVE:
+            for namespace in sorted({ns for ns, _ in _OPS}):
+                lib = torch.library.Library(namespace, "IMPL")
+                _LIBRARIES.append(lib)
+                for (ns, name), method in _OPS.items():
+                    if ns != namespace:
+                        continue
+                    op = getattr(getattr(torch.ops, ns), name).default
+                    for key in _DEVICE_KEYS:
+                        lib.impl(name, _kernel(op, method), key)
+        _ACTIVE.append(comp)
+
+
+def _deactivate(comp: DTensorCompression) -> None:
+    with _LOCK:
+        if not _ACTIVE or _ACTIVE[-1] is not comp:
+            if any(c is comp for c in _ACTIVE):
+                raise RuntimeError("another DTensor compression was entered after this one "
+                                   "and is still active; exit it first")
+            return
+        _ACTIVE.pop()
+        if not _ACTIVE:
+            while _LIBRARIES:
+                _LIBRARIES.pop()._destroy()
+
+
 @contextlib.contextmanager
 def compress_dtensor_comms(config: ZipCCLConfig | None = None):
-    """Compress DTensor and functional collectives issued inside the block.
+    """Compress DTensor and functional collectives, on every thread, inside the block.
 
-    Yields the ``DTensorCompressionMode`` (read its ``stats()``). Run forward
-    *and* backward inside the block: backward's collectives are issued by the
-    autograd engine while ``backward()`` runs.
+    Yields the ``DTensorCompression`` (read its ``stats()``).
 
     Example::
 
-        >>> with compress_dtensor_comms(ZipCCLConfig(codec="dense")) as mode:
+        >>> with compress_dtensor_comms(ZipCCLConfig(codec="dense")) as comp:
         ...     model(x).sum().backward()
-        >>> mode.stats()["reduce_scatter"]
+        >>> comp.stats()["reduce_scatter"]
     """
-    mode = DTensorCompressionMode(config)
-    with mode:
-        yield mode
+    with DTensorCompression(config) as comp:
+        yield comp
 
 
-_enabled: DTensorCompressionMode | None = None  # the mode enable_dtensor_compression pushed
+_enabled: DTensorCompression | None = None  # what enable_dtensor_compression activated
 
 
-def enable_dtensor_compression(config: ZipCCLConfig | None = None) -> DTensorCompressionMode:
-    """Compress DTensor and functional collectives of this thread until disabled.
+def enable_dtensor_compression(config: ZipCCLConfig | None = None) -> DTensorCompression:
+    """Compress DTensor and functional collectives, on every thread, until disabled.
 
     For training loops that cannot wrap forward and backward in one block
-    (e.g. torchtitan's). Returns the mode (read its ``stats()``). Raises if
-    already enabled.
+    (e.g. torchtitan's). Returns the ``DTensorCompression`` (read its
+    ``stats()``). Raises if already enabled.
 
     Example::
 
-        >>> mode = enable_dtensor_compression(ZipCCLConfig(min_bytes=1 << 16))
+        >>> comp = enable_dtensor_compression(ZipCCLConfig(min_bytes=1 << 16))
         >>> train()
         >>> disable_dtensor_compression()
     """
@@ -279,23 +340,20 @@ def enable_dtensor_compression(config: ZipCCLConfig | None = None) -> DTensorCom
     if _enabled is not None:
         raise RuntimeError("DTensor compression is already enabled; call "
                            "disable_dtensor_compression() first")
-    mode = DTensorCompressionMode(config)
-    mode.__enter__()
-    _enabled = mode
-    return mode
+    comp = DTensorCompression(config)
+    _activate(comp)
+    _enabled = comp
+    return comp
 
 
 def disable_dtensor_compression() -> None:
     """Undo ``enable_dtensor_compression`` (a no-op when it is not enabled).
 
-    Dispatch modes form a stack: a mode entered after enabling and still
-    active must be exited first, or this raises ``RuntimeError``.
+    Compressions stack: one entered after enabling and still active must be
+    exited first, or this raises ``RuntimeError``.
     """
     global _enabled
     if _enabled is None:
         return
-    if _get_current_dispatch_mode() is not _enabled:
-        raise RuntimeError("another TorchDispatchMode was entered after "
-                           "enable_dtensor_compression() and is still active; exit it first")
-    _enabled.__exit__(None, None, None)
+    _deactivate(_enabled)
     _enabled = None

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch import nn
 
-from hooks.dtensor import (DTensorCompressionMode, compress_dtensor_comms,
+from hooks.dtensor import (DTensorCompression, DTensorCompressionMode, compress_dtensor_comms,
                            disable_dtensor_compression, enable_dtensor_compression)
 from zipccl_fsdp.config import ZipCCLConfig
 
@@ -84,8 +84,8 @@ POLICY_CONFIGS = {
     "default": ZipCCLConfig(),  # adaptive: this fast loopback is measured, so all raw
     "adaptive_slow": ZipCCLConfig(min_bytes=0, link_gbps=0.01, codec_gbps=5.0),
 }
-"""The adaptive policy inside the dispatch mode: its calibration and its size
-exchanges are collectives of their own, issued from within the mode."""
+"""The adaptive policy inside the compression: its calibration and its size
+exchanges are collectives of their own, issued from within zipccl's kernels."""
 
 
 def run_tensor_parallel(config: str = "always") -> dict:
@@ -140,7 +140,7 @@ def _fsdp_tp_train(compress: bool) -> tuple:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     dp, tp = mesh["dp"].get_local_rank(), mesh["tp"].get_local_rank()
     g = torch.Generator().manual_seed(dp)  # data differs across dp, not across tp
-    mode = DTensorCompressionMode(CFG)
+    mode = DTensorCompression(CFG)
     losses, params = [], []
     for _ in range(3):
         x = torch.randn(2, 16, 32, generator=g).chunk(2, dim=1)[tp].contiguous()
@@ -199,7 +199,7 @@ def _a2a(x, case, autograd):
 
 def run_all_to_all(dtype, config: str = "always") -> dict:
     rank = dist.get_rank()
-    mode = DTensorCompressionMode(POLICY_CONFIGS.get(config, CFG))
+    mode = DTensorCompression(POLICY_CONFIGS.get(config, CFG))
     for case in SPLITS:
         g = torch.Generator().manual_seed(rank)
         x = (torch.randn(sum(SPLITS[case][rank]), WIDTH, generator=g) * 0.1).to(dtype)
@@ -272,7 +272,7 @@ def run_reduce_ops_and_passthrough() -> dict:
         a = funcol.all_reduce(x, "avg", group).wait()
         rs = funcol.reduce_scatter_tensor(x, "avg", 0, group).wait()
         m = funcol.all_reduce(x, "max", group).wait()  # not a codec reduction: torch runs it
-        b = funcol.broadcast(x, 0, group).wait()  # not handled: torch runs it
+        b = funcol.broadcast(x, 0, group).wait()  # not intercepted: torch runs it
         ag = funcol.all_gather_tensor(x.bfloat16(), 0, group).wait()
     both = _gather_list(x)
     assert_bits_equal(s, both[0] + both[1], "sum")
@@ -289,8 +289,47 @@ def test_reduce_ops_and_passthrough(pool2):
         assert stats["all_reduce"]["compressed_calls"] == 2
         assert stats["reduce_scatter"]["compressed_calls"] == 1
         assert stats["all_gather"]["compressed_calls"] == 1
-        assert stats["passthrough"] == {"_c10d_functional.all_reduce.default:op max": 1,
-                                        "_c10d_functional.broadcast.default": 1}
+        assert stats["passthrough"] == {"_c10d_functional.all_reduce.default:op max": 1}
+
+
+def run_every_thread_and_only_collectives() -> dict:
+    """zipccl's kernels serve every thread (autograd's backward threads too),
+    no Python dispatch mode is involved, and they are gone after the block."""
+    import threading
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+    rank = dist.get_rank()
+    x = torch.randn(64, 8, generator=torch.Generator().manual_seed(rank))
+    both = _gather_list(x)
+    group = dist.group.WORLD
+    name = "_c10d_functional::all_gather_into_tensor"
+    seen = {"before": torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU")}
+    with compress_dtensor_comms(CFG) as comp:
+        seen["during"] = torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU")
+        seen["mode"] = _get_current_dispatch_mode()
+        out = {}
+        worker = threading.Thread(
+            target=lambda: out.setdefault("ag", funcol.all_gather_tensor(x, 0, group).wait()))
+        worker.start()
+        worker.join()
+        with compress_dtensor_comms(CFG) as inner:  # the newest compression handles calls
+            funcol.all_reduce(x, "sum", group).wait()
+            with pytest.raises(RuntimeError, match="exit it first"):
+                comp.__exit__(None, None, None)
+        funcol.all_reduce(x, "sum", group).wait()
+    seen["after"] = torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU")
+    assert_bits_equal(out["ag"], torch.cat(both), "all_gather from another thread")
+    funcol.all_gather_tensor(x, 0, group).wait()  # torch's own again: not counted
+    seen["calls"] = {k: comp.stats()[k]["calls"] for k in ("all_gather", "all_reduce")}
+    seen["inner_calls"] = inner.stats()["all_reduce"]["calls"]
+    return seen
+
+
+def test_every_thread_and_only_collectives(pool2):
+    for seen in pool2.run(run_every_thread_and_only_collectives):
+        assert seen["mode"] is None
+        assert (seen["before"], seen["during"], seen["after"]) == (False, True, False)
+        assert seen["calls"] == {"all_gather": 1, "all_reduce": 1}
+        assert seen["inner_calls"] == 1
 
 
 def run_enable_disable() -> tuple:
@@ -317,4 +356,5 @@ def test_enable_disable(pool2):
 
 def test_config_type_checked():
     with pytest.raises(TypeError, match="ZipCCLConfig"):
-        DTensorCompressionMode({"min_bytes": 0})
+        DTensorCompression({"min_bytes": 0})
+    assert DTensorCompressionMode is DTensorCompression  # the first version's name

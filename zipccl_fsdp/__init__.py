@@ -27,8 +27,8 @@ from .collectives import (  # noqa: E402
 from hooks.registry import ZipCCLHook, zipccl_hook, register_comm_hook  # noqa: E402
 from hooks.ddp import ddp_comm_hook  # noqa: E402
 from hooks.dtensor import (  # noqa: E402
-    DTensorCompressionMode, compress_dtensor_comms, enable_dtensor_compression,
-    disable_dtensor_compression,
+    DTensorCompression, DTensorCompressionMode, compress_dtensor_comms,
+    enable_dtensor_compression, disable_dtensor_compression,
 )
 
 __version__ = "0.1.0"
@@ -39,6 +39,6 @@ __all__ = [
     "all_gather_single", "reduce_scatter_single", "all_reduce", "all_to_all_single",
     "stats", "reset_stats",
     "ZipCCLHook", "zipccl_hook", "register_comm_hook", "ddp_comm_hook",
-    "DTensorCompressionMode", "compress_dtensor_comms", "enable_dtensor_compression",
-    "disable_dtensor_compression",
+    "DTensorCompression", "DTensorCompressionMode", "compress_dtensor_comms",
+    "enable_dtensor_compression", "disable_dtensor_compression",
 ]

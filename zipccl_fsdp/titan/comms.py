@@ -23,7 +23,7 @@ with telemetry and without capture. With it:
 - ``config``: the ``ZipCCLConfig`` of a new ``ZipCCLHook``;
 - ``dtensor``: DTensor and functional collectives (tensor parallelism, MoE
   token dispatch with expert parallelism) also go through zipccl, with
-  ``zipccl_fsdp.enable_dtensor_compression(config)`` on the training thread;
+  ``zipccl_fsdp.enable_dtensor_compression(config)`` (process-wide);
 - ``telemetry`` false: no ``zipccl/<kind>/...`` tags;
 - ``capture`` N: the inputs of the first N all-gathers and reduce-scatters of
   each rank are saved to ``<capture_dir>/capture_rank<R>.safetensors``
@@ -123,7 +123,7 @@ def install_fsdp_comms(
     A ``post_optimizer_build_fn`` (bind ``compress`` with ``functools.partial``).
     ``RunSettings`` from the environment refine ``compress`` and the hook's
     config (see the module docstring). Returns whether zipccl compresses
-    anything (the FSDP2 hook or the DTensor mode). Also attaches the scalar
+    anything (the FSDP2 hook or the DTensor compression). Also attaches the scalar
     ``zipccl/config/compressed`` (1.0 or 0.0) to the TensorBoard metrics, so
     runs can be told apart side by side.
     """
@@ -151,7 +151,7 @@ def _install_zipccl(
     """Install what ``settings`` ask for; return (FSDP2 hook installed, anything installed).
 
     The FSDP2 hook goes on when all-gathers or reduce-scatters are compressed
-    (always without settings); the DTensor mode when ``settings.dtensor``.
+    (always without settings); the DTensor compression when ``settings.dtensor``.
     """
     import zipccl_fsdp
 
@@ -186,7 +186,8 @@ def _install_zipccl(
                 "DTensor / functional collectives stay uncompressed"
             )
         else:
-            # Pushed on this (the training) thread; the trainer never pops it.
+            # Process-wide (zipccl's kernels for the functional collectives);
+            # the trainer never disables it.
             stats_fns.append(enable(config).stats)
     if stats_fns and (settings is None or settings.telemetry):
         stats = functools.partial(_summed_stats, stats_fns)
@@ -198,11 +199,11 @@ def _install_zipccl(
 
 
 def _summed_stats(stats_fns: Sequence[Callable[[], Mapping]]) -> dict[str, dict[str, float]]:
-    """Per-kind counters of several owners (the FSDP2 hook, the DTensor mode) added up."""
+    """Per-kind counters of several owners (the FSDP2 hook, the DTensor compression) added up."""
     out: dict[str, dict[str, float]] = {}
     for fn in stats_fns:
         for kind, fields in fn().items():
-            if kind not in COMM_KINDS:  # e.g. the DTensor mode's "passthrough"
+            if kind not in COMM_KINDS:  # e.g. the DTensor compression's "passthrough"
                 continue
             into = out.setdefault(kind, {})
             for name, value in fields.items():
