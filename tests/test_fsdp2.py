@@ -145,9 +145,10 @@ def task_train(mode: str):
                 m.set_custom_reduce_scatter(AllToAllSumReduceScatter())
     losses, digests = train(model)
     stats = hook.stats() if hook else None
+    lanes = sorted({key[0] for key in hook.config._raw_lanes}) if hook else None
     if hook:
         hook.remove(model)
-    return {"losses": losses, "digests": digests, "stats": stats}
+    return {"losses": losses, "digests": digests, "stats": stats, "lanes": lanes}
 
 
 def task_register_remove():
@@ -258,7 +259,11 @@ def test_fsdp2_two_ranks_bitwise_equal_to_default_and_compressed(pool2):
     assert len(set(default[0]["losses"])) > 1
     # The default hook (policy "adaptive") measures this unthrottled loopback as
     # faster than the CPU codec and sends every call raw: the same bits again.
-    for s in _stats_of_same_training(default, pool2.run(task_train, "zipccl_default")):
+    # Its all-gathers take the raw lane (reduce-scatters keep zipccl's own raw
+    # path, an all-to-all and an fp32 sum).
+    runs = pool2.run(task_train, "zipccl_default")
+    assert all(run["lanes"] == ["all_gather"] for run in runs), [run["lanes"] for run in runs]
+    for s in _stats_of_same_training(default, runs):
         assert s["all_gather"]["calls"] > 0 and s["reduce_scatter"]["calls"] > 0, s
         assert s["all_gather"]["compressed_calls"] == 0, s["all_gather"]
         assert s["reduce_scatter"]["compressed_calls"] == 0, s["reduce_scatter"]
