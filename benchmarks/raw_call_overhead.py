@@ -9,12 +9,13 @@ apart, so its ratio to ``torch`` shows the noise of the measurement);
 zipccl's with a default config, which after its first call takes the raw
 lane (``zipccl_fsdp/_raw_lanes.py``); and zipccl's general path, with a
 default config that never keeps a lane (what every raw call cost before
-lanes, plus one lane lookup). Medians of each, and their ratios to torch's. A real call follows a blocking
-collective, and Python right after one runs several times slower than in a
-hot loop, which is why this measures inside real calls.
+lanes, plus one lane lookup). Medians of each, and their ratios to torch's.
+A real call follows a blocking collective, and Python right after one runs
+several times slower than in a hot loop, which is why this measures inside
+real calls.
 
-    python benchmarks/raw_call_overhead.py                    # 1 and 4 MiB, three collectives
-    python benchmarks/raw_call_overhead.py --mib 1 --kinds all_to_all --rounds 1500
+    python benchmarks/raw_call_overhead.py            # 1 and 4 MiB, three collectives
+    python benchmarks/raw_call_overhead.py --mib 1 --kinds all_to_all --rounds 6000
 """
 from __future__ import annotations
 

@@ -3,16 +3,18 @@ for calls that are sure to go raw.
 
 Once a call has gone raw for a reason that no later call can change (the
 adaptive policy found this group's link faster than any codec for the dtype,
-or ``policy="never"``), the collective opens a lane for its (config, stats, group, dtype, device). The
-next such calls then check their arguments in a few steps, count their stats
-as the general path would, and call the ``ProcessGroup`` method that torch's
-own wrapper calls, skipping both zipccl's general path and torch's Python.
+or ``policy="never"``), the collective opens a lane for its (config, stats,
+group, dtype, device). The next such calls then check their arguments in a
+few steps, count their stats as the general path would, and call the
+``ProcessGroup`` method that torch's own wrapper calls, skipping both
+zipccl's general path and torch's Python.
 
 Why: a real call follows a blocking collective, and Python right after one
 runs 5-8 times slower than in a loop (cold caches, a vCPU back from idle).
-zipccl's general raw path then cost 80-150 us per call, 18% of a 1 MiB gloo
-all-to-all on the plain loopback; through a lane a raw call takes the time of
-torch's own (``benchmarks/raw_call_overhead.py``, docs/benchmarks.md).
+zipccl's general raw path then cost 80-150 us per call, 34-40% of a 1 MiB
+gloo all-to-all on the plain loopback; through a lane a raw call takes
+torch's time within 3% (``benchmarks/raw_call_overhead.py``,
+docs/benchmarks.md).
 
 A lane never raises on bad input and never changes what a call does: any call
 it is not sure of returns ``MISS`` and takes the general path, with its
