@@ -90,8 +90,7 @@ def open_lane(cfg, kind: str, pg, world: int, rank: int, stats_arg, fields: dict
     with AVG (NCCL)."""
     key = (kind, pg, stats_arg, dtype, device)
     if key not in cfg._raw_lanes:
-        itemsize = torch.empty(0, dtype=dtype).element_size()
-        cfg._raw_lanes[key] = _Lane(kind, pg, world, rank, itemsize, fields, decisions,
+        cfg._raw_lanes[key] = _Lane(kind, pg, world, rank, dtype.itemsize, fields, decisions,
                                     native_avg)
 
 

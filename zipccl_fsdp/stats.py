@@ -12,8 +12,10 @@ count what it hands over for delivery to *other* ranks:
   without the rank's own all-to-all slot.
 
 Times are host wall-clock seconds. On CUDA a phase that does not wait for the
-device (an NCCL launch) is counted until its launch returns; encode and decode
-read sizes on the host, so they include the kernels they wait for.
+device (an NCCL launch) is counted until its launch returns, and so is a raw
+call made with ``async_op=True`` (the DDP hook's, on a fast link), which
+returns torch's pending ``Work``; encode and decode read sizes on the host,
+so they include the kernels they wait for.
 """
 from __future__ import annotations
 
