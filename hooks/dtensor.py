@@ -6,15 +6,17 @@ tensor/sequence parallelism and MoE token dispatch
 (``torch.distributed._functional_collectives``) all lower to
 ``torch.ops._c10d_functional.*``; torch offers no registry to swap those. While
 a ``DTensorCompression`` is active, this module registers kernels of its own
-for five of those ops, for CPU and CUDA tensors
+for eight of those ops, for CPU and CUDA tensors
 (``torch.library.Library(namespace, "IMPL")``), which run
 ``zipccl_fsdp.collectives``:
 
 =================================================  ===========================
 ``_c10d_functional.all_gather_into_tensor``        ``all_gather_single``
+(and ``_out``)
 ``_c10d_functional.reduce_scatter_tensor`` (sum,   ``reduce_scatter_single``
-avg)
-``_c10d_functional.all_reduce`` (sum, avg)         ``all_reduce``
+avg; and ``_out``)
+``_c10d_functional.all_reduce`` (sum, avg; and     ``all_reduce``
+the in-place ``all_reduce_``)
 ``_c10d_functional.all_to_all_single``             ``all_to_all_single``
 ``_dtensor.shard_dim_alltoall`` (Shard(i)->        ``all_to_all_single``
 Shard(j) on non-CPU meshes)
@@ -37,8 +39,13 @@ Torch's own kernels stay registered underneath: a call zipccl does not take
 shapes, tracing) runs torch's kernel (``OpOverload._op_dk`` with the
 CompositeExplicitAutograd key) and is counted per op and reason under
 ``"passthrough"`` in ``stats()``. Other functional collectives (broadcast,
-coalesced and in-place variants) are not intercepted at all. Deactivating the
-last ``DTensorCompression`` removes zipccl's kernels.
+coalesced variants, in-place broadcast) are not intercepted at all.
+Deactivating the last ``DTensorCompression`` removes zipccl's kernels.
+
+Under ``torch.compile`` inductor's generated code calls the in-place and
+``_out`` variants (``all_reduce_``, ``all_gather_into_tensor_out``,
+``reduce_scatter_tensor_out``), which is why those are intercepted too: a
+compiled region's collectives are compressed like eager ones.
 
 Activation is process-wide. Compressions stack: the most recent active one
 handles the calls, and they must be exited in reverse order.
@@ -75,8 +82,11 @@ _TORCH_KERNEL = DispatchKey.CompositeExplicitAutograd
 _DEVICE_KEYS = ("CPU", "CUDA")
 _OPS = {  # (namespace, op name) -> the DTensorCompression method that handles it
     ("_c10d_functional", "all_gather_into_tensor"): "_all_gather",
+    ("_c10d_functional", "all_gather_into_tensor_out"): "_all_gather",
     ("_c10d_functional", "reduce_scatter_tensor"): "_reduce_scatter",
+    ("_c10d_functional", "reduce_scatter_tensor_out"): "_reduce_scatter",
     ("_c10d_functional", "all_reduce"): "_all_reduce",
+    ("_c10d_functional", "all_reduce_"): "_all_reduce_",
     ("_c10d_functional", "all_to_all_single"): "_all_to_all",
     ("_dtensor", "shard_dim_alltoall"): "_shard_dim_alltoall",
 }
@@ -177,18 +187,22 @@ class DTensorCompression:
             return None, f"dtype {t.dtype}"
         return t.contiguous(), None
 
-    def _all_gather(self, input, group_size, group_name):
+    def _all_gather(self, input, group_size, group_name, *, out=None):
         inp, why = self._input(input)
         if why:
             return why
         group = _resolve_group(group_name)
         if inp.dim() == 0 or group.size() != group_size:
             return "shape"
-        out = inp.new_empty((group_size * inp.shape[0], *inp.shape[1:]))
+        shape = (group_size * inp.shape[0], *inp.shape[1:])
+        if out is None:
+            out = inp.new_empty(shape)
+        elif _plain(out) is not out or out.shape != shape or not out.is_contiguous():
+            return "out"
         _coll.all_gather_single(out, inp, group=group, config=self.config, stats=self._stats)
         return out
 
-    def _reduce_scatter(self, input, reduce_op, group_size, group_name):
+    def _reduce_scatter(self, input, reduce_op, group_size, group_name, *, out=None):
         inp, why = self._input(input)
         if why:
             return why
@@ -198,22 +212,34 @@ class DTensorCompression:
         group = _resolve_group(group_name)
         if inp.dim() == 0 or group.size() != group_size or inp.shape[0] % group_size:
             return "shape"
-        out = inp.new_empty((inp.shape[0] // group_size, *inp.shape[1:]))
+        shape = (inp.shape[0] // group_size, *inp.shape[1:])
+        if out is None:
+            out = inp.new_empty(shape)
+        elif _plain(out) is not out or out.shape != shape or not out.is_contiguous():
+            return "out"
         _coll.reduce_scatter_single(out, inp, op=op, group=group, config=self.config,
                                     stats=self._stats)
         return out
 
-    def _all_reduce(self, input, reduce_op, group_name):
+    def _all_reduce(self, input, reduce_op, group_name, *, in_place=False):
         inp, why = self._input(input)
         if why:
             return why
         op = _REDUCE_OPS.get(reduce_op.lower())
         if op is None:
             return f"op {reduce_op}"
-        out = inp.clone(memory_format=torch.contiguous_format)  # the op leaves its input alone
+        if in_place:
+            if inp is not input:  # not contiguous: the copy would not be the input
+                return "shape"
+            out = input
+        else:
+            out = inp.clone(memory_format=torch.contiguous_format)  # leaves its input alone
         _coll.all_reduce(out, op=op, group=_resolve_group(group_name), config=self.config,
                          stats=self._stats)
         return out
+
+    def _all_reduce_(self, input, reduce_op, group_name):
+        return self._all_reduce(input, reduce_op, group_name, in_place=True)
 
     def _all_to_all(self, input, output_split_sizes, input_split_sizes, group_name):
         inp, why = self._input(input)

@@ -358,3 +358,31 @@ def test_config_type_checked():
     with pytest.raises(TypeError, match="ZipCCLConfig"):
         DTensorCompression({"min_bytes": 0})
     assert DTensorCompressionMode is DTensorCompression  # the first version's name
+
+
+def run_compiled() -> dict:
+    """Inside ``torch.compile`` (inductor) the collectives are compressed too:
+    its generated code calls the in-place and ``_out`` variants."""
+    rank = dist.get_rank()
+    group = dist.group.WORLD
+
+    def f(x):
+        s = funcol.all_reduce(x * 2, "sum", group)
+        g = funcol.all_gather_tensor(x, 0, group)
+        r = funcol.reduce_scatter_tensor(x, "sum", 0, group)
+        return s + 1, g * 3, r - 1
+
+    x = torch.randn(512, 8, generator=torch.Generator().manual_seed(rank))
+    want = f(x)
+    compiled = torch.compile(f, backend="inductor")
+    with compress_dtensor_comms(CFG) as comp:
+        got = compiled(x)
+    for name, a, b in zip(("all_reduce", "all_gather", "reduce_scatter"), got, want):
+        assert_bits_equal(a, b, f"compiled {name}")
+    stats = comp.stats()
+    return {k: stats[k]["compressed_calls"] for k in ("all_reduce", "all_gather", "reduce_scatter")}
+
+
+def test_compiled_collectives_are_compressed(pool2):
+    for calls in pool2.run(run_compiled):
+        assert calls == {"all_reduce": 1, "all_gather": 1, "reduce_scatter": 1}, calls
