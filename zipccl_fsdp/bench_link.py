@@ -182,10 +182,15 @@ def _worker(spec: dict) -> None:
             wire = s_now["wire_bytes"] - st_before["wire_bytes"]
             rawb = s_now["raw_bytes"] - st_before["raw_bytes"]
             model = {}
+            probe = P.policy_for(cfg).probes.get(
+                (P._group_key(group), x.dtype, x.device.type)) if cfg.policy == "adaptive" else None
+            if probe:  # the in-situ A/B that calibrated this row (Policy._in_situ)
+                model.update(codec_slowdown=probe["slowdown"], ab_raw_ms=probe["raw_s"] * 1e3,
+                             ab_zipccl_ms=probe["zipccl_s"] * 1e3)
             if cfg.policy == "adaptive" and P.policy_for(cfg)._speeds:
                 try:
                     e = P.policy_for(cfg).explain(group, site, x.dtype, x.device, parts)
-                    model = dict(pred_raw_ms=e["predicted_raw_s"] * 1e3,
+                    model.update(pred_raw_ms=e["predicted_raw_s"] * 1e3,
                                  pred_zipccl_ms=e["predicted_s"] * 1e3,
                                  link_MBps=e["link"].bytes_per_s / 1e6,
                                  latency_us=e["link"].latency_s * 1e6)
@@ -200,6 +205,8 @@ def _worker(spec: dict) -> None:
                        pred_raw_ms=model.get("pred_raw_ms"),
                        pred_zipccl_ms=model.get("pred_zipccl_ms"),
                        link_MBps=model.get("link_MBps"), latency_us=model.get("latency_us"),
+                       codec_slowdown=model.get("codec_slowdown"),
+                       ab_raw_ms=model.get("ab_raw_ms"), ab_zipccl_ms=model.get("ab_zipccl_ms"),
                        never_ms=statistics.median(times["never"]) * 1e3 if "never" in times
                        else None)
             results.append(row)
