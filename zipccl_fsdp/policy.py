@@ -129,9 +129,13 @@ REPROBE_EVERY = 32
 PROBE_SECONDS = 0.04
 """Raw duration the in-situ A/B aims for (``Policy._in_situ``)."""
 
-AB_ROUNDS = 4
-"""Timed rounds of the in-situ A/B (best of; with 2, the loopback's noise here
-opened the gate now and then)."""
+AB_ROUNDS = 8
+"""Timed rounds of the in-situ A/B (best of). With 2, the loopback's noise
+opened the gate now and then; with 4, six calibrations at 1 Gbit/s put the
+codec slowdown k anywhere in 1.0-8.05 and one kept a 1 MiB reduce-scatter
+raw; with 8, 1.0-3.4 and every one compressed it (docs/benchmarks.md). Each
+round costs a raw and a compressed all-gather of about PROBE_SECONDS, once
+per (group, dtype)."""
 
 PROBE_K_RANGE = (1.0, 64.0)
 """Bounds of the in-situ codec slowdown factor: a codec does not run faster
