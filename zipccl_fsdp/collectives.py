@@ -240,16 +240,20 @@ def _native_all_reduce(tensor, parsed: _Op, op, group, world: int, async_op: boo
     return dist.all_reduce(tensor, op=ReduceOp.SUM, group=group, async_op=async_op)
 
 
-def _open_lane(call: _Setup, kind: str, plan: _policy.Plan, stats_arg, t: torch.Tensor,
+def _raw_for_good(cfg: ZipCCLConfig, plan: _policy.Plan) -> bool:
+    """Whether ``plan`` sent a call raw for a reason no later call of its kind,
+    group and dtype can change: the adaptive policy's closed gate, or "never"."""
+    return plan is _policy.LINK_RAW or cfg.policy == "never"
+
+
+def _open_lane(call: _Setup, kind: str, stats_arg, t: torch.Tensor,
                native_avg: bool = False) -> None:
     """Open the raw lane of this call's (kind, group, stats, dtype, device)
-    when ``plan`` sent it raw for a reason no later call can change: the
-    adaptive policy's closed gate, or "never" (``_raw_lanes.py``)."""
+    (``_raw_lanes.py``); only for a call sent raw for good (``_raw_for_good``)."""
     cfg = call.cfg
-    if plan is _policy.LINK_RAW or cfg.policy == "never":
-        decisions = _policy.policy_for(cfg).decisions if cfg.policy == "adaptive" else None
-        _raw_lanes.open_lane(cfg, kind, call.group, call.world, call.rank, stats_arg,
-                             call.st.fields(kind), t.dtype, t.device, decisions, native_avg)
+    decisions = _policy.policy_for(cfg).decisions if cfg.policy == "adaptive" else None
+    _raw_lanes.open_lane(cfg, kind, call.group, call.world, call.rank, stats_arg,
+                         call.st.fields(kind), t.dtype, t.device, decisions, native_avg)
 
 
 def _pipelined_done(st: CommStats, kind: str, *outcomes: _pipeline.Outcome) -> None:
@@ -503,8 +507,8 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
     plan = _plan(cfg, "all_gather", group, world, input_tensor, unit, compress, st)
     if not plan.compress and world > 1:  # the lean path of every raw call
         st.add("all_gather", calls=1, raw_bytes=unit, raw_fallback_calls=int(coded))
-        if coded:
-            _open_lane(call, "all_gather", plan, stats, input_tensor)
+        if coded and _raw_for_good(cfg, plan):
+            _open_lane(call, "all_gather", stats, input_tensor)
         with _no_grad_if_needed(output_tensor, input_tensor):
             return _to_torch(st, "all_gather", unit, _all_gather_single, output_tensor,
                              input_tensor, group=group, async_op=async_op)
@@ -631,8 +635,9 @@ def _all_reduce(tensor, op, group, async_op: bool, config: ZipCCLConfig | None,
     st.add("all_reduce", calls=1, raw_bytes=numel * itemsize if world > 1 else 0,
            **_decided(plan, world > 1))
     if not plan.compress and cfg.policy == "adaptive" and world > 1:
-        _open_lane(call, "all_reduce", plan, stats, tensor,
-                   native_avg=dist.get_backend(group) == "nccl")
+        if plan is _policy.LINK_RAW:
+            _open_lane(call, "all_reduce", stats, tensor,
+                       native_avg=dist.get_backend(group) == "nccl")
         return _to_torch(st, "all_reduce", numel * itemsize, _native_all_reduce, tensor, parsed,
                          op, group, world, async_op)
     flat = tensor.view(-1)
@@ -730,8 +735,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         # Raw for sure (a fast link, or "never"): the lean path, and the lane
         # of the next such calls.
         st.add("all_to_all", calls=1, raw_bytes=raw, raw_fallback_calls=1)
-        _open_lane(call, "all_to_all", _policy.LINK_RAW if cfg.policy == "adaptive"
-                   else _policy.RAW, stats, input)
+        _open_lane(call, "all_to_all", stats, input)
         with _no_grad_if_needed(output, input):
             return _to_torch(st, "all_to_all", raw, dist.all_to_all_single, output, input,
                              output_split_sizes, input_split_sizes, group=group,
