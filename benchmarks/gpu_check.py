@@ -25,6 +25,7 @@ the kernels at 256 MiB bf16 (about a minute more).
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
 import datetime
 import os
@@ -269,20 +270,21 @@ def throughput(smoke: bool) -> None:
 
 
 def sweep(smoke: bool) -> None:
-    """Time a few kernel settings; the module constants are restored after."""
-    saved = (codec_encode.SUB_ELEMS, codec_encode.NUM_WARPS_ANALYZE,
-             codec_encode.NUM_WARPS_WRITE, codec_decode.SUB_ELEMS, codec_decode.NUM_WARPS_DECODE)
+    """Time a few kernel settings (codec_encode/codec_decode.SETTINGS); the
+    tables are restored after."""
+    saved = (copy.deepcopy(codec_encode.SETTINGS), copy.deepcopy(codec_decode.SETTINGS))
     n = (16 * 1024 + 6) if smoke else 128 * MiB  # bf16 elements: 256 MiB
     x = torch.randn(n, generator=torch.Generator(device=DEV).manual_seed(0), device=DEV).bfloat16()
-    print("(sweep) sub-block elements x num_warps at "
-          f"{n * 2 / MiB:g} MiB bf16", flush=True)
-    for sub, warps in [(1024, 4), (512, 4), (1024, 8), (2048, 8), (512, 2), (2048, 4)]:
-        codec_encode.SUB_ELEMS = codec_decode.SUB_ELEMS = sub
-        codec_encode.NUM_WARPS_ANALYZE = codec_encode.NUM_WARPS_WRITE = warps
-        codec_decode.NUM_WARPS_DECODE = warps
-        bench_tensor(f"sweep sub={sub} warps={warps}", x, reps=1 if smoke else 5)
-    (codec_encode.SUB_ELEMS, codec_encode.NUM_WARPS_ANALYZE, codec_encode.NUM_WARPS_WRITE,
-     codec_decode.SUB_ELEMS, codec_decode.NUM_WARPS_DECODE) = saved
+    print("(sweep) fixed3 write and decode sub-block elements x num_warps, analyze "
+          f"elements x num_warps, at {n * 2 / MiB:g} MiB bf16", flush=True)
+    for sub, warps, a_sub, a_warps in [(1024, 4, 4096, 4), (512, 2, 4096, 4), (2048, 4, 4096, 4),
+                                       (1024, 8, 4096, 8), (1024, 4, 2048, 4),
+                                       (1024, 4, 1024, 4)]:
+        codec_encode.SETTINGS["fixed3"] = {"analyze": (a_sub, a_warps), "write": (sub, warps)}
+        codec_decode.SETTINGS["fixed3"] = (sub, warps)
+        bench_tensor(f"sweep sub={sub} warps={warps} analyze={a_sub}x{a_warps}", x,
+                     codecs=("fixed3",), reps=1 if smoke else 5)
+    codec_encode.SETTINGS, codec_decode.SETTINGS = saved
 
 
 # --------------------------------------------------------------------------

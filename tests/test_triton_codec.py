@@ -33,13 +33,17 @@ from codec_cases import INT_VIEW, bits, from_bits, signed, special_words  # noqa
 
 
 def _kernel_modules():
-    from triton_kernels import _codec_common, codec_decode, codec_encode, exponent_codec
-    return _codec_common, codec_encode, codec_decode, exponent_codec
+    """The kernel modules, helpers before their users (the order to reload them in)."""
+    from triton_kernels import (_codec_common, codec_decode, codec_encode, dense_decode,
+                                dense_encode, exponent_codec, fixed3_decode, fixed3_encode)
+    return (_codec_common, fixed3_encode, fixed3_decode, dense_encode, dense_decode,
+            codec_encode, codec_decode, exponent_codec)
 
 
 def _interpreted() -> bool:
     from triton.runtime.interpreter import InterpretedFunction
-    return isinstance(_kernel_modules()[1]._write_kernel, InterpretedFunction)
+    from triton_kernels import fixed3_encode
+    return isinstance(fixed3_encode.fixed3_write_kernel, InterpretedFunction)
 
 
 if not HAS_CUDA and os.environ.get("TRITON_INTERPRET") == "1" and not _interpreted():
@@ -134,6 +138,46 @@ def test_fp32_bf16_casts_and_zeros(device):
     x[C:] = 0
     for codec in CODED:
         _check_against_torch(x.to(device), codec)
+
+
+def _fixed3_paths(payload: torch.Tensor) -> tuple:
+    """Which paths the fixed3 kernels take for the payload's coded chunks
+    (the conditions in fixed3_write_kernel and fixed3_decode_kernel): counts
+    of (fast with 8-byte sm accesses, fast with byte accesses, general)."""
+    h = F.parse_header(payload)
+    info = F.DTYPES[h.dtype]
+    table = F.ChunkTable.from_bytes(payload[h.table_offset:h.streams_offset], h.nchunks)
+    n = F.chunk_lengths(h.numel, h.nchunks, h.chunk_elems, payload.device)
+    _, sm, _, _ = F.segment_nbytes(h.codec, info, n, table)
+    sm_at = h.streams_offset + h.codes_nbytes + torch.cumsum(sm, 0) - sm
+    coded = table.mode == F.MODE_CODED
+    zf = (table.flags & F.FLAG_ZERO) != 0
+    one_byte = (table.flags & F.FLAG_LOW16) != 0 if info.itemsize == 4 else torch.ones_like(zf)
+    fast = coded & ~zf & one_byte
+    aligned = sm_at % 8 == 0
+    return (int((fast & aligned).sum()), int((fast & ~aligned).sum()), int((coded & ~fast).sum()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fixed3_fast_and_general_paths(device, dtype):
+    """A Gaussian chunk; one with omitted zeros (general path) and an odd
+    count kept, which leaves the next chunks' sm segments unaligned (fast
+    path, byte accesses); fp32 also without LOW16 (general path). Each path
+    is checked to occur. The payload is also decoded from an odd address."""
+    g = _gen(21)
+    x = torch.randn(4 * C + 64, generator=g)  # 64: the sm stream starts 8-byte aligned
+    if dtype == torch.float32:
+        x[:3 * C] = x[:3 * C].bfloat16().float()  # LOW16: one sm byte per element
+    x = x.to(dtype)
+    x[C + 3:2 * C] = 0  # 3 kept: an odd sm segment
+    _check_against_torch(x.to(device), "fixed3")
+    p = z.encode(x.to(device), codec="fixed3", backend="torch")
+    paths = _fixed3_paths(p)
+    assert min(paths) >= 1, paths
+    buf = torch.zeros(p.numel() + 1, dtype=torch.uint8, device=device)
+    buf[1:] = p
+    assert torch.equal(bits(z.decode(buf[1:], backend="triton")), bits(x.to(device)))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -85,6 +85,13 @@ T0_CAP = tl.constexpr(F.TIER_SYMBOLS[0])
 FIXED3 = tl.constexpr(F.CODEC_IDS["fixed3"])
 DENSE = tl.constexpr(F.CODEC_IDS["dense"])
 
+# Bits of the decoders' error word (constexpr: the kernels read them).
+ERR_TABLE = tl.constexpr(1)
+ERR_TOTALS = tl.constexpr(2)
+ERR_TIERS = tl.constexpr(4)
+ERR_COUNTS = tl.constexpr(8)
+ERR_EXPONENT = tl.constexpr(16)
+
 # Segmented-scan flag bit inside each 16-bit field (packed values are 8 bits).
 SEG_FLAG_BIT = tl.constexpr(15)
 SEG_FLAG_MASK4 = tl.constexpr(0x0001000100010001)
@@ -171,3 +178,34 @@ def seg_combine24(a, b):
     """Segmented sum of 24-bit groups; bit 24 starts a new segment."""
     restart = ((b >> 24) & 1) * 0x1FFFFFF
     return (a & ~restart) + b
+
+
+@triton.jit
+def load_entry(row, mask):
+    """The ten fields of chunk-table entries at ``row`` (scalar or vector of pointers)."""
+    mode = tl.load(row, mask=mask, other=0).to(tl.int32)
+    flags = tl.load(row + 1, mask=mask, other=0).to(tl.int32)
+    base = tl.load(row + 2, mask=mask, other=0).to(tl.int32)
+    phase = tl.load(row + 3, mask=mask, other=0).to(tl.int32)
+    nz = tl.load(row + 4, mask=mask, other=0).to(tl.int32) | (
+        tl.load(row + 5, mask=mask, other=0).to(tl.int32) << 8)
+    nesc = tl.load(row + 6, mask=mask, other=0).to(tl.int32) | (
+        tl.load(row + 7, mask=mask, other=0).to(tl.int32) << 8)
+    o1 = tl.load(row + 8, mask=mask, other=0).to(tl.int32) | (
+        tl.load(row + 9, mask=mask, other=0).to(tl.int32) << 8)
+    o2 = tl.load(row + 10, mask=mask, other=0).to(tl.int32) | (
+        tl.load(row + 11, mask=mask, other=0).to(tl.int32) << 8)
+    o3 = tl.load(row + 12, mask=mask, other=0).to(tl.int32) | (
+        tl.load(row + 13, mask=mask, other=0).to(tl.int32) << 8)
+    o4 = tl.load(row + 14, mask=mask, other=0).to(tl.int32) | (
+        tl.load(row + 15, mask=mask, other=0).to(tl.int32) << 8)
+    return mode, flags, base, phase, nz, nesc, o1, o2, o3, o4
+
+
+@triton.jit
+def store_words(ptr, w, mask, ITEMSIZE: tl.constexpr):
+    """Store int32 words as the dtype's 16- or 32-bit words."""
+    if ITEMSIZE == 2:
+        tl.store(ptr, w.to(tl.int16), mask=mask)
+    else:
+        tl.store(ptr, w, mask=mask)

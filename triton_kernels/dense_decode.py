@@ -1,0 +1,174 @@
+"""dense decode kernel: one program per chunk, in sub-blocks of ``SUB``
+elements (see codec_decode.py for the steps around it and the checks).
+
+It decodes the codes (tier 0, then each open tier in turn: five dependent
+passes per sub-block, by the dense code's design), checks the decoded
+tier-open, escape and zero counts against the table and the exponent range,
+and writes the words. Every load is masked to its chunk's segment and to its
+stream's end in the header. (Not tuned: fixed3, the codec for speed, has its
+own kernel in fixed3_decode.py.)
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from . import _codec_common as K
+from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_TABLE, ERR_TIERS, ERR_TOTALS,
+                            dense_symbols, join_fields, load_entry, store_words)
+
+
+@triton.jit
+def _decode_tier(src, part_off, part_len, stream_len, rank, is_open, before,
+                 BITS: tl.constexpr, CAP: tl.constexpr):
+    """Read one dense tier for a sub-block: the open elements' digits, in
+    order, from a packed part of part_len bytes at part_off of the codes
+    stream; ``before`` open elements of this tier came in earlier sub-blocks."""
+    G: tl.constexpr = 8 // BITS
+    LOG2G: tl.constexpr = 4 - BITS  # BITS is 1 or 2 (asserted in _codec_common)
+    opened = is_open.to(tl.int32)
+    pos = before + tl.cumsum(opened, 0) - 1
+    local = pos >> LOG2G
+    idx = part_off + local
+    byte = tl.load(src + idx, mask=is_open & (local < part_len) & (idx < stream_len),
+                   other=0).to(tl.int32)
+    digit = (byte >> ((pos & (G - 1)) * BITS)) & CAP  # CAP = 2**BITS - 1: all ones
+    return (rank + tl.where(is_open, digit, 0), is_open & (digit == CAP),
+            before + tl.sum(opened, axis=0))
+
+
+@triton.jit
+def dense_decode_kernel(p_ptr, seg_ptr, cum_ptr, out_ptr, err_ptr, table_off, nch, numel, C,
+                        streams_off, codes_end, sm_end, rem_end, esc_end,
+                        ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                        MAN_BITS: tl.constexpr, SUB: tl.constexpr, NSUB: tl.constexpr):
+    c = tl.program_id(0)
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
+    if c == 0:
+        # Stream ends (from the streams' start) per the table, against the header.
+        off = ((tl.load(cum_ptr + nch - 1) != codes_end)
+               | (tl.load(cum_ptr + 2 * nch - 1) != sm_end)
+               | (tl.load(cum_ptr + 3 * nch - 1) != rem_end)
+               | (tl.load(cum_ptr + 4 * nch - 1) != esc_end))
+        tl.atomic_or(err_ptr, ERR_TOTALS, mask=off)
+    # Loaded before the branch on the error word, so their latencies overlap.
+    mode, flags, base, phase, nz, nesc, o1, o2, o3, o4 = load_entry(
+        p_ptr + table_off + c.to(tl.int64) * 16, c < nch)
+    # Segment offsets from the streams' start (inclusive cumsum minus own
+    # length); a load at offset idx of stream s is masked by idx < s's end.
+    seg_codes = tl.load(seg_ptr + c)
+    seg_sm = tl.load(seg_ptr + nch + c)
+    seg_rem = tl.load(seg_ptr + 2 * nch + c)
+    seg_esc = tl.load(seg_ptr + 3 * nch + c)
+    codes_off = tl.load(cum_ptr + c) - seg_codes
+    sm_off = tl.load(cum_ptr + nch + c) - seg_sm
+    rem_off = tl.load(cum_ptr + 2 * nch + c) - seg_rem
+    esc_off = tl.load(cum_ptr + 3 * nch + c) - seg_esc
+    src = p_ptr + streams_off
+    start = c.to(tl.int64) * C
+    n = tl.minimum(numel - start, C).to(tl.int32)
+    dst = out_ptr + start
+
+    # The table kernel ran before this one on the stream: bit ERR_TABLE is final.
+    if (tl.load(err_ptr) & ERR_TABLE) == 0:
+        if mode == 0:
+            for k in range(0, NSUB):
+                i = k * SUB + tl.arange(0, SUB)
+                valid = i < n
+                w = tl.zeros([SUB], tl.int32)
+                for b in tl.static_range(ITEMSIZE):
+                    at = i * ITEMSIZE + b
+                    idx = sm_off + at
+                    byte = tl.load(src + idx, mask=valid & (at < seg_sm) & (idx < sm_end),
+                                   other=0)
+                    w = w | (byte.to(tl.int32) << (8 * b))
+                store_words(dst + i, w, valid, ITEMSIZE)
+        else:
+            zf = (flags >> 1) & 1
+            len0 = (2 * n + 7) >> 3
+            part1 = codes_off + len0
+            part2 = part1 + ((o1 * K.T1_BITS + 7) >> 3)
+            part3 = part2 + ((o2 * K.T2_BITS + 7) >> 3)
+            part4 = part3 + ((o3 * K.T3_BITS + 7) >> 3)
+            # Open elements of tiers 1..4 in earlier sub-blocks.
+            t1 = tl.zeros([], tl.int32)
+            t2 = tl.zeros([], tl.int32)
+            t3 = tl.zeros([], tl.int32)
+            t4 = tl.zeros([], tl.int32)
+            q_base = tl.zeros([], tl.int32)  # kept elements | escapes << 16 so far
+            zeros_got = tl.zeros([], tl.int32)
+            bad_exp = tl.zeros([], tl.int32)
+            low16 = flags & 1
+            for k in range(0, NSUB):
+                j = tl.arange(0, SUB)
+                i = k * SUB + j
+                valid = i < n
+                g = k * (SUB // 4) + tl.arange(0, SUB // 4)
+                idx = codes_off + g
+                byte = tl.load(src + idx, mask=(g < len0) & (idx < codes_end),
+                               other=0).to(tl.int32)
+                rank = tl.reshape((byte[:, None] >> (2 * tl.arange(0, 4))[None, :]) & 3,
+                                  (SUB,))
+                is_open = valid & (rank == K.T0_CAP)
+                rank, is_open, t1 = _decode_tier(src, part1, (o1 * K.T1_BITS + 7) >> 3,
+                                                 codes_end, rank, is_open, t1,
+                                                 K.T1_BITS, K.T1_CAP)
+                rank, is_open, t2 = _decode_tier(src, part2, (o2 * K.T2_BITS + 7) >> 3,
+                                                 codes_end, rank, is_open, t2,
+                                                 K.T2_BITS, K.T2_CAP)
+                rank, is_open, t3 = _decode_tier(src, part3, (o3 * K.T3_BITS + 7) >> 3,
+                                                 codes_end, rank, is_open, t3,
+                                                 K.T3_BITS, K.T3_CAP)
+                rank, is_open, t4 = _decode_tier(src, part4, (o4 * K.T4_BITS + 7) >> 3,
+                                                 codes_end, rank, is_open, t4,
+                                                 K.T4_BITS, K.T4_CAP)
+                esc = is_open
+                e, zsym = dense_symbols(rank, base, phase, zf)
+                is_zero = valid & zsym & ~esc
+                keep = valid & ~is_zero
+                zeros_got += tl.sum(is_zero.to(tl.int32), axis=0)
+                qv = keep.to(tl.int32) | (esc.to(tl.int32) << 16)
+                Q = q_base + tl.cumsum(qv, 0)
+                q_base += tl.sum(qv, axis=0)
+                krank = (Q & 0xFFFF) - 1
+                erank = (Q >> 16) - 1
+                idx = esc_off + erank
+                ebyte = tl.load(src + idx, mask=esc & (erank < seg_esc) & (idx < esc_end),
+                                other=0)
+                e = tl.where(esc, ebyte.to(tl.int32), e)
+                bad_exp += tl.sum((keep & ((e < 0) | (e > EMAX))).to(tl.int32), axis=0)
+
+                if ITEMSIZE == 4:
+                    smb = 3 - 2 * low16
+                    word = tl.zeros([SUB], tl.int32)
+                    for b in tl.static_range(3):
+                        at = krank * smb + b
+                        idx = sm_off + at
+                        byte = tl.load(src + idx,
+                                       mask=keep & (b < smb) & (at < seg_sm) & (idx < sm_end),
+                                       other=0)
+                        word = word | (byte.to(tl.int32) << (8 * b))
+                    sm = tl.where(low16 != 0, word << 16, word)
+                else:
+                    idx = sm_off + krank
+                    sm = tl.load(src + idx, mask=keep & (krank < seg_sm) & (idx < sm_end),
+                                 other=0).to(tl.int32)
+                if IS_FP16:
+                    # rem: 3 bits at bit 3*krank of the chunk's rem segment (may span 2 bytes).
+                    bit = 3 * krank
+                    at = bit >> 3
+                    idx = rem_off + at
+                    lo_b = tl.load(src + idx, mask=keep & (at < seg_rem) & (idx < rem_end),
+                                   other=0)
+                    hi_b = tl.load(src + idx + 1,
+                                   mask=keep & (at + 1 < seg_rem) & (idx + 1 < rem_end), other=0)
+                    two = lo_b.to(tl.int32) | (hi_b.to(tl.int32) << 8)
+                    sm = sm | (((two >> (bit & 7)) & 7) << 8)
+                w = join_fields(tl.minimum(tl.maximum(e, 0), EMAX), sm, EXP_BITS, MAN_BITS)
+                store_words(dst + i, tl.where(is_zero, 0, w), valid, ITEMSIZE)
+
+            err = tl.where(((q_base >> 16) != nesc) | (zeros_got != nz), ERR_COUNTS, 0)
+            err = err | tl.where(bad_exp != 0, ERR_EXPONENT, 0)
+            err = err | tl.where((t1 != o1) | (t2 != o2) | (t3 != o3) | (t4 != o4), ERR_TIERS, 0)
+            tl.atomic_or(err_ptr, err, mask=err != 0)

@@ -1,0 +1,352 @@
+"""fixed3 encode kernels, over tiles of rows of 8 elements.
+
+Same two passes and outputs as the dense kernels in ``dense_encode.py``
+(``meta``, ``seg``, then the table entry and segments), written for fixed3's
+shape: 8 consecutive elements are 8 3-bit codes, exactly 3 bytes. A sub-block
+is a ``[SUB // 8, 8]`` tile whose rows each live in one thread, so
+
+- the input is read with 16-byte vector loads,
+- packing codes into bytes is a per-thread shift-and-add, with no exchange
+  between threads,
+- prefix sums (escape and kept-element positions) scan one total per row
+  across threads and finish inside the row,
+- when no +0.0 is omitted (``ZERO_SLOT`` clear, the usual case), element i's
+  sign-mantissa bytes go to position i and need no scan at all;
+  with 8-byte aligned destinations they are stored 8 bytes at a time.
+
+All of this is counted in SASS by ``benchmarks/kernel_cost.py`` (the
+instructions per element bound an issue-bound kernel's speed; the first H200
+measurement ran at about half the issue rate those counts allow).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from . import _codec_common as K
+from ._codec_common import fixed_window, locator_finish, seg_combine24, split_fields
+
+
+@triton.jit
+def _tile(x_ptr, start, n, k, SUB: tl.constexpr, ITEMSIZE: tl.constexpr):
+    """Sub-block k of the chunk at element ``start`` (n elements) as
+    [SUB // 8, 8] words; also the row index r, the column q and the element
+    index i within the chunk."""
+    r = tl.arange(0, SUB // 8)
+    q = tl.arange(0, 8)
+    i = k * SUB + r[:, None] * 8 + q[None, :]
+    valid = i < n
+    # 16-bit words stay sign-extended: every field below is taken with a
+    # shift and a mask, and the sign extension keeps w == 0 exact.
+    w = tl.load(x_ptr + start + i, mask=valid, other=0).to(tl.int32)
+    return r, q, i, valid, w
+
+
+@triton.jit
+def fixed3_codes(e, is_zero, valid, lo, width, zf):
+    """Code of each element: e - lo (+1 under ZERO_SLOT) inside the window,
+    0 for +0.0 under ZERO_SLOT, 7 (escape) otherwise; 0 past the chunk."""
+    d = e - lo
+    inside = d.to(tl.uint32) < width.to(tl.uint32)
+    code = tl.where(inside, d + zf, 7)
+    code = tl.where((zf != 0) & is_zero, 0, code)
+    return tl.where(valid, code, 0)
+
+
+@triton.jit
+def _sum2(x):
+    return tl.sum(tl.sum(x, axis=1), axis=0)
+
+
+@triton.jit
+def _locator_part(w, MAN_BITS: tl.constexpr, EMAX: tl.constexpr, ITEMSIZE: tl.constexpr):
+    """Sum of normal exponents; normal count | +0.0 count << 16; words with
+    nonzero low 16 bits (fp32). Past the chunk's end w is 0, which counts as
+    a +0.0 only: the caller subtracts those."""
+    e = (w >> MAN_BITS) & EMAX
+    normal = (e - 1).to(tl.uint32) < EMAX - 1  # 0 < e < EMAX
+    s = _sum2(tl.where(normal, e, 0))
+    cz = _sum2(normal.to(tl.int32) | ((w == 0).to(tl.int32) << 16))
+    low = tl.zeros([], tl.int32)
+    if ITEMSIZE == 4:
+        low = _sum2(((w & 0xFFFF) != 0).to(tl.int32))
+    return s, cz, low
+
+
+@triton.jit
+def _escape_part(w, lo, width, zf, MAN_BITS: tl.constexpr, EMAX: tl.constexpr):
+    """Escapes (as fixed3_codes decides them), counting w = 0 past the
+    chunk's end like any +0.0: the caller subtracts those."""
+    e = (w >> MAN_BITS) & EMAX
+    inside = (e - lo).to(tl.uint32) < width.to(tl.uint32)
+    return _sum2((~inside & ((w != 0) | (zf == 0))).to(tl.int32))
+
+
+@triton.jit
+def fixed3_analyze_kernel(x_ptr, meta_ptr, seg_ptr, numel, nch, C, ITEMSIZE: tl.constexpr,
+                          EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr, SUB: tl.constexpr,
+                          NSUB: tl.constexpr):
+    c = tl.program_id(0)
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
+    start = c.to(tl.int64) * C
+    n = tl.minimum(numel - start, C).to(tl.int32)
+
+    # Pass 1: locator sums, +0.0 count, low-16-bit check. Pass 2 (escapes)
+    # needs the window, so it reads again: from registers when the chunk is
+    # one sub-block, else from L1/L2.
+    # Per-element masks cost predicate registers (a thread holds 32
+    # elements); instead, the tile's padding past n, all w = 0, is taken out
+    # of the counts afterwards.
+    pad = NSUB * SUB - n
+    if NSUB == 1:
+        r, q, i, valid, w = _tile(x_ptr, start, n, 0, SUB, ITEMSIZE)
+        s, cz, low_bits = _locator_part(w, MAN_BITS, EMAX, ITEMSIZE)
+    else:
+        s = tl.zeros([], tl.int32)
+        cz = tl.zeros([], tl.int32)
+        low_bits = tl.zeros([], tl.int32)
+        for k in range(0, NSUB):
+            r, q, i, valid, w = _tile(x_ptr, start, n, k, SUB, ITEMSIZE)
+            ds, dcz, dlow = _locator_part(w, MAN_BITS, EMAX, ITEMSIZE)
+            s += ds
+            cz += dcz
+            low_bits += dlow
+    cnt = cz & 0xFFFF
+    nz = ((cz >> 16) & 0xFFFF) - pad
+    base, phase = locator_finish(s, cnt)
+    low16 = 0
+    smb = 1
+    if ITEMSIZE == 4:
+        low16 = (low_bits == 0).to(tl.int32)
+        smb = 3 - 2 * low16
+    zf = ((nz << K.ZERO_SLOT_SHIFT) >= n).to(tl.int32)
+    lo, width = fixed_window(base, phase, zf, EMAX)
+    if NSUB == 1:
+        n_esc = _escape_part(w, lo, width, zf, MAN_BITS, EMAX)
+    else:
+        n_esc = tl.zeros([], tl.int32)
+        for k in range(0, NSUB):
+            r, q, i, valid, w = _tile(x_ptr, start, n, k, SUB, ITEMSIZE)
+            n_esc += _escape_part(w, lo, width, zf, MAN_BITS, EMAX)
+    # A padding word is an escape when +0.0 has no code: no ZERO_SLOT and
+    # exponent 0 below the window.
+    n_esc -= tl.where((zf == 0) & (lo > 0), pad, 0)
+
+    n_zero = nz * zf
+    codes_nb = (3 * n + 7) >> 3
+    kept = n - n_zero
+    sm_nb = kept * smb
+    rem_nb = 0
+    if IS_FP16:
+        rem_nb = (3 * kept + 7) >> 3
+    coded = (codes_nb + sm_nb + rem_nb + n_esc) < n * ITEMSIZE
+    # A raw chunk's entry is all zero; its sm segment holds its words.
+    f = tl.arange(0, 16)
+    row = (tl.where(f == 0, 1, 0) + tl.where(f == 1, low16 + 2 * zf, 0)
+           + tl.where(f == 2, base, 0) + tl.where(f == 3, phase, 0)
+           + tl.where(f == 4, n_zero, 0) + tl.where(f == 5, n_esc, 0))
+    tl.store(meta_ptr + c.to(tl.int64) * 16 + f, tl.where(coded, row, 0))
+    tl.store(seg_ptr + c, tl.where(coded, codes_nb, 0))
+    tl.store(seg_ptr + nch + c, tl.where(coded, sm_nb, n * ITEMSIZE))
+    tl.store(seg_ptr + 2 * nch + c, tl.where(coded, rem_nb, 0))
+    tl.store(seg_ptr + 3 * nch + c, tl.where(coded, n_esc, 0))
+
+
+@triton.jit
+def store_rows3(dst, acc, r, nbytes):
+    """Store the 3 low bytes of each row's 24-bit value at dst + 3 * row,
+    those below nbytes. Three row vectors, not a [rows, 4] byte tile: a tile
+    whose rows are 3 bytes apart gets a layout of 4 threads per row, and the
+    row's codes would have to move between threads to get there."""
+    for b in tl.static_range(3):
+        at = 3 * r + b
+        tl.store(dst + at, ((acc >> (8 * b)) & 0xFF).to(tl.uint8), mask=at < nbytes)
+
+
+@triton.jit
+def pack_rows3(v, q):
+    """Each row's eight 3-bit values as one 24-bit value, value q at bit 3q."""
+    return tl.sum(v << (3 * q)[None, :], axis=1)
+
+
+@triton.jit
+def row_ranks(flags, base):
+    """Inclusive prefix sums, in element order, of a [rows, 8] tile of packed
+    counters, plus ``base``; and the tile's total. Each row is summed in its
+    thread, the row totals are scanned across threads, the row finishes the
+    scan locally."""
+    row = tl.sum(flags, axis=1)
+    incl = tl.cumsum(row, 0)
+    ranks = base + (incl - row)[:, None] + tl.cumsum(flags, 1)
+    return ranks, tl.sum(row, axis=0)
+
+
+@triton.jit
+def _code_sub_block(x_ptr, start, n, k, lo, width, zf, codes_dst, codes_len, esc_dst, e_base,
+                    SUB: tl.constexpr, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                    MAN_BITS: tl.constexpr):
+    """Write sub-block k's codes and escapes; return its tile (for the sm
+    stream) and the escapes so far."""
+    CODES_PER_SUB: tl.constexpr = SUB * 3 // 8
+    r, q, i, valid, w = _tile(x_ptr, start, n, k, SUB, ITEMSIZE)
+    e, sm = split_fields(w, EXP_BITS, MAN_BITS)
+    is_zero = valid & (w == 0)
+    code = fixed3_codes(e, is_zero, valid, lo, width, zf)
+    esc = valid & (code == 7)
+    store_rows3(codes_dst + k * CODES_PER_SUB, pack_rows3(code, q), r,
+                codes_len - k * CODES_PER_SUB)
+    erank, e_tot = row_ranks(esc.to(tl.int32), e_base)
+    tl.store(esc_dst + erank - 1, e.to(tl.uint8), mask=esc)
+    return r, q, i, valid, is_zero, sm, e_base + e_tot
+
+
+@triton.jit
+def _write_fast(x_ptr, start, n, lo, width, codes_dst, sm_dst, rem_dst, esc_dst,
+                SUB: tl.constexpr, NSUB: tl.constexpr, ITEMSIZE: tl.constexpr,
+                EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr, ALIGNED: tl.constexpr):
+    """A coded chunk with no zero omitted and one sm byte per element:
+    element i's sm byte (and fp16 rem value) is the i-th. ALIGNED: sm_dst is
+    8-byte aligned, so a row's 8 bytes go out in one store."""
+    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
+    CODES_PER_SUB: tl.constexpr = SUB * 3 // 8
+    codes_len = (3 * n + 7) >> 3
+    one = (n > 0).to(tl.int32)
+    e_base = tl.zeros([], tl.int32)  # escapes before this sub-block
+    for k in range(0, NSUB):
+        r, q, i, valid, is_zero, sm, e_base = _code_sub_block(
+            x_ptr, start, n, k, lo, width, 0, codes_dst, codes_len, esc_dst, e_base,
+            SUB, ITEMSIZE, EXP_BITS, MAN_BITS)
+        if ITEMSIZE == 4:
+            sm = sm >> 16
+        if ALIGNED:
+            tl.store(sm_dst + i, (sm & 0xFF).to(tl.uint8), mask=valid)
+        else:
+            # Byte stores. The offsets' contiguity is hidden behind a multiply
+            # by a 1 the compiler cannot see: a contiguous but unaligned byte
+            # tile would be laid out 8 threads to a row, and every row-wise
+            # step before it would need shuffles to get there.
+            tl.store(sm_dst + i * one, (sm & 0xFF).to(tl.uint8), mask=valid)
+        if IS_FP16:
+            store_rows3(rem_dst + k * CODES_PER_SUB, pack_rows3(tl.where(valid, sm >> 8, 0), q),
+                        r, codes_len - k * CODES_PER_SUB)
+
+
+@triton.jit(noinline=True)
+def _write_fast_bytes(x_ptr, start, n, lo, width, codes_dst, sm_dst, rem_dst, esc_dst,
+                      SUB: tl.constexpr, NSUB: tl.constexpr, ITEMSIZE: tl.constexpr,
+                      EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr):
+    _write_fast(x_ptr, start, n, lo, width, codes_dst, sm_dst, rem_dst, esc_dst, SUB, NSUB,
+                ITEMSIZE, EXP_BITS, MAN_BITS, False)
+
+
+@triton.jit(noinline=True)
+def _write_raw(x_ptr, start, n, sm_dst, SUB: tl.constexpr, NSUB: tl.constexpr,
+               ITEMSIZE: tl.constexpr):
+    """A raw chunk: its words, little-endian, as its sm segment."""
+    for k in range(0, NSUB):
+        r, q, i, valid, w = _tile(x_ptr, start, n, k, SUB, ITEMSIZE)
+        for b in tl.static_range(ITEMSIZE):
+            tl.store(sm_dst + i * ITEMSIZE + b, ((w >> (8 * b)) & 0xFF).to(tl.uint8),
+                     mask=valid)
+
+
+@triton.jit(noinline=True)
+def _write_general(x_ptr, start, n, lo, width, zf, low16, n_zero, codes_dst, sm_dst, rem_dst,
+                   esc_dst, SUB: tl.constexpr, NSUB: tl.constexpr, ITEMSIZE: tl.constexpr,
+                   EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr):
+    """A coded chunk off the fast path (zeros omitted, or 3 sm bytes per
+    element): kept elements' positions come from a scan; fp16 rem bits are
+    compacted with a segmented scan."""
+    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
+    kept = n - n_zero
+    rem_len = (3 * kept + 7) >> 3
+    codes_len = (3 * n + 7) >> 3
+    e_base = tl.zeros([], tl.int32)
+    k_base = tl.zeros([], tl.int32)
+    r_carry = tl.zeros([], tl.int32)  # fp16: the partial 24-bit rem group
+    for k in range(0, NSUB):
+        r, q, i, valid, is_zero, sm, e_base = _code_sub_block(
+            x_ptr, start, n, k, lo, width, zf, codes_dst, codes_len, esc_dst, e_base,
+            SUB, ITEMSIZE, EXP_BITS, MAN_BITS)
+        keep = valid & ~((zf != 0) & is_zero)
+        kr, k_tot = row_ranks(keep.to(tl.int32), k_base)
+        k_base += k_tot
+        krank = kr - 1
+        if ITEMSIZE == 4:
+            smv = tl.where(low16 != 0, sm >> 16, sm)
+            smb = 3 - 2 * low16
+            for b in tl.static_range(3):
+                tl.store(sm_dst + krank * smb + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
+                         mask=keep & (b < smb))
+        else:
+            tl.store(sm_dst + krank, (sm & 0xFF).to(tl.uint8), mask=keep)
+        if IS_FP16:
+            # A segmented scan over the sub-block in element order builds
+            # each rem byte in the element that closes it.
+            kk = tl.reshape(krank, (SUB,))
+            kp = tl.reshape(keep, (SUB,))
+            slot = kk & 7
+            v = ((tl.reshape(sm, (SUB,)) >> 8) << (slot * 3)) | ((slot == 0).to(tl.int32) << 24)
+            R = seg_combine24(r_carry, tl.associative_scan(tl.where(kp, v, 0), 0, seg_combine24))
+            r_carry = tl.sum(tl.where(tl.arange(0, SUB) == SUB - 1, R, 0), axis=0)
+            closes = kp & ((slot == 7) | (kk == kept - 1))
+            for b in tl.static_range(3):
+                at = 3 * (kk >> 3) + b
+                tl.store(rem_dst + at, ((R >> (8 * b)) & 0xFF).to(tl.uint8),
+                         mask=closes & (at < rem_len))
+
+
+@triton.jit
+def fixed3_write_kernel(x_ptr, meta_ptr, seg_ptr, cum_ptr, out_ptr, numel, nch, C, table_off,
+                        streams_off, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                        MAN_BITS: tl.constexpr, SUB: tl.constexpr, NSUB: tl.constexpr):
+    c = tl.program_id(0)
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    mrow = meta_ptr + c.to(tl.int64) * 16
+    start = c.to(tl.int64) * C
+    n = tl.minimum(numel - start, C).to(tl.int32)
+
+    # Table entry: 4 bytes, then 6 little-endian u16 counts.
+    f = tl.arange(0, 16)
+    field = tl.load(mrow + tl.where(f < 4, f, 4 + (f - 4) // 2))
+    byte = (field >> tl.where(f < 4, 0, 8 * ((f - 4) % 2))) & 0xFF
+    tl.store(out_ptr + table_off + c.to(tl.int64) * 16 + f, byte.to(tl.uint8))
+
+    mode = tl.load(mrow)
+    # Segment offsets from the start of the payload: inclusive cumsum minus own length.
+    codes_at = streams_off + tl.load(cum_ptr + c) - tl.load(seg_ptr + c)
+    sm_at = streams_off + tl.load(cum_ptr + nch + c) - tl.load(seg_ptr + nch + c)
+    rem_at = streams_off + tl.load(cum_ptr + 2 * nch + c) - tl.load(seg_ptr + 2 * nch + c)
+    esc_at = streams_off + tl.load(cum_ptr + 3 * nch + c) - tl.load(seg_ptr + 3 * nch + c)
+    codes_dst = out_ptr + codes_at
+    sm_dst = out_ptr + sm_at
+    rem_dst = out_ptr + rem_at
+    esc_dst = out_ptr + esc_at
+
+    flags = tl.load(mrow + 1)
+    zf = (flags >> 1) & 1
+    low16 = flags & 1
+    # The fast path: no +0.0 omitted and one sm byte per element (bf16, fp16,
+    # fp32 LOW16), so element i's byte goes to position i.
+    fast = (zf == 0) & ((ITEMSIZE == 2) | (low16 != 0))
+    if mode == 0:
+        _write_raw(x_ptr, start, n, sm_dst, SUB, NSUB, ITEMSIZE)
+    else:
+        base = tl.load(mrow + 2)
+        phase = tl.load(mrow + 3)
+        lo, width = fixed_window(base, phase, zf, EMAX)
+        if fast:
+            # 8 bytes per store when the segment is 8-byte aligned (out_ptr is
+            # a fresh allocation: 16-byte aligned; where the sm stream starts
+            # depends on numel), else byte stores, off the hot path.
+            if sm_at % 8 == 0:
+                _write_fast(x_ptr, start, n, lo, width, codes_dst,
+                            out_ptr + tl.multiple_of(sm_at, 8), rem_dst, esc_dst, SUB, NSUB,
+                            ITEMSIZE, EXP_BITS, MAN_BITS, True)
+            else:
+                _write_fast_bytes(x_ptr, start, n, lo, width, codes_dst, sm_dst, rem_dst,
+                                  esc_dst, SUB, NSUB, ITEMSIZE, EXP_BITS, MAN_BITS)
+        else:
+            _write_general(x_ptr, start, n, lo, width, zf, low16, tl.load(mrow + 4), codes_dst,
+                           sm_dst, rem_dst, esc_dst, SUB, NSUB, ITEMSIZE, EXP_BITS, MAN_BITS)

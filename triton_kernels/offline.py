@@ -1,0 +1,261 @@
+"""Compile the codec kernels for a GPU without one, and count their SASS.
+
+CI and most development machines have no GPU, and the Triton interpreter
+checks what a kernel computes but not how it compiles: a kernel can pass
+every interpreted test and still fail to compile for the GPU, spill
+registers, or load bytes one at a time. Triton's CUDA backend and the
+``ptxas``/``nvdisasm`` bundled with it run without a driver, so this module
+compiles each kernel exactly as ``encode``/``decode`` launch it (same
+constexprs, warps and argument specialization) for a given architecture and
+reads the machine code:
+
+- registers, stack bytes, shared memory, and register spills (local
+  stores and loads) inside the hot path's loops;
+- instructions of the hot path, with every loop counted as often as it
+  runs (its trip count is the sub-block count, ``NSUB``), per element a
+  thread handles: the kernel's instruction cost, which bounds its speed when
+  it is issue-bound;
+- global loads and stores of the hot path by width (a ``U8`` access per
+  element is what keeps a kernel far from memory bandwidth), shuffles and
+  barriers.
+
+The hot path is the kernel's own code; cold paths are ``noinline``
+functions it calls (a raw chunk, an unaligned or zero-omitting segment),
+which the SASS holds after the kernel and which are counted apart. Both
+sides of an inlined branch are counted, so for a kernel without cold
+functions the figure is an upper bound on the path a chunk takes.
+``benchmarks/kernel_cost.py`` prints the table.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from zipccl_fsdp import format as F
+
+from . import codec_decode as D
+from . import codec_encode as E
+
+_TRITON_DTYPE = {"i8": "*i8", "u8": "*u8", "i16": "*i16", "i32": "*i32", "i64": "*i64"}
+
+
+@dataclass
+class Launch:
+    """One kernel launch as encode/decode make it: runtime arguments in order
+    (an int, or a pointer's element type such as ``"*i16"``), constexprs,
+    warps, and the number of elements one program handles."""
+    name: str
+    kernel: object
+    args: dict
+    constexprs: dict
+    num_warps: int
+    elems_per_program: int
+    trip_count: int = 1
+
+
+@dataclass
+class SassStats:
+    name: str
+    registers: int
+    stack_bytes: int
+    shared_bytes: int
+    loop_spills: int           # STL/LDL inside hot-path loops
+    instructions: int          # static, hot path
+    per_element: float         # hot path, loops counted trip_count times, per element per thread
+    cold_instructions: int = 0  # static, in noinline functions
+    loads: dict = field(default_factory=dict)   # width -> static count (LDG), hot path
+    stores: dict = field(default_factory=dict)  # width -> static count (STG), hot path
+    shuffles: int = 0
+    barriers: int = 0
+
+
+def _bin(tool: str) -> str:
+    import triton.backends.nvidia as nv
+    return os.path.join(os.path.dirname(nv.__file__), "bin", tool)
+
+
+def _signature(launch: Launch):
+    sig, attrs = {}, {}
+    names = launch.kernel.arg_names
+    for name, v in launch.args.items():
+        if isinstance(v, str):  # a pointer: torch allocations are 256-byte aligned
+            sig[name] = v
+            attrs[(names.index(name),)] = [["tt.divisibility", 16]]
+        elif v == 1:
+            raise ValueError(f"{launch.name}: {name}=1 would be specialized as a constant")
+        else:
+            sig[name] = "i32" if -2**31 <= v < 2**31 else "i64"
+            if v % 16 == 0:
+                attrs[(names.index(name),)] = [["tt.divisibility", 16]]
+    missing = [n for n in names if n not in sig and n not in launch.constexprs]
+    if missing:
+        raise ValueError(f"{launch.name}: no value for kernel arguments {missing}")
+    for name in launch.constexprs:
+        sig[name] = "constexpr"
+    ordered = {n: sig[n] for n in names}
+    constexprs = {(names.index(n),): v for n, v in launch.constexprs.items()}
+    return ordered, constexprs, attrs
+
+
+def compile_launch(launch: Launch, arch: int = 90):
+    """The compiled kernel (``.asm['cubin']``, ``.asm['ptx']``) for sm_<arch>."""
+    sig, constexprs, attrs = _signature(launch)
+    src = ASTSource(fn=launch.kernel, signature=sig, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options=dict(num_warps=launch.num_warps))
+
+
+_INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+_LABEL = re.compile(r"^(\.L_x_\d+):")
+_BRANCH = re.compile(r"BRA\s+`?\(?(\.L_x_\d+)")
+
+
+def sass_stats(launch: Launch, compiled) -> SassStats:
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        sass = subprocess.run([_bin("nvdisasm"), "-c", path], check=True, capture_output=True,
+                              text=True).stdout
+        usage = subprocess.run([_bin("cuobjdump"), "--dump-resource-usage", path], check=True,
+                               capture_output=True, text=True).stdout
+    reg = int(re.search(r"REG:(\d+)", usage).group(1))
+    local = int(re.search(r"LOCAL:(\d+)", usage).group(1))
+    stack = int(re.search(r"STACK:(\d+)", usage).group(1))
+    shared = int(re.search(r"SHARED:(\d+)", usage).group(1))
+
+    ops, labels, branches, cold = [], {}, [], 0
+    for line in sass.splitlines():
+        if line.startswith("$") and not cold:  # the first noinline function: cold from here
+            cold = len(ops)
+        m = _LABEL.match(line.strip())
+        if m:
+            labels[m.group(1)] = len(ops)
+            continue
+        m = _INSTR.search(line)
+        if not m:
+            continue
+        op = m.group(3)
+        b = _BRANCH.search(line)
+        if b:
+            branches.append((len(ops), b.group(1)))
+        ops.append(op)
+    # A loop is a backward branch; its body runs trip_count times (the
+    # kernels' only loops walk the chunk's sub-blocks).
+    cold_instructions = len(ops) - cold if cold else 0
+    if cold:
+        ops = ops[:cold]
+        branches = [(at, label) for at, label in branches if at < cold]
+    weight = [1] * len(ops)
+    for at, label in branches:
+        start = labels.get(label)
+        if start is not None and start <= at:
+            for i in range(start, at + 1):
+                weight[i] = launch.trip_count
+    loop_spills = sum(op.split(".")[0] in ("STL", "LDL") and w > 1 for op, w in zip(ops, weight))
+    threads = 32 * launch.num_warps
+    dynamic = sum(w for op, w in zip(ops, weight) if op not in ("NOP",))
+    loads, stores = {}, {}
+    for op in ops:
+        head = op.split(".")[0]
+        if head in ("LDG", "STG"):
+            width = next((s for s in op.split(".")[1:] if s in
+                          ("U8", "S8", "U16", "S16", "64", "128")), "32")
+            (loads if head == "LDG" else stores)[width] = \
+                (loads if head == "LDG" else stores).get(width, 0) + 1
+    return SassStats(
+        name=launch.name, registers=reg, stack_bytes=local + stack, shared_bytes=shared,
+        loop_spills=loop_spills,
+        instructions=len(ops), per_element=dynamic / (launch.elems_per_program / threads),
+        cold_instructions=cold_instructions,
+        loads=loads, stores=stores,
+        shuffles=sum(op.startswith("SHFL") for op in ops),
+        barriers=sum(op.startswith("BAR") for op in ops))
+
+
+def line_profile(launch: Launch, compiled, top: int = 20) -> list[tuple]:
+    """The hot path's instructions per element by source line, largest
+    first: (file:line, instructions per element, most frequent opcodes).
+    A jitted helper's lines count where the helper is written (the debug
+    info has no inlining), so one helper line may sum several call sites."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        sass = subprocess.run([_bin("nvdisasm"), "-c", "-g", path], check=True,
+                              capture_output=True, text=True).stdout
+    where, rows, labels, branches = "?", [], {}, []
+    for line in sass.splitlines():
+        if line.startswith("$"):
+            break
+        m = re.search(r'//## File "(.*)", line (\d+)', line)
+        if m:
+            where = f"{os.path.basename(m.group(1))}:{m.group(2)}"
+            continue
+        m = _LABEL.match(line.strip())
+        if m:
+            labels[m.group(1)] = len(rows)
+            continue
+        m = _INSTR.search(line)
+        if not m:
+            continue
+        b = _BRANCH.search(line)
+        if b:
+            branches.append((len(rows), b.group(1)))
+        rows.append((where, m.group(3).split(".")[0]))
+    weight = [1] * len(rows)
+    for at, label in branches:
+        start = labels.get(label)
+        if start is not None and start <= at:
+            for i in range(start, at + 1):
+                weight[i] = launch.trip_count
+    per_thread = launch.elems_per_program / (32 * launch.num_warps)
+    total, ops = {}, {}
+    for (where, op), w in zip(rows, weight):
+        total[where] = total.get(where, 0) + w
+        ops.setdefault(where, {})[op] = ops.setdefault(where, {}).get(op, 0) + w
+    ranked = sorted(total.items(), key=lambda kv: -kv[1])[:top]
+    return [(where, n / per_thread,
+             ", ".join(f"{op} {c}" for op, c in sorted(ops[where].items(), key=lambda kv: -kv[1])[:4]))
+            for where, n in ranked]
+
+
+def codec_launches(dtype, codec: str, numel: int = 128 << 20, ndim: int = 1) -> list[Launch]:
+    """The launches of encode and decode of ``numel`` elements of ``dtype``
+    (a torch dtype) with ``codec``, with realistic argument values."""
+    info = F.dtype_info(dtype)
+    C = F.CHUNK_ELEMS
+    nch = F.nchunks_for(numel, C)
+    word = {2: "*i16", 4: "*i32"}[info.itemsize]
+    table_off = F.HEADER_NBYTES + 8 * ndim
+    streams_off = table_off + F.CHUNK_ENTRY_NBYTES * nch
+    (an, an_const, an_warps), (wr, wr_const, wr_warps) = E.launch_plan(info, codec, C)
+    dec, dec_const, dec_warps = D.launch_plan(info, codec, C)
+    ends = dict(codes_end=3 * numel // 8 + 3, sm_end=numel + 5, rem_end=7, esc_end=numel // 64 + 9)
+    return [
+        Launch("encode: analyze", an,
+               dict(x_ptr=word, meta_ptr="*i32", seg_ptr="*i32", numel=numel, nch=nch, C=C),
+               an_const, an_warps, C, an_const["NSUB"]),
+        Launch("encode: write", wr,
+               dict(x_ptr=word, meta_ptr="*i32", seg_ptr="*i32", cum_ptr="*i64", out_ptr="*u8",
+                    numel=numel, nch=nch, C=C, table_off=table_off, streams_off=streams_off),
+               wr_const, wr_warps, C, wr_const["NSUB"]),
+        Launch("decode: table", D._table_kernel,
+               dict(p_ptr="*u8", seg_ptr="*i64", err_ptr="*i32", table_off=table_off, nch=nch,
+                    numel=numel, C=C),
+               dict(CODEC=F.CODEC_IDS[codec], ITEMSIZE=info.itemsize, EXP_BITS=info.exp_bits,
+                    BLOCK=D.TABLE_BLOCK),
+               4, D.TABLE_BLOCK * C),
+        Launch("decode: decode", dec,
+               dict(p_ptr="*u8", seg_ptr="*i64", cum_ptr="*i64", out_ptr=word, err_ptr="*i32",
+                    table_off=table_off, nch=nch, numel=numel, C=C, streams_off=streams_off,
+                    **ends),
+               dec_const, dec_warps, C, dec_const["NSUB"]),
+    ]
