@@ -277,14 +277,62 @@ def sweep(smoke: bool) -> None:
     x = torch.randn(n, generator=torch.Generator(device=DEV).manual_seed(0), device=DEV).bfloat16()
     print("(sweep) fixed3 write and decode sub-block elements x num_warps, analyze "
           f"elements x num_warps, at {n * 2 / MiB:g} MiB bf16", flush=True)
-    for sub, warps, a_sub, a_warps in [(1024, 4, 4096, 4), (512, 2, 4096, 4), (2048, 4, 4096, 4),
-                                       (1024, 8, 4096, 8), (1024, 4, 2048, 4),
-                                       (1024, 4, 1024, 4)]:
+    # The default first; then fewer warps (cheaper scans, fewer warps in
+    # flight), more, and the analyze kernel's chunk split or widened.
+    for sub, warps, a_sub, a_warps in [(512, 2, 4096, 4), (256, 1, 4096, 4), (512, 1, 4096, 4),
+                                       (1024, 2, 4096, 4), (1024, 4, 4096, 4),
+                                       (512, 2, 2048, 4), (512, 2, 4096, 8)]:
         codec_encode.SETTINGS["fixed3"] = {"analyze": (a_sub, a_warps), "write": (sub, warps)}
         codec_decode.SETTINGS["fixed3"] = (sub, warps)
         bench_tensor(f"sweep sub={sub} warps={warps} analyze={a_sub}x{a_warps}", x,
                      codecs=("fixed3",), reps=1 if smoke else 5)
     codec_encode.SETTINGS, codec_decode.SETTINGS = saved
+
+
+def breakdown(smoke: bool) -> None:
+    """Where a fixed3 call's time goes: the wall time (as in the table) beside
+    the device time of each kernel and copy it launches (torch.profiler). The
+    difference is time the GPU waits on the host: launches, the header, and
+    the syncs (encode reads the stream lengths, decode the header and the
+    error word). The first H200 run suggested ~0.4 ms of it per 256 MiB call
+    (the 256 MiB and 1 GiB rows do not scale by 4); this measures it."""
+    from torch.profiler import ProfilerActivity, profile
+    cuda = DEV.type == "cuda"
+    n = (16 * 1024 + 6) if smoke else 128 * MiB
+    x = torch.randn(n, generator=torch.Generator(device=DEV).manual_seed(0), device=DEV).bfloat16()
+    p = z.encode(x, codec="fixed3", backend="triton")
+    out = torch.empty_like(x)
+    reps = 1 if smoke else 5
+    print(f"(c) where the time goes, fixed3, {n * 2 / MiB:g} MiB bf16 "
+          f"({'device' if cuda else 'CPU: smoke only'} time per call)", flush=True)
+    for op, fn in (("encode", lambda: z.encode(x, codec="fixed3", backend="triton")),
+                   ("decode", lambda: z.decode(p, out=out, backend="triton"))):
+        wall = timeit(fn, reps)
+        with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+            for _ in range(reps):
+                fn()
+            if cuda:
+                torch.cuda.synchronize()
+        busy = {}
+        for e in prof.events():
+            if str(e.device_type).endswith("CUDA" if cuda else "CPU"):
+                t = getattr(e, "device_time", None) if cuda else e.cpu_time
+                t = t if t is not None else getattr(e, "cuda_time", 0)
+                busy[e.name] = busy.get(e.name, 0.0) + t / 1e3 / reps  # us -> ms per call
+        total = sum(busy.values()) if cuda else None
+        for name, ms in sorted(busy.items(), key=lambda kv: -kv[1])[:8]:
+            ROWS.append(dict(data=f"breakdown {op}", dtype="bf16", MiB=round(n * 2 / MiB, 3),
+                             op=f"{op}: {name[:40]}", backend="triton", codec="fixed3",
+                             ms=round(ms, 4), error=""))
+        ROWS.append(dict(data=f"breakdown {op}", dtype="bf16", MiB=round(n * 2 / MiB, 3),
+                         op=f"{op}: wall / device busy", backend="triton", codec="fixed3",
+                         ms=round(wall * 1e3, 4),
+                         vs_copy=None if total is None else round(total / (wall * 1e3), 3),
+                         error="" if cuda else "CPU: device times not measured"))
+        print(f"  {op}: wall {wall * 1e3:.3f} ms" + (
+            f", device busy {total:.3f} ms ({total / (wall * 1e3):.0%})" if cuda else "")
+            + "; " + ", ".join(f"{k[:30]} {v:.3f}" for k, v in
+                               sorted(busy.items(), key=lambda kv: -kv[1])[:4]), flush=True)
 
 
 # --------------------------------------------------------------------------
@@ -320,7 +368,8 @@ def main() -> int:
     t0 = time.time()
     sizes = [0, 7, 4097] if ARGS.smoke else [0, 1, 7, 4097, 3 * 4096 + 5,
                                                                1_000_003]
-    for part in (lambda: correctness(sizes), lambda: throughput(ARGS.smoke)) + (
+    for part in (lambda: correctness(sizes), lambda: throughput(ARGS.smoke),
+                 lambda: breakdown(ARGS.smoke)) + (
             (lambda: sweep(ARGS.smoke),) if ARGS.sweep else ()):
         try:
             part()

@@ -36,8 +36,8 @@ _KERNELS = {"fixed3": (fixed3_analyze_kernel, fixed3_write_kernel),
 # memory. Static costs: benchmarks/kernel_cost.py; gpu_check.py --sweep times
 # alternatives on a GPU (it overrides this table).
 SETTINGS = {
-    "fixed3": {"analyze": (4096, 4), "write": (1024, 4)},
-    "dense": {"analyze": (1024, 4), "write": (1024, 4)},
+    "fixed3": {"analyze": (4096, 4), "write": (512, 2)},
+    "dense": {"analyze": (4096, 4), "write": (512, 2)},
 }
 
 

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_TABLE, ERR_TOTALS, fixed_window,
                             join_fields, load_entry, store_words)
-from .fixed3_encode import row_ranks
+from .fixed3_encode import escape_ranks, row_ranks
 
 
 @triton.jit
@@ -39,15 +39,20 @@ def _decode_codes(src, k, n, lo, zf, codes_off, seg_codes, codes_end, esc_off, s
     q = tl.arange(0, 8)
     i = k * SUB + r[:, None] * 8 + q[None, :]
     valid = i < n
-    code = (load_rows3(src + codes_off, k * CODES_PER_SUB + 3 * r[:, None], seg_codes,
-                       codes_end - codes_off) >> (3 * q[None, :])) & 7
+    acc = load_rows3(src + codes_off, k * CODES_PER_SUB + 3 * r[:, None], seg_codes,
+                     codes_end - codes_off)
+    # Codes past the chunk's end (a corrupt payload's) must not count as escapes.
+    past = tl.minimum(tl.maximum(n - k * SUB - 8 * r[:, None], 0), 8)
+    acc = acc & ((1 << (3 * past)) - 1)
+    code = (acc >> (3 * q[None, :])) & 7
     is_zero = valid & (zf != 0) & (code == 0)
-    esc = valid & (code == 7)
-    erank, e_tot = row_ranks(esc.to(tl.int32), e_base)
-    eidx = esc_off + erank - 1
-    ebyte = tl.load(src + eidx, mask=esc & (erank <= seg_esc) & (eidx < esc_end), other=0)
+    esc = code == 7  # 0 past the chunk's end
+    rank, e_base = escape_ranks(acc, q, e_base)
+    # Escape bytes: inside the segment and the stream (esc_room, int32).
+    esc_room = tl.maximum(tl.minimum(seg_esc, esc_end - esc_off), 0).to(tl.int32)
+    ebyte = tl.load(src + esc_off + rank, mask=esc & (rank < esc_room), other=0)
     e = tl.where(esc, ebyte.to(tl.int32), lo + code - zf)
-    return r, q, i, valid, is_zero, esc, e, e_base + e_tot
+    return r, q, i, valid, is_zero, esc, e, e_base
 
 
 @triton.jit

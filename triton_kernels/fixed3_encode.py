@@ -183,6 +183,26 @@ def row_ranks(flags, base):
 
 
 @triton.jit
+def escape_ranks(acc, q, base):
+    """The escapes (code 7) among each row's eight 3-bit codes, packed in
+    acc ([rows, 1], code q at bit 3q): every element's rank among the
+    sub-block's escapes (exclusive, plus base; meaningful for escapes only)
+    and the escapes so far. One multiply per row counts them: with m holding
+    bit 3q for each escape q, m * 0x249249 holds in field 3p (p < 7) the
+    escapes among codes 0..p, at most 7, so no field carries into the next."""
+    ESC_BITS: tl.constexpr = 0x249249  # bit 3q for q = 0..7
+    m = acc & (acc >> 1) & (acc >> 2) & ESC_BITS
+    prod = m * ESC_BITS
+    # The row counts as a 1-D vector: scanning a [rows, 1] tile trips the
+    # compiler (a ScanOpToLLVM assertion, triton 3.6).
+    row = tl.sum(((prod >> 18) & 7) + ((m >> 21) & 1), axis=1)
+    incl = tl.cumsum(row, 0)
+    before = ((prod << 3) >> (3 * q[None, :])) & 7
+    rank = base + (incl - row)[:, None] + before
+    return rank, base + tl.sum(row, axis=0)
+
+
+@triton.jit
 def _code_sub_block(x_ptr, start, n, k, lo, width, zf, codes_dst, codes_len, esc_dst, e_base,
                     SUB: tl.constexpr, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
                     MAN_BITS: tl.constexpr):
@@ -193,12 +213,11 @@ def _code_sub_block(x_ptr, start, n, k, lo, width, zf, codes_dst, codes_len, esc
     e, sm = split_fields(w, EXP_BITS, MAN_BITS)
     is_zero = valid & (w == 0)
     code = fixed3_codes(e, is_zero, valid, lo, width, zf)
-    esc = valid & (code == 7)
-    store_rows3(codes_dst + k * CODES_PER_SUB, pack_rows3(code, q), r,
-                codes_len - k * CODES_PER_SUB)
-    erank, e_tot = row_ranks(esc.to(tl.int32), e_base)
-    tl.store(esc_dst + erank - 1, e.to(tl.uint8), mask=esc)
-    return r, q, i, valid, is_zero, sm, e_base + e_tot
+    acc = pack_rows3(code, q)
+    store_rows3(codes_dst + k * CODES_PER_SUB, acc, r, codes_len - k * CODES_PER_SUB)
+    rank, e_base = escape_ranks(acc[:, None], q, e_base)
+    tl.store(esc_dst + rank, e.to(tl.uint8), mask=code == 7)
+    return r, q, i, valid, is_zero, sm, e_base
 
 
 @triton.jit
