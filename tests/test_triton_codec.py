@@ -143,7 +143,8 @@ def test_fp32_bf16_casts_and_zeros(device):
 def _fixed3_paths(payload: torch.Tensor) -> tuple:
     """Which paths the fixed3 kernels take for the payload's coded chunks
     (the conditions in fixed3_write_kernel and fixed3_decode_kernel): counts
-    of (fast with 8-byte sm accesses, fast with byte accesses, general)."""
+    of (fast and unmasked with 8-byte sm accesses: a full chunk with an
+    aligned sm segment; fast with masks and byte accesses; general)."""
     h = F.parse_header(payload)
     info = F.DTYPES[h.dtype]
     table = F.ChunkTable.from_bytes(payload[h.table_offset:h.streams_offset], h.nchunks)
@@ -154,8 +155,8 @@ def _fixed3_paths(payload: torch.Tensor) -> tuple:
     zf = (table.flags & F.FLAG_ZERO) != 0
     one_byte = (table.flags & F.FLAG_LOW16) != 0 if info.itemsize == 4 else torch.ones_like(zf)
     fast = coded & ~zf & one_byte
-    aligned = sm_at % 8 == 0
-    return (int((fast & aligned).sum()), int((fast & ~aligned).sum()), int((coded & ~fast).sum()))
+    hot = fast & (sm_at % 8 == 0) & (n == h.chunk_elems)  # SUB divides CHUNK_ELEMS
+    return (int(hot.sum()), int((fast & ~hot).sum()), int((coded & ~fast).sum()))
 
 
 @pytest.mark.parametrize("device", DEVICES)

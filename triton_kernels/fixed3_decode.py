@@ -17,33 +17,43 @@ from .fixed3_encode import escape_ranks, row_ranks
 
 
 @triton.jit
-def load_rows3(seg, at, seg_len, stream_left):
+def load_rows3(seg, at, seg_len, stream_left, FULL: tl.constexpr = False):
     """The 24-bit values of 3 bytes at seg + at (a [rows, 1] column: a 2-D
     load keeps the rows' layout, where a 1-D one leaves the tile built from
     it to a default layout of 8 threads per row), masked to the segment's
-    seg_len bytes and the stream_left bytes left in its stream."""
+    seg_len bytes and the stream_left bytes left in its stream, unless FULL
+    (the caller checked that every row lies inside both)."""
     acc = tl.zeros(at.shape, tl.int32)
     for b in tl.static_range(3):
-        byte = tl.load(seg + at + b, mask=(at + b < seg_len) & (at + b < stream_left), other=0)
+        if FULL:
+            byte = tl.load(seg + at + b)
+        else:
+            byte = tl.load(seg + at + b, mask=(at + b < seg_len) & (at + b < stream_left),
+                           other=0)
         acc = acc | (byte.to(tl.int32) << (8 * b))
     return acc
 
 
 @triton.jit
 def _decode_codes(src, k, n, lo, zf, codes_off, seg_codes, codes_end, esc_off, seg_esc, esc_end,
-                  e_base, SUB: tl.constexpr):
+                  e_base, SUB: tl.constexpr, FULL: tl.constexpr = False):
     """Sub-block k's codes and escapes: its tile indices, the decoded
-    exponents, which elements are escapes and omitted +0.0, the escapes so far."""
+    exponents, which elements are escapes and omitted +0.0, the escapes so
+    far. FULL: the chunk fills its sub-blocks and its codes segment lies
+    inside the stream (the caller checked), so nothing is masked."""
     CODES_PER_SUB: tl.constexpr = SUB * 3 // 8
     r = tl.arange(0, SUB // 8)
     q = tl.arange(0, 8)
     i = k * SUB + r[:, None] * 8 + q[None, :]
-    valid = i < n
     acc = load_rows3(src + codes_off, k * CODES_PER_SUB + 3 * r[:, None], seg_codes,
-                     codes_end - codes_off)
-    # Codes past the chunk's end (a corrupt payload's) must not count as escapes.
-    past = tl.minimum(tl.maximum(n - k * SUB - 8 * r[:, None], 0), 8)
-    acc = acc & ((1 << (3 * past)) - 1)
+                     codes_end - codes_off, FULL)
+    if FULL:
+        valid = tl.full([SUB // 8, 8], True, tl.int1)
+    else:
+        valid = i < n
+        # Codes past the chunk's end (a corrupt payload's) must not count as escapes.
+        past = tl.minimum(tl.maximum(n - k * SUB - 8 * r[:, None], 0), 8)
+        acc = acc & ((1 << (3 * past)) - 1)
     code = (acc >> (3 * q[None, :])) & 7
     is_zero = valid & (zf != 0) & (code == 0)
     esc = code == 7  # 0 past the chunk's end
@@ -71,8 +81,10 @@ def _decode_fast(src, sm_src, dst, n, lo, codes_off, seg_codes, codes_end, rem_o
                  ALIGNED: tl.constexpr):
     """A coded chunk with no zero omitted and one sm byte per element, its sm
     segment inside its stream: element i's sm byte (and fp16 rem value) is
-    the i-th. ALIGNED: sm_src is 8-byte aligned, so a row's 8 bytes come in
-    one load. Returns the escapes decoded and the count of bad exponents."""
+    the i-th. ALIGNED: sm_src is 8-byte aligned, the chunk fills its
+    sub-blocks and its codes segment lies inside its stream, so a row's 8
+    bytes come in one load and nothing is masked. Returns the escapes
+    decoded and the count of bad exponents."""
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     CODES_PER_SUB: tl.constexpr = SUB * 3 // 8
@@ -82,10 +94,10 @@ def _decode_fast(src, sm_src, dst, n, lo, codes_off, seg_codes, codes_end, rem_o
     for k in range(0, NSUB):
         r, q, i, valid, is_zero, esc, e, e_base = _decode_codes(
             src, k, n, lo, 0, codes_off, seg_codes, codes_end, esc_off, seg_esc, esc_end,
-            e_base, SUB)
+            e_base, SUB, ALIGNED)
         bad_exp += _bad_exponents(esc, e, EXP_BITS)
         if ALIGNED:
-            sm = tl.load(sm_src + i, mask=valid, other=0).to(tl.int32)
+            sm = tl.load(sm_src + i).to(tl.int32)
         else:  # byte loads, contiguity hidden: see _write_fast in fixed3_encode.py
             sm = tl.load(sm_src + i * one, mask=valid, other=0).to(tl.int32)
         if ITEMSIZE == 4:
@@ -95,7 +107,10 @@ def _decode_fast(src, sm_src, dst, n, lo, codes_off, seg_codes, codes_end, rem_o
                              rem_end - rem_off)
             sm = sm | (((rem >> (3 * q[None, :])) & 7) << 8)
         w = join_fields(tl.minimum(e, EMAX), sm, EXP_BITS, MAN_BITS)
-        store_words(dst + i, w, valid, ITEMSIZE)
+        if ALIGNED:
+            store_words(dst + i, w, None, ITEMSIZE)
+        else:
+            store_words(dst + i, w, valid, ITEMSIZE)
     return e_base, bad_exp
 
 
@@ -225,7 +240,8 @@ def fixed3_decode_kernel(p_ptr, seg_ptr, cum_ptr, out_ptr, err_ptr, table_off, n
             fast = ((zf == 0) & ((ITEMSIZE == 2) | (low16 != 0)) & (seg_sm == n)
                     & (sm_off + n <= sm_end))
             if fast:
-                if sm_at % 8 == 0:
+                full = (n == NSUB * SUB) & (codes_off + seg_codes <= codes_end)
+                if (sm_at % 8 == 0) & full:
                     e_base, bad_exp = _decode_fast(
                         src, p_ptr + tl.multiple_of(sm_at, 8), dst, n, lo, codes_off,
                         seg_codes, codes_end, rem_off, seg_rem, rem_end, esc_off, seg_esc,

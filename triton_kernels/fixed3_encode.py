@@ -28,17 +28,23 @@ from ._codec_common import fixed_window, locator_finish, seg_combine24, split_fi
 
 
 @triton.jit
-def _tile(x_ptr, start, n, k, SUB: tl.constexpr, ITEMSIZE: tl.constexpr):
+def _tile(x_ptr, start, n, k, SUB: tl.constexpr, ITEMSIZE: tl.constexpr,
+          FULL: tl.constexpr = False):
     """Sub-block k of the chunk at element ``start`` (n elements) as
-    [SUB // 8, 8] words; also the row index r, the column q and the element
-    index i within the chunk."""
+    [SUB // 8, 8] words; also the row index r, the column q, the element
+    index i within the chunk and which elements exist. FULL: the caller
+    knows the chunk fills every sub-block, so nothing is masked."""
     r = tl.arange(0, SUB // 8)
     q = tl.arange(0, 8)
     i = k * SUB + r[:, None] * 8 + q[None, :]
-    valid = i < n
     # 16-bit words stay sign-extended: every field below is taken with a
     # shift and a mask, and the sign extension keeps w == 0 exact.
-    w = tl.load(x_ptr + start + i, mask=valid, other=0).to(tl.int32)
+    if FULL:
+        valid = tl.full([SUB // 8, 8], True, tl.int1)
+        w = tl.load(x_ptr + start + i).to(tl.int32)
+    else:
+        valid = i < n
+        w = tl.load(x_ptr + start + i, mask=valid, other=0).to(tl.int32)
     return r, q, i, valid, w
 
 
@@ -74,12 +80,11 @@ def _locator_part(w, MAN_BITS: tl.constexpr, EMAX: tl.constexpr, ITEMSIZE: tl.co
 
 
 @triton.jit
-def _escape_part(w, lo, width, zf, MAN_BITS: tl.constexpr, EMAX: tl.constexpr):
-    """Escapes (as fixed3_codes decides them), counting w = 0 past the
-    chunk's end like any +0.0: the caller subtracts those."""
+def _inside_part(w, lo, width, MAN_BITS: tl.constexpr, EMAX: tl.constexpr):
+    """Words whose exponent lies in the window (the caller derives the
+    escapes from this count, the zeros and the padding)."""
     e = (w >> MAN_BITS) & EMAX
-    inside = (e - lo).to(tl.uint32) < width.to(tl.uint32)
-    return _sum2((~inside & ((w != 0) | (zf == 0))).to(tl.int32))
+    return _sum2(((e - lo).to(tl.uint32) < width.to(tl.uint32)).to(tl.int32))
 
 
 @triton.jit
@@ -123,15 +128,19 @@ def fixed3_analyze_kernel(x_ptr, meta_ptr, seg_ptr, numel, nch, C, ITEMSIZE: tl.
     zf = ((nz << K.ZERO_SLOT_SHIFT) >= n).to(tl.int32)
     lo, width = fixed_window(base, phase, zf, EMAX)
     if NSUB == 1:
-        n_esc = _escape_part(w, lo, width, zf, MAN_BITS, EMAX)
+        inside = _inside_part(w, lo, width, MAN_BITS, EMAX)
     else:
-        n_esc = tl.zeros([], tl.int32)
+        inside = tl.zeros([], tl.int32)
         for k in range(0, NSUB):
             r, q, i, valid, w = _tile(x_ptr, start, n, k, SUB, ITEMSIZE)
-            n_esc += _escape_part(w, lo, width, zf, MAN_BITS, EMAX)
-    # A padding word is an escape when +0.0 has no code: no ZERO_SLOT and
-    # exponent 0 below the window.
-    n_esc -= tl.where((zf == 0) & (lo > 0), pad, 0)
+            inside += _inside_part(w, lo, width, MAN_BITS, EMAX)
+    # Escapes are the words outside the window, less the +0.0 words that
+    # ZERO_SLOT codes as 0 (outside the window unless lo is 0). Counted over
+    # the tile, the padding (w = 0, exponent 0) behaves like +0.0: outside
+    # the window when lo > 0, so without ZERO_SLOT it adds pad escapes.
+    zeros_all = nz + pad
+    n_esc = (NSUB * SUB - inside - tl.where((zf != 0) & (lo > 0), zeros_all, 0)
+             - tl.where((zf == 0) & (lo > 0), pad, 0))
 
     n_zero = nz * zf
     codes_nb = (3 * n + 7) >> 3
@@ -154,14 +163,19 @@ def fixed3_analyze_kernel(x_ptr, meta_ptr, seg_ptr, numel, nch, C, ITEMSIZE: tl.
 
 
 @triton.jit
-def store_rows3(dst, acc, r, nbytes):
+def store_rows3(dst, acc, r, nbytes, FULL: tl.constexpr = False):
     """Store the 3 low bytes of each row's 24-bit value at dst + 3 * row,
-    those below nbytes. Three row vectors, not a [rows, 4] byte tile: a tile
-    whose rows are 3 bytes apart gets a layout of 4 threads per row, and the
-    row's codes would have to move between threads to get there."""
+    those below nbytes (all of them if FULL). Three row vectors, not a
+    [rows, 4] byte tile: a tile whose rows are 3 bytes apart gets a layout of
+    4 threads per row, and the row's codes would have to move between
+    threads to get there."""
     for b in tl.static_range(3):
         at = 3 * r + b
-        tl.store(dst + at, ((acc >> (8 * b)) & 0xFF).to(tl.uint8), mask=at < nbytes)
+        byte = ((acc >> (8 * b)) & 0xFF).to(tl.uint8)
+        if FULL:
+            tl.store(dst + at, byte)
+        else:
+            tl.store(dst + at, byte, mask=at < nbytes)
 
 
 @triton.jit
@@ -205,16 +219,16 @@ def escape_ranks(acc, q, base):
 @triton.jit
 def _code_sub_block(x_ptr, start, n, k, lo, width, zf, codes_dst, codes_len, esc_dst, e_base,
                     SUB: tl.constexpr, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
-                    MAN_BITS: tl.constexpr):
+                    MAN_BITS: tl.constexpr, FULL: tl.constexpr = False):
     """Write sub-block k's codes and escapes; return its tile (for the sm
     stream) and the escapes so far."""
     CODES_PER_SUB: tl.constexpr = SUB * 3 // 8
-    r, q, i, valid, w = _tile(x_ptr, start, n, k, SUB, ITEMSIZE)
+    r, q, i, valid, w = _tile(x_ptr, start, n, k, SUB, ITEMSIZE, FULL)
     e, sm = split_fields(w, EXP_BITS, MAN_BITS)
     is_zero = valid & (w == 0)
     code = fixed3_codes(e, is_zero, valid, lo, width, zf)
     acc = pack_rows3(code, q)
-    store_rows3(codes_dst + k * CODES_PER_SUB, acc, r, codes_len - k * CODES_PER_SUB)
+    store_rows3(codes_dst + k * CODES_PER_SUB, acc, r, codes_len - k * CODES_PER_SUB, FULL)
     rank, e_base = escape_ranks(acc[:, None], q, e_base)
     tl.store(esc_dst + rank, e.to(tl.uint8), mask=code == 7)
     return r, q, i, valid, is_zero, sm, e_base
@@ -226,7 +240,8 @@ def _write_fast(x_ptr, start, n, lo, width, codes_dst, sm_dst, rem_dst, esc_dst,
                 EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr, ALIGNED: tl.constexpr):
     """A coded chunk with no zero omitted and one sm byte per element:
     element i's sm byte (and fp16 rem value) is the i-th. ALIGNED: sm_dst is
-    8-byte aligned, so a row's 8 bytes go out in one store."""
+    8-byte aligned and the chunk fills its sub-blocks, so a row's 8 bytes go
+    out in one store and nothing is masked."""
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     CODES_PER_SUB: tl.constexpr = SUB * 3 // 8
     codes_len = (3 * n + 7) >> 3
@@ -235,11 +250,11 @@ def _write_fast(x_ptr, start, n, lo, width, codes_dst, sm_dst, rem_dst, esc_dst,
     for k in range(0, NSUB):
         r, q, i, valid, is_zero, sm, e_base = _code_sub_block(
             x_ptr, start, n, k, lo, width, 0, codes_dst, codes_len, esc_dst, e_base,
-            SUB, ITEMSIZE, EXP_BITS, MAN_BITS)
+            SUB, ITEMSIZE, EXP_BITS, MAN_BITS, ALIGNED)
         if ITEMSIZE == 4:
             sm = sm >> 16
         if ALIGNED:
-            tl.store(sm_dst + i, (sm & 0xFF).to(tl.uint8), mask=valid)
+            tl.store(sm_dst + i, (sm & 0xFF).to(tl.uint8))
         else:
             # Byte stores. The offsets' contiguity is hidden behind a multiply
             # by a 1 the compiler cannot see: a contiguous but unaligned byte
@@ -358,8 +373,9 @@ def fixed3_write_kernel(x_ptr, meta_ptr, seg_ptr, cum_ptr, out_ptr, numel, nch, 
         if fast:
             # 8 bytes per store when the segment is 8-byte aligned (out_ptr is
             # a fresh allocation: 16-byte aligned; where the sm stream starts
-            # depends on numel), else byte stores, off the hot path.
-            if sm_at % 8 == 0:
+            # depends on numel), and no masks when the chunk is full; else
+            # byte stores, off the hot path (so is a tensor's last chunk).
+            if (sm_at % 8 == 0) & (n == NSUB * SUB):
                 _write_fast(x_ptr, start, n, lo, width, codes_dst,
                             out_ptr + tl.multiple_of(sm_at, 8), rem_dst, esc_dst, SUB, NSUB,
                             ITEMSIZE, EXP_BITS, MAN_BITS, True)
