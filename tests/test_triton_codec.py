@@ -182,6 +182,26 @@ def test_fixed3_fast_and_general_paths(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=str)
+def test_fixed3_analyze_two_words_at_a_time(device, dtype):
+    """The analyze kernel tests 16-bit words two at a time when the input is
+    4-byte aligned and its length even (special values, a raw chunk, omitted
+    zeros, subnormals, a padded last chunk); the same values at an address
+    2 bytes off take the one-word path. Both must write the torch payload."""
+    from triton_kernels import codec_encode as E
+    x = mixed(3 * C + 6, dtype, seed=4).to(device)
+    buf = torch.empty(x.numel() + 1, dtype=dtype, device=device)
+    buf[1:] = x
+    shifted = buf[1:]
+    info = F.dtype_info(dtype)
+    (analyze, const, _), _ = E.launch_plan(info, "fixed3", C)
+    assert E.with_pairs(analyze, const, info, x.numel(), C, x.data_ptr()).get("PAIRS")
+    assert not E.with_pairs(analyze, const, info, x.numel(), C, shifted.data_ptr()).get("PAIRS")
+    _check_against_torch(x, "fixed3")
+    _check_against_torch(shifted, "fixed3")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("chunk_elems, codecs, n, zeros", [
     (1000, CODED, 2500, True),           # not a power of 2: masked sub-blocks
     (8, CODED, 21, True),                # the smallest chunk the header allows

@@ -64,6 +64,69 @@ def _sum2(x):
     return tl.sum(tl.sum(x, axis=1), axis=0)
 
 
+# 16-bit words two at a time (``PAIRS``): each int32 lane below is a 16-bit
+# field, and every lane operation stays inside its field (the comments say
+# why), so one 32-bit operation tests two elements.
+LANES = tl.constexpr(0x10001)  # a 1 in each 16-bit lane
+
+
+@triton.jit
+def _pair_tile(x_ptr, start, n, k, SUB: tl.constexpr):
+    """Sub-block k of 16-bit words as [SUB // 8, 4] uint32, two elements
+    each, the lower-addressed one in the low lane; 0 past the chunk's end
+    (the launcher makes n even)."""
+    xp = x_ptr.to(tl.pointer_type(tl.int32))
+    r = tl.arange(0, SUB // 8)
+    h = tl.arange(0, 4)
+    j = k * (SUB // 2) + r[:, None] * 4 + h[None, :]
+    w = tl.load(xp + start // 2 + j, mask=j < n // 2, other=0)
+    return w.to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _lane_sum(x):
+    """The sum of both 16-bit lanes of every word of a tile (each lane's sum
+    over a row of 4 words must fit 16 bits)."""
+    row = tl.sum(x, axis=1)
+    return tl.sum(((row & 0xFFFF) + (row >> 16)).to(tl.int32), axis=0)
+
+
+@triton.jit
+def _locator_part_pairs(w, MAN_BITS: tl.constexpr, EMAX: tl.constexpr):
+    """_locator_part for 16-bit words two at a time. Lanes hold exponents
+    e <= 255: e + 255 and e + 256 - EMAX stay below 512, so bit 8 of a lane
+    says e >= 1 and e == EMAX; (lane & 0x7FFF) + 0x7FFF stays below 0x10000,
+    so its bit 15, or the lane's own, says the word is not 0. The exponent
+    sum is over all lanes, less EMAX for each e == EMAX; normal = (e >= 1)
+    - (e == EMAX)."""
+    E2 = (w >> MAN_BITS) & (EMAX * LANES)
+    ge1 = (E2 + 0xFF * LANES) & (0x100 * LANES)
+    top = (E2 + (0x100 - EMAX) * LANES) & (0x100 * LANES)
+    nonzero = (((w & (0x7FFF * LANES)) + 0x7FFF * LANES) | w) & (0x8000 * LANES)
+    zero = nonzero ^ (0x8000 * LANES)
+    s_all = _lane_sum(E2)  # a row's lane: 4 words x 255
+    n_top = _lane_sum(top >> 8)
+    # e >= 1 at bit 0 and +0.0 at bit 8 of each lane: one reduction for both
+    # (a row's field counts at most 4 per lane, 8 once the lanes are added).
+    row = tl.sum((ge1 >> 8) | (zero >> 7), axis=1)
+    v = (row & 0xFFFF) + (row >> 16)
+    both = tl.sum(((v & 0xFF) | ((v >> 8) << 16)).to(tl.int32), axis=0)
+    return s_all - EMAX * n_top, both - n_top  # normal | +0.0 << 16
+
+
+@triton.jit
+def _inside_part_pairs(w, lo, width, MAN_BITS: tl.constexpr, EMAX: tl.constexpr):
+    """_inside_part two at a time. d = e + 256 - lo lies in [1, 511];
+    d + 0x7F00 reaches bit 15 iff e >= lo, d + 0x7F00 - width iff
+    e >= lo + width; neither leaves its lane."""
+    E2 = (w >> MAN_BITS) & (EMAX * LANES)
+    d = E2 + ((0x100 - lo) * LANES).to(tl.uint32)
+    ge_lo = d + 0x7F00 * LANES
+    ge_hi = d + ((0x7F00 - width) * LANES).to(tl.uint32)
+    inside = (ge_lo ^ ge_hi) & (0x8000 * LANES)  # ge_hi implies ge_lo
+    return _lane_sum(inside >> 15)
+
+
 @triton.jit
 def _locator_part(w, MAN_BITS: tl.constexpr, EMAX: tl.constexpr, ITEMSIZE: tl.constexpr):
     """Sum of normal exponents; normal count | +0.0 count << 16; words with
@@ -90,7 +153,7 @@ def _inside_part(w, lo, width, MAN_BITS: tl.constexpr, EMAX: tl.constexpr):
 @triton.jit
 def fixed3_analyze_kernel(x_ptr, meta_ptr, seg_ptr, numel, nch, C, ITEMSIZE: tl.constexpr,
                           EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr, SUB: tl.constexpr,
-                          NSUB: tl.constexpr):
+                          NSUB: tl.constexpr, PAIRS: tl.constexpr = False):
     c = tl.program_id(0)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
@@ -103,8 +166,14 @@ def fixed3_analyze_kernel(x_ptr, meta_ptr, seg_ptr, numel, nch, C, ITEMSIZE: tl.
     # Per-element masks cost predicate registers (a thread holds 32
     # elements); instead, the tile's padding past n, all w = 0, is taken out
     # of the counts afterwards.
+    # PAIRS: 16-bit words read and tested two at a time (the launcher sets it
+    # when x is 4-byte aligned and every chunk's length is even).
     pad = NSUB * SUB - n
-    if NSUB == 1:
+    if PAIRS:
+        w = _pair_tile(x_ptr, start, n, 0, SUB)
+        s, cz = _locator_part_pairs(w, MAN_BITS, EMAX)
+        low_bits = tl.zeros([], tl.int32)
+    elif NSUB == 1:
         r, q, i, valid, w = _tile(x_ptr, start, n, 0, SUB, ITEMSIZE)
         s, cz, low_bits = _locator_part(w, MAN_BITS, EMAX, ITEMSIZE)
     else:
@@ -127,7 +196,9 @@ def fixed3_analyze_kernel(x_ptr, meta_ptr, seg_ptr, numel, nch, C, ITEMSIZE: tl.
         smb = 3 - 2 * low16
     zf = ((nz << K.ZERO_SLOT_SHIFT) >= n).to(tl.int32)
     lo, width = fixed_window(base, phase, zf, EMAX)
-    if NSUB == 1:
+    if PAIRS:
+        inside = _inside_part_pairs(w, lo, width, MAN_BITS, EMAX)
+    elif NSUB == 1:
         inside = _inside_part(w, lo, width, MAN_BITS, EMAX)
     else:
         inside = tl.zeros([], tl.int32)
