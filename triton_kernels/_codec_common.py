@@ -209,3 +209,97 @@ def store_words(ptr, w, mask, ITEMSIZE: tl.constexpr):
         tl.store(ptr, w.to(tl.int16), mask=mask)
     else:
         tl.store(ptr, w, mask=mask)
+
+
+@triton.jit
+def write_table_entry(mrow, out_ptr, table_off, c):
+    """Chunk c's table entry from its meta row: 4 bytes, then 6 little-endian
+    u16 counts."""
+    f = tl.arange(0, 16)
+    field = tl.load(mrow + tl.where(f < 4, f, 4 + (f - 4) // 2))
+    byte = (field >> tl.where(f < 4, 0, 8 * ((f - 4) % 2))) & 0xFF
+    tl.store(out_ptr + table_off + c.to(tl.int64) * 16 + f, byte.to(tl.uint8))
+
+
+@triton.jit
+def segment_lengths_offsets(seg_ptr, cum_ptr, nch, c):
+    """Chunk c's segment lengths in (codes, sm, rem, esc) and their offsets
+    from the streams' start (inclusive cumsum minus own length)."""
+    seg_codes = tl.load(seg_ptr + c)
+    seg_sm = tl.load(seg_ptr + nch + c)
+    seg_rem = tl.load(seg_ptr + 2 * nch + c)
+    seg_esc = tl.load(seg_ptr + 3 * nch + c)
+    return (seg_codes, seg_sm, seg_rem, seg_esc,
+            tl.load(cum_ptr + c) - seg_codes, tl.load(cum_ptr + nch + c) - seg_sm,
+            tl.load(cum_ptr + 2 * nch + c) - seg_rem, tl.load(cum_ptr + 3 * nch + c) - seg_esc)
+
+
+@triton.jit
+def check_stream_ends(cum_ptr, nch, err_ptr, codes_end, sm_end, rem_end, esc_end):
+    """(Program 0 of a decode kernel.) The stream ends per the table against
+    the header's; sets ERR_TOTALS if they differ."""
+    off = ((tl.load(cum_ptr + nch - 1) != codes_end)
+           | (tl.load(cum_ptr + 2 * nch - 1) != sm_end)
+           | (tl.load(cum_ptr + 3 * nch - 1) != rem_end)
+           | (tl.load(cum_ptr + 4 * nch - 1) != esc_end))
+    tl.atomic_or(err_ptr, ERR_TOTALS, mask=off)
+
+
+@triton.jit(noinline=True)
+def write_raw_chunk(x_ptr, start, n, sm_dst, SUB: tl.constexpr, NSUB: tl.constexpr,
+                    ITEMSIZE: tl.constexpr):
+    """Encode a raw chunk: its n words at x_ptr + start, little-endian, as
+    its sm segment (cold code: a noinline function, see offline.py)."""
+    for k in range(0, NSUB):
+        i = k * SUB + (tl.arange(0, SUB // 8)[:, None] * 8 + tl.arange(0, 8)[None, :])
+        valid = i < n
+        w = tl.load(x_ptr + start + i, mask=valid, other=0).to(tl.int32)
+        for b in tl.static_range(ITEMSIZE):
+            tl.store(sm_dst + i * ITEMSIZE + b, ((w >> (8 * b)) & 0xFF).to(tl.uint8),
+                     mask=valid)
+
+
+@triton.jit(noinline=True)
+def decode_raw_chunk(src, sm_off, seg_sm, sm_end, dst, n, SUB: tl.constexpr,
+                     NSUB: tl.constexpr, ITEMSIZE: tl.constexpr):
+    """Decode a raw chunk: its sm segment holds its words, little-endian;
+    every load is masked to the segment and the stream's end."""
+    for k in range(0, NSUB):
+        i = k * SUB + (tl.arange(0, SUB // 8)[:, None] * 8 + tl.arange(0, 8)[None, :])
+        valid = i < n
+        w = tl.zeros([SUB // 8, 8], tl.int32)
+        for b in tl.static_range(ITEMSIZE):
+            at = i * ITEMSIZE + b
+            idx = sm_off + at
+            byte = tl.load(src + idx, mask=valid & (at < seg_sm) & (idx < sm_end), other=0)
+            w = w | (byte.to(tl.int32) << (8 * b))
+        store_words(dst + i, w, valid, ITEMSIZE)
+
+
+@triton.jit
+def store_analysis(meta_ptr, seg_ptr, c, nch, n, codes_nb, n_zero, n_esc, low16, zf, base,
+                   phase, o1, o2, o3, o4, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr):
+    """The end of an analyze kernel: chunk c's segment lengths
+    (format.segment_nbytes), whether coding it beats its raw words, and its
+    meta row (the table entry's fields; all zero for a raw chunk, whose sm
+    segment holds its words)."""
+    kept = n - n_zero
+    smb = 1
+    if ITEMSIZE == 4:
+        smb = 3 - 2 * low16
+    sm_nb = kept * smb
+    rem_nb = 0
+    if ITEMSIZE == 2 and EXP_BITS == 5:  # fp16: 3 rem bits per kept element
+        rem_nb = (3 * kept + 7) >> 3
+    coded = (codes_nb + sm_nb + rem_nb + n_esc) < n * ITEMSIZE
+    f = tl.arange(0, 16)
+    row = (tl.where(f == 0, 1, 0) + tl.where(f == 1, low16 + 2 * zf, 0)
+           + tl.where(f == 2, base, 0) + tl.where(f == 3, phase, 0)
+           + tl.where(f == 4, n_zero, 0) + tl.where(f == 5, n_esc, 0)
+           + tl.where(f == 6, o1, 0) + tl.where(f == 7, o2, 0)
+           + tl.where(f == 8, o3, 0) + tl.where(f == 9, o4, 0))
+    tl.store(meta_ptr + c.to(tl.int64) * 16 + f, tl.where(coded, row, 0))
+    tl.store(seg_ptr + c, tl.where(coded, codes_nb, 0))
+    tl.store(seg_ptr + nch + c, tl.where(coded, sm_nb, n * ITEMSIZE))
+    tl.store(seg_ptr + 2 * nch + c, tl.where(coded, rem_nb, 0))
+    tl.store(seg_ptr + 3 * nch + c, tl.where(coded, n_esc, 0))

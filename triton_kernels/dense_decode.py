@@ -14,8 +14,9 @@ import triton
 import triton.language as tl
 
 from . import _codec_common as K
-from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_TABLE, ERR_TIERS, ERR_TOTALS,
-                            dense_symbols, join_fields, load_entry, store_words)
+from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_TABLE, ERR_TIERS, check_stream_ends,
+                            decode_raw_chunk, dense_symbols, join_fields, load_entry,
+                            segment_lengths_offsets, store_words)
 
 
 @triton.jit
@@ -46,25 +47,13 @@ def dense_decode_kernel(p_ptr, seg_ptr, cum_ptr, out_ptr, err_ptr, table_off, nc
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     if c == 0:
-        # Stream ends (from the streams' start) per the table, against the header.
-        off = ((tl.load(cum_ptr + nch - 1) != codes_end)
-               | (tl.load(cum_ptr + 2 * nch - 1) != sm_end)
-               | (tl.load(cum_ptr + 3 * nch - 1) != rem_end)
-               | (tl.load(cum_ptr + 4 * nch - 1) != esc_end))
-        tl.atomic_or(err_ptr, ERR_TOTALS, mask=off)
+        check_stream_ends(cum_ptr, nch, err_ptr, codes_end, sm_end, rem_end, esc_end)
     # Loaded before the branch on the error word, so their latencies overlap.
     mode, flags, base, phase, nz, nesc, o1, o2, o3, o4 = load_entry(
         p_ptr + table_off + c.to(tl.int64) * 16, c < nch)
-    # Segment offsets from the streams' start (inclusive cumsum minus own
-    # length); a load at offset idx of stream s is masked by idx < s's end.
-    seg_codes = tl.load(seg_ptr + c)
-    seg_sm = tl.load(seg_ptr + nch + c)
-    seg_rem = tl.load(seg_ptr + 2 * nch + c)
-    seg_esc = tl.load(seg_ptr + 3 * nch + c)
-    codes_off = tl.load(cum_ptr + c) - seg_codes
-    sm_off = tl.load(cum_ptr + nch + c) - seg_sm
-    rem_off = tl.load(cum_ptr + 2 * nch + c) - seg_rem
-    esc_off = tl.load(cum_ptr + 3 * nch + c) - seg_esc
+    # A load at offset idx of stream s is masked by idx < s's end.
+    (seg_codes, seg_sm, seg_rem, seg_esc, codes_off, sm_off, rem_off,
+     esc_off) = segment_lengths_offsets(seg_ptr, cum_ptr, nch, c)
     src = p_ptr + streams_off
     start = c.to(tl.int64) * C
     n = tl.minimum(numel - start, C).to(tl.int32)
@@ -73,17 +62,7 @@ def dense_decode_kernel(p_ptr, seg_ptr, cum_ptr, out_ptr, err_ptr, table_off, nc
     # The table kernel ran before this one on the stream: bit ERR_TABLE is final.
     if (tl.load(err_ptr) & ERR_TABLE) == 0:
         if mode == 0:
-            for k in range(0, NSUB):
-                i = k * SUB + tl.arange(0, SUB)
-                valid = i < n
-                w = tl.zeros([SUB], tl.int32)
-                for b in tl.static_range(ITEMSIZE):
-                    at = i * ITEMSIZE + b
-                    idx = sm_off + at
-                    byte = tl.load(src + idx, mask=valid & (at < seg_sm) & (idx < sm_end),
-                                   other=0)
-                    w = w | (byte.to(tl.int32) << (8 * b))
-                store_words(dst + i, w, valid, ITEMSIZE)
+            decode_raw_chunk(src, sm_off, seg_sm, sm_end, dst, n, SUB, NSUB, ITEMSIZE)
         else:
             zf = (flags >> 1) & 1
             len0 = (2 * n + 7) >> 3

@@ -23,7 +23,9 @@ import triton
 import triton.language as tl
 
 from . import _codec_common as K
-from ._codec_common import dense_ranks, locator_finish, seg_combine4, seg_combine24, split_fields
+from ._codec_common import (dense_ranks, locator_finish, seg_combine4, seg_combine24,
+                            segment_lengths_offsets, split_fields, store_analysis,
+                            write_raw_chunk, write_table_entry)
 
 
 @triton.jit
@@ -39,11 +41,11 @@ def _sub_words(x_ptr, start, n, k, SUB: tl.constexpr, ITEMSIZE: tl.constexpr):
 
 
 @triton.jit
-def dense_analyze_kernel(x_ptr, meta_ptr, seg_ptr, numel, nch, C, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
-                    SUB: tl.constexpr, NSUB: tl.constexpr):
+def dense_analyze_kernel(x_ptr, meta_ptr, seg_ptr, numel, nch, C, ITEMSIZE: tl.constexpr,
+                         EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr, SUB: tl.constexpr,
+                         NSUB: tl.constexpr):
     c = tl.program_id(0)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
-    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     start = c.to(tl.int64) * C
     n = tl.minimum(numel - start, C).to(tl.int32)
 
@@ -63,10 +65,8 @@ def dense_analyze_kernel(x_ptr, meta_ptr, seg_ptr, numel, nch, C, ITEMSIZE: tl.c
             low_bits += tl.sum((valid & ((w & 0xFFFF) != 0)).to(tl.int32), axis=0)
     base, phase = locator_finish(s, cnt)
     low16 = 0
-    smb = 1
     if ITEMSIZE == 4:
         low16 = (low_bits == 0).to(tl.int32)
-        smb = 3 - 2 * low16
 
     # Pass 2 (the chunk is in L1/L2 now): escapes and dense tier counts.
     n_esc = tl.zeros([], tl.int32)
@@ -87,24 +87,8 @@ def dense_analyze_kernel(x_ptr, meta_ptr, seg_ptr, numel, nch, C, ITEMSIZE: tl.c
     n_zero = nz
     codes_nb = (((2 * n + 7) >> 3) + ((o1 * K.T1_BITS + 7) >> 3) + ((o2 * K.T2_BITS + 7) >> 3)
                 + ((o3 * K.T3_BITS + 7) >> 3) + ((o4 * K.T4_BITS + 7) >> 3))
-    kept = n - n_zero
-    sm_nb = kept * smb
-    rem_nb = 0
-    if IS_FP16:
-        rem_nb = (3 * kept + 7) >> 3
-    coded = (codes_nb + sm_nb + rem_nb + n_esc) < n * ITEMSIZE
-    # A raw chunk's entry is all zero; its sm segment holds its words.
-    f = tl.arange(0, 16)
-    row = (tl.where(f == 0, 1, 0) + tl.where(f == 1, low16 + 2 * zf, 0)
-           + tl.where(f == 2, base, 0) + tl.where(f == 3, phase, 0)
-           + tl.where(f == 4, n_zero, 0) + tl.where(f == 5, n_esc, 0)
-           + tl.where(f == 6, o1, 0) + tl.where(f == 7, o2, 0)
-           + tl.where(f == 8, o3, 0) + tl.where(f == 9, o4, 0))
-    tl.store(meta_ptr + c.to(tl.int64) * 16 + f, tl.where(coded, row, 0))
-    tl.store(seg_ptr + c, tl.where(coded, codes_nb, 0))
-    tl.store(seg_ptr + nch + c, tl.where(coded, sm_nb, n * ITEMSIZE))
-    tl.store(seg_ptr + 2 * nch + c, tl.where(coded, rem_nb, 0))
-    tl.store(seg_ptr + 3 * nch + c, tl.where(coded, n_esc, 0))
+    store_analysis(meta_ptr, seg_ptr, c, nch, n, codes_nb, n_zero, n_esc, low16, zf, base, phase,
+                   o1, o2, o3, o4, ITEMSIZE, EXP_BITS)
 
 
 @triton.jit
@@ -160,26 +144,18 @@ def dense_write_kernel(x_ptr, meta_ptr, seg_ptr, cum_ptr, out_ptr, numel, nch, C
     start = c.to(tl.int64) * C
     n = tl.minimum(numel - start, C).to(tl.int32)
 
-    # Table entry: 4 bytes, then 6 little-endian u16 counts.
-    f = tl.arange(0, 16)
-    field = tl.load(mrow + tl.where(f < 4, f, 4 + (f - 4) // 2))
-    byte = (field >> tl.where(f < 4, 0, 8 * ((f - 4) % 2))) & 0xFF
-    tl.store(out_ptr + table_off + c.to(tl.int64) * 16 + f, byte.to(tl.uint8))
-
+    write_table_entry(mrow, out_ptr, table_off, c)
     mode = tl.load(mrow)
-    # Segment offsets from the streams' start: inclusive cumsum minus own length.
+    _, _, _, _, codes_off, sm_off, rem_off, esc_off = segment_lengths_offsets(
+        seg_ptr, cum_ptr, nch, c)
     streams = out_ptr + streams_off
-    codes_dst = streams + (tl.load(cum_ptr + c) - tl.load(seg_ptr + c))
-    sm_dst = streams + (tl.load(cum_ptr + nch + c) - tl.load(seg_ptr + nch + c))
-    rem_dst = streams + (tl.load(cum_ptr + 2 * nch + c) - tl.load(seg_ptr + 2 * nch + c))
-    esc_dst = streams + (tl.load(cum_ptr + 3 * nch + c) - tl.load(seg_ptr + 3 * nch + c))
+    codes_dst = streams + codes_off
+    sm_dst = streams + sm_off
+    rem_dst = streams + rem_off
+    esc_dst = streams + esc_off
 
     if mode == 0:
-        for k in range(0, NSUB):
-            j, i, valid, w = _sub_words(x_ptr, start, n, k, SUB, ITEMSIZE)
-            for b in tl.static_range(ITEMSIZE):
-                tl.store(sm_dst + i * ITEMSIZE + b, ((w >> (8 * b)) & 0xFF).to(tl.uint8),
-                         mask=valid)
+        write_raw_chunk(x_ptr, start, n, sm_dst, SUB, NSUB, ITEMSIZE)
     else:
         flags = tl.load(mrow + 1)
         base = tl.load(mrow + 2)

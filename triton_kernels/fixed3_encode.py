@@ -24,7 +24,8 @@ import triton
 import triton.language as tl
 
 from . import _codec_common as K
-from ._codec_common import fixed_window, locator_finish, seg_combine24, split_fields
+from ._codec_common import (fixed_window, locator_finish, seg_combine24, segment_lengths_offsets,
+                            split_fields, store_analysis, write_raw_chunk, write_table_entry)
 
 
 @triton.jit
@@ -156,7 +157,6 @@ def fixed3_analyze_kernel(x_ptr, meta_ptr, seg_ptr, numel, nch, C, ITEMSIZE: tl.
                           NSUB: tl.constexpr, PAIRS: tl.constexpr = False):
     c = tl.program_id(0)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
-    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     start = c.to(tl.int64) * C
     n = tl.minimum(numel - start, C).to(tl.int32)
 
@@ -190,10 +190,8 @@ def fixed3_analyze_kernel(x_ptr, meta_ptr, seg_ptr, numel, nch, C, ITEMSIZE: tl.
     nz = ((cz >> 16) & 0xFFFF) - pad
     base, phase = locator_finish(s, cnt)
     low16 = 0
-    smb = 1
     if ITEMSIZE == 4:
         low16 = (low_bits == 0).to(tl.int32)
-        smb = 3 - 2 * low16
     zf = ((nz << K.ZERO_SLOT_SHIFT) >= n).to(tl.int32)
     lo, width = fixed_window(base, phase, zf, EMAX)
     if PAIRS:
@@ -215,22 +213,8 @@ def fixed3_analyze_kernel(x_ptr, meta_ptr, seg_ptr, numel, nch, C, ITEMSIZE: tl.
 
     n_zero = nz * zf
     codes_nb = (3 * n + 7) >> 3
-    kept = n - n_zero
-    sm_nb = kept * smb
-    rem_nb = 0
-    if IS_FP16:
-        rem_nb = (3 * kept + 7) >> 3
-    coded = (codes_nb + sm_nb + rem_nb + n_esc) < n * ITEMSIZE
-    # A raw chunk's entry is all zero; its sm segment holds its words.
-    f = tl.arange(0, 16)
-    row = (tl.where(f == 0, 1, 0) + tl.where(f == 1, low16 + 2 * zf, 0)
-           + tl.where(f == 2, base, 0) + tl.where(f == 3, phase, 0)
-           + tl.where(f == 4, n_zero, 0) + tl.where(f == 5, n_esc, 0))
-    tl.store(meta_ptr + c.to(tl.int64) * 16 + f, tl.where(coded, row, 0))
-    tl.store(seg_ptr + c, tl.where(coded, codes_nb, 0))
-    tl.store(seg_ptr + nch + c, tl.where(coded, sm_nb, n * ITEMSIZE))
-    tl.store(seg_ptr + 2 * nch + c, tl.where(coded, rem_nb, 0))
-    tl.store(seg_ptr + 3 * nch + c, tl.where(coded, n_esc, 0))
+    store_analysis(meta_ptr, seg_ptr, c, nch, n, codes_nb, n_zero, n_esc, low16, zf, base, phase,
+                   0, 0, 0, 0, ITEMSIZE, EXP_BITS)
 
 
 @triton.jit
@@ -346,17 +330,6 @@ def _write_fast_bytes(x_ptr, start, n, lo, width, codes_dst, sm_dst, rem_dst, es
 
 
 @triton.jit(noinline=True)
-def _write_raw(x_ptr, start, n, sm_dst, SUB: tl.constexpr, NSUB: tl.constexpr,
-               ITEMSIZE: tl.constexpr):
-    """A raw chunk: its words, little-endian, as its sm segment."""
-    for k in range(0, NSUB):
-        r, q, i, valid, w = _tile(x_ptr, start, n, k, SUB, ITEMSIZE)
-        for b in tl.static_range(ITEMSIZE):
-            tl.store(sm_dst + i * ITEMSIZE + b, ((w >> (8 * b)) & 0xFF).to(tl.uint8),
-                     mask=valid)
-
-
-@triton.jit(noinline=True)
 def _write_general(x_ptr, start, n, lo, width, zf, low16, n_zero, codes_dst, sm_dst, rem_dst,
                    esc_dst, SUB: tl.constexpr, NSUB: tl.constexpr, ITEMSIZE: tl.constexpr,
                    EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr):
@@ -412,22 +385,15 @@ def fixed3_write_kernel(x_ptr, meta_ptr, seg_ptr, cum_ptr, out_ptr, numel, nch, 
     start = c.to(tl.int64) * C
     n = tl.minimum(numel - start, C).to(tl.int32)
 
-    # Table entry: 4 bytes, then 6 little-endian u16 counts.
-    f = tl.arange(0, 16)
-    field = tl.load(mrow + tl.where(f < 4, f, 4 + (f - 4) // 2))
-    byte = (field >> tl.where(f < 4, 0, 8 * ((f - 4) % 2))) & 0xFF
-    tl.store(out_ptr + table_off + c.to(tl.int64) * 16 + f, byte.to(tl.uint8))
-
+    write_table_entry(mrow, out_ptr, table_off, c)
     mode = tl.load(mrow)
-    # Segment offsets from the start of the payload: inclusive cumsum minus own length.
-    codes_at = streams_off + tl.load(cum_ptr + c) - tl.load(seg_ptr + c)
-    sm_at = streams_off + tl.load(cum_ptr + nch + c) - tl.load(seg_ptr + nch + c)
-    rem_at = streams_off + tl.load(cum_ptr + 2 * nch + c) - tl.load(seg_ptr + 2 * nch + c)
-    esc_at = streams_off + tl.load(cum_ptr + 3 * nch + c) - tl.load(seg_ptr + 3 * nch + c)
-    codes_dst = out_ptr + codes_at
+    _, _, _, _, codes_off, sm_off, rem_off, esc_off = segment_lengths_offsets(
+        seg_ptr, cum_ptr, nch, c)
+    sm_at = streams_off + sm_off  # from the payload's start: its alignment matters
+    codes_dst = out_ptr + streams_off + codes_off
     sm_dst = out_ptr + sm_at
-    rem_dst = out_ptr + rem_at
-    esc_dst = out_ptr + esc_at
+    rem_dst = out_ptr + streams_off + rem_off
+    esc_dst = out_ptr + streams_off + esc_off
 
     flags = tl.load(mrow + 1)
     zf = (flags >> 1) & 1
@@ -436,7 +402,7 @@ def fixed3_write_kernel(x_ptr, meta_ptr, seg_ptr, cum_ptr, out_ptr, numel, nch, 
     # fp32 LOW16), so element i's byte goes to position i.
     fast = (zf == 0) & ((ITEMSIZE == 2) | (low16 != 0))
     if mode == 0:
-        _write_raw(x_ptr, start, n, sm_dst, SUB, NSUB, ITEMSIZE)
+        write_raw_chunk(x_ptr, start, n, sm_dst, SUB, NSUB, ITEMSIZE)
     else:
         base = tl.load(mrow + 2)
         phase = tl.load(mrow + 3)

@@ -122,83 +122,30 @@ _LABEL = re.compile(r"^(\.L_x_\d+):")
 _BRANCH = re.compile(r"BRA\s+`?\(?(\.L_x_\d+)")
 
 
-def sass_stats(launch: Launch, compiled) -> SassStats:
+def _run_on_cubin(compiled, *tool_args: str) -> str:
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.cubin")
         with open(path, "wb") as f:
             f.write(compiled.asm["cubin"])
-        sass = subprocess.run([_bin("nvdisasm"), "-c", path], check=True, capture_output=True,
-                              text=True).stdout
-        usage = subprocess.run([_bin("cuobjdump"), "--dump-resource-usage", path], check=True,
-                               capture_output=True, text=True).stdout
-    reg = int(re.search(r"REG:(\d+)", usage).group(1))
-    local = int(re.search(r"LOCAL:(\d+)", usage).group(1))
-    stack = int(re.search(r"STACK:(\d+)", usage).group(1))
-    shared = int(re.search(r"SHARED:(\d+)", usage).group(1))
-
-    ops, labels, branches, cold = [], {}, [], 0
-    for line in sass.splitlines():
-        if line.startswith("$") and not cold:  # the first noinline function: cold from here
-            cold = len(ops)
-        m = _LABEL.match(line.strip())
-        if m:
-            labels[m.group(1)] = len(ops)
-            continue
-        m = _INSTR.search(line)
-        if not m:
-            continue
-        op = m.group(3)
-        b = _BRANCH.search(line)
-        if b:
-            branches.append((len(ops), b.group(1)))
-        ops.append(op)
-    # A loop is a backward branch; its body runs trip_count times (the
-    # kernels' only loops walk the chunk's sub-blocks).
-    cold_instructions = len(ops) - cold if cold else 0
-    if cold:
-        ops = ops[:cold]
-        branches = [(at, label) for at, label in branches if at < cold]
-    weight = [1] * len(ops)
-    for at, label in branches:
-        start = labels.get(label)
-        if start is not None and start <= at:
-            for i in range(start, at + 1):
-                weight[i] = launch.trip_count
-    loop_spills = sum(op.split(".")[0] in ("STL", "LDL") and w > 1 for op, w in zip(ops, weight))
-    threads = 32 * launch.num_warps
-    dynamic = sum(w for op, w in zip(ops, weight) if op not in ("NOP",))
-    loads, stores = {}, {}
-    for op in ops:
-        head = op.split(".")[0]
-        if head in ("LDG", "STG"):
-            width = next((s for s in op.split(".")[1:] if s in
-                          ("U8", "S8", "U16", "S16", "64", "128")), "32")
-            (loads if head == "LDG" else stores)[width] = \
-                (loads if head == "LDG" else stores).get(width, 0) + 1
-    return SassStats(
-        name=launch.name, registers=reg, stack_bytes=local + stack, shared_bytes=shared,
-        loop_spills=loop_spills,
-        instructions=len(ops), per_element=dynamic / (launch.elems_per_program / threads),
-        cold_instructions=cold_instructions,
-        loads=loads, stores=stores,
-        shuffles=sum(op.startswith("SHFL") for op in ops),
-        barriers=sum(op.startswith("BAR") for op in ops))
-
-
-def line_profile(launch: Launch, compiled, top: int = 20) -> list[tuple]:
-    """The hot path's instructions per element by source line, largest
-    first: (file:line, instructions per element, most frequent opcodes).
-    A jitted helper's lines count where the helper is written (the debug
-    info has no inlining), so one helper line may sum several call sites."""
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(compiled.asm["cubin"])
-        sass = subprocess.run([_bin("nvdisasm"), "-c", "-g", path], check=True,
+        return subprocess.run([_bin(tool_args[0]), *tool_args[1:], path], check=True,
                               capture_output=True, text=True).stdout
-    where, rows, labels, branches = "?", [], {}, []
+
+
+@dataclass
+class _Hot:
+    """The hot path's instructions in order: (source line, opcode) and how
+    often each runs per program; plus the cold code's size."""
+    rows: list
+    weight: list
+    cold_instructions: int
+
+
+def _hot_path(launch: Launch, compiled) -> _Hot:
+    sass = _run_on_cubin(compiled, "nvdisasm", "-c", "-g")
+    where, rows, labels, branches, cold = "?", [], {}, [], 0
     for line in sass.splitlines():
-        if line.startswith("$"):
+        if line.startswith("$"):  # the first noinline function: cold from here on
+            cold = sum(bool(_INSTR.search(x)) for x in sass[sass.index(line):].splitlines())
             break
         m = re.search(r'//## File "(.*)", line (\d+)', line)
         if m:
@@ -214,21 +161,63 @@ def line_profile(launch: Launch, compiled, top: int = 20) -> list[tuple]:
         b = _BRANCH.search(line)
         if b:
             branches.append((len(rows), b.group(1)))
-        rows.append((where, m.group(3).split(".")[0]))
+        rows.append((where, m.group(3)))
+    # A loop is a backward branch; its body runs trip_count times (the
+    # kernels' only loops walk the chunk's sub-blocks).
     weight = [1] * len(rows)
     for at, label in branches:
         start = labels.get(label)
         if start is not None and start <= at:
             for i in range(start, at + 1):
                 weight[i] = launch.trip_count
-    per_thread = launch.elems_per_program / (32 * launch.num_warps)
+    return _Hot(rows, weight, cold)
+
+
+def _per_thread(launch: Launch) -> float:
+    return launch.elems_per_program / (32 * launch.num_warps)
+
+
+def sass_stats(launch: Launch, compiled) -> SassStats:
+    usage = _run_on_cubin(compiled, "cuobjdump", "--dump-resource-usage")
+    reg, local, stack, shared = (int(re.search(rf"{key}:(\d+)", usage).group(1))
+                                 for key in ("REG", "LOCAL", "STACK", "SHARED"))
+    hot = _hot_path(launch, compiled)
+    ops = [op for _, op in hot.rows]
+    loads, stores = {}, {}
+    for op in ops:
+        head = op.split(".")[0]
+        if head in ("LDG", "STG"):
+            width = next((s for s in op.split(".")[1:] if s in
+                          ("U8", "S8", "U16", "S16", "64", "128")), "32")
+            counts = loads if head == "LDG" else stores
+            counts[width] = counts.get(width, 0) + 1
+    return SassStats(
+        name=launch.name, registers=reg, stack_bytes=local + stack, shared_bytes=shared,
+        loop_spills=sum(op.split(".")[0] in ("STL", "LDL") and w > 1
+                        for op, w in zip(ops, hot.weight)),
+        instructions=len(ops),
+        per_element=sum(w for op, w in zip(ops, hot.weight) if op != "NOP") / _per_thread(launch),
+        cold_instructions=hot.cold_instructions, loads=loads, stores=stores,
+        shuffles=sum(op.startswith("SHFL") for op in ops),
+        barriers=sum(op.startswith("BAR") for op in ops))
+
+
+def line_profile(launch: Launch, compiled, top: int = 20) -> list[tuple]:
+    """The hot path's instructions per element by source line, largest
+    first: (file:line, instructions per element, most frequent opcodes).
+    A jitted helper's lines count where the helper is written (the debug
+    info has no inlining), so one helper line may sum several call sites."""
+    hot = _hot_path(launch, compiled)
     total, ops = {}, {}
-    for (where, op), w in zip(rows, weight):
+    for (where, op), w in zip(hot.rows, hot.weight):
+        op = op.split(".")[0]
         total[where] = total.get(where, 0) + w
-        ops.setdefault(where, {})[op] = ops.setdefault(where, {}).get(op, 0) + w
+        bucket = ops.setdefault(where, {})
+        bucket[op] = bucket.get(op, 0) + w
     ranked = sorted(total.items(), key=lambda kv: -kv[1])[:top]
-    return [(where, n / per_thread,
-             ", ".join(f"{op} {c}" for op, c in sorted(ops[where].items(), key=lambda kv: -kv[1])[:4]))
+    return [(where, n / _per_thread(launch),
+             ", ".join(f"{op} {c}" for op, c in
+                       sorted(ops[where].items(), key=lambda kv: -kv[1])[:4]))
             for where, n in ranked]
 
 
