@@ -42,6 +42,37 @@ def rows(tmp_path_factory):
     return json.loads(out.read_text())
 
 
+SASS = """\
+        .global         k
+k:
+	//## File "/x/k.py", line 10
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+	//## File "/x/k.py", line 12
+        /*0010*/                   IADD3 R2, R2, 0x1, RZ ;
+        /*0020*/               @P0 BRA `(.L_x_0) ;
+	//## File "/x/k.py", line 14
+        /*0030*/               @P1 BRA `(.L_x_1) ;
+        /*0040*/                   CALL.REL.NOINC `($k$cold) ;
+.L_x_1:
+        /*0050*/                   EXIT ;
+$k$cold:
+        /*0060*/                   STG.E.U8 desc[UR4][R2.64], R3 ;
+        /*0070*/                   RET.REL.NODEC R4 `(k) ;
+"""
+
+
+def test_sass_parser_weighs_loops_and_sets_noinline_code_apart():
+    """What the counts mean, on hand-written SASS: a backward branch makes a
+    loop that runs trip_count times, a forward one does not, and the code
+    from the first noinline function on is cold."""
+    hot = offline.parse_hot_path(SASS, trip_count=4)
+    assert [op for _, op in hot.rows] == ["MOV", "IADD3", "BRA", "BRA", "CALL.REL.NOINC", "EXIT"]
+    assert hot.weight == [1, 4, 4, 1, 1, 1]
+    assert [where for where, _ in hot.rows][:3] == ["k.py:10", "k.py:12", "k.py:12"]
+    assert hot.cold_instructions == 2
+
+
 def _kernel(rows, dtype, codec, name):
     return next(r for r in rows if (r["dtype"], r["codec"], r["kernel"]) == (dtype, codec, name))
 

@@ -3,8 +3,11 @@
 
 CUDA tensors; CPU tensors too when ``TRITON_INTERPRET=1`` was set before this
 module was imported (triton reads it when ``@triton.jit`` decorates a kernel).
-One op per file: ``codec_encode.py`` and ``codec_decode.py`` hold each
-kernel beside its launcher; ``_codec_common.py`` the helpers they share.
+``codec_encode.py`` and ``codec_decode.py`` hold the launchers (and the
+decoder's table check); the kernels live one file per codec and op
+(``fixed3_encode.py``, ``fixed3_decode.py``, ``dense_encode.py``,
+``dense_decode.py``), the helpers they share in ``_codec_common.py``;
+``offline.py`` compiles them for a GPU without one.
 """
 from __future__ import annotations
 

@@ -1,10 +1,16 @@
 """fixed3 decode kernel, over tiles of rows of 8 elements (see fixed3_encode.py).
 
-The checks and error bits are those of ``_decode_kernel`` in
-``codec_decode.py``: every load is masked to its chunk's segment and its
-stream's end, decoded counts must match the table, escapes must name an
-exponent of the dtype. The zero count needs no reduction of its own: it is
-the chunk's length less the kept elements, which the position scan counts.
+The checks and error bits are those of ``dense_decode_kernel``: every load
+is masked to its chunk's segment and its stream's end (or the segment was
+checked to lie inside once per chunk), decoded counts must match the table,
+escapes must name an exponent of the dtype. The zero count needs no
+reduction of its own: it is the chunk's length less the kept elements.
+
+Paths, by chunk: the hot one (no zero omitted, one sm byte per element, a
+full chunk, an 8-byte aligned sm segment: no masks, 8-byte sm loads); the
+same with masks and byte loads (``_decode_fast_bytes``); the general one
+(``_decode_general``: kept elements' positions from a scan); raw chunks. All
+but the first are noinline functions (cold code, see offline.py).
 """
 from __future__ import annotations
 

@@ -141,7 +141,14 @@ class _Hot:
 
 
 def _hot_path(launch: Launch, compiled) -> _Hot:
-    sass = _run_on_cubin(compiled, "nvdisasm", "-c", "-g")
+    return parse_hot_path(_run_on_cubin(compiled, "nvdisasm", "-c", "-g"), launch.trip_count)
+
+
+def parse_hot_path(sass: str, trip_count: int) -> _Hot:
+    """Read ``nvdisasm -c -g`` output: the kernel's instructions up to its
+    first noinline function, each with its source line and how often it
+    runs. A loop is a backward branch; its body runs ``trip_count`` times
+    (the kernels' loops walk the chunk's sub-blocks and do not nest)."""
     where, rows, labels, branches, cold = "?", [], {}, [], 0
     for line in sass.splitlines():
         if line.startswith("$"):  # the first noinline function: cold from here on
@@ -162,14 +169,12 @@ def _hot_path(launch: Launch, compiled) -> _Hot:
         if b:
             branches.append((len(rows), b.group(1)))
         rows.append((where, m.group(3)))
-    # A loop is a backward branch; its body runs trip_count times (the
-    # kernels' only loops walk the chunk's sub-blocks).
     weight = [1] * len(rows)
     for at, label in branches:
         start = labels.get(label)
         if start is not None and start <= at:
             for i in range(start, at + 1):
-                weight[i] = launch.trip_count
+                weight[i] = trip_count
     return _Hot(rows, weight, cold)
 
 
