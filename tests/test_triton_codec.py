@@ -183,20 +183,23 @@ def test_fixed3_fast_and_general_paths(device, dtype):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=str)
-def test_fixed3_analyze_two_words_at_a_time(device, dtype):
-    """The analyze kernel tests 16-bit words two at a time when the input is
-    4-byte aligned and its length even (special values, a raw chunk, omitted
-    zeros, subnormals, a padded last chunk); the same values at an address
-    2 bytes off take the one-word path. Both must write the torch payload."""
+def test_fixed3_16bit_words_read_two_at_a_time(device, dtype):
+    """The fixed3 kernels read 16-bit words as int32 pairs when the input is
+    4-byte aligned (analyze also tests them two at a time, when the length
+    is even): special values, a raw chunk, omitted zeros, subnormals, a
+    padded last chunk. The same values at an address 2 bytes off take the
+    one-word paths. Both must write the torch payload."""
     from triton_kernels import codec_encode as E
-    x = mixed(3 * C + 6, dtype, seed=4).to(device)
+    x = mixed(3 * C + 64, dtype, seed=4).to(device)  # + 64: an 8-byte aligned sm stream
     buf = torch.empty(x.numel() + 1, dtype=dtype, device=device)
     buf[1:] = x
     shifted = buf[1:]
     info = F.dtype_info(dtype)
-    (analyze, const, _), _ = E.launch_plan(info, "fixed3", C)
-    assert E.with_pairs(analyze, const, info, x.numel(), C, x.data_ptr()).get("PAIRS")
-    assert not E.with_pairs(analyze, const, info, x.numel(), C, shifted.data_ptr()).get("PAIRS")
+    for kernel, const, _ in E.launch_plan(info, "fixed3", C):
+        assert E.with_pairs(kernel, const, info, x.numel(), C, x.data_ptr()).get("PAIRS")
+        assert not E.with_pairs(kernel, const, info, x.numel(), C,
+                                shifted.data_ptr()).get("PAIRS")
+    assert _fixed3_paths(z.encode(x, codec="fixed3", backend="torch"))[0] >= 1  # the hot path
     _check_against_torch(x, "fixed3")
     _check_against_torch(shifted, "fixed3")
 

@@ -10,7 +10,7 @@ one).
 - fixed3, the codec for speed, keeps the shape that makes it fast: 16-byte
   input loads, 8-byte sm stores and loads, 16-byte output stores, and an
   instruction cost per element under a ceiling. The ceilings are this
-  tree's counts (bf16: encode 53.4, decode 35.9 with triton 3.6.0) plus
+  tree's counts (bf16: encode 50.8, decode 35.9 with triton 3.6.0) plus
   ~12% for compiler drift; a change that crosses one should say why in
   docs/benchmarks.md and move it.
 """
@@ -25,7 +25,7 @@ pytest.importorskip("triton")
 from triton_kernels import offline  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CEILING = {"bf16": {"encode": 61.0, "decode": 40.0},
+CEILING = {"bf16": {"encode": 57.0, "decode": 40.0},
            "fp16": {"encode": 59.0, "decode": 50.0},
            "fp32": {"encode": 68.0, "decode": 41.0}}
 

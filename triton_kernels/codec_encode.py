@@ -53,13 +53,16 @@ def launch_plan(info: F.DTypeInfo, codec: str, C: int) -> list[tuple]:
     return plan
 
 
-def with_pairs(analyze, const: dict, info: F.DTypeInfo, numel: int, C: int,
+def with_pairs(kernel, const: dict, info: F.DTypeInfo, numel: int, C: int,
                data_ptr: int) -> dict:
-    """fixed3's analyze kernel reads and tests 16-bit words two at a time
-    (PAIRS) when the input is 4-byte aligned, every chunk's length is even
-    and a chunk is one sub-block."""
-    if (analyze is fixed3_analyze_kernel and info.itemsize == 2 and numel % 2 == 0
-            and C % 8 == 0 and const["NSUB"] == 1 and data_ptr % 4 == 0):
+    """fixed3's kernels read 16-bit words as int32 pairs (PAIRS) when the
+    input is 4-byte aligned: the write kernel in its full chunks, the
+    analyze kernel (which also tests them two at a time) when every chunk's
+    length is even and a chunk is one sub-block."""
+    if info.itemsize != 2 or C % 8 or data_ptr % 4:
+        return const
+    if kernel is fixed3_write_kernel or (
+            kernel is fixed3_analyze_kernel and numel % 2 == 0 and const["NSUB"] == 1):
         return dict(const, PAIRS=True)
     return const
 
@@ -89,6 +92,7 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
     out = torch.empty(header.total_nbytes, dtype=torch.uint8, device=dev)
     head = header.pack()
     out[:len(head)].copy_(torch.frombuffer(bytearray(head), dtype=torch.uint8))
+    w_const = with_pairs(write, w_const, info, numel, C, words.data_ptr())
     write[(nch,)](words, meta, seg, cum, out, numel, nch, C, header.table_offset,
                   header.streams_offset, num_warps=w_warps, **w_const)
     return out

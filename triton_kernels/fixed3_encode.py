@@ -30,17 +30,26 @@ from ._codec_common import (fixed_window, locator_finish, seg_combine24, segment
 
 @triton.jit
 def _tile(x_ptr, start, n, k, SUB: tl.constexpr, ITEMSIZE: tl.constexpr,
-          FULL: tl.constexpr = False):
+          FULL: tl.constexpr = False, PAIRS: tl.constexpr = False):
     """Sub-block k of the chunk at element ``start`` (n elements) as
     [SUB // 8, 8] words; also the row index r, the column q, the element
     index i within the chunk and which elements exist. FULL: the caller
-    knows the chunk fills every sub-block, so nothing is masked."""
+    knows the chunk fills every sub-block, so nothing is masked. PAIRS (with
+    FULL, 16-bit words, x 4-byte aligned): read as int32 pairs and split
+    with two shifts; a 16-bit load leaves the words packed in registers, and
+    the compiler unpacks them again at nearly every use (~9 PRMT an element
+    in the write kernel)."""
     r = tl.arange(0, SUB // 8)
     q = tl.arange(0, 8)
     i = k * SUB + r[:, None] * 8 + q[None, :]
     # 16-bit words stay sign-extended: every field below is taken with a
     # shift and a mask, and the sign extension keeps w == 0 exact.
-    if FULL:
+    if FULL and PAIRS and ITEMSIZE == 2:
+        valid = tl.full([SUB // 8, 8], True, tl.int1)
+        j = k * (SUB // 2) + r[:, None] * 4 + tl.arange(0, 4)[None, :]
+        w2 = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + start // 2 + j)
+        w = tl.reshape(tl.join((w2 << 16) >> 16, w2 >> 16), (SUB // 8, 8))
+    elif FULL:
         valid = tl.full([SUB // 8, 8], True, tl.int1)
         w = tl.load(x_ptr + start + i).to(tl.int32)
     else:
@@ -274,11 +283,12 @@ def escape_ranks(acc, q, base):
 @triton.jit
 def _code_sub_block(x_ptr, start, n, k, lo, width, zf, codes_dst, codes_len, esc_dst, e_base,
                     SUB: tl.constexpr, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
-                    MAN_BITS: tl.constexpr, FULL: tl.constexpr = False):
+                    MAN_BITS: tl.constexpr, FULL: tl.constexpr = False,
+                    PAIRS: tl.constexpr = False):
     """Write sub-block k's codes and escapes; return its tile (for the sm
     stream) and the escapes so far."""
     CODES_PER_SUB: tl.constexpr = SUB * 3 // 8
-    r, q, i, valid, w = _tile(x_ptr, start, n, k, SUB, ITEMSIZE, FULL)
+    r, q, i, valid, w = _tile(x_ptr, start, n, k, SUB, ITEMSIZE, FULL, PAIRS)
     e, sm = split_fields(w, EXP_BITS, MAN_BITS)
     is_zero = valid & (w == 0)
     code = fixed3_codes(e, is_zero, valid, lo, width, zf)
@@ -292,7 +302,8 @@ def _code_sub_block(x_ptr, start, n, k, lo, width, zf, codes_dst, codes_len, esc
 @triton.jit
 def _write_fast(x_ptr, start, n, lo, width, codes_dst, sm_dst, rem_dst, esc_dst,
                 SUB: tl.constexpr, NSUB: tl.constexpr, ITEMSIZE: tl.constexpr,
-                EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr, ALIGNED: tl.constexpr):
+                EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr, ALIGNED: tl.constexpr,
+                PAIRS: tl.constexpr = False):
     """A coded chunk with no zero omitted and one sm byte per element:
     element i's sm byte (and fp16 rem value) is the i-th. ALIGNED: sm_dst is
     8-byte aligned and the chunk fills its sub-blocks, so a row's 8 bytes go
@@ -305,7 +316,7 @@ def _write_fast(x_ptr, start, n, lo, width, codes_dst, sm_dst, rem_dst, esc_dst,
     for k in range(0, NSUB):
         r, q, i, valid, is_zero, sm, e_base = _code_sub_block(
             x_ptr, start, n, k, lo, width, 0, codes_dst, codes_len, esc_dst, e_base,
-            SUB, ITEMSIZE, EXP_BITS, MAN_BITS, ALIGNED)
+            SUB, ITEMSIZE, EXP_BITS, MAN_BITS, ALIGNED, PAIRS)
         if ITEMSIZE == 4:
             sm = sm >> 16
         if ALIGNED:
@@ -378,7 +389,8 @@ def _write_general(x_ptr, start, n, lo, width, zf, low16, n_zero, codes_dst, sm_
 @triton.jit
 def fixed3_write_kernel(x_ptr, meta_ptr, seg_ptr, cum_ptr, out_ptr, numel, nch, C, table_off,
                         streams_off, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
-                        MAN_BITS: tl.constexpr, SUB: tl.constexpr, NSUB: tl.constexpr):
+                        MAN_BITS: tl.constexpr, SUB: tl.constexpr, NSUB: tl.constexpr,
+                        PAIRS: tl.constexpr = False):
     c = tl.program_id(0)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     mrow = meta_ptr + c.to(tl.int64) * 16
@@ -415,7 +427,7 @@ def fixed3_write_kernel(x_ptr, meta_ptr, seg_ptr, cum_ptr, out_ptr, numel, nch, 
             if (sm_at % 8 == 0) & (n == NSUB * SUB):
                 _write_fast(x_ptr, start, n, lo, width, codes_dst,
                             out_ptr + tl.multiple_of(sm_at, 8), rem_dst, esc_dst, SUB, NSUB,
-                            ITEMSIZE, EXP_BITS, MAN_BITS, True)
+                            ITEMSIZE, EXP_BITS, MAN_BITS, True, PAIRS)
             else:
                 _write_fast_bytes(x_ptr, start, n, lo, width, codes_dst, sm_dst, rem_dst,
                                   esc_dst, SUB, NSUB, ITEMSIZE, EXP_BITS, MAN_BITS)

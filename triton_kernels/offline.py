@@ -239,6 +239,7 @@ def codec_launches(dtype, codec: str, numel: int = 128 << 20, ndim: int = 1) -> 
     streams_off = table_off + F.CHUNK_ENTRY_NBYTES * nch
     (an, an_const, an_warps), (wr, wr_const, wr_warps) = E.launch_plan(info, codec, C)
     an_const = E.with_pairs(an, an_const, info, numel, C, data_ptr=0)  # aligned, as allocated
+    wr_const = E.with_pairs(wr, wr_const, info, numel, C, data_ptr=0)
     dec, dec_const, dec_warps = D.launch_plan(info, codec, C)
     ends = dict(codes_end=3 * numel // 8 + 3, sm_end=numel + 5, rem_end=7, esc_end=numel // 64 + 9)
     return [
