@@ -12,11 +12,17 @@ is a ``[SUB // 8, 8]`` tile whose rows each live in one thread, so
   across threads and finish inside the row,
 - when no +0.0 is omitted (``ZERO_SLOT`` clear, the usual case), element i's
   sign-mantissa bytes go to position i and need no scan at all;
-  with 8-byte aligned destinations they are stored 8 bytes at a time.
+  with 8-byte aligned destinations they are stored 8 bytes at a time;
+- escapes are counted per row from the packed codes (``escape_ranks``);
+- 16-bit words are read as int32 pairs where the input is 4-byte aligned,
+  and the analyze pass tests them two at a time.
 
-All of this is counted in SASS by ``benchmarks/kernel_cost.py`` (the
-instructions per element bound an issue-bound kernel's speed; the first H200
-measurement ran at about half the issue rate those counts allow).
+The hot path is a full chunk on that fast path with an aligned sm segment;
+a tensor's last chunk, unaligned segments, omitted zeros, 3-byte fp32 sm and
+raw chunks take noinline functions (cold code). Everything is counted in
+SASS by ``benchmarks/kernel_cost.py``: the kernels of the first H200 run
+ran at 74-94% of the issue rate their instruction counts allow, so the
+count per element is what bounds their speed.
 """
 from __future__ import annotations
 
