@@ -2,8 +2,8 @@
 
 Compiles every kernel as encode/decode launch it for 256 MiB of each dtype
 (``triton_kernels/offline.py``), for sm_90 (H100/H200) by default, and
-prints a table from the SASS: registers, register spills inside the hot
-path's loops, hot-path instructions per element (loops counted as often as
+prints a table from the SASS: registers, shared memory (bytes), register
+spills inside the hot path's loops, hot-path instructions per element (loops counted as often as
 they run), the cold code apart, the widths of global loads and stores on
 the hot path, shuffles and barriers. No GPU and no timing: the figures are
 deterministic for a given triton, so a change to a kernel can be judged
@@ -44,8 +44,8 @@ def main() -> None:
     p.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     args = p.parse_args()
 
-    cols = ["dtype", "codec", "kernel", "regs", "loop_spills", "instr_per_elem", "hot_instr",
-            "cold_instr", "loads", "stores", "shfl", "bar"]
+    cols = ["dtype", "codec", "kernel", "regs", "smem", "loop_spills", "instr_per_elem",
+            "hot_instr", "cold_instr", "loads", "stores", "shfl", "bar"]
     print(f"# Triton codec kernels, static cost (sm_{args.arch}, 256 MiB launches)\n")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
@@ -59,7 +59,8 @@ def main() -> None:
                 st = offline.sass_stats(launch, compiled)
                 totals[launch.name.split(":")[0]] += st.per_element
                 row = dict(dtype=dname, codec=codec, kernel=launch.name, regs=st.registers,
-                           loop_spills=st.loop_spills, instr_per_elem=round(st.per_element, 1),
+                           smem=st.shared_bytes, loop_spills=st.loop_spills,
+                           instr_per_elem=round(st.per_element, 1),
                            hot_instr=st.instructions, cold_instr=st.cold_instructions,
                            loads=st.loads, stores=st.stores, shfl=st.shuffles,
                            bar=st.barriers)
@@ -72,7 +73,7 @@ def main() -> None:
             for op, v in totals.items():
                 rows.append(dict(dtype=dname, codec=codec, kernel=f"{op} (all kernels)",
                                  instr_per_elem=round(v, 1)))
-                print(f"| {dname} | {codec} | **{op}, all kernels** |  |  | **{v:.1f}** |"
+                print(f"| {dname} | {codec} | **{op}, all kernels** |  |  |  | **{v:.1f}** |"
                       + " |" * 6)
     print("\ninstr_per_elem: hot-path SASS instructions per element a thread handles, loops "
           "counted as often as they run; loads/stores: global accesses by width (bits, or "

@@ -42,7 +42,7 @@ def load_rows3(seg, at, seg_len, stream_left, FULL: tl.constexpr = False):
 
 
 @triton.jit
-def _decode_codes(src, k, n, lo, zf, codes_off, seg_codes, codes_end, esc_off, seg_esc, esc_end,
+def _decode_codes(src, k, n, lo, zf, codes_off, seg_codes, codes_end, esc_off, esc_room,
                   e_base, SUB: tl.constexpr, FULL: tl.constexpr = False):
     """Sub-block k's codes and escapes: its tile indices, the decoded
     exponents, which elements are escapes and omitted +0.0, the escapes so
@@ -65,8 +65,7 @@ def _decode_codes(src, k, n, lo, zf, codes_off, seg_codes, codes_end, esc_off, s
     is_zero = valid & (zf != 0) & (code == 0)
     esc = code == 7  # 0 past the chunk's end
     rank, e_base = escape_ranks(acc, q, e_base)
-    # Escape bytes: inside the segment and the stream (esc_room, int32).
-    esc_room = tl.maximum(tl.minimum(seg_esc, esc_end - esc_off), 0).to(tl.int32)
+    # Escape bytes: inside the segment and the stream (esc_room bytes from esc_off).
     ebyte = tl.load(src + esc_off + rank, mask=esc & (rank < esc_room), other=0)
     e = tl.where(esc, ebyte.to(tl.int32), lo + code - zf)
     return r, q, i, valid, is_zero, esc, e, e_base
@@ -83,7 +82,7 @@ def _bad_exponents(esc, e, EXP_BITS: tl.constexpr):
 
 @triton.jit
 def _decode_fast(src, sm_src, dst, n, lo, codes_off, seg_codes, codes_end, rem_off, seg_rem,
-                 rem_end, esc_off, seg_esc, esc_end, SUB: tl.constexpr, NSUB: tl.constexpr,
+                 rem_end, esc_off, esc_room, SUB: tl.constexpr, NSUB: tl.constexpr,
                  ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
                  ALIGNED: tl.constexpr):
     """A coded chunk with no zero omitted and one sm byte per element, its sm
@@ -100,7 +99,7 @@ def _decode_fast(src, sm_src, dst, n, lo, codes_off, seg_codes, codes_end, rem_o
     bad_exp = tl.zeros([], tl.int32)
     for k in range(0, NSUB):
         r, q, i, valid, is_zero, esc, e, e_base = _decode_codes(
-            src, k, n, lo, 0, codes_off, seg_codes, codes_end, esc_off, seg_esc, esc_end,
+            src, k, n, lo, 0, codes_off, seg_codes, codes_end, esc_off, esc_room,
             e_base, SUB, ALIGNED)
         bad_exp += _bad_exponents(esc, e, EXP_BITS)
         if ALIGNED:
@@ -123,17 +122,17 @@ def _decode_fast(src, sm_src, dst, n, lo, codes_off, seg_codes, codes_end, rem_o
 
 @triton.jit(noinline=True)
 def _decode_fast_bytes(src, sm_src, dst, n, lo, codes_off, seg_codes, codes_end, rem_off,
-                       seg_rem, rem_end, esc_off, seg_esc, esc_end, SUB: tl.constexpr,
+                       seg_rem, rem_end, esc_off, esc_room, SUB: tl.constexpr,
                        NSUB: tl.constexpr, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
                        MAN_BITS: tl.constexpr):
     return _decode_fast(src, sm_src, dst, n, lo, codes_off, seg_codes, codes_end, rem_off,
-                        seg_rem, rem_end, esc_off, seg_esc, esc_end, SUB, NSUB, ITEMSIZE,
+                        seg_rem, rem_end, esc_off, esc_room, SUB, NSUB, ITEMSIZE,
                         EXP_BITS, MAN_BITS, False)
 
 
 @triton.jit(noinline=True)
 def _decode_general(src, dst, n, lo, zf, low16, codes_off, seg_codes, codes_end, sm_off, seg_sm,
-                    sm_end, rem_off, seg_rem, rem_end, esc_off, seg_esc, esc_end,
+                    sm_end, rem_off, seg_rem, rem_end, esc_off, esc_room,
                     SUB: tl.constexpr, NSUB: tl.constexpr, ITEMSIZE: tl.constexpr,
                     EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr):
     """A coded chunk off the fast path (zeros omitted, 3 sm bytes per
@@ -147,7 +146,7 @@ def _decode_general(src, dst, n, lo, zf, low16, codes_off, seg_codes, codes_end,
     bad_exp = tl.zeros([], tl.int32)
     for k in range(0, NSUB):
         r, q, i, valid, is_zero, esc, e, e_base = _decode_codes(
-            src, k, n, lo, zf, codes_off, seg_codes, codes_end, esc_off, seg_esc, esc_end,
+            src, k, n, lo, zf, codes_off, seg_codes, codes_end, esc_off, esc_room,
             e_base, SUB)
         bad_exp += _bad_exponents(esc, e, EXP_BITS)
         keep = valid & ~is_zero
@@ -198,6 +197,8 @@ def fixed3_decode_kernel(p_ptr, seg_ptr, cum_ptr, out_ptr, err_ptr, table_off, n
     (seg_codes, seg_sm, seg_rem, seg_esc, codes_off, sm_off, rem_off,
      esc_off) = segment_lengths_offsets(seg_ptr, cum_ptr, nch, c)
     src = p_ptr + streams_off
+    # Escape bytes a chunk may read: its segment, cut at the stream's end (int32).
+    esc_room = tl.maximum(tl.minimum(seg_esc, esc_end - esc_off), 0).to(tl.int32)
     start = c.to(tl.int64) * C
     n = tl.minimum(numel - start, C).to(tl.int32)
     dst = out_ptr + start
@@ -223,18 +224,18 @@ def fixed3_decode_kernel(p_ptr, seg_ptr, cum_ptr, out_ptr, err_ptr, table_off, n
                 if (sm_at % 8 == 0) & full:
                     e_base, bad_exp = _decode_fast(
                         src, p_ptr + tl.multiple_of(sm_at, 8), dst, n, lo, codes_off,
-                        seg_codes, codes_end, rem_off, seg_rem, rem_end, esc_off, seg_esc,
-                        esc_end, SUB, NSUB, ITEMSIZE, EXP_BITS, MAN_BITS, True)
+                        seg_codes, codes_end, rem_off, seg_rem, rem_end, esc_off, esc_room,
+                        SUB, NSUB, ITEMSIZE, EXP_BITS, MAN_BITS, True)
                 else:
                     e_base, bad_exp = _decode_fast_bytes(
                         src, src + sm_off, dst, n, lo, codes_off, seg_codes, codes_end, rem_off,
-                        seg_rem, rem_end, esc_off, seg_esc, esc_end, SUB, NSUB, ITEMSIZE,
+                        seg_rem, rem_end, esc_off, esc_room, SUB, NSUB, ITEMSIZE,
                         EXP_BITS, MAN_BITS)
                 k_base = n
             else:
                 e_base, k_base, bad_exp = _decode_general(
                     src, dst, n, lo, zf, low16, codes_off, seg_codes, codes_end, sm_off, seg_sm,
-                    sm_end, rem_off, seg_rem, rem_end, esc_off, seg_esc, esc_end,
+                    sm_end, rem_off, seg_rem, rem_end, esc_off, esc_room,
                     SUB, NSUB, ITEMSIZE, EXP_BITS, MAN_BITS)
             err = tl.where((e_base != nesc) | (n - k_base != nz), ERR_COUNTS, 0)
             err = err | tl.where(bad_exp != 0, ERR_EXPONENT, 0)
