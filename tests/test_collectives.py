@@ -7,12 +7,13 @@ casts. Everything is compared as integer views, never as float values.
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
+from collective_cases import (OPS, assert_bits_equal, gather_all, make_data, make_op,
+                              reference_reduce, torch_all_gather_single)
 from zipccl_fsdp.collectives import (all_gather_single, all_reduce, all_to_all_single,
                                      reduce_scatter_single, reset_stats, stats)
 from zipccl_fsdp.config import ZipCCLConfig
@@ -28,72 +29,6 @@ DTYPES = (torch.bfloat16, torch.float32)
 CONFIGS = (ZipCCLConfig(policy="always", min_bytes=0, codec="fixed3"),
            ZipCCLConfig(policy="always", min_bytes=0, codec="dense"),
            ZipCCLConfig(policy="always"))
-# torch's own all-gather, the reference (torch 2.11 only has the older name).
-torch_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
-
-
-# --------------------------------------------------------------------------
-# Helpers (run inside the ranks)
-# --------------------------------------------------------------------------
-def make_data(n: int, dtype: torch.dtype, seed: int, rank: int,
-              kind: str = "gauss") -> torch.Tensor:
-    """Rank-specific data: Gaussian at a rank-dependent scale, with specials
-    (NaN, +-inf, -0.0, zeros, a subnormal) at positions no other rank uses, so
-    every fp32 sum has at most one special operand per element."""
-    g = torch.Generator().manual_seed(seed * 1000 + rank)
-    x = torch.randn(n, generator=g) * (0.02 * (rank + 1))
-    specials = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0, 0.0, 1e-40])
-    for i, v in enumerate(specials):
-        pos = 13 * (i * 8 + rank) + 5
-        if pos < n:
-            x[pos] = v
-    if kind == "bf16cast":  # FSDP2's fp32 reduce input: exact casts of bf16 gradients
-        x = x.bfloat16().float()
-    return x.to(dtype)
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(INT_VIEW[t.dtype])
-
-
-def assert_bits_equal(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    assert got.dtype == want.dtype and got.shape == want.shape, (what, got.dtype, want.dtype)
-    g, w = bits(got), bits(want)
-    if not torch.equal(g, w):
-        bad = (g != w).nonzero().flatten()[:5].tolist()
-        raise AssertionError(f"{what}: {int((g != w).sum())} elements differ, first at {bad}: "
-                             f"{g[bad].tolist()} vs {w[bad].tolist()}")
-
-
-def gather_all(x: torch.Tensor, group=None) -> list:
-    """Every rank's ``x`` (equal numel), moved as raw bytes by torch."""
-    world = dist.get_world_size(group)
-    raw = x.contiguous().view(torch.uint8)
-    out = torch.empty(world * raw.numel(), dtype=torch.uint8)
-    torch_all_gather_single(out, raw, group=group)
-    return [p.view(x.dtype) for p in out.chunk(world)] if raw.numel() else [x[:0]] * world
-
-
-def reference_reduce(parts: list, op: str, factor: float, dtype: torch.dtype) -> torch.Tensor:
-    """fp32 sum in rank order (numpy float32), then AVG / PREMUL_SUM, then cast."""
-    acc = None
-    for p in parts:
-        v = p.float().numpy().astype(np.float32)
-        if op == "premul_sum":
-            v = v * np.float32(factor)
-        acc = v.copy() if acc is None else acc + v
-    if op == "avg":
-        acc = acc / np.float32(len(parts))
-    return torch.from_numpy(acc).to(dtype)
-
-
-def make_op(op: str, factor: float):
-    if op == "sum":
-        return ReduceOp.SUM
-    if op == "avg":
-        return ReduceOp.AVG
-    return dist._make_nccl_premul_sum(factor)
 
 
 # --------------------------------------------------------------------------
@@ -148,7 +83,7 @@ def task_reduce_scatter(ops):
 
 
 def task_all_reduce(ops):
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     checked = 0
     for ci, cfg in enumerate(CONFIGS):
         for dtype in DTYPES:
@@ -294,9 +229,6 @@ def task_subgroup():
     reduce_scatter_single(got, y, ReduceOp.AVG, group=group, config=cfg)
     assert_bits_equal(got, reference_reduce(parts, "avg", 1.0, torch.float32), "subgroup rs")
     return True
-
-
-OPS = (("sum", 1.0), ("avg", 1.0), ("premul_sum", 0.37))
 
 
 # --------------------------------------------------------------------------

@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dist_utils import DistPool
-from test_collectives import (OPS, assert_bits_equal, gather_all, make_data, make_op,
+from collective_cases import (OPS, assert_bits_equal, gather_all, make_data, make_op,
                               reference_reduce, torch_all_gather_single)
+from dist_utils import DistPool
 from zipccl_fsdp import policy as P
 from zipccl_fsdp.collectives import all_gather_single, all_reduce, all_to_all_single, \
     reduce_scatter_single
@@ -250,7 +250,7 @@ def task_corrupt_piece_all_reduce():
     """A corrupt piece in an all-reduce's first half: both ranks raise, nobody hangs,
     and the group still works afterwards."""
     from zipccl_fsdp import integrity as I
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     real = I.decode_from
 
     def bad(piece, out, cfg, kind, peer, group):

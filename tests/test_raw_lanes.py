@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from dist_utils import DistPool
-from test_collectives import assert_bits_equal, make_data, torch_all_gather_single
+from collective_cases import assert_bits_equal, make_data, torch_all_gather_single
 import zipccl_fsdp.collectives as C
 from zipccl_fsdp import policy as P
 from zipccl_fsdp.collectives import all_gather_single, all_reduce, all_to_all_single
