@@ -14,6 +14,10 @@ installed)::
     triton encode and decode for fixed3 and dense on Gaussian bf16 at 16 MiB
     to 1 GiB and on fp32 bf16-casts at 256 MiB, beside ``Tensor.copy_`` of
     the same bytes; the torch backend at 64 MiB for comparison.
+(c) Where a fixed3 call's time goes: wall time beside each kernel's device
+    time (torch.profiler).
+(d) The compressed collectives on this device (tests/device_collectives.py):
+    2 gloo ranks sharing it, results bit for bit against CPU references.
 
 Prints one table and writes it as ``gpu_check.md`` and ``gpu_check.csv`` in
 ``--out``. A failing case prints its error and the run continues; the exit
@@ -336,13 +340,42 @@ def breakdown(smoke: bool) -> None:
 
 
 # --------------------------------------------------------------------------
+# (d) the collectives on this device
+# --------------------------------------------------------------------------
+def collectives() -> None:
+    """tests/device_collectives.py in 2 gloo ranks that share this device:
+    all-gather, reduce-scatter, all-reduce and all-to-all, one-shot and
+    pipelined, fixed3 and dense, with checksums, and one adaptive call (which
+    calibrates on the device), each bit for bit against a reference computed
+    on the CPU. On a GPU this is the first run of what CI cannot reach: the
+    Triton backend inside the collectives and pipeline.py's side stream,
+    stream waits and size rows. Runs last: if it hangs, (a)-(c) are already
+    written."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from device_collectives import task_collectives_on
+    from dist_utils import DistPool
+    name = f"collectives on {DEV.type}, 2 gloo ranks"
+    print(f"(d) {name}: results bit for bit against CPU references", flush=True)
+    pool = DistPool(2, pg_timeout_s=120)
+    t0 = time.time()
+    try:
+        res = pool.run(task_collectives_on, DEV.type, timeout_s=300)
+        check(name, res[0] == res[1] and res[0]["checked"] > 0,
+              f"{res[0]} in {time.time() - t0:.0f} s")
+    except Exception as e:  # noqa: BLE001 - reported as a failure, the report still written
+        check(name, False, f"after {time.time() - t0:.0f} s: {str(e)[-3000:]}")
+    finally:
+        pool.close()
+
+
+# --------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------
 COLS = ["data", "dtype", "MiB", "op", "backend", "codec", "ms", "GBps", "ratio", "copy_GBps",
         "vs_copy", "error"]
 
 
-def report() -> None:
+def report(quiet: bool = False) -> None:
     stamp = (f"{torch.cuda.get_device_name() if DEV.type == 'cuda' else 'CPU (interpreter)'}; "
              f"torch {torch.__version__}; triton {triton.__version__}; "
              f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
@@ -353,7 +386,8 @@ def report() -> None:
                      + " |")
     lines += ["", f"correctness failures: {len(FAILURES)}"] + [f"- {f}" for f in FAILURES]
     table = "\n".join(lines)
-    print("\n" + table)
+    if not quiet:
+        print("\n" + table)
     os.makedirs(ARGS.out, exist_ok=True)
     with open(os.path.join(ARGS.out, "gpu_check.md"), "w") as f:
         f.write(table + "\n")
@@ -375,6 +409,8 @@ def main() -> int:
             part()
         except Exception:  # report and go on to the next part
             traceback.print_exc()
+    report(quiet=True)  # written before (d), which starts processes that could hang
+    collectives()
     report()
     print(f"gpu_check done in {time.time() - t0:.0f} s", flush=True)
     return 1 if FAILURES else 0
