@@ -379,7 +379,7 @@ def report(quiet: bool = False) -> None:
     stamp = (f"{torch.cuda.get_device_name() if DEV.type == 'cuda' else 'CPU (interpreter)'}; "
              f"torch {torch.__version__}; triton {triton.__version__}; "
              f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
-    lines = [f"# zipccl triton codec: gpu_check", "", stamp, "", TARGETS, "",
+    lines = ["# zipccl triton codec: gpu_check", "", stamp, "", TARGETS, "",
              "| " + " | ".join(COLS) + " |", "|" + "---|" * len(COLS)]
     for r in ROWS:
         lines.append("| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in COLS)
