@@ -46,7 +46,7 @@ from .fixed3_decode import fixed3_decode_kernel
 _INT_VIEW = {2: torch.int16, 4: torch.int32}
 # (elements per sub-block, warps) of the decode kernel, by codec (see
 # SETTINGS in codec_encode.py).
-SETTINGS = {"fixed3": (512, 2), "dense": (1024, 4)}
+SETTINGS = {"fixed3": (512, 2), "dense": (256, 1)}
 _KERNELS = {"fixed3": fixed3_decode_kernel, "dense": dense_decode_kernel}
 TABLE_BLOCK = 256  # chunk-table entries per program of _table_kernel; the table is tiny
 

@@ -37,7 +37,7 @@ _KERNELS = {"fixed3": (fixed3_analyze_kernel, fixed3_write_kernel),
 # alternatives on a GPU (it overrides this table).
 SETTINGS = {
     "fixed3": {"analyze": (4096, 4), "write": (512, 2)},
-    "dense": {"analyze": (4096, 4), "write": (512, 2)},
+    "dense": {"analyze": (4096, 4), "write": (256, 1)},
 }
 
 

@@ -17,25 +17,38 @@ from . import _codec_common as K
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_TABLE, ERR_TIERS, check_stream_ends,
                             decode_raw_chunk, dense_symbols, join_fields, load_entry,
                             segment_lengths_offsets, store_words)
+from .fixed3_encode import row_ranks
+
+
+@triton.jit
+def _load_bytes(src, at, part_len, part_off, stream_len, NB: tl.constexpr):
+    """NB bytes from byte ``at`` of a part of part_len bytes that starts at
+    part_off of a stream of stream_len bytes, little-endian in an int32,
+    each load masked to the part and the stream; ``at`` is a [rows, 1]
+    column (a 2-D load keeps the rows' layout)."""
+    acc = tl.zeros(at.shape, tl.int32)
+    for b in tl.static_range(NB):
+        idx = part_off + at + b
+        byte = tl.load(src + idx, mask=(at + b < part_len) & (idx < stream_len), other=0)
+        acc = acc | (byte.to(tl.int32) << (8 * b))
+    return acc
 
 
 @triton.jit
 def _decode_tier(src, part_off, part_len, stream_len, rank, is_open, before,
                  BITS: tl.constexpr, CAP: tl.constexpr):
-    """Read one dense tier for a sub-block: the open elements' digits, in
-    order, from a packed part of part_len bytes at part_off of the codes
-    stream; ``before`` open elements of this tier came in earlier sub-blocks."""
-    G: tl.constexpr = 8 // BITS
-    LOG2G: tl.constexpr = 4 - BITS  # BITS is 1 or 2 (asserted in _codec_common)
+    """Read one dense tier for a [rows, 8] sub-block: the open elements'
+    digits, in order, from a packed part of part_len bytes at part_off of
+    the codes stream; ``before`` open elements of this tier came in earlier
+    sub-blocks. A row's digits are at most 16 bits from any bit: 3 bytes."""
     opened = is_open.to(tl.int32)
-    pos = before + tl.cumsum(opened, 0) - 1
-    local = pos >> LOG2G
-    idx = part_off + local
-    byte = tl.load(src + idx, mask=is_open & (local < part_len) & (idx < stream_len),
-                   other=0).to(tl.int32)
-    digit = (byte >> ((pos & (G - 1)) * BITS)) & CAP  # CAP = 2**BITS - 1: all ones
+    cnt = tl.sum(opened, axis=1)
+    first = (before + tl.cumsum(cnt, 0) - cnt) * BITS  # each row's first bit
+    acc = _load_bytes(src, (first >> 3)[:, None], part_len, part_off, stream_len, 3)
+    in_row = tl.cumsum(opened, 1) - opened
+    digit = (acc >> ((first & 7)[:, None] + in_row * BITS)) & CAP  # CAP: all ones
     return (rank + tl.where(is_open, digit, 0), is_open & (digit == CAP),
-            before + tl.sum(opened, axis=0))
+            before + tl.sum(cnt, axis=0))
 
 
 @triton.jit
@@ -80,15 +93,14 @@ def dense_decode_kernel(p_ptr, seg_ptr, cum_ptr, out_ptr, err_ptr, table_off, nc
             bad_exp = tl.zeros([], tl.int32)
             low16 = flags & 1
             for k in range(0, NSUB):
-                j = tl.arange(0, SUB)
-                i = k * SUB + j
+                r = tl.arange(0, SUB // 8)
+                q = tl.arange(0, 8)
+                i = k * SUB + r[:, None] * 8 + q[None, :]
                 valid = i < n
-                g = k * (SUB // 4) + tl.arange(0, SUB // 4)
-                idx = codes_off + g
-                byte = tl.load(src + idx, mask=(g < len0) & (idx < codes_end),
-                               other=0).to(tl.int32)
-                rank = tl.reshape((byte[:, None] >> (2 * tl.arange(0, 4))[None, :]) & 3,
-                                  (SUB,))
+                # Tier 0: a row's eight 2-bit digits are 2 bytes.
+                two = _load_bytes(src, k * (SUB // 4) + 2 * r[:, None], len0, codes_off,
+                                  codes_end, 2)
+                rank = (two >> (2 * q)[None, :]) & 3
                 is_open = valid & (rank == K.T0_CAP)
                 rank, is_open, t1 = _decode_tier(src, part1, (o1 * K.T1_BITS + 7) >> 3,
                                                  codes_end, rank, is_open, t1,
@@ -106,21 +118,20 @@ def dense_decode_kernel(p_ptr, seg_ptr, cum_ptr, out_ptr, err_ptr, table_off, nc
                 e, zsym = dense_symbols(rank, base, phase, zf)
                 is_zero = valid & zsym & ~esc
                 keep = valid & ~is_zero
-                zeros_got += tl.sum(is_zero.to(tl.int32), axis=0)
-                qv = keep.to(tl.int32) | (esc.to(tl.int32) << 16)
-                Q = q_base + tl.cumsum(qv, 0)
-                q_base += tl.sum(qv, axis=0)
+                zeros_got += tl.sum(tl.sum(is_zero.to(tl.int32), axis=1), axis=0)
+                Q, q_tot = row_ranks(keep.to(tl.int32) | (esc.to(tl.int32) << 16), q_base)
+                q_base += q_tot
                 krank = (Q & 0xFFFF) - 1
                 erank = (Q >> 16) - 1
                 idx = esc_off + erank
                 ebyte = tl.load(src + idx, mask=esc & (erank < seg_esc) & (idx < esc_end),
                                 other=0)
                 e = tl.where(esc, ebyte.to(tl.int32), e)
-                bad_exp += tl.sum((keep & ((e < 0) | (e > EMAX))).to(tl.int32), axis=0)
+                bad_exp += tl.sum(tl.sum((keep & ((e < 0) | (e > EMAX))).to(tl.int32), axis=1), axis=0)
 
                 if ITEMSIZE == 4:
                     smb = 3 - 2 * low16
-                    word = tl.zeros([SUB], tl.int32)
+                    word = tl.zeros([SUB // 8, 8], tl.int32)
                     for b in tl.static_range(3):
                         at = krank * smb + b
                         idx = sm_off + at

@@ -23,9 +23,9 @@ import triton
 import triton.language as tl
 
 from . import _codec_common as K
-from ._codec_common import (dense_ranks, locator_finish, seg_combine4, seg_combine24,
-                            segment_lengths_offsets, split_fields, store_analysis,
-                            write_raw_chunk, write_table_entry)
+from ._codec_common import (dense_ranks, locator_finish, seg_combine4, segment_lengths_offsets,
+                            split_fields, store_analysis, write_raw_chunk, write_table_entry)
+from .fixed3_encode import pack_rows3, row_ranks, store_rows3, tile_rows
 
 
 @triton.jit
@@ -92,46 +92,69 @@ def dense_analyze_kernel(x_ptr, meta_ptr, seg_ptr, numel, nch, C, ITEMSIZE: tl.c
 
 
 @triton.jit
-def _store_packed3(dst, vals, nbytes, SUB: tl.constexpr):
-    """Pack 3-bit values, value i at bit 3i (LSB first), and store those of
-    the first nbytes bytes: 8 values -> 24 bits -> 3 bytes; a 4th, masked
-    column keeps the block shape a power of 2."""
-    acc = tl.sum(tl.reshape(vals, (SUB // 8, 8)) << (3 * tl.arange(0, 8))[None, :], axis=1)
-    g = tl.arange(0, SUB // 8)
-    b = tl.arange(0, 4)
-    at = 3 * g[:, None] + b[None, :]
-    byte = (acc[:, None] >> (8 * b[None, :])) & 0xFF
-    tl.store(dst + at, byte.to(tl.uint8), mask=(b[None, :] < 3) & (at < nbytes))
+def _pack_rows(sel, v, BITS: tl.constexpr):
+    """Over a [rows, 8] tile: each row's count of selected elements and
+    their BITS-bit values v packed in element order, LSB first (inside the
+    row's thread)."""
+    o = sel.to(tl.int32)
+    before = tl.cumsum(o, 1) - o
+    return tl.sum(o, axis=1), tl.sum(tl.where(sel, v, 0) << (before * BITS), axis=1)
 
 
 @triton.jit
-def _tier_field(rank, pos, is_open, START: tl.constexpr, BITS: tl.constexpr,
-                CAP: tl.constexpr, FIELD: tl.constexpr):
-    """This tier's digit, shifted to its slot in its byte, with the segment
-    flag on the byte's first digit; placed in 16-bit field FIELD of an int64."""
-    G: tl.constexpr = 8 // BITS
-    slot = pos & (G - 1)
-    digit = tl.minimum(rank - START, CAP)
-    v = (digit << (slot * BITS)) | ((slot == 0).to(tl.int32) << K.SEG_FLAG_BIT)
-    return tl.where(is_open, v, 0).to(tl.int64) << (16 * FIELD)
+def _tier_rows(rank, START: tl.constexpr, BITS: tl.constexpr, CAP: tl.constexpr):
+    """One tier of each row: the elements its earlier digits left open, and
+    their digits in this tier."""
+    return _pack_rows(rank >= START, tl.minimum(rank - START, CAP), BITS)
 
 
 @triton.jit
-def _store_compact_bits(dst, S, SHIFT: tl.constexpr, is_open, pos, cnt, BITS: tl.constexpr):
-    """Store the bytes of a compacted digit stream: the element that closes a
-    byte (its last digit, or the stream's last) holds the byte's value in S."""
-    G: tl.constexpr = 8 // BITS
-    LOG2G: tl.constexpr = 4 - BITS  # BITS is 1 or 2 (asserted in _codec_common)
-    byte = ((S >> SHIFT) & 0xFF).to(tl.int32)
-    slot = pos & (G - 1)
-    closes = is_open & ((slot == G - 1) | (pos == cnt - 1))
-    tl.store(dst + (pos >> LOG2G), byte.to(tl.uint8), mask=closes)
+def _run(pos, cnt, bits, BITS: tl.constexpr, FIELD: tl.constexpr):
+    """A row's run of cnt BITS-bit values (packed in ``bits``) that starts
+    at value ``pos`` of a bit stream: its first and end bit, its bits
+    shifted to the first bit's byte, and its two segmented-scan elements in
+    16-bit field FIELD: the bits it puts in its first byte, and (flagged:
+    a new segment) the bits it leaves in the byte it ends in when it
+    crosses a byte boundary."""
+    first = pos * BITS
+    end = first + cnt * BITS
+    sh = bits << (first & 7)
+    closes = (end >> 3) - (first >> 3)
+    head = (sh & 0xFF).to(tl.int64) << (16 * FIELD)
+    crosses = closes > 0
+    tail = tl.where(crosses, (sh >> (8 * closes)) & 0xFF, 0) | (crosses.to(tl.int32)
+                                                                  << K.SEG_FLAG_BIT)
+    return first, end, sh, head, tail.to(tl.int64) << (16 * FIELD)
 
 
 @triton.jit
-def _last(x, j, SUB: tl.constexpr):
-    """The sub-block's last value of a scan, as a scalar."""
-    return tl.sum(tl.where(j == SUB - 1, x, 0), axis=0)
+def _store_run(dst, first, end, sh, S_head, S_tail, is_last, FIELD: tl.constexpr,
+               MAX_CLOSED: tl.constexpr):
+    """Store the bytes a row's run closes (the first one completed by the
+    earlier rows' bits, ``S_head``, the segmented scan through the run's
+    head), and, for the stream's last run, the partial byte it ends in
+    (``S_tail``, the scan through the run)."""
+    b0 = first >> 3
+    closes = (end >> 3) - b0
+    tl.store(dst + b0, ((S_head >> (16 * FIELD)) & 0xFF).to(tl.uint8), mask=closes >= 1)
+    tl.store(dst + b0 + 1, ((sh >> 8) & 0xFF).to(tl.uint8), mask=closes >= 2)
+    if MAX_CLOSED >= 3:
+        tl.store(dst + b0 + 2, ((sh >> 16) & 0xFF).to(tl.uint8), mask=closes >= 3)
+    tl.store(dst + (end >> 3), ((S_tail >> (16 * FIELD)) & 0xFF).to(tl.uint8),
+             mask=is_last & ((end & 7) != 0))
+
+
+@triton.jit
+def _seg_scan_runs(carry, head, tail, R: tl.constexpr):
+    """Segmented scan (seg_combine4) over the runs' elements in stream
+    order, head then tail of each row, after ``carry`` (the partial bytes
+    left by earlier sub-blocks). Returns the scan at each head, at each
+    tail, and the new carry."""
+    S = tl.associative_scan(tl.reshape(tl.join(head, tail), (2 * R,)), 0, seg_combine4)
+    S = seg_combine4(carry, S)
+    S_head, S_tail = tl.split(tl.reshape(S, (R, 2)))
+    last = tl.sum(tl.where(tl.arange(0, R) == R - 1, S_tail, 0), axis=0)
+    return S_head, S_tail, last
 
 
 @triton.jit
@@ -140,6 +163,7 @@ def dense_write_kernel(x_ptr, meta_ptr, seg_ptr, cum_ptr, out_ptr, numel, nch, C
                        MAN_BITS: tl.constexpr, SUB: tl.constexpr, NSUB: tl.constexpr):
     c = tl.program_id(0)
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
+    R: tl.constexpr = SUB // 8
     mrow = meta_ptr + c.to(tl.int64) * 16
     start = c.to(tl.int64) * C
     n = tl.minimum(numel - start, C).to(tl.int32)
@@ -164,8 +188,6 @@ def dense_write_kernel(x_ptr, meta_ptr, seg_ptr, cum_ptr, out_ptr, numel, nch, C
         zf = (flags >> 1) & 1
         kept = n - n_zero
         rem_len = (3 * kept + 7) >> 3
-        # Running ranks before this sub-block: kept elements | escapes << 16.
-        q_base = tl.zeros([], tl.int32)
         o1 = tl.load(mrow + 6)
         o2 = tl.load(mrow + 7)
         o3 = tl.load(mrow + 8)
@@ -175,26 +197,23 @@ def dense_write_kernel(x_ptr, meta_ptr, seg_ptr, cum_ptr, out_ptr, numel, nch, C
         dst2 = dst1 + ((o1 * K.T1_BITS + 7) >> 3)
         dst3 = dst2 + ((o2 * K.T2_BITS + 7) >> 3)
         dst4 = dst3 + ((o3 * K.T3_BITS + 7) >> 3)
-        # Open counts of tiers 1..4 before this sub-block (16-bit fields)
-        # and the partial byte of each tier's stream (segmented-scan carry).
-        p_base = tl.zeros([], tl.int64)
-        s_carry = tl.zeros([], tl.int64)
-        r_carry = tl.zeros([], tl.int32)  # fp16: partial 24-bit rem group
+        q_base = tl.zeros([], tl.int32)  # kept elements | escapes << 16 so far
+        p_base = tl.zeros([], tl.int64)  # open elements of tiers 1..4 so far, 16-bit fields
+        s_carry = tl.zeros([], tl.int64)  # each tier stream's partial byte so far
+        r_carry = tl.zeros([], tl.int64)  # fp16, zeros omitted: the rem stream's
 
         for k in range(0, NSUB):
-            j, i, valid, w = _sub_words(x_ptr, start, n, k, SUB, ITEMSIZE)
+            r, q, i, valid, w = tile_rows(x_ptr, start, n, k, SUB, ITEMSIZE)
             e, sm = split_fields(w, EXP_BITS, MAN_BITS)
             is_zero = valid & (w == 0)
             rank = tl.where(valid, dense_ranks(e, is_zero, base, phase, zf), -1)
             esc = rank == K.DENSE_ESC
             keep = valid & ~is_zero
-            # Ranks among kept elements (sm, rem) and among escapes, one int32 prefix sum.
-            qv = keep.to(tl.int32) | (esc.to(tl.int32) << 16)
-            Q = q_base + tl.cumsum(qv, 0)
-            q_base += tl.sum(qv, axis=0)
+            # Ranks among kept elements (sm, rem) and among escapes: one scan.
+            Q, q_tot = row_ranks(keep.to(tl.int32) | (esc.to(tl.int32) << 16), q_base)
+            q_base += q_tot
             krank = (Q & 0xFFFF) - 1
-            erank = (Q >> 16) - 1
-            tl.store(esc_dst + erank, e.to(tl.uint8), mask=esc)
+            tl.store(esc_dst + (Q >> 16) - 1, e.to(tl.uint8), mask=esc)
             if ITEMSIZE == 4:
                 low16 = flags & 1
                 smv = tl.where(low16 != 0, sm >> 16, sm)
@@ -206,46 +225,47 @@ def dense_write_kernel(x_ptr, meta_ptr, seg_ptr, cum_ptr, out_ptr, numel, nch, C
                 tl.store(sm_dst + krank, (sm & 0xFF).to(tl.uint8), mask=keep)
             if IS_FP16:
                 # rem: sm's top 3 bits of each kept element, 8 per 3 bytes.
+                rv = tl.where(keep, sm >> 8, 0)
                 if n_zero == 0:  # nothing omitted: element i is rem value i
-                    _store_packed3(rem_dst + k * (SUB * 3 // 8), tl.where(valid, sm >> 8, 0),
-                                   rem_len - k * (SUB * 3 // 8), SUB)
+                    store_rows3(rem_dst + k * (SUB * 3 // 8), pack_rows3(rv, q), r,
+                                rem_len - k * (SUB * 3 // 8))
                 else:
-                    slot = krank & 7
-                    v = ((sm >> 8) << (slot * 3)) | ((slot == 0).to(tl.int32) << 24)
-                    R = seg_combine24(r_carry, tl.associative_scan(tl.where(keep, v, 0), 0,
-                                                                   seg_combine24))
-                    r_carry = _last(R, j, SUB)
-                    closes = keep & ((slot == 7) | (krank == kept - 1))
-                    for b in tl.static_range(3):
-                        at = 3 * (krank >> 3) + b
-                        tl.store(rem_dst + at, ((R >> (8 * b)) & 0xFF).to(tl.uint8),
-                                 mask=closes & (at < rem_len))
-            # Tier 0 holds every element: 4 digits per byte, no compaction.
-            d0 = tl.where(valid, tl.minimum(rank, K.T0_CAP), 0)
-            acc = tl.sum(tl.reshape(d0, (SUB // 4, 4)) << (2 * tl.arange(0, 4))[None, :],
-                         axis=1)
-            g = k * (SUB // 4) + tl.arange(0, SUB // 4)
-            tl.store(codes_dst + g, acc.to(tl.uint8), mask=g < len0)
-            # Tiers 1..4: one int64 prefix sum yields all four positions.
-            op1 = rank >= K.T1_START
-            op2 = rank >= K.T2_START
-            op3 = rank >= K.T3_START
-            op4 = rank >= K.T4_START
-            X = (op1.to(tl.int64) | (op2.to(tl.int64) << 16) | (op3.to(tl.int64) << 32)
-                 | (op4.to(tl.int64) << 48))
-            P = p_base + tl.cumsum(X, 0)  # fields never exceed 4096: no carries
+                    kc, kb = _pack_rows(keep, rv, 3)
+                    # Kept elements before each row: its first element's rank, less itself.
+                    kpos = tl.sum(tl.where(q[None, :] == 0, krank + 1 - keep.to(tl.int32), 0),
+                                  axis=1)
+                    first, end, sh, head, tail = _run(kpos, kc, kb, 3, 0)
+                    S_head, S_tail, r_carry = _seg_scan_runs(r_carry, head, tail, R)
+                    _store_run(rem_dst, first, end, sh, S_head, S_tail,
+                               (kc > 0) & (kpos + kc == kept), 0, 3)
+            # Tier 0 holds every element: a row's eight 2-bit digits are 2 bytes.
+            d0 = tl.sum(tl.where(valid, tl.minimum(rank, K.T0_CAP), 0) << (2 * q)[None, :],
+                        axis=1)
+            g = k * (SUB // 4) + 2 * r
+            tl.store(codes_dst + g, (d0 & 0xFF).to(tl.uint8), mask=g < len0)
+            tl.store(codes_dst + g + 1, (d0 >> 8).to(tl.uint8), mask=g + 1 < len0)
+            # Tiers 1..4: each row's run of digits in each tier's stream; one
+            # scan of the row counts places them, one segmented scan joins the
+            # bytes that runs of neighbouring rows share.
+            c1, b1 = _tier_rows(rank, K.T1_START, K.T1_BITS, K.T1_CAP)
+            c2, b2 = _tier_rows(rank, K.T2_START, K.T2_BITS, K.T2_CAP)
+            c3, b3 = _tier_rows(rank, K.T3_START, K.T3_BITS, K.T3_CAP)
+            c4, b4 = _tier_rows(rank, K.T4_START, K.T4_BITS, K.T4_CAP)
+            X = (c1.to(tl.int64) | (c2.to(tl.int64) << 16) | (c3.to(tl.int64) << 32)
+                 | (c4.to(tl.int64) << 48))
+            P = p_base + tl.cumsum(X, 0) - X  # fields never exceed 4096: no carries
             p_base += tl.sum(X, axis=0)
-            p1 = (P & 0xFFFF).to(tl.int32) - 1
-            p2 = ((P >> 16) & 0xFFFF).to(tl.int32) - 1
-            p3 = ((P >> 32) & 0xFFFF).to(tl.int32) - 1
-            p4 = ((P >> 48) & 0xFFFF).to(tl.int32) - 1
-            V = (_tier_field(rank, p1, op1, K.T1_START, K.T1_BITS, K.T1_CAP, 0)
-                 | _tier_field(rank, p2, op2, K.T2_START, K.T2_BITS, K.T2_CAP, 1)
-                 | _tier_field(rank, p3, op3, K.T3_START, K.T3_BITS, K.T3_CAP, 2)
-                 | _tier_field(rank, p4, op4, K.T4_START, K.T4_BITS, K.T4_CAP, 3))
-            S = seg_combine4(s_carry, tl.associative_scan(V, 0, seg_combine4))
-            s_carry = _last(S, j, SUB)
-            _store_compact_bits(dst1, S, 0, op1, p1, o1, K.T1_BITS)
-            _store_compact_bits(dst2, S, 16, op2, p2, o2, K.T2_BITS)
-            _store_compact_bits(dst3, S, 32, op3, p3, o3, K.T3_BITS)
-            _store_compact_bits(dst4, S, 48, op4, p4, o4, K.T4_BITS)
+            p1 = (P & 0xFFFF).to(tl.int32)
+            p2 = ((P >> 16) & 0xFFFF).to(tl.int32)
+            p3 = ((P >> 32) & 0xFFFF).to(tl.int32)
+            p4 = ((P >> 48) & 0xFFFF).to(tl.int32)
+            f1, e1, sh1, h1, t1 = _run(p1, c1, b1, K.T1_BITS, 0)
+            f2, e2, sh2, h2, t2 = _run(p2, c2, b2, K.T2_BITS, 1)
+            f3, e3, sh3, h3, t3 = _run(p3, c3, b3, K.T3_BITS, 2)
+            f4, e4, sh4, h4, t4 = _run(p4, c4, b4, K.T4_BITS, 3)
+            S_head, S_tail, s_carry = _seg_scan_runs(s_carry, h1 | h2 | h3 | h4,
+                                                     t1 | t2 | t3 | t4, R)
+            _store_run(dst1, f1, e1, sh1, S_head, S_tail, (c1 > 0) & (p1 + c1 == o1), 0, 2)
+            _store_run(dst2, f2, e2, sh2, S_head, S_tail, (c2 > 0) & (p2 + c2 == o2), 1, 2)
+            _store_run(dst3, f3, e3, sh3, S_head, S_tail, (c3 > 0) & (p3 + c3 == o3), 2, 2)
+            _store_run(dst4, f4, e4, sh4, S_head, S_tail, (c4 > 0) & (p4 + c4 == o4), 3, 2)

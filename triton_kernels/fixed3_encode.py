@@ -35,7 +35,7 @@ from ._codec_common import (fixed_window, locator_finish, seg_combine24, segment
 
 
 @triton.jit
-def _tile(x_ptr, start, n, k, SUB: tl.constexpr, ITEMSIZE: tl.constexpr,
+def tile_rows(x_ptr, start, n, k, SUB: tl.constexpr, ITEMSIZE: tl.constexpr,
           FULL: tl.constexpr = False, PAIRS: tl.constexpr = False):
     """Sub-block k of the chunk at element ``start`` (n elements) as
     [SUB // 8, 8] words; also the row index r, the column q, the element
@@ -189,14 +189,14 @@ def fixed3_analyze_kernel(x_ptr, meta_ptr, seg_ptr, numel, nch, C, ITEMSIZE: tl.
         s, cz = _locator_part_pairs(w, MAN_BITS, EMAX)
         low_bits = tl.zeros([], tl.int32)
     elif NSUB == 1:
-        r, q, i, valid, w = _tile(x_ptr, start, n, 0, SUB, ITEMSIZE)
+        r, q, i, valid, w = tile_rows(x_ptr, start, n, 0, SUB, ITEMSIZE)
         s, cz, low_bits = _locator_part(w, MAN_BITS, EMAX, ITEMSIZE)
     else:
         s = tl.zeros([], tl.int32)
         cz = tl.zeros([], tl.int32)
         low_bits = tl.zeros([], tl.int32)
         for k in range(0, NSUB):
-            r, q, i, valid, w = _tile(x_ptr, start, n, k, SUB, ITEMSIZE)
+            r, q, i, valid, w = tile_rows(x_ptr, start, n, k, SUB, ITEMSIZE)
             ds, dcz, dlow = _locator_part(w, MAN_BITS, EMAX, ITEMSIZE)
             s += ds
             cz += dcz
@@ -216,7 +216,7 @@ def fixed3_analyze_kernel(x_ptr, meta_ptr, seg_ptr, numel, nch, C, ITEMSIZE: tl.
     else:
         inside = tl.zeros([], tl.int32)
         for k in range(0, NSUB):
-            r, q, i, valid, w = _tile(x_ptr, start, n, k, SUB, ITEMSIZE)
+            r, q, i, valid, w = tile_rows(x_ptr, start, n, k, SUB, ITEMSIZE)
             inside += _inside_part(w, lo, width, MAN_BITS, EMAX)
     # Escapes are the words outside the window, less the +0.0 words that
     # ZERO_SLOT codes as 0 (outside the window unless lo is 0). Counted over
@@ -294,7 +294,7 @@ def _code_sub_block(x_ptr, start, n, k, lo, width, zf, codes_dst, codes_len, esc
     """Write sub-block k's codes and escapes; return its tile (for the sm
     stream) and the escapes so far."""
     CODES_PER_SUB: tl.constexpr = SUB * 3 // 8
-    r, q, i, valid, w = _tile(x_ptr, start, n, k, SUB, ITEMSIZE, FULL, PAIRS)
+    r, q, i, valid, w = tile_rows(x_ptr, start, n, k, SUB, ITEMSIZE, FULL, PAIRS)
     e, sm = split_fields(w, EXP_BITS, MAN_BITS)
     is_zero = valid & (w == 0)
     code = fixed3_codes(e, is_zero, valid, lo, width, zf)
