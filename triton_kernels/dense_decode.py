@@ -21,15 +21,21 @@ from .fixed3_encode import row_ranks
 
 
 @triton.jit
-def _load_bytes(src, at, part_len, part_off, stream_len, NB: tl.constexpr):
-    """NB bytes from byte ``at`` of a part of part_len bytes that starts at
-    part_off of a stream of stream_len bytes, little-endian in an int32,
-    each load masked to the part and the stream; ``at`` is a [rows, 1]
+def _room(part_off, part_len, stream_len):
+    """Bytes of a part (part_len bytes at part_off of a stream of stream_len
+    bytes) that lie inside the stream, as an int32: one bound per load
+    instead of two, the stream's a 64-bit compare."""
+    return tl.maximum(tl.minimum(stream_len - part_off, part_len), 0).to(tl.int32)
+
+
+@triton.jit
+def _load_bytes(part, at, room, NB: tl.constexpr):
+    """NB bytes from byte ``at`` of a part, little-endian in an int32, each
+    load masked to the part's ``room`` (see _room); ``at`` is a [rows, 1]
     column (a 2-D load keeps the rows' layout)."""
     acc = tl.zeros(at.shape, tl.int32)
     for b in tl.static_range(NB):
-        idx = part_off + at + b
-        byte = tl.load(src + idx, mask=(at + b < part_len) & (idx < stream_len), other=0)
+        byte = tl.load(part + at + b, mask=at + b < room, other=0)
         acc = acc | (byte.to(tl.int32) << (8 * b))
     return acc
 
@@ -44,7 +50,8 @@ def _decode_tier(src, part_off, part_len, stream_len, rank, is_open, before,
     opened = is_open.to(tl.int32)
     cnt = tl.sum(opened, axis=1)
     first = (before + tl.cumsum(cnt, 0) - cnt) * BITS  # each row's first bit
-    acc = _load_bytes(src, (first >> 3)[:, None], part_len, part_off, stream_len, 3)
+    acc = _load_bytes(src + part_off, (first >> 3)[:, None],
+                      _room(part_off, part_len, stream_len), 3)
     in_row = tl.cumsum(opened, 1) - opened
     digit = (acc >> ((first & 7)[:, None] + in_row * BITS)) & CAP  # CAP: all ones
     return (rank + tl.where(is_open, digit, 0), is_open & (digit == CAP),
@@ -92,14 +99,17 @@ def dense_decode_kernel(p_ptr, seg_ptr, cum_ptr, out_ptr, err_ptr, table_off, nc
             zeros_got = tl.zeros([], tl.int32)
             bad_exp = tl.zeros([], tl.int32)
             low16 = flags & 1
+            room0 = _room(codes_off, len0, codes_end)
+            esc_room = _room(esc_off, seg_esc, esc_end)
+            sm_room = _room(sm_off, seg_sm, sm_end)
+            rem_room = _room(rem_off, seg_rem, rem_end)
             for k in range(0, NSUB):
                 r = tl.arange(0, SUB // 8)
                 q = tl.arange(0, 8)
                 i = k * SUB + r[:, None] * 8 + q[None, :]
                 valid = i < n
                 # Tier 0: a row's eight 2-bit digits are 2 bytes.
-                two = _load_bytes(src, k * (SUB // 4) + 2 * r[:, None], len0, codes_off,
-                                  codes_end, 2)
+                two = _load_bytes(src + codes_off, k * (SUB // 4) + 2 * r[:, None], room0, 2)
                 rank = (two >> (2 * q)[None, :]) & 3
                 is_open = valid & (rank == K.T0_CAP)
                 rank, is_open, t1 = _decode_tier(src, part1, (o1 * K.T1_BITS + 7) >> 3,
@@ -123,36 +133,30 @@ def dense_decode_kernel(p_ptr, seg_ptr, cum_ptr, out_ptr, err_ptr, table_off, nc
                 q_base += q_tot
                 krank = (Q & 0xFFFF) - 1
                 erank = (Q >> 16) - 1
-                idx = esc_off + erank
-                ebyte = tl.load(src + idx, mask=esc & (erank < seg_esc) & (idx < esc_end),
-                                other=0)
+                ebyte = tl.load(src + esc_off + erank, mask=esc & (erank < esc_room), other=0)
                 e = tl.where(esc, ebyte.to(tl.int32), e)
-                bad_exp += tl.sum(tl.sum((keep & ((e < 0) | (e > EMAX))).to(tl.int32), axis=1), axis=0)
+                bad = (keep & ((e < 0) | (e > EMAX))).to(tl.int32)
+                bad_exp += tl.sum(tl.sum(bad, axis=1), axis=0)
 
                 if ITEMSIZE == 4:
                     smb = 3 - 2 * low16
                     word = tl.zeros([SUB // 8, 8], tl.int32)
                     for b in tl.static_range(3):
                         at = krank * smb + b
-                        idx = sm_off + at
-                        byte = tl.load(src + idx,
-                                       mask=keep & (b < smb) & (at < seg_sm) & (idx < sm_end),
+                        byte = tl.load(src + sm_off + at, mask=keep & (b < smb) & (at < sm_room),
                                        other=0)
                         word = word | (byte.to(tl.int32) << (8 * b))
                     sm = tl.where(low16 != 0, word << 16, word)
                 else:
-                    idx = sm_off + krank
-                    sm = tl.load(src + idx, mask=keep & (krank < seg_sm) & (idx < sm_end),
+                    sm = tl.load(src + sm_off + krank, mask=keep & (krank < sm_room),
                                  other=0).to(tl.int32)
                 if IS_FP16:
                     # rem: 3 bits at bit 3*krank of the chunk's rem segment (may span 2 bytes).
                     bit = 3 * krank
                     at = bit >> 3
-                    idx = rem_off + at
-                    lo_b = tl.load(src + idx, mask=keep & (at < seg_rem) & (idx < rem_end),
-                                   other=0)
-                    hi_b = tl.load(src + idx + 1,
-                                   mask=keep & (at + 1 < seg_rem) & (idx + 1 < rem_end), other=0)
+                    rem = src + rem_off + at
+                    lo_b = tl.load(rem, mask=keep & (at < rem_room), other=0)
+                    hi_b = tl.load(rem + 1, mask=keep & (at + 1 < rem_room), other=0)
                     two = lo_b.to(tl.int32) | (hi_b.to(tl.int32) << 8)
                     sm = sm | (((two >> (bit & 7)) & 7) << 8)
                 w = join_fields(tl.minimum(tl.maximum(e, 0), EMAX), sm, EXP_BITS, MAN_BITS)
