@@ -182,26 +182,31 @@ def test_fixed3_fast_and_general_paths(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("codec", CODED)
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=str)
-def test_fixed3_16bit_words_read_two_at_a_time(device, dtype):
-    """The fixed3 kernels read 16-bit words as int32 pairs when the input is
-    4-byte aligned (analyze also tests them two at a time, when the length
-    is even): special values, a raw chunk, omitted zeros, subnormals, a
-    padded last chunk. The same values at an address 2 bytes off take the
-    one-word paths. Both must write the torch payload."""
+def test_16bit_words_read_two_at_a_time(device, dtype, codec):
+    """Both analyze kernels and fixed3's write kernel read 16-bit words as
+    int32 pairs when the input is 4-byte aligned (analyze also tests them
+    two at a time, when the length is even): special values, a raw chunk,
+    omitted zeros, subnormals, a padded last chunk. The same values at an
+    address 2 bytes off take the one-word paths. Both must write the torch
+    payload."""
     from triton_kernels import codec_encode as E
     x = mixed(3 * C + 64, dtype, seed=4).to(device)  # + 64: an 8-byte aligned sm stream
     buf = torch.empty(x.numel() + 1, dtype=dtype, device=device)
     buf[1:] = x
     shifted = buf[1:]
     info = F.dtype_info(dtype)
-    for kernel, const, _ in E.launch_plan(info, "fixed3", C):
-        assert E.with_pairs(kernel, const, info, x.numel(), C, x.data_ptr()).get("PAIRS")
+    for step, (kernel, const, _) in zip(("analyze", "write"), E.launch_plan(info, codec, C)):
+        pairs = codec == "fixed3" or step == "analyze"
+        assert E.with_pairs(kernel, const, info, x.numel(), C, x.data_ptr()).get("PAIRS") == (
+            True if pairs else None), (codec, step)
         assert not E.with_pairs(kernel, const, info, x.numel(), C,
                                 shifted.data_ptr()).get("PAIRS")
-    assert _fixed3_paths(z.encode(x, codec="fixed3", backend="torch"))[0] >= 1  # the hot path
-    _check_against_torch(x, "fixed3")
-    _check_against_torch(shifted, "fixed3")
+    if codec == "fixed3":
+        assert _fixed3_paths(z.encode(x, codec=codec, backend="torch"))[0] >= 1  # the hot path
+    _check_against_torch(x, codec)
+    _check_against_torch(shifted, codec)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -209,6 +214,7 @@ def test_fixed3_16bit_words_read_two_at_a_time(device, dtype):
     (1000, CODED, 2500, True),           # not a power of 2: masked sub-blocks
     (8, CODED, 21, True),                # the smallest chunk the header allows
     (65528, ("fixed3",), 70000, False),  # near the u16 limit: many sub-blocks per chunk
+    (10000, ("dense",), 20005, True),    # dense analyze over several sub-blocks
 ])
 def test_other_chunk_sizes(device, chunk_elems, codecs, n, zeros, monkeypatch):
     """Both backends read F.CHUNK_ELEMS when encoding; decode takes the header's.

@@ -68,6 +68,31 @@ SYM_LUT0 = tl.constexpr(_sym_lut(F.DENSE_ORDER[0]))
 SYM_LUT1 = tl.constexpr(_sym_lut(F.DENSE_ORDER[1]))
 SYM_LUT2 = tl.constexpr(_sym_lut(F.DENSE_ORDER[2]))
 SYM_LUT3 = tl.constexpr(_sym_lut(F.DENSE_ORDER[3]))
+
+
+def _tier_of_rank(rank: int) -> int:
+    """The dense tier whose digit ends an element of this rank; escapes
+    (DENSE_ESC) get one past the last tier."""
+    if rank == F.DENSE_ESC:
+        return len(F.TIER_BITS)
+    return max(t for t, s in enumerate(F.TIER_START) if rank >= s)
+
+
+def _tier_lut(order, zf: int) -> int:
+    """Nibble d+8 holds the tier of exponent offset d (ESC_TIER if absent)
+    under ``order`` and the ZERO_FIRST bit zf (which shifts every rank by 1)."""
+    return _nibbles([_tier_of_rank(order.index(d - 8) + zf) if d - 8 in order
+                     else _tier_of_rank(F.DENSE_ESC) for d in range(16)])
+
+
+# Dense analyze: offset -> tier, per phase, without and with ZERO_FIRST.
+TIER_LUT0, TIER_LUT1, TIER_LUT2, TIER_LUT3 = (tl.constexpr(_tier_lut(o, 0))
+                                              for o in F.DENSE_ORDER)
+TIER_LUT0Z, TIER_LUT1Z, TIER_LUT2Z, TIER_LUT3Z = (tl.constexpr(_tier_lut(o, 1))
+                                                  for o in F.DENSE_ORDER)
+ESC_TIER = tl.constexpr(_tier_of_rank(F.DENSE_ESC))
+ZERO_TIER_FIRST = tl.constexpr(_tier_of_rank(0))  # +0.0 under ZERO_FIRST: rank 0
+ZERO_TIER_LAST = tl.constexpr(_tier_of_rank(F.DENSE_SLOTS - 1))  # without: the last rank
 # fixed3 window start, nibble zf*4 + phase holds FIXED_LO(_ZERO)[phase] + 8.
 FIXED_LO_LUT = tl.constexpr(_nibbles([v + 8 for v in F.FIXED_LO + F.FIXED_LO_ZERO]))
 

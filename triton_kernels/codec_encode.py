@@ -55,14 +55,15 @@ def launch_plan(info: F.DTypeInfo, codec: str, C: int) -> list[tuple]:
 
 def with_pairs(kernel, const: dict, info: F.DTypeInfo, numel: int, C: int,
                data_ptr: int) -> dict:
-    """fixed3's kernels read 16-bit words as int32 pairs (PAIRS) when the
-    input is 4-byte aligned: the write kernel in its full chunks, the
-    analyze kernel (which also tests them two at a time) when every chunk's
+    """Kernels that read 16-bit words as int32 pairs (PAIRS) when the input
+    is 4-byte aligned: fixed3's write kernel in its full chunks, both
+    analyze kernels (which also test them two at a time) when every chunk's
     length is even and a chunk is one sub-block."""
     if info.itemsize != 2 or C % 8 or data_ptr % 4:
         return const
     if kernel is fixed3_write_kernel or (
-            kernel is fixed3_analyze_kernel and numel % 2 == 0 and const["NSUB"] == 1):
+            kernel in (fixed3_analyze_kernel, dense_analyze_kernel) and numel % 2 == 0
+            and const["NSUB"] == 1):
         return dict(const, PAIRS=True)
     return const
 

@@ -17,7 +17,7 @@ from . import _codec_common as K
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_TABLE, ERR_TIERS, check_stream_ends,
                             decode_raw_chunk, dense_symbols, join_fields, load_entry,
                             segment_lengths_offsets, store_words)
-from .fixed3_encode import row_ranks
+from ._rows import row_ranks
 
 
 @triton.jit

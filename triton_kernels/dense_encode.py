@@ -23,67 +23,90 @@ import triton
 import triton.language as tl
 
 from . import _codec_common as K
-from ._codec_common import (dense_ranks, locator_finish, seg_combine4, segment_lengths_offsets,
+from ._codec_common import (dense_ranks, pick4, seg_combine4, segment_lengths_offsets,
                             split_fields, store_analysis, write_raw_chunk, write_table_entry)
-from .fixed3_encode import pack_rows3, row_ranks, store_rows3, tile_rows
+from ._rows import locator_pass, pack_rows3, row_ranks, store_rows3, tile_rows
 
 
 @triton.jit
-def _sub_words(x_ptr, start, n, k, SUB: tl.constexpr, ITEMSIZE: tl.constexpr):
-    """Sub-block k of the chunk at element ``start`` holding n elements."""
-    j = tl.arange(0, SUB)
-    i = k * SUB + j
-    valid = i < n
-    w = tl.load(x_ptr + start + i, mask=valid, other=0).to(tl.int32)
-    if ITEMSIZE == 2:
-        w = w & 0xFFFF
-    return j, i, valid, w
+def _tier_hist(w, base, lut, zero_tier, MAN_BITS: tl.constexpr, EMAX: tl.constexpr):
+    """How many words of a [rows, <= 8] tile end in each dense tier (0-4;
+    ESC_TIER for escapes): 16-bit fields, tiers 0, 2, 4 of the first int64,
+    1, 3, 5 of the second. ``lut``: offset -> tier for the chunk's phase and
+    ZERO_FIRST bit (one nibble lookup instead of the rank and five compares);
+    +0.0 words end in ``zero_tier``. A row's counts add up in 8-bit fields
+    inside its thread."""
+    e = (w >> MAN_BITS) & EMAX
+    idx = e - base + 8
+    nib = ((lut >> (4 * (idx & 15)).to(tl.int64)) & 0xF).to(tl.int32)
+    tier = tl.where(idx.to(tl.uint32) < 16, nib, K.ESC_TIER)
+    tier = tl.where(w == 0, zero_tier, tier)
+    row = tl.sum(tl.full([], 1, tl.int64) << (8 * tier).to(tl.int64), axis=1)
+    EVEN: tl.constexpr = 0x00FF00FF00FF00FF
+    return tl.sum(row & EVEN, axis=0), tl.sum((row >> 8) & EVEN, axis=0)
+
+
+@triton.jit
+def _field(x, f):
+    return ((x >> (16 * f)) & 0xFFFF).to(tl.int32)
 
 
 @triton.jit
 def dense_analyze_kernel(x_ptr, meta_ptr, seg_ptr, numel, nch, C, ITEMSIZE: tl.constexpr,
                          EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr, SUB: tl.constexpr,
-                         NSUB: tl.constexpr):
+                         NSUB: tl.constexpr, PAIRS: tl.constexpr = False):
     c = tl.program_id(0)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     start = c.to(tl.int64) * C
     n = tl.minimum(numel - start, C).to(tl.int32)
 
-    # Pass 1: locator sums, +0.0 count, low-16-bit check.
-    s = tl.zeros([], tl.int32)
-    cnt = tl.zeros([], tl.int32)
-    nz = tl.zeros([], tl.int32)
-    low_bits = tl.zeros([], tl.int32)
-    for k in range(0, NSUB):
-        j, i, valid, w = _sub_words(x_ptr, start, n, k, SUB, ITEMSIZE)
-        e = (w >> MAN_BITS) & EMAX
-        normal = valid & (e > 0) & (e < EMAX)
-        s += tl.sum(tl.where(normal, e, 0), axis=0)
-        cnt += tl.sum(normal.to(tl.int32), axis=0)
-        nz += tl.sum((valid & (w == 0)).to(tl.int32), axis=0)
-        if ITEMSIZE == 4:
-            low_bits += tl.sum((valid & ((w & 0xFFFF) != 0)).to(tl.int32), axis=0)
-    base, phase = locator_finish(s, cnt)
-    low16 = 0
-    if ITEMSIZE == 4:
-        low16 = (low_bits == 0).to(tl.int32)
-
-    # Pass 2 (the chunk is in L1/L2 now): escapes and dense tier counts.
-    n_esc = tl.zeros([], tl.int32)
-    o1 = tl.zeros([], tl.int32)
-    o2 = tl.zeros([], tl.int32)
-    o3 = tl.zeros([], tl.int32)
-    o4 = tl.zeros([], tl.int32)
+    # Pass 1 (_rows.locator_pass); pass 2, the tier counts, reads the chunk
+    # again: from registers when it is one sub-block, else from L1/L2.
+    base, phase, nz, low16, pad, w = locator_pass(x_ptr, start, n, SUB, NSUB, ITEMSIZE,
+                                                  MAN_BITS, EMAX, PAIRS)
     zf = ((nz << K.ZERO_FIRST_SHIFT) >= n).to(tl.int32)
-    for k in range(0, NSUB):
-        j, i, valid, w = _sub_words(x_ptr, start, n, k, SUB, ITEMSIZE)
-        e = (w >> MAN_BITS) & EMAX
-        rank = tl.where(valid, dense_ranks(e, w == 0, base, phase, zf), -1)
-        o1 += tl.sum((rank >= K.T1_START).to(tl.int32), axis=0)
-        o2 += tl.sum((rank >= K.T2_START).to(tl.int32), axis=0)
-        o3 += tl.sum((rank >= K.T3_START).to(tl.int32), axis=0)
-        o4 += tl.sum((rank >= K.T4_START).to(tl.int32), axis=0)
-        n_esc += tl.sum((rank == K.DENSE_ESC).to(tl.int32), axis=0)
+    lut = tl.where(zf != 0,
+                   pick4(phase, K.TIER_LUT0Z, K.TIER_LUT1Z, K.TIER_LUT2Z, K.TIER_LUT3Z),
+                   pick4(phase, K.TIER_LUT0, K.TIER_LUT1, K.TIER_LUT2, K.TIER_LUT3))
+    zero_tier = tl.where(zf != 0, K.ZERO_TIER_FIRST, K.ZERO_TIER_LAST)
+    if PAIRS:  # 16-bit words two at a time: the low halves, then the high ones
+        wi = w.to(tl.int32, bitcast=True)
+        ev0, od0 = _tier_hist(wi & 0xFFFF, base, lut, zero_tier, MAN_BITS, EMAX)
+        ev1, od1 = _tier_hist((wi >> 16) & 0xFFFF, base, lut, zero_tier, MAN_BITS, EMAX)
+        ev = ev0 + ev1
+        od = od0 + od1
+    elif NSUB == 1:
+        ev, od = _tier_hist(w, base, lut, zero_tier, MAN_BITS, EMAX)
+    else:
+        ev = tl.zeros([], tl.int64)
+        od = tl.zeros([], tl.int64)
+    # Per-tier counts as int32 (a 16-bit field holds one sub-block's).
+    h1 = _field(od, 0)
+    h2 = _field(ev, 1)
+    h3 = _field(od, 1)
+    h4 = _field(ev, 2)
+    h5 = _field(od, 2)
+    if not PAIRS and NSUB > 1:
+        for k in range(0, NSUB):
+            r, q, i, valid, wk = tile_rows(x_ptr, start, n, k, SUB, ITEMSIZE)
+            ev, od = _tier_hist(wk, base, lut, zero_tier, MAN_BITS, EMAX)
+            h1 += _field(od, 0)
+            h2 += _field(ev, 1)
+            h3 += _field(od, 1)
+            h4 += _field(ev, 2)
+            h5 += _field(od, 2)
+    # The padding past n (w = 0) ended in zero_tier.
+    h1 -= tl.where(zero_tier == 1, pad, 0)
+    h2 -= tl.where(zero_tier == 2, pad, 0)
+    h3 -= tl.where(zero_tier == 3, pad, 0)
+    h4 -= tl.where(zero_tier == 4, pad, 0)
+    h5 -= tl.where(zero_tier == 5, pad, 0)
+    # Tier t holds every element that ends in tier t or later.
+    n_esc = h5
+    o4 = h4 + h5
+    o3 = h3 + o4
+    o2 = h2 + o3
+    o1 = h1 + o2
     n_zero = nz
     codes_nb = (((2 * n + 7) >> 3) + ((o1 * K.T1_BITS + 7) >> 3) + ((o2 * K.T2_BITS + 7) >> 3)
                 + ((o3 * K.T3_BITS + 7) >> 3) + ((o4 * K.T4_BITS + 7) >> 3))

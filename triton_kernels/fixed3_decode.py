@@ -20,7 +20,8 @@ import triton.language as tl
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_TABLE, check_stream_ends,
                             decode_raw_chunk, fixed_window, join_fields, load_entry,
                             segment_lengths_offsets, store_words)
-from .fixed3_encode import escape_ranks, row_ranks
+from ._rows import row_ranks
+from .fixed3_encode import escape_ranks
 
 
 @triton.jit
