@@ -279,17 +279,24 @@ def sweep(smoke: bool) -> None:
     saved = (copy.deepcopy(codec_encode.SETTINGS), copy.deepcopy(codec_decode.SETTINGS))
     n = (16 * 1024 + 6) if smoke else 128 * MiB  # bf16 elements: 256 MiB
     x = torch.randn(n, generator=torch.Generator(device=DEV).manual_seed(0), device=DEV).bfloat16()
-    print("(sweep) fixed3 write and decode sub-block elements x num_warps, analyze "
-          f"elements x num_warps, at {n * 2 / MiB:g} MiB bf16", flush=True)
+    print("(sweep) write and decode sub-block elements x num_warps, analyze "
+          f"elements x num_warps, by codec, at {n * 2 / MiB:g} MiB bf16", flush=True)
     # The default first; then fewer warps (cheaper scans, fewer warps in
-    # flight), more, and the analyze kernel's chunk split or widened.
-    for sub, warps, a_sub, a_warps in [(512, 2, 4096, 4), (256, 1, 4096, 4), (512, 1, 4096, 4),
-                                       (1024, 2, 4096, 4), (1024, 4, 4096, 4),
-                                       (512, 2, 2048, 4), (512, 2, 4096, 8)]:
-        codec_encode.SETTINGS["fixed3"] = {"analyze": (a_sub, a_warps), "write": (sub, warps)}
-        codec_decode.SETTINGS["fixed3"] = (sub, warps)
-        bench_tensor(f"sweep sub={sub} warps={warps} analyze={a_sub}x{a_warps}", x,
-                     codecs=("fixed3",), reps=1 if smoke else 5)
+    # flight), more, and the analyze kernel's chunk split or widened. dense:
+    # (4096, 2) analyze has the lowest static count but twice the registers.
+    settings = {"fixed3": [(512, 2, 4096, 4), (256, 1, 4096, 4), (512, 1, 4096, 4),
+                           (1024, 2, 4096, 4), (1024, 4, 4096, 4), (512, 2, 2048, 4),
+                           (512, 2, 4096, 8)],
+                "dense": [(256, 1, 4096, 4), (512, 2, 4096, 4), (256, 1, 4096, 2),
+                          (512, 1, 4096, 4), (256, 1, 1024, 1)]}
+    for codec, rows in settings.items():
+        for sub, warps, a_sub, a_warps in rows:
+            codec_encode.SETTINGS[codec] = {"analyze": (a_sub, a_warps), "write": (sub, warps)}
+            codec_decode.SETTINGS[codec] = (sub, warps)
+            bench_tensor(f"sweep {codec} sub={sub} warps={warps} analyze={a_sub}x{a_warps}", x,
+                         codecs=(codec,), reps=1 if smoke else 5)
+        codec_encode.SETTINGS, codec_decode.SETTINGS = (copy.deepcopy(saved[0]),
+                                                        copy.deepcopy(saved[1]))
     codec_encode.SETTINGS, codec_decode.SETTINGS = saved
 
 

@@ -22,18 +22,19 @@ from ._codec_common import locator_finish
 
 @triton.jit
 def tile_rows(x_ptr, start, n, k, SUB: tl.constexpr, ITEMSIZE: tl.constexpr,
-          FULL: tl.constexpr = False, PAIRS: tl.constexpr = False):
+              FULL: tl.constexpr = False, PAIRS: tl.constexpr = False, W: tl.constexpr = 8):
     """Sub-block k of the chunk at element ``start`` (n elements) as
-    [SUB // 8, 8] words; also the row index r, the column q, the element
+    [SUB // W, W] words; also the row index r, the column q, the element
     index i within the chunk and which elements exist. FULL: the caller
     knows the chunk fills every sub-block, so nothing is masked. PAIRS (with
     FULL, 16-bit words, x 4-byte aligned): read as int32 pairs and split
     with two shifts; a 16-bit load leaves the words packed in registers, and
     the compiler unpacks them again at nearly every use (~9 PRMT an element
-    in the write kernel)."""
-    r = tl.arange(0, SUB // 8)
-    q = tl.arange(0, 8)
-    i = k * SUB + r[:, None] * 8 + q[None, :]
+    in the write kernel). W: a row's elements; a 16-byte load holds 8 16-bit
+    words but 4 fp32 ones, so rows of 8 fp32 words span two threads."""
+    r = tl.arange(0, SUB // W)
+    q = tl.arange(0, W)
+    i = k * SUB + r[:, None] * W + q[None, :]
     # 16-bit words stay sign-extended: every field below is taken with a
     # shift and a mask, and the sign extension keeps w == 0 exact.
     if FULL and PAIRS and ITEMSIZE == 2:
@@ -42,7 +43,7 @@ def tile_rows(x_ptr, start, n, k, SUB: tl.constexpr, ITEMSIZE: tl.constexpr,
         w2 = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + start // 2 + j)
         w = tl.reshape(tl.join((w2 << 16) >> 16, w2 >> 16), (SUB // 8, 8))
     elif FULL:
-        valid = tl.full([SUB // 8, 8], True, tl.int1)
+        valid = tl.full([SUB // W, W], True, tl.int1)
         w = tl.load(x_ptr + start + i).to(tl.int32)
     else:
         valid = i < n

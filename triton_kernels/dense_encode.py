@@ -186,7 +186,8 @@ def dense_write_kernel(x_ptr, meta_ptr, seg_ptr, cum_ptr, out_ptr, numel, nch, C
                        MAN_BITS: tl.constexpr, SUB: tl.constexpr, NSUB: tl.constexpr):
     c = tl.program_id(0)
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
-    R: tl.constexpr = SUB // 8
+    W: tl.constexpr = 16 // ITEMSIZE  # a row is one 16-byte load (see _rows.tile_rows)
+    R: tl.constexpr = SUB // W
     mrow = meta_ptr + c.to(tl.int64) * 16
     start = c.to(tl.int64) * C
     n = tl.minimum(numel - start, C).to(tl.int32)
@@ -226,7 +227,7 @@ def dense_write_kernel(x_ptr, meta_ptr, seg_ptr, cum_ptr, out_ptr, numel, nch, C
         r_carry = tl.zeros([], tl.int64)  # fp16, zeros omitted: the rem stream's
 
         for k in range(0, NSUB):
-            r, q, i, valid, w = tile_rows(x_ptr, start, n, k, SUB, ITEMSIZE)
+            r, q, i, valid, w = tile_rows(x_ptr, start, n, k, SUB, ITEMSIZE, W=W)
             e, sm = split_fields(w, EXP_BITS, MAN_BITS)
             is_zero = valid & (w == 0)
             rank = tl.where(valid, dense_ranks(e, is_zero, base, phase, zf), -1)
@@ -261,12 +262,12 @@ def dense_write_kernel(x_ptr, meta_ptr, seg_ptr, cum_ptr, out_ptr, numel, nch, C
                     S_head, S_tail, r_carry = _seg_scan_runs(r_carry, head, tail, R)
                     _store_run(rem_dst, first, end, sh, S_head, S_tail,
                                (kc > 0) & (kpos + kc == kept), 0, 3)
-            # Tier 0 holds every element: a row's eight 2-bit digits are 2 bytes.
+            # Tier 0 holds every element: a row's 2-bit digits are W // 4 bytes.
             d0 = tl.sum(tl.where(valid, tl.minimum(rank, K.T0_CAP), 0) << (2 * q)[None, :],
                         axis=1)
-            g = k * (SUB // 4) + 2 * r
-            tl.store(codes_dst + g, (d0 & 0xFF).to(tl.uint8), mask=g < len0)
-            tl.store(codes_dst + g + 1, (d0 >> 8).to(tl.uint8), mask=g + 1 < len0)
+            for b in tl.static_range(W // 4):
+                g = k * (SUB // 4) + (W // 4) * r + b
+                tl.store(codes_dst + g, ((d0 >> (8 * b)) & 0xFF).to(tl.uint8), mask=g < len0)
             # Tiers 1..4: each row's run of digits in each tier's stream; one
             # scan of the row counts places them, one segmented scan joins the
             # bytes that runs of neighbouring rows share.
