@@ -41,21 +41,25 @@ def _load_bytes(part, at, room, NB: tl.constexpr):
 
 
 @triton.jit
-def _decode_tier(src, part_off, part_len, stream_len, rank, is_open, before,
+def _decode_tier(src, part_off, part_len, stream_len, rank, opened, before,
                  BITS: tl.constexpr, CAP: tl.constexpr):
     """Read one dense tier for a [rows, 8] sub-block: the open elements'
     digits, in order, from a packed part of part_len bytes at part_off of
     the codes stream; ``before`` open elements of this tier came in earlier
-    sub-blocks. A row's digits are at most 16 bits from any bit: 3 bytes."""
-    opened = is_open.to(tl.int32)
+    sub-blocks. A row's digits are at most 16 bits from any bit: 3 bytes.
+    ``opened`` (which elements this tier holds) is 0/1 in int32, not a
+    mask: selects and predicate moves cost more than the arithmetic."""
     cnt = tl.sum(opened, axis=1)
     first = (before + tl.cumsum(cnt, 0) - cnt) * BITS  # each row's first bit
     acc = _load_bytes(src + part_off, (first >> 3)[:, None],
-                      _room(part_off, part_len, stream_len), 3)
+                      _room(part_off, part_len, stream_len), 3) >> (first & 7)[:, None]
     in_row = tl.cumsum(opened, 1) - opened
-    digit = (acc >> ((first & 7)[:, None] + in_row * BITS)) & CAP  # CAP: all ones
-    return (rank + tl.where(is_open, digit, 0), is_open & (digit == CAP),
-            before + tl.sum(cnt, axis=0))
+    digit = (acc >> (in_row * BITS)) & (CAP & -opened)  # 0 where the tier is closed
+    if BITS == 1:
+        still = digit  # CAP (all ones) continues into the next tier
+    else:
+        still = (digit >> 1) & digit
+    return rank + digit, still, before + tl.sum(cnt, axis=0)
 
 
 @triton.jit
@@ -111,20 +115,20 @@ def dense_decode_kernel(p_ptr, seg_ptr, cum_ptr, out_ptr, err_ptr, table_off, nc
                 # Tier 0: a row's eight 2-bit digits are 2 bytes.
                 two = _load_bytes(src + codes_off, k * (SUB // 4) + 2 * r[:, None], room0, 2)
                 rank = (two >> (2 * q)[None, :]) & 3
-                is_open = valid & (rank == K.T0_CAP)
-                rank, is_open, t1 = _decode_tier(src, part1, (o1 * K.T1_BITS + 7) >> 3,
-                                                 codes_end, rank, is_open, t1,
-                                                 K.T1_BITS, K.T1_CAP)
-                rank, is_open, t2 = _decode_tier(src, part2, (o2 * K.T2_BITS + 7) >> 3,
-                                                 codes_end, rank, is_open, t2,
-                                                 K.T2_BITS, K.T2_CAP)
-                rank, is_open, t3 = _decode_tier(src, part3, (o3 * K.T3_BITS + 7) >> 3,
-                                                 codes_end, rank, is_open, t3,
-                                                 K.T3_BITS, K.T3_CAP)
-                rank, is_open, t4 = _decode_tier(src, part4, (o4 * K.T4_BITS + 7) >> 3,
-                                                 codes_end, rank, is_open, t4,
-                                                 K.T4_BITS, K.T4_CAP)
-                esc = is_open
+                opened = (rank >> 1) & rank & valid.to(tl.int32)  # T0_CAP (3) continues
+                rank, opened, t1 = _decode_tier(src, part1, (o1 * K.T1_BITS + 7) >> 3,
+                                                codes_end, rank, opened, t1,
+                                                K.T1_BITS, K.T1_CAP)
+                rank, opened, t2 = _decode_tier(src, part2, (o2 * K.T2_BITS + 7) >> 3,
+                                                codes_end, rank, opened, t2,
+                                                K.T2_BITS, K.T2_CAP)
+                rank, opened, t3 = _decode_tier(src, part3, (o3 * K.T3_BITS + 7) >> 3,
+                                                codes_end, rank, opened, t3,
+                                                K.T3_BITS, K.T3_CAP)
+                rank, opened, t4 = _decode_tier(src, part4, (o4 * K.T4_BITS + 7) >> 3,
+                                                codes_end, rank, opened, t4,
+                                                K.T4_BITS, K.T4_CAP)
+                esc = opened != 0
                 e, zsym = dense_symbols(rank, base, phase, zf)
                 is_zero = valid & zsym & ~esc
                 keep = valid & ~is_zero
