@@ -9,10 +9,12 @@ one).
 - No register spills inside a hot loop.
 - fixed3, the codec for speed, keeps the shape that makes it fast: 16-byte
   input loads, 8-byte sm stores and loads, 16-byte output stores, and an
-  instruction cost per element under a ceiling. The ceilings are this
-  tree's counts (bf16: encode 50.8, decode 35.9 with triton 3.6.0) plus
-  ~12% for compiler drift; a change that crosses one should say why in
-  docs/benchmarks.md and move it.
+  instruction cost per element under a ceiling, and under half of dense's.
+- dense, tuned in the sixth session, keeps its cost under a ceiling too.
+- The ceilings are this tree's counts (bf16: fixed3 encode 50.8, decode
+  35.9; dense 150.9, 112.8 with triton 3.6.0) plus ~12% for compiler drift;
+  a change that crosses one should say why in docs/benchmarks.md and move
+  it.
 """
 import json
 import os
@@ -28,6 +30,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CEILING = {"bf16": {"encode": 57.0, "decode": 40.0},
            "fp16": {"encode": 59.0, "decode": 50.0},
            "fp32": {"encode": 68.0, "decode": 41.0}}
+DENSE_CEILING = {"bf16": {"encode": 169.0, "decode": 126.5},
+                 "fp16": {"encode": 198.5, "decode": 151.0},
+                 "fp32": {"encode": 230.0, "decode": 162.5}}
 
 
 @pytest.fixture(scope="module")
@@ -96,9 +101,10 @@ def test_fixed3_memory_access_widths(rows, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
-def test_fixed3_instructions_per_element_under_ceiling(rows, dtype):
+def test_instructions_per_element_under_ceiling(rows, dtype):
     for op in ("encode", "decode"):
         got = _kernel(rows, dtype, "fixed3", f"{op} (all kernels)")["instr_per_elem"]
         assert got <= CEILING[dtype][op], (dtype, op, got)
         dense = _kernel(rows, dtype, "dense", f"{op} (all kernels)")["instr_per_elem"]
-        assert got < dense / 3, (dtype, op, got, dense)
+        assert dense <= DENSE_CEILING[dtype][op], (dtype, op, dense)
+        assert got < dense / 2, (dtype, op, got, dense)  # fixed3 stays the fast codec

@@ -25,6 +25,9 @@ assert F.FIXED_BITS == 3 and F.FIXED_ESC == 7 and F.REM_BITS == 3
 assert F.TIER_BITS == (2, 1, 1, 2, 2), "the dense kernels unroll these five tiers"
 assert all(c == (1 << b) - 1 for b, c in zip(F.TIER_BITS, F.TIER_SYMBOLS))  # all-ones = continue
 assert F.DENSE_SLOTS == 11 and F.DENSE_ESC == 11
+# dense_encode._tier_rows: rank + 16 - start lies in [0, 32) for ranks in [-1, DENSE_ESC].
+assert all(-1 + 16 - s >= 0 and F.DENSE_ESC + 16 - s < 32 for s in F.TIER_START[1:])
+assert F.DENSE_ESC == F.TIER_START[-1] + F.TIER_SYMBOLS[-1]  # the last tier's top digit
 assert all(len(o) == F.DENSE_SLOTS - 1 for o in F.DENSE_ORDER)
 assert all(-8 <= d <= 7 for o in F.DENSE_ORDER for d in o), "offsets must fit a nibble"
 assert all(-8 <= d <= 7 for d in F.FIXED_LO + F.FIXED_LO_ZERO)
@@ -45,13 +48,14 @@ def _nibbles(values) -> int:
     return _signed64(acc)
 
 
-_ABSENT = F.DENSE_SLOTS - 1  # nibble meaning "this offset has no dense symbol"
-NOT_IN_ORDER = tl.constexpr(_ABSENT)
+def _ranks(order, zf: int) -> list[int]:
+    """Entry d+8: the rank of exponent offset d under ``order`` and the
+    ZERO_FIRST bit zf (its index in the order, + zf), DENSE_ESC if absent."""
+    return [order.index(d - 8) + zf if d - 8 in order else F.DENSE_ESC for d in range(16)]
 
 
-def _rank_lut(order) -> int:
-    """Nibble d+8 holds the index of offset d in ``order``, _ABSENT if absent."""
-    return _nibbles([order.index(d - 8) if d - 8 in order else _ABSENT for d in range(16)])
+def _rank_lut(order, zf: int) -> int:
+    return _nibbles(_ranks(order, zf))
 
 
 def _sym_lut(order) -> int:
@@ -59,15 +63,13 @@ def _sym_lut(order) -> int:
     return _nibbles([d + 8 for d in order])
 
 
-# Dense code, per phase: offset -> order index (encode), order index -> offset (decode).
-RANK_LUT0 = tl.constexpr(_rank_lut(F.DENSE_ORDER[0]))
-RANK_LUT1 = tl.constexpr(_rank_lut(F.DENSE_ORDER[1]))
-RANK_LUT2 = tl.constexpr(_rank_lut(F.DENSE_ORDER[2]))
-RANK_LUT3 = tl.constexpr(_rank_lut(F.DENSE_ORDER[3]))
-SYM_LUT0 = tl.constexpr(_sym_lut(F.DENSE_ORDER[0]))
-SYM_LUT1 = tl.constexpr(_sym_lut(F.DENSE_ORDER[1]))
-SYM_LUT2 = tl.constexpr(_sym_lut(F.DENSE_ORDER[2]))
-SYM_LUT3 = tl.constexpr(_sym_lut(F.DENSE_ORDER[3]))
+# Dense code: per phase and ZERO_FIRST bit, offset -> rank (encode); per phase, order
+# index -> offset (decode).
+RANK_LUT0, RANK_LUT1, RANK_LUT2, RANK_LUT3 = (tl.constexpr(_rank_lut(o, 0))
+                                              for o in F.DENSE_ORDER)
+RANK_LUT0Z, RANK_LUT1Z, RANK_LUT2Z, RANK_LUT3Z = (tl.constexpr(_rank_lut(o, 1))
+                                                  for o in F.DENSE_ORDER)
+SYM_LUT0, SYM_LUT1, SYM_LUT2, SYM_LUT3 = (tl.constexpr(_sym_lut(o)) for o in F.DENSE_ORDER)
 
 
 def _tier_of_rank(rank: int) -> int:
@@ -79,10 +81,8 @@ def _tier_of_rank(rank: int) -> int:
 
 
 def _tier_lut(order, zf: int) -> int:
-    """Nibble d+8 holds the tier of exponent offset d (ESC_TIER if absent)
-    under ``order`` and the ZERO_FIRST bit zf (which shifts every rank by 1)."""
-    return _nibbles([_tier_of_rank(order.index(d - 8) + zf) if d - 8 in order
-                     else _tier_of_rank(F.DENSE_ESC) for d in range(16)])
+    """Nibble d+8 holds the tier of exponent offset d (ESC_TIER if absent)."""
+    return _nibbles([_tier_of_rank(r) for r in _ranks(order, zf)])
 
 
 # Dense analyze: offset -> tier, per phase, without and with ZERO_FIRST.
@@ -170,14 +170,20 @@ def fixed_window(base, phase, zf, EMAX: tl.constexpr):
 
 
 @triton.jit
-def dense_ranks(e, is_zero, base, phase, zf):
-    """Rank of each element in the chunk's dense symbol order; DENSE_ESC if absent."""
-    d = e - base
-    inr = (d >= -8) & (d <= 7)
-    lut = pick4(phase, RANK_LUT0, RANK_LUT1, RANK_LUT2, RANK_LUT3)
-    k = tl.where(inr, nibble(lut, tl.minimum(tl.maximum(d + 8, 0), 15)), NOT_IN_ORDER)
-    rank = tl.where(k == NOT_IN_ORDER, DENSE_ESC, k + zf)
-    return tl.where(is_zero, tl.where(zf != 0, 0, DENSE_ZERO_LAST), rank)
+def dense_rank_table(phase, zf):
+    """The chunk's offset -> rank table (RANK_LUT*) and the rank of +0.0."""
+    lut = tl.where(zf != 0, pick4(phase, RANK_LUT0Z, RANK_LUT1Z, RANK_LUT2Z, RANK_LUT3Z),
+                   pick4(phase, RANK_LUT0, RANK_LUT1, RANK_LUT2, RANK_LUT3))
+    return lut, tl.where(zf != 0, 0, DENSE_ZERO_LAST)
+
+
+@triton.jit
+def dense_ranks(e, is_zero, base, lut, zero_rank):
+    """Rank of each element in the chunk's dense symbol order (DENSE_ESC if
+    absent), from dense_rank_table's table and +0.0 rank."""
+    idx = e - base + 8
+    rank = tl.where(idx.to(tl.uint32) < 16, nibble(lut, idx & 15), DENSE_ESC)
+    return tl.where(is_zero, zero_rank, rank)
 
 
 @triton.jit

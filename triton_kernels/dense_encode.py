@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from . import _codec_common as K
-from ._codec_common import (dense_ranks, pick4, seg_combine4, segment_lengths_offsets,
+from ._codec_common import (dense_rank_table, dense_ranks, pick4, seg_combine4, segment_lengths_offsets,
                             split_fields, store_analysis, write_raw_chunk, write_table_entry)
 from ._rows import locator_pass, pack_rows3, row_ranks, store_rows3, tile_rows
 
@@ -115,20 +115,37 @@ def dense_analyze_kernel(x_ptr, meta_ptr, seg_ptr, numel, nch, C, ITEMSIZE: tl.c
 
 
 @triton.jit
-def _pack_rows(sel, v, BITS: tl.constexpr):
-    """Over a [rows, 8] tile: each row's count of selected elements and
-    their BITS-bit values v packed in element order, LSB first (inside the
-    row's thread)."""
-    o = sel.to(tl.int32)
+def _pack_rows(o, v, BITS: tl.constexpr):
+    """Over a [rows, W] tile: each row's count of the elements with o = 1
+    (0/1 in int32) and their BITS-bit values v (0 where o = 0) packed in
+    element order, LSB first, inside the row's thread."""
     before = tl.cumsum(o, 1) - o
-    return tl.sum(o, axis=1), tl.sum(tl.where(sel, v, 0) << (before * BITS), axis=1)
+    return tl.sum(o, axis=1), tl.sum(v << (before * BITS), axis=1)
 
 
 @triton.jit
-def _tier_rows(rank, START: tl.constexpr, BITS: tl.constexpr, CAP: tl.constexpr):
-    """One tier of each row: the elements its earlier digits left open, and
-    their digits in this tier."""
-    return _pack_rows(rank >= START, tl.minimum(rank - START, CAP), BITS)
+def _ge(rank, START: tl.constexpr):
+    """rank >= START as 0/1 in int32. Ranks lie in [-1, DENSE_ESC], so
+    rank + 16 - START has bit 4 set exactly then (ints, not masks: selects
+    and predicate moves cost more)."""
+    return (rank + (16 - START)) >> 4
+
+
+@triton.jit
+def _tier_rows(rank, START: tl.constexpr, BITS: tl.constexpr, CAP: tl.constexpr,
+               LAST: tl.constexpr = False):
+    """One tier of each row: the elements its earlier digits left open
+    (rank >= START), and their digits in this tier, min(rank - START, CAP).
+    A 1-bit digit is rank > START; the last tier's never needs the min
+    (DENSE_ESC is its all-ones digit)."""
+    o = _ge(rank, START)
+    if BITS == 1:
+        digit = _ge(rank, START + 1)
+    elif LAST:
+        digit = (rank - START) & -o
+    else:
+        digit = tl.minimum(rank - START, CAP) & -o
+    return _pack_rows(o, digit, BITS)
 
 
 @triton.jit
@@ -221,6 +238,7 @@ def dense_write_kernel(x_ptr, meta_ptr, seg_ptr, cum_ptr, out_ptr, numel, nch, C
         dst2 = dst1 + ((o1 * K.T1_BITS + 7) >> 3)
         dst3 = dst2 + ((o2 * K.T2_BITS + 7) >> 3)
         dst4 = dst3 + ((o3 * K.T3_BITS + 7) >> 3)
+        lut, zero_rank = dense_rank_table(phase, zf)
         q_base = tl.zeros([], tl.int32)  # kept elements | escapes << 16 so far
         p_base = tl.zeros([], tl.int64)  # open elements of tiers 1..4 so far, 16-bit fields
         s_carry = tl.zeros([], tl.int64)  # each tier stream's partial byte so far
@@ -230,7 +248,7 @@ def dense_write_kernel(x_ptr, meta_ptr, seg_ptr, cum_ptr, out_ptr, numel, nch, C
             r, q, i, valid, w = tile_rows(x_ptr, start, n, k, SUB, ITEMSIZE, W=W)
             e, sm = split_fields(w, EXP_BITS, MAN_BITS)
             is_zero = valid & (w == 0)
-            rank = tl.where(valid, dense_ranks(e, is_zero, base, phase, zf), -1)
+            rank = tl.where(valid, dense_ranks(e, is_zero, base, lut, zero_rank), -1)
             esc = rank == K.DENSE_ESC
             keep = valid & ~is_zero
             # Ranks among kept elements (sm, rem) and among escapes: one scan.
@@ -254,7 +272,7 @@ def dense_write_kernel(x_ptr, meta_ptr, seg_ptr, cum_ptr, out_ptr, numel, nch, C
                     store_rows3(rem_dst + k * (SUB * 3 // 8), pack_rows3(rv, q), r,
                                 rem_len - k * (SUB * 3 // 8))
                 else:
-                    kc, kb = _pack_rows(keep, rv, 3)
+                    kc, kb = _pack_rows(keep.to(tl.int32), rv, 3)
                     # Kept elements before each row: its first element's rank, less itself.
                     kpos = tl.sum(tl.where(q[None, :] == 0, krank + 1 - keep.to(tl.int32), 0),
                                   axis=1)
@@ -274,7 +292,7 @@ def dense_write_kernel(x_ptr, meta_ptr, seg_ptr, cum_ptr, out_ptr, numel, nch, C
             c1, b1 = _tier_rows(rank, K.T1_START, K.T1_BITS, K.T1_CAP)
             c2, b2 = _tier_rows(rank, K.T2_START, K.T2_BITS, K.T2_CAP)
             c3, b3 = _tier_rows(rank, K.T3_START, K.T3_BITS, K.T3_CAP)
-            c4, b4 = _tier_rows(rank, K.T4_START, K.T4_BITS, K.T4_CAP)
+            c4, b4 = _tier_rows(rank, K.T4_START, K.T4_BITS, K.T4_CAP, LAST=True)
             X = (c1.to(tl.int64) | (c2.to(tl.int64) << 16) | (c3.to(tl.int64) << 32)
                  | (c4.to(tl.int64) << 48))
             P = p_base + tl.cumsum(X, 0) - X  # fields never exceed 4096: no carries
