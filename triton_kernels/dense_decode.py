@@ -5,8 +5,11 @@ It decodes the codes (tier 0, then each open tier in turn: five dependent
 passes per sub-block, by the dense code's design), checks the decoded
 tier-open, escape and zero counts against the table and the exponent range,
 and writes the words. Every load is masked to its chunk's segment and to its
-stream's end in the header. (Not tuned: fixed3, the codec for speed, has its
-own kernel in fixed3_decode.py.)
+stream's end in the header (one bound per part, ``_room``).
+
+Like the encoder it works on rows of 8 elements, each in one thread: a
+tier's pass scans the rows' open counts, loads the 3 bytes that hold each
+row's digits and takes them apart inside the thread.
 """
 from __future__ import annotations
 

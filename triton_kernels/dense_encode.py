@@ -3,19 +3,21 @@
 ``dense_analyze_kernel`` computes each chunk's locator, flags, counts and
 raw-or-coded decision into a ``(nchunks, 16)`` int32 ``meta`` row and the
 byte length of its segment in each stream (``format.segment_nbytes``) into
-``seg``, stream by stream: ``seg[s * nchunks + c]``. ``dense_write_kernel``
-reads the chunk again (cheaper than storing per-element codes between the
-passes), recomputes its codes from ``meta`` and writes its table entry and
-its segments. Compaction (dense tiers, omitted zeros, escapes, fp16 rem
-bits) uses in-block prefix sums; bit packing of a compacted stream uses a
-segmented scan, so each output byte is written by exactly one element and no
-atomics are needed.
+``seg``, stream by stream: ``seg[s * nchunks + c]``. Its first pass is
+fixed3's (``_rows.locator_pass``); the second counts tiers with one table
+lookup per word. ``dense_write_kernel`` reads the chunk again (cheaper than
+storing per-element codes between the passes), recomputes its codes from
+``meta`` and writes its table entry and its segments.
 
-Both kernels walk their chunk in sub-blocks of ``SUB`` elements, carrying
-running positions (and the partial byte of each compacted bit stream) from
-one sub-block to the next, so a program holds a sub-block, not a chunk, in
-registers. (Not tuned: fixed3, the codec for speed, has its own kernels in
-fixed3_encode.py.)
+Both work on row tiles (``_rows.py``): a row of 8 elements (4 for fp32: a
+row is one 16-byte load) lives in one thread. A tier's digits are packed
+inside the row's thread; one scan of the row counts places each row's run
+in its tier's stream, and a segmented scan over the runs joins the bytes
+that neighbouring rows share, so each output byte is written by exactly one
+row and no atomics are needed. Kept elements (sm, fp16 rem) and escapes are
+placed by one more scan of row counts (``row_ranks``). The write kernel
+walks its chunk in sub-blocks of ``SUB`` elements, carrying the running
+positions and each stream's partial byte from one to the next.
 """
 from __future__ import annotations
 
@@ -23,8 +25,9 @@ import triton
 import triton.language as tl
 
 from . import _codec_common as K
-from ._codec_common import (dense_rank_table, dense_ranks, pick4, seg_combine4, segment_lengths_offsets,
-                            split_fields, store_analysis, write_raw_chunk, write_table_entry)
+from ._codec_common import (dense_rank_table, dense_ranks, pick4, seg_combine4,
+                            segment_lengths_offsets, split_fields, store_analysis,
+                            write_raw_chunk, write_table_entry)
 from ._rows import locator_pass, pack_rows3, row_ranks, store_rows3, tile_rows
 
 
