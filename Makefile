@@ -18,10 +18,8 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 
 install: $(STAMP)
 
-# The training demo once it is in this build, else the codec benchmark.
 demo: $(STAMP)
-	@if $(BIN)/zipccl demo --help >/dev/null 2>&1; then $(BIN)/zipccl demo; \
-	else $(BIN)/zipccl bench codec; fi
+	$(BIN)/zipccl demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra tests
