@@ -1,7 +1,18 @@
 import os
 import sys
 
+import torch
+
 sys.path.insert(0, os.path.dirname(__file__))
+
+# Without a GPU, Triton runs kernels only under its interpreter, and it reads
+# TRITON_INTERPRET when it decorates a function, its own library's included:
+# set before any test module imports triton, or a module that imports it
+# first (test_triton_offline.py) leaves triton.language compiled-only and the
+# interpreted kernels of test_triton_codec.py fail. Kernel compiles for the
+# GPU run in subprocesses without it.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 
