@@ -30,6 +30,9 @@ partially written before the error is raised.
 """
 from __future__ import annotations
 
+import functools
+from types import MappingProxyType
+
 import torch
 import triton
 import triton.language as tl
@@ -111,11 +114,17 @@ _MESSAGES = {
 
 
 def launch_plan(info: F.DTypeInfo, codec: str, C: int) -> tuple:
-    """(kernel, constexprs, num_warps) of the decode launch."""
-    sub, warps = SETTINGS[codec]
+    """(kernel, constexprs, num_warps) of the decode launch; cached like
+    codec_encode.launch_plan."""
+    return _launch_plan(info, codec, C, SETTINGS[codec])
+
+
+@functools.lru_cache(maxsize=256)
+def _launch_plan(info: F.DTypeInfo, codec: str, C: int, setting: tuple) -> tuple:
+    sub, warps = setting
     sub = min(sub, max(8, triton.next_power_of_2(C)))
-    const = dict(ITEMSIZE=info.itemsize, EXP_BITS=info.exp_bits, MAN_BITS=info.man_bits,
-                 SUB=sub, NSUB=triton.cdiv(C, sub))
+    const = MappingProxyType(dict(ITEMSIZE=info.itemsize, EXP_BITS=info.exp_bits,
+                                  MAN_BITS=info.man_bits, SUB=sub, NSUB=triton.cdiv(C, sub)))
     return _KERNELS[codec], const, warps
 
 
