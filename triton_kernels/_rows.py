@@ -1,6 +1,7 @@
 """Row tiles: the layout both codecs' kernels work in, and what they share on it.
 
-A sub-block of ``SUB`` elements is a ``[SUB // 8, 8]`` tile whose rows each
+A sub-block of ``SUB`` elements is a ``[SUB // 8, 8]`` tile (rows of 4 for
+fp32 in the dense write kernel: a row is one 16-byte load) whose rows each
 live in one thread (see fixed3_encode.py for why), so
 
 - the input is read with 16-byte vector loads (16-bit words as int32 pairs
@@ -145,7 +146,7 @@ def pack_rows3(v, q):
 
 @triton.jit
 def row_ranks(flags, base):
-    """Inclusive prefix sums, in element order, of a [rows, 8] tile of packed
+    """Inclusive prefix sums, in element order, of a [rows, W] tile of packed
     counters, plus ``base``; and the tile's total. Each row is summed in its
     thread, the row totals are scanned across threads, the row finishes the
     scan locally."""

@@ -165,8 +165,8 @@ def _run(pos, cnt, bits, BITS: tl.constexpr, FIELD: tl.constexpr):
     closes = (end >> 3) - (first >> 3)
     head = (sh & 0xFF).to(tl.int64) << (16 * FIELD)
     crosses = closes > 0
-    tail = tl.where(crosses, (sh >> (8 * closes)) & 0xFF, 0) | (crosses.to(tl.int32)
-                                                                  << K.SEG_FLAG_BIT)
+    flag = crosses.to(tl.int32) << K.SEG_FLAG_BIT
+    tail = tl.where(crosses, (sh >> (8 * closes)) & 0xFF, 0) | flag
     return first, end, sh, head, tail.to(tl.int64) << (16 * FIELD)
 
 
