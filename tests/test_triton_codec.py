@@ -2,14 +2,12 @@
 cross decoding both ways, other chunk sizes, corrupt payloads.
 
 Without CUDA the kernels run on CPU tensors under the Triton interpreter.
-Triton reads TRITON_INTERPRET when ``@triton.jit`` decorates a function, i.e.
-when ``triton_kernels.codec_encode`` is imported, so it is set below before
-that import (and the kernel modules are reloaded if someone imported them
-first). With CUDA the same tests run compiled on the GPU instead, and the CPU
-case is skipped. The interpreter is slow (a dense chunk takes ~2 s), so the
-inputs pack their special cases into few chunks.
+Triton reads TRITON_INTERPRET when ``@triton.jit`` decorates a function,
+its own library's included, so conftest.py sets it before any test module
+imports triton. With CUDA the same tests run compiled on the GPU instead,
+and the CPU case is skipped. The interpreter is slow (a dense chunk takes
+~2 s), so the inputs pack their special cases into few chunks.
 """
-import importlib
 import os
 import subprocess
 import sys
@@ -18,11 +16,7 @@ import textwrap
 import pytest
 import torch
 
-HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from triton_kernels import available  # noqa: E402
+from triton_kernels import available
 
 if not available():
     pytest.skip("triton is not installed", allow_module_level=True)
@@ -31,13 +25,7 @@ import zipccl_fsdp as z  # noqa: E402
 from zipccl_fsdp import format as F  # noqa: E402
 from codec_cases import INT_VIEW, bits, from_bits, signed, special_words  # noqa: E402
 
-
-def _kernel_modules():
-    """The kernel modules, helpers before their users (the order to reload them in)."""
-    from triton_kernels import (_codec_common, _rows, codec_decode, codec_encode, dense_decode,
-                                dense_encode, exponent_codec, fixed3_decode, fixed3_encode)
-    return (_codec_common, _rows, fixed3_encode, fixed3_decode, dense_encode, dense_decode,
-            codec_encode, codec_decode, exponent_codec)
+HAS_CUDA = torch.cuda.is_available()
 
 
 def _interpreted() -> bool:
@@ -45,10 +33,6 @@ def _interpreted() -> bool:
     from triton_kernels import fixed3_encode
     return isinstance(fixed3_encode.fixed3_write_kernel, InterpretedFunction)
 
-
-if not HAS_CUDA and os.environ.get("TRITON_INTERPRET") == "1" and not _interpreted():
-    for _m in _kernel_modules():  # imported before the variable was set: decorate again
-        importlib.reload(_m)
 
 DEVICES = [
     pytest.param("cpu", marks=pytest.mark.skipif(

@@ -196,6 +196,20 @@ def dense_symbols(rank, base, phase, zf):
 
 
 @triton.jit
+def tier_nbytes(n_open, BITS: tl.constexpr):
+    """Bytes of a dense tier's part of a chunk: one BITS-bit digit per open element."""
+    return (n_open * BITS + 7) >> 3
+
+
+@triton.jit
+def dense_codes_nbytes(n, o1, o2, o3, o4):
+    """A dense chunk's codes segment (format.segment_nbytes): tier 0 holds
+    all n elements, tiers 1..4 their open ones."""
+    return ((2 * n + 7) >> 3) + tier_nbytes(o1, T1_BITS) + tier_nbytes(o2, T2_BITS) + (
+        tier_nbytes(o3, T3_BITS) + tier_nbytes(o4, T4_BITS))
+
+
+@triton.jit
 def seg_combine4(a, b):
     """Segmented sum over four 16-bit fields of an int64; bit 15 of a field
     starts a new segment. Within a segment the values sum to at most 255 (they

@@ -40,9 +40,8 @@ import triton.language as tl
 from zipccl_fsdp import format as F
 from zipccl_fsdp.errors import CorruptPayloadError
 
-from . import _codec_common as K
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_TABLE, ERR_TIERS, ERR_TOTALS, FIXED3,
-                            load_entry)
+                            dense_codes_nbytes, load_entry)
 from .dense_decode import dense_decode_kernel
 from .fixed3_decode import fixed3_decode_kernel
 
@@ -52,12 +51,6 @@ _INT_VIEW = {2: torch.int16, 4: torch.int32}
 SETTINGS = {"fixed3": (512, 2), "dense": (256, 1)}
 _KERNELS = {"fixed3": fixed3_decode_kernel, "dense": dense_decode_kernel}
 TABLE_BLOCK = 256  # chunk-table entries per program of _table_kernel; the table is tiny
-
-
-@triton.jit
-def _dense_codes_nbytes(n, o1, o2, o3, o4):
-    return (((2 * n + 7) >> 3) + ((o1 * K.T1_BITS + 7) >> 3) + ((o2 * K.T2_BITS + 7) >> 3)
-            + ((o3 * K.T3_BITS + 7) >> 3) + ((o4 * K.T4_BITS + 7) >> 3))
 
 
 @triton.jit
@@ -92,7 +85,7 @@ def _table_kernel(p_ptr, seg_ptr, err_ptr, table_off, nch, numel, C,
     if CODEC == FIXED3:
         codes_nb = (3 * n + 7) >> 3
     else:
-        codes_nb = _dense_codes_nbytes(n, o1, o2, o3, o4)
+        codes_nb = dense_codes_nbytes(n, o1, o2, o3, o4)
     smb = 1
     if ITEMSIZE == 4:
         smb = tl.where((flags & 1) != 0, 1, 3)

@@ -19,7 +19,7 @@ import triton.language as tl
 from . import _codec_common as K
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_TABLE, ERR_TIERS, check_stream_ends,
                             decode_raw_chunk, dense_symbols, join_fields, load_entry,
-                            segment_lengths_offsets, store_words)
+                            segment_lengths_offsets, store_words, tier_nbytes)
 from ._rows import row_ranks
 
 
@@ -44,18 +44,17 @@ def _load_bytes(part, at, room, NB: tl.constexpr):
 
 
 @triton.jit
-def _decode_tier(src, part_off, part_len, stream_len, rank, opened, before,
-                 BITS: tl.constexpr, CAP: tl.constexpr):
+def _decode_tier(part, room, rank, opened, before, BITS: tl.constexpr, CAP: tl.constexpr):
     """Read one dense tier for a [rows, 8] sub-block: the open elements'
-    digits, in order, from a packed part of part_len bytes at part_off of
-    the codes stream; ``before`` open elements of this tier came in earlier
-    sub-blocks. A row's digits are at most 16 bits from any bit: 3 bytes.
-    ``opened`` (which elements this tier holds) is 0/1 in int32, not a
-    mask: selects and predicate moves cost more than the arithmetic."""
+    digits, in order, from the tier's packed part of the codes stream (its
+    ``room`` bytes inside the stream, see _room); ``before`` open elements
+    of this tier came in earlier sub-blocks. A row's digits are at most 16
+    bits from any bit: 3 bytes. ``opened`` (which elements this tier holds)
+    is 0/1 in int32, not a mask: selects and predicate moves cost more than
+    the arithmetic."""
     cnt = tl.sum(opened, axis=1)
     first = (before + tl.cumsum(cnt, 0) - cnt) * BITS  # each row's first bit
-    acc = _load_bytes(src + part_off, (first >> 3)[:, None],
-                      _room(part_off, part_len, stream_len), 3) >> (first & 7)[:, None]
+    acc = _load_bytes(part, (first >> 3)[:, None], room, 3) >> (first & 7)[:, None]
     in_row = tl.cumsum(opened, 1) - opened
     digit = (acc >> (in_row * BITS)) & (CAP & -opened)  # 0 where the tier is closed
     if BITS == 1:
@@ -92,11 +91,21 @@ def dense_decode_kernel(p_ptr, seg_ptr, cum_ptr, out_ptr, err_ptr, table_off, nc
             decode_raw_chunk(src, sm_off, seg_sm, sm_end, dst, n, SUB, NSUB, ITEMSIZE)
         else:
             zf = (flags >> 1) & 1
+            # Each tier's part of the codes segment and its bytes inside the
+            # stream, once per chunk.
             len0 = (2 * n + 7) >> 3
+            len1 = tier_nbytes(o1, K.T1_BITS)
+            len2 = tier_nbytes(o2, K.T2_BITS)
+            len3 = tier_nbytes(o3, K.T3_BITS)
             part1 = codes_off + len0
-            part2 = part1 + ((o1 * K.T1_BITS + 7) >> 3)
-            part3 = part2 + ((o2 * K.T2_BITS + 7) >> 3)
-            part4 = part3 + ((o3 * K.T3_BITS + 7) >> 3)
+            part2 = part1 + len1
+            part3 = part2 + len2
+            part4 = part3 + len3
+            room0 = _room(codes_off, len0, codes_end)
+            room1 = _room(part1, len1, codes_end)
+            room2 = _room(part2, len2, codes_end)
+            room3 = _room(part3, len3, codes_end)
+            room4 = _room(part4, tier_nbytes(o4, K.T4_BITS), codes_end)
             # Open elements of tiers 1..4 in earlier sub-blocks.
             t1 = tl.zeros([], tl.int32)
             t2 = tl.zeros([], tl.int32)
@@ -106,7 +115,6 @@ def dense_decode_kernel(p_ptr, seg_ptr, cum_ptr, out_ptr, err_ptr, table_off, nc
             zeros_got = tl.zeros([], tl.int32)
             bad_exp = tl.zeros([], tl.int32)
             low16 = flags & 1
-            room0 = _room(codes_off, len0, codes_end)
             esc_room = _room(esc_off, seg_esc, esc_end)
             sm_room = _room(sm_off, seg_sm, sm_end)
             rem_room = _room(rem_off, seg_rem, rem_end)
@@ -119,17 +127,13 @@ def dense_decode_kernel(p_ptr, seg_ptr, cum_ptr, out_ptr, err_ptr, table_off, nc
                 two = _load_bytes(src + codes_off, k * (SUB // 4) + 2 * r[:, None], room0, 2)
                 rank = (two >> (2 * q)[None, :]) & 3
                 opened = (rank >> 1) & rank & valid.to(tl.int32)  # T0_CAP (3) continues
-                rank, opened, t1 = _decode_tier(src, part1, (o1 * K.T1_BITS + 7) >> 3,
-                                                codes_end, rank, opened, t1,
+                rank, opened, t1 = _decode_tier(src + part1, room1, rank, opened, t1,
                                                 K.T1_BITS, K.T1_CAP)
-                rank, opened, t2 = _decode_tier(src, part2, (o2 * K.T2_BITS + 7) >> 3,
-                                                codes_end, rank, opened, t2,
+                rank, opened, t2 = _decode_tier(src + part2, room2, rank, opened, t2,
                                                 K.T2_BITS, K.T2_CAP)
-                rank, opened, t3 = _decode_tier(src, part3, (o3 * K.T3_BITS + 7) >> 3,
-                                                codes_end, rank, opened, t3,
+                rank, opened, t3 = _decode_tier(src + part3, room3, rank, opened, t3,
                                                 K.T3_BITS, K.T3_CAP)
-                rank, opened, t4 = _decode_tier(src, part4, (o4 * K.T4_BITS + 7) >> 3,
-                                                codes_end, rank, opened, t4,
+                rank, opened, t4 = _decode_tier(src + part4, room4, rank, opened, t4,
                                                 K.T4_BITS, K.T4_CAP)
                 esc = opened != 0
                 e, zsym = dense_symbols(rank, base, phase, zf)

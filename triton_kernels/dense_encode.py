@@ -25,9 +25,9 @@ import triton
 import triton.language as tl
 
 from . import _codec_common as K
-from ._codec_common import (dense_rank_table, dense_ranks, pick4, seg_combine4,
-                            segment_lengths_offsets, split_fields, store_analysis,
-                            write_raw_chunk, write_table_entry)
+from ._codec_common import (dense_codes_nbytes, dense_rank_table, dense_ranks, pick4,
+                            seg_combine4, segment_lengths_offsets, split_fields, store_analysis,
+                            tier_nbytes, write_raw_chunk, write_table_entry)
 from ._rows import locator_pass, pack_rows3, row_ranks, store_rows3, tile_rows
 
 
@@ -52,6 +52,12 @@ def _tier_hist(w, base, lut, zero_tier, MAN_BITS: tl.constexpr, EMAX: tl.constex
 @triton.jit
 def _field(x, f):
     return ((x >> (16 * f)) & 0xFFFF).to(tl.int32)
+
+
+@triton.jit
+def _tier_counts(ev, od):
+    """Tiers 1..5 of _tier_hist's fields as int32 (tier 0's is not needed)."""
+    return _field(od, 0), _field(ev, 1), _field(od, 1), _field(ev, 2), _field(od, 2)
 
 
 @triton.jit
@@ -84,20 +90,17 @@ def dense_analyze_kernel(x_ptr, meta_ptr, seg_ptr, numel, nch, C, ITEMSIZE: tl.c
         ev = tl.zeros([], tl.int64)
         od = tl.zeros([], tl.int64)
     # Per-tier counts as int32 (a 16-bit field holds one sub-block's).
-    h1 = _field(od, 0)
-    h2 = _field(ev, 1)
-    h3 = _field(od, 1)
-    h4 = _field(ev, 2)
-    h5 = _field(od, 2)
+    h1, h2, h3, h4, h5 = _tier_counts(ev, od)
     if not PAIRS and NSUB > 1:
         for k in range(0, NSUB):
             r, q, i, valid, wk = tile_rows(x_ptr, start, n, k, SUB, ITEMSIZE)
-            ev, od = _tier_hist(wk, base, lut, zero_tier, MAN_BITS, EMAX)
-            h1 += _field(od, 0)
-            h2 += _field(ev, 1)
-            h3 += _field(od, 1)
-            h4 += _field(ev, 2)
-            h5 += _field(od, 2)
+            d1, d2, d3, d4, d5 = _tier_counts(*_tier_hist(wk, base, lut, zero_tier, MAN_BITS,
+                                                          EMAX))
+            h1 += d1
+            h2 += d2
+            h3 += d3
+            h4 += d4
+            h5 += d5
     # The padding past n (w = 0) ended in zero_tier.
     h1 -= tl.where(zero_tier == 1, pad, 0)
     h2 -= tl.where(zero_tier == 2, pad, 0)
@@ -111,8 +114,7 @@ def dense_analyze_kernel(x_ptr, meta_ptr, seg_ptr, numel, nch, C, ITEMSIZE: tl.c
     o2 = h2 + o3
     o1 = h1 + o2
     n_zero = nz
-    codes_nb = (((2 * n + 7) >> 3) + ((o1 * K.T1_BITS + 7) >> 3) + ((o2 * K.T2_BITS + 7) >> 3)
-                + ((o3 * K.T3_BITS + 7) >> 3) + ((o4 * K.T4_BITS + 7) >> 3))
+    codes_nb = dense_codes_nbytes(n, o1, o2, o3, o4)
     store_analysis(meta_ptr, seg_ptr, c, nch, n, codes_nb, n_zero, n_esc, low16, zf, base, phase,
                    o1, o2, o3, o4, ITEMSIZE, EXP_BITS)
 
@@ -238,9 +240,9 @@ def dense_write_kernel(x_ptr, meta_ptr, seg_ptr, cum_ptr, out_ptr, numel, nch, C
         o4 = tl.load(mrow + 9)
         len0 = (2 * n + 7) >> 3
         dst1 = codes_dst + len0
-        dst2 = dst1 + ((o1 * K.T1_BITS + 7) >> 3)
-        dst3 = dst2 + ((o2 * K.T2_BITS + 7) >> 3)
-        dst4 = dst3 + ((o3 * K.T3_BITS + 7) >> 3)
+        dst2 = dst1 + tier_nbytes(o1, K.T1_BITS)
+        dst3 = dst2 + tier_nbytes(o2, K.T2_BITS)
+        dst4 = dst3 + tier_nbytes(o3, K.T3_BITS)
         lut, zero_rank = dense_rank_table(phase, zf)
         q_base = tl.zeros([], tl.int32)  # kept elements | escapes << 16 so far
         p_base = tl.zeros([], tl.int64)  # open elements of tiers 1..4 so far, 16-bit fields
