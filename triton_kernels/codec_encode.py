@@ -102,8 +102,7 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
     header = F.Header(codec, x.dtype, tuple(x.shape), numel, C, nch, codes_nb, sm_nb, rem_nb,
                       esc_nb)
     out = torch.empty(header.total_nbytes, dtype=torch.uint8, device=dev)
-    head = header.pack()
-    out[:len(head)].copy_(torch.frombuffer(bytearray(head), dtype=torch.uint8))
+    header.copy_into(out)
     w_const = with_pairs(write, w_const, info, numel, C, words.data_ptr())
     write[(nch,)](words, meta, seg, cum, out, numel, nch, C, header.table_offset,
                   header.streams_offset, num_warps=w_warps, **w_const)
@@ -116,9 +115,8 @@ def _encode_trivial(x: torch.Tensor, codec: str, info: F.DTypeInfo) -> torch.Ten
     body = x.numel() * info.itemsize if raw else 0
     header = F.Header(codec, x.dtype, tuple(x.shape), x.numel(), 0 if raw else F.CHUNK_ELEMS,
                       0, 0, body, 0, 0)
-    head = header.pack()
-    out = torch.empty(len(head) + body, dtype=torch.uint8, device=x.device)
-    out[:len(head)].copy_(torch.frombuffer(bytearray(head), dtype=torch.uint8))
+    out = torch.empty(header.streams_offset + body, dtype=torch.uint8, device=x.device)
+    header.copy_into(out)
     if raw:
-        out[len(head):].copy_(x.reshape(-1).view(torch.uint8))
+        out[header.streams_offset:].copy_(x.reshape(-1).view(torch.uint8))
     return out

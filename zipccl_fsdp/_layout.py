@@ -1,5 +1,6 @@
-"""Small helpers about where tensors live and how they are cut and padded,
-shared by collectives.py and pipeline.py."""
+"""Small helpers about where tensors live, how they are cut and padded, and
+how host bytes reach a device, shared by collectives.py, pipeline.py and
+format.py."""
 from __future__ import annotations
 
 import torch
@@ -42,6 +43,16 @@ def zero_padded(payload: torch.Tensor, width: int) -> torch.Tensor:
     send[:payload.numel()].copy_(payload)
     send[payload.numel():].zero_()
     return send
+
+
+def staged(t: torch.Tensor, device) -> torch.Tensor:
+    """CPU tensor ``t``, pinned when it is bound for a GPU; copy it there with
+    ``non_blocking=True``. From pageable memory a copy makes the host wait for
+    everything queued on the stream (torch synchronizes after it, and in a
+    pipelined call that is the collective in flight); from pinned memory it
+    is queued, and the caching host allocator keeps the pinned bytes until
+    it has run."""
+    return t.pin_memory() if torch.device(device).type == "cuda" else t
 
 
 def gather_source(own: torch.Tensor, slots: list, rank: int) -> torch.Tensor:

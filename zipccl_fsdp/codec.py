@@ -124,7 +124,7 @@ def _sums_bytes(sums: torch.Tensor) -> torch.Tensor:
 def _add_checksums(payload: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     header = F.parse_header(payload)
     header.flags |= F.HEADER_FLAG_CHECKSUM
-    head = torch.frombuffer(bytearray(header.pack()), dtype=torch.uint8).to(payload.device)
+    head = header.to_tensor(payload.device)
     return torch.cat([head, payload[head.numel():], _sums_bytes(chunk_sums(x))])
 
 

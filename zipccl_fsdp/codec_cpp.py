@@ -280,7 +280,7 @@ def encode(x: torch.Tensor, codec: str, verify: bool = False) -> torch.Tensor:
         if ext.zipccl_encode_write(*args, out.data_ptr(), header.table_offset, sums, threads,
                                    isa_) != 0:
             raise RuntimeError("zipccl_encode_write refused its arguments")
-    out[:prefix].copy_(torch.frombuffer(bytearray(header.pack()), dtype=torch.uint8))
+    header.copy_into(out)
     return out
 
 

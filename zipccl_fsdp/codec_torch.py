@@ -133,7 +133,7 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
     if codec == "raw" or numel == 0:
         if codec != "raw":
             header.sm_nbytes = 0
-        head = torch.frombuffer(bytearray(header.pack()), dtype=torch.uint8).to(dev)
+        head = header.to_tensor(dev)
         body = x.reshape(-1).view(torch.uint8) if codec == "raw" else head[:0]
         return torch.cat([head, body])
 
@@ -247,7 +247,7 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
     header.sm_nbytes = int(sm_stream.numel())
     header.rem_nbytes = int(rem_stream.numel())
     header.esc_nbytes = int(esc_stream.numel())
-    head = torch.frombuffer(bytearray(header.pack()), dtype=torch.uint8).to(dev)
+    head = header.to_tensor(dev)
     return torch.cat([head, table.to_bytes(), codes_stream, sm_stream, rem_stream, esc_stream])
 
 

@@ -68,6 +68,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ._layout import staged
 from .errors import CorruptPayloadError
 
 MAGIC = b"ZCCL"
@@ -209,6 +210,18 @@ class Header:
         dims = struct.pack(f"<{len(self.shape)}Q", *self.shape)
         crc = zlib.crc32(_HEADER.pack(*fields, 0)[:HEADER_NBYTES - 4] + dims)
         return _HEADER.pack(*fields, crc) + dims
+
+    def to_tensor(self, device: torch.device) -> torch.Tensor:
+        """``pack()`` as a uint8 tensor on ``device``, without a host sync."""
+        return staged(self._bytes(), device).to(device, non_blocking=True)
+
+    def copy_into(self, out: torch.Tensor) -> None:
+        """Write ``pack()`` at the start of the uint8 tensor ``out``, without a host sync."""
+        head = staged(self._bytes(), out.device)
+        out[:head.numel()].copy_(head, non_blocking=True)
+
+    def _bytes(self) -> torch.Tensor:
+        return torch.frombuffer(bytearray(self.pack()), dtype=torch.uint8)
 
 
 def nchunks_for(numel: int, chunk_elems: int = CHUNK_ELEMS) -> int:
