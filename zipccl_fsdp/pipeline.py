@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 from . import codec as _codec
 from . import integrity as _integrity
-from ._layout import gather_source, same_memory, split_flat, zero_padded
+from ._layout import gather_source, same_memory, split_flat, staged, zero_padded
 from ._reduce import RankOrderSum
 from .errors import CorruptPayloadError
 
@@ -73,11 +73,18 @@ def _bounds(count: int, pieces: int) -> list:
 
 class _Streams:
     """On CUDA the codec runs on a side stream: it waits for the caller's
-    stream once (the inputs), collectives are launched on the caller's stream
-    after it waits for the side stream (the payloads), the side stream waits
-    for each collective before decoding (``work.wait()`` under ``codec()``),
-    and the caller's stream waits for the side stream at the end. On the CPU
-    every method is a no-op."""
+    stream once (the inputs), the side stream waits for each collective
+    before decoding (``work.wait()`` under ``codec()``), and the caller's
+    stream waits for the side stream at the end. On the CPU every method is
+    a no-op.
+
+    Two rules keep the streams from racing. The caller's stream waits for
+    the side stream (``before_launch``) before it touches anything of a
+    piece: the payloads it copies or sends were written there, and a receive
+    buffer it is about to reuse may still be read there. And a payload lives
+    until its piece is drained: the caching allocator hands a freed side
+    stream block to the next encode at once, ordered only against the side
+    stream, which has waited for the collective only by then."""
 
     def __init__(self, device: torch.device) -> None:
         self.on = device.type == "cuda"
@@ -165,16 +172,15 @@ class _Call:
     def launch_all_to_all(self, i: int, payloads: list, recv_sizes: list, coded: bool):
         """Start piece ``i``'s async all-to-all of ``payloads`` (one per peer);
         returns the work and the drain's tuple: ``i``, the receive buffer,
-        ``recv_sizes``, ``coded`` and the send buffer (kept alive until the
-        work completes)."""
+        ``recv_sizes``, ``coded`` and what must outlive the work (``_Streams``)."""
+        self.streams.before_launch()
         send_sizes = [p.numel() for p in payloads]
         send = torch.cat(payloads)
         recv = torch.empty(sum(recv_sizes), dtype=torch.uint8, device=self.device)
-        self.streams.before_launch()
         work = dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=self.group,
                                       async_op=True)
         self.st.add(self.kind, wire_bytes=sum(send_sizes))
-        return work, (i, recv, recv_sizes, coded, send)
+        return work, (i, recv, recv_sizes, coded, (send, payloads))
 
     def encode(self, x: torch.Tensor):
         """Payload of ``x``, or None when the encoder failed (the rank sends FELL_BACK)."""
@@ -184,7 +190,8 @@ class _Call:
                 x, codec=plan.codec, backend=cfg.backend, verify=getattr(cfg, "verify", False)))
 
     def launch_row(self, row: list):
-        mine = torch.tensor(row, dtype=torch.int64, device=self.device)
+        mine = staged(torch.tensor(row, dtype=torch.int64), self.device).to(self.device,
+                                                                            non_blocking=True)
         every = torch.empty(self.world * len(row), dtype=torch.int64, device=self.device)
         work = _all_gather_single(every, mine, group=self.group, async_op=True)
         self.st.add(self.kind, wire_bytes=8 * len(row), size_bytes=8 * len(row))
@@ -269,14 +276,14 @@ def gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, plan, cf
             _aborted(rows, call, abort)
             sizes = [row[0] for row in rows]
         width = max(sizes)
+        call.streams.before_launch()
         send = zero_padded(payload, width)
         recv = torch.empty(world * width, dtype=torch.uint8, device=device)
-        call.streams.before_launch()
         work = _all_gather_single(recv, send, group=group, async_op=True)
         st.add(kind, wire_bytes=width, pad_bytes=width - payload.numel())
-        return work, (i, recv, width, sizes, rows is not None, send)
+        return work, (i, recv, width, sizes, rows is not None, (send, payload))
 
-    def drain(i, recv, width, sizes, coded, _send):
+    def drain(i, recv, width, sizes, coded, _keep):
         with st.phase(kind, "decode"), call.streams.codec():
             for r in range(world):
                 if r == rank:
@@ -343,7 +350,7 @@ def scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.Te
             recv_sizes = [rows[r][rank] for r in range(world)]
         return call.launch_all_to_all(i, payloads, recv_sizes, rows is not None)
 
-    def drain(i, recv, recv_sizes, coded, _send):
+    def drain(i, recv, recv_sizes, coded, _keep):
         a, b = bounds[rank][i], bounds[rank][i + 1]
         offset = 0
         for r in range(world):
@@ -416,7 +423,7 @@ def all_to_all(kind: str, in_parts: list, out_parts: list, send_coded: list, rec
             recv_sizes = [0 if r == rank else rows[r][rank] for r in range(world)]
         return call.launch_all_to_all(i, payloads, recv_sizes, rows is not None)
 
-    def drain(i, recv, recv_sizes, coded, _send):
+    def drain(i, recv, recv_sizes, coded, _keep):
         offset = 0
         with st.phase(kind, "decode"), call.streams.codec():
             for r in range(world):
