@@ -15,7 +15,7 @@ installed)::
     to 1 GiB and on fp32 bf16-casts at 256 MiB, beside ``Tensor.copy_`` of
     the same bytes; the torch backend at 64 MiB for comparison.
 (c) Where a fixed3 call's time goes: wall time beside each kernel's device
-    time (torch.profiler).
+    time (torch.profiler), and the host's time by function (cProfile).
 (d) The compressed collectives on this device (tests/device_collectives.py):
     2 gloo ranks sharing it, results bit for bit against CPU references.
 
@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import argparse
 import copy
+import cProfile
 import csv
 import datetime
 import os
+import pstats
 import statistics
 import sys
 import time
@@ -230,7 +232,7 @@ def bench_tensor(data: str, x: torch.Tensor, backends=("triton",), codecs=("fixe
     try:
         dst = torch.empty_like(x)
         copy_s = timeit(lambda: dst.copy_(x), reps or ARGS.reps)
-        del dst
+        dst = None  # free it (not del: the lambda above refers to it)
     except Exception as e:
         print(f"  copy failed: {e}")
     for backend in backends:
@@ -251,7 +253,7 @@ def bench_tensor(data: str, x: torch.Tensor, backends=("triton",), codecs=("fixe
                       lambda: z.decode(p, out=out, backend=backend), copy_s, ratio, reps)
             if not torch.equal(bits(out), bits(x)):
                 check(f"bench {data} {backend} {codec} round trip", False, "decode differs")
-            del p, out
+            p = out = None  # free them (the lambdas above refer to them)
 
 
 def throughput(smoke: bool) -> None:
@@ -345,6 +347,48 @@ def breakdown(smoke: bool) -> None:
             f", device busy {total:.3f} ms ({total / (wall * 1e3):.0%})" if cuda else "")
             + "; " + ", ".join(f"{k[:30]} {v:.3f}" for k, v in
                                sorted(busy.items(), key=lambda kv: -kv[1])[:4]), flush=True)
+        host_profile(op, fn, reps, n)
+
+
+def host_profile(op: str, fn, reps: int, n: int) -> None:
+    """The host's side of the same calls, by function (cProfile, own time
+    per call): Triton's launcher, torch ops, and the syncs (a sync's time is
+    the wait for the device). Finds the cause of a wall time above the
+    device's busy time. cProfile adds ~1 us to each Python call it sees, so
+    Python-heavy rows read high; the total is printed beside the wall time."""
+    fn()
+    prof = cProfile.Profile()
+    t = time.perf_counter()
+    prof.enable()
+    for _ in range(reps):
+        fn()
+    if DEV.type == "cuda":
+        torch.cuda.synchronize()
+    prof.disable()
+    wall = (time.perf_counter() - t) / reps
+    own, with_callees = {}, {}
+    for (path, line, func), (_, _, tottime, cumtime, _) in pstats.Stats(prof).stats.items():
+        name = f"{os.path.basename(path)}:{func}" if path != "~" else func
+        own[name] = own.get(name, 0.0) + tottime * 1e3 / reps
+        if any(step in name for step in HOST_STEPS):
+            with_callees[name] = with_callees.get(name, 0.0) + cumtime * 1e3 / reps
+    top = sorted(own.items(), key=lambda kv: -kv[1])[:8]
+    steps = sorted(with_callees.items(), key=lambda kv: -kv[1])
+    for label, rows in (("host", top), ("host, with callees", steps)):
+        for name, ms in rows:
+            ROWS.append(dict(data=f"{label} {op}", dtype="bf16", MiB=round(n * 2 / MiB, 3),
+                             op=f"{op} {label}: {name[:48]}", backend="triton", codec="fixed3",
+                             ms=round(ms, 4), error=""))
+    print(f"  {op} host, profiled: {wall * 1e3:.3f} ms per call; own time: "
+          + ", ".join(f"{k[:40]} {v:.3f}" for k, v in top[:5]) + "; with callees: "
+          + ", ".join(f"{k[:40]} {v:.3f}" for k, v in steps), flush=True)
+
+
+# The host steps of a codec call whose time section (c) reports with their
+# callees: Triton launches (JITFunction.run), the syncs (tolist, item, and
+# parse_header's read of the header), torch's scan and the header upload.
+HOST_STEPS = ("jit.py:run", "'tolist'", "'item'", "format.py:parse_header", "torch.cumsum",
+              "format.py:copy_into", "'pin_memory'")
 
 
 # --------------------------------------------------------------------------
