@@ -12,7 +12,26 @@ decoder's table check); the kernels live one file per codec and op
 """
 from __future__ import annotations
 
-from .codec_decode import decode
-from .codec_encode import encode
+import contextlib
+
+import torch
+
+from . import codec_decode, codec_encode
 
 __all__ = ["encode", "decode"]
+
+
+def _on(device: torch.device):
+    """Triton launches on the current CUDA device and its current stream,
+    not on the tensor's: make the tensor's device current for the call."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
+    with _on(x.device):
+        return codec_encode.encode(x, codec)
+
+
+def decode(payload: torch.Tensor, header, out: torch.Tensor) -> torch.Tensor:
+    with _on(payload.device):
+        return codec_decode.decode(payload, header, out)
