@@ -55,6 +55,11 @@ def staged(t: torch.Tensor, device) -> torch.Tensor:
     return t.pin_memory() if torch.device(device).type == "cuda" else t
 
 
+def device_ints(values: list, device) -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device``, copied without a host sync."""
+    return staged(torch.tensor(values, dtype=torch.int64), device).to(device, non_blocking=True)
+
+
 def gather_source(own: torch.Tensor, slots: list, rank: int) -> torch.Tensor:
     """``own``, or a copy of it when writing the gathered slots would overwrite
     it before it reaches its own slot (FSDP2 passes the input as a view into

@@ -70,7 +70,7 @@ from torch.distributed import ReduceOp
 
 from . import _raw_lanes
 from . import integrity as _integrity
-from ._layout import gather_source, overlaps, same_memory, split_flat, zero_padded
+from ._layout import device_ints, gather_source, overlaps, same_memory, split_flat, zero_padded
 from ._reduce import RankOrderSum
 from . import pipeline as _pipeline
 from . import policy as _policy
@@ -265,11 +265,15 @@ def _pipelined_done(st: CommStats, kind: str, *outcomes: _pipeline.Outcome) -> N
             raise o.error
 
 
-def _completed_work(async_op: bool, result):
-    """Mirror torch's return value: None, or a Work when ``async_op``."""
+def _completed_work(async_op: bool, result: torch.Tensor):
+    """Mirror torch's return value: None, or a Work when ``async_op``. On CUDA
+    the future names the result's device: ``set_result`` then records an
+    event on the current stream and ``wait()`` makes the waiting stream wait
+    for it, as NCCL's Work does; a device-less future would let another
+    stream read the result before the call's kernels have written it."""
     if not async_op:
         return None
-    fut = torch.futures.Future()
+    fut = torch.futures.Future(devices=[result.device] if result.is_cuda else None)
     fut.set_result(result)
     return torch._C._distributed_c10d._create_work_from_future(fut)
 
@@ -347,7 +351,7 @@ def _to_torch(st: CommStats, kind: str, wire_bytes: int, collective, *args, **kw
 # --------------------------------------------------------------------------
 def _all_gather_sizes(nbytes: int, group, world: int, device, st: CommStats, kind: str) -> list:
     with st.phase(kind, "sizes"):
-        mine = torch.tensor([nbytes], dtype=torch.int64, device=device)
+        mine = device_ints([nbytes], device)
         every = torch.empty(world, dtype=torch.int64, device=device)
         _all_gather_single(every, mine, group=group)
         sizes = every.tolist()
@@ -358,7 +362,7 @@ def _all_gather_sizes(nbytes: int, group, world: int, device, st: CommStats, kin
 def _all_to_all_sizes(send_sizes: list, group, rank: int, device, st: CommStats,
                       kind: str) -> list:
     with st.phase(kind, "sizes"):
-        send = torch.tensor(send_sizes, dtype=torch.int64, device=device)
+        send = device_ints(send_sizes, device)
         recv = torch.empty_like(send)
         dist.all_to_all_single(recv, send, group=group)
         sizes = recv.tolist()

@@ -48,6 +48,7 @@ import torch.distributed as dist
 
 from . import codec as _codec
 from . import format as F
+from ._layout import device_ints
 from .errors import CorruptPayloadError, ZipCCLConfigError
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ def field_vector(fields: dict) -> list:
 
 def _gather_ints(values: list, group, world: int, device) -> list:
     """All-gather a list of int64s of the same length on every rank; rows in rank order."""
-    mine = torch.tensor(values, dtype=torch.int64, device=device)
+    mine = device_ints(values, device)
     every = torch.empty(world * len(values), dtype=torch.int64, device=device)
     _all_gather_single(every, mine, group=group)
     flat = every.tolist()

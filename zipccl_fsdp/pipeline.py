@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 from . import codec as _codec
 from . import integrity as _integrity
-from ._layout import gather_source, same_memory, split_flat, staged, zero_padded
+from ._layout import device_ints, gather_source, same_memory, split_flat, zero_padded
 from ._reduce import RankOrderSum
 from .errors import CorruptPayloadError
 
@@ -71,6 +71,21 @@ def _bounds(count: int, pieces: int) -> list:
     return [count * i // pieces for i in range(pieces + 1)]
 
 
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(device: torch.device):
+    """One codec stream per device, taken from torch's stream pool once. A
+    new one per call cycles through the pool's 32 streams, which
+    ProcessGroupNCCL draws its streams from too: every 32nd call would
+    encode on the stream its own collectives run on (correct, but nothing
+    overlaps)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SIDE_STREAMS:
+        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
+    return _SIDE_STREAMS[index]
+
+
 class _Streams:
     """On CUDA the codec runs on a side stream: it waits for the caller's
     stream once (the inputs), the side stream waits for each collective
@@ -90,7 +105,7 @@ class _Streams:
         self.on = device.type == "cuda"
         if self.on:
             self.main = torch.cuda.current_stream(device)
-            self.side = torch.cuda.Stream(device=device)
+            self.side = _side_stream(device)
             self.side.wait_stream(self.main)
 
     def codec(self):
@@ -190,8 +205,7 @@ class _Call:
                 x, codec=plan.codec, backend=cfg.backend, verify=getattr(cfg, "verify", False)))
 
     def launch_row(self, row: list):
-        mine = staged(torch.tensor(row, dtype=torch.int64), self.device).to(self.device,
-                                                                            non_blocking=True)
+        mine = device_ints(row, self.device)
         every = torch.empty(self.world * len(row), dtype=torch.int64, device=self.device)
         work = _all_gather_single(every, mine, group=self.group, async_op=True)
         self.st.add(self.kind, wire_bytes=8 * len(row), size_bytes=8 * len(row))
@@ -316,10 +330,13 @@ def scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.Te
     chunks = split_flat(flat_in, counts)
     n = counts[rank]
     mine = chunks[rank]
-    call = _Call(kind, group, world, rank, plan, cfg, st, device)
-    bounds = [_bounds(c, plan.pieces) for c in counts]
+    # Before _Call: the side stream reads what these write on the caller's
+    # stream (a PREMUL_SUM factor cast to fp32), and it waits for that stream
+    # once, when the call is made.
     total = RankOrderSum(out, flat_in, op)
     scratch = torch.empty(n, dtype=flat_in.dtype, device=device)
+    call = _Call(kind, group, world, rank, plan, cfg, st, device)
+    bounds = [_bounds(c, plan.pieces) for c in counts]
 
     def part(r, i):
         return chunks[r][bounds[r][i]:bounds[r][i + 1]]

@@ -78,6 +78,7 @@ import torch
 import torch.distributed as dist
 
 from . import codec as _codec
+from ._layout import device_ints
 
 logger = logging.getLogger(__name__)
 
@@ -595,7 +596,7 @@ class Policy:
         if state.a2a_raw >= A2A_SKIP_AFTER and state.a2a_raw % REPROBE_EVERY:
             state.a2a_raw += 1
             return self._count(kind, Plan(False, reason="streak"))
-        mine = torch.tensor([send, coded], dtype=torch.int64, device=device)
+        mine = device_ints([send, coded], device)
         both = torch.empty(2 * world, dtype=torch.int64, device=device)
         _all_gather(both, mine, group=group)
         flat = both.tolist()
