@@ -36,7 +36,7 @@ collective raw (``benchmarks/dtensor_overhead.py``, docs/benchmarks.md).
 
 Torch's own kernels stay registered underneath: a call zipccl does not take
 (integer dtypes such as MoE token counts, reduce ops other than sum/avg, odd
-shapes, tracing) runs torch's kernel (``OpOverload._op_dk`` with the
+shapes, tracing, CUDA graph capture) runs torch's kernel (``OpOverload._op_dk`` with the
 CompositeExplicitAutograd key) and is counted per op and reason under
 ``"passthrough"`` in ``stats()``. Other functional collectives (broadcast,
 coalesced variants, in-place broadcast) are not intercepted at all.
@@ -114,6 +114,13 @@ def _plain(t):
     return t
 
 
+def _capturing(t) -> bool:
+    """Whether ``t`` is a CUDA tensor and its stream is being captured into a
+    CUDA graph (``torch.compile(mode="reduce-overhead")``): a compressed call
+    reads sizes on the host, which capture forbids, so torch's kernel runs."""
+    return isinstance(t, torch.Tensor) and t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 class DTensorCompression:
     """Run functional collectives through ``zipccl_fsdp.collectives`` while active.
 
@@ -168,6 +175,8 @@ class DTensorCompression:
         from torch.distributed._functional_collectives import _are_we_tracing
         if _are_we_tracing():
             reason = "tracing"
+        elif _capturing(args[0]):
+            reason = "cuda graph capture"
         else:
             result = getattr(self, method)(*args, **kwargs)
             if not isinstance(result, str):

@@ -284,6 +284,31 @@ def run_reduce_ops_and_passthrough() -> dict:
     return mode.stats()
 
 
+def run_capture_passes_through() -> dict:
+    """Under CUDA graph capture torch's kernels run (a compressed call syncs
+    the host). No CUDA here: the capture predicate is forced, which tests
+    the passthrough itself."""
+    import hooks.dtensor as hd
+    x = torch.randn(64, 8, generator=torch.Generator().manual_seed(dist.get_rank()))
+    saved = hd._capturing
+    hd._capturing = lambda t: True
+    try:
+        with compress_dtensor_comms(CFG) as mode:
+            s = funcol.all_reduce(x, "sum", dist.group.WORLD).wait()
+    finally:
+        hd._capturing = saved
+    both = _gather_list(x)
+    assert_bits_equal(s, both[0] + both[1], "sum")
+    return mode.stats()
+
+
+def test_cuda_graph_capture_passes_through(pool2):
+    for stats in pool2.run(run_capture_passes_through):
+        assert stats["passthrough"] == {
+            "_c10d_functional.all_reduce.default:cuda graph capture": 1}, stats["passthrough"]
+        assert stats["all_reduce"]["calls"] == 0, stats["all_reduce"]
+
+
 def test_reduce_ops_and_passthrough(pool2):
     for stats in pool2.run(run_reduce_ops_and_passthrough):
         assert stats["all_reduce"]["compressed_calls"] == 2
