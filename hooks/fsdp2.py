@@ -48,7 +48,8 @@ class ZipCCLAllGather(_Alloc, AllGather):
 
 class ZipCCLReduceScatter(_Alloc, ReduceScatter):
     """FSDP2 reduce-scatter comm: ``zipccl_fsdp.collectives.reduce_scatter_single``
-    (fp32 sum in rank order; SUM, AVG and PREMUL_SUM, also on gloo)."""
+    (fp32 sum in rank order; SUM, AVG and PREMUL_SUM, also on gloo; NCCL's
+    own reduce-scatter for a call the adaptive policy sends raw on NCCL)."""
 
     def __init__(self, hook) -> None:
         self.hook = hook

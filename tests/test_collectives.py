@@ -301,6 +301,36 @@ def test_raw_paths_accept_tensors_that_require_grad(pool2):
     assert pool2.run(task_raw_paths_with_grad_tensors) == [True, True]
 
 
+def task_adaptive_raw_reduce_scatter_on_nccl():
+    """A reduce-scatter the adaptive policy sends raw goes to torch's own on
+    NCCL (faster there than zipccl's all-to-all and adds); "never" keeps
+    zipccl's raw path. No NCCL here: the backend test is forced, and gloo
+    runs torch's reduce-scatter (SUM)."""
+    from zipccl_fsdp import collectives as C
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x = make_data(world << 12, torch.float32, 11, rank)
+    want = torch.empty(1 << 12)
+    dist.reduce_scatter_tensor(want, x.clone())
+    calls = []
+    saved = C._is_nccl, C._reduce_scatter_single
+    C._is_nccl = lambda group: True
+    C._reduce_scatter_single = lambda *a, **k: calls.append(1) or saved[1](*a, **k)
+    try:
+        counted = []
+        for cfg in (ZipCCLConfig(), ZipCCLConfig(policy="never")):
+            got = torch.empty(1 << 12)
+            reduce_scatter_single(got, x, config=cfg)
+            assert_bits_equal(got, want, f"reduce_scatter {cfg.policy}")
+            counted.append(len(calls))
+    finally:
+        C._is_nccl, C._reduce_scatter_single = saved
+    return counted
+
+
+def test_adaptive_raw_reduce_scatter_is_torchs_on_nccl(pool2):
+    assert pool2.run(task_adaptive_raw_reduce_scatter_on_nccl) == [[1, 1], [1, 1]]
+
+
 def test_config_mismatch_raises_on_every_rank(pool2):
     messages = pool2.run(task_config_mismatch)
     assert all(m and "disagree" in m for m in messages), messages

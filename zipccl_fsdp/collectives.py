@@ -221,6 +221,10 @@ def _decided(plan: _policy.Plan, codable: bool) -> dict:
                 raw_fallback_calls=int(codable and not plan.compress))
 
 
+def _is_nccl(group) -> bool:
+    return dist.get_backend(group) == "nccl"
+
+
 def _native_all_reduce(tensor, parsed: _Op, op, group, world: int, async_op: bool):
     """torch's own all-reduce, for the calls the adaptive policy sends raw:
     zipccl steps aside, numerics included (gloo sums bf16 in bf16; the
@@ -231,7 +235,7 @@ def _native_all_reduce(tensor, parsed: _Op, op, group, world: int, async_op: boo
     (docs/benchmarks.md). gloo lacks AVG and
     PREMUL_SUM: those scale each rank's tensor, then sum (as torch's DDP
     allreduce_hook divides, then sums)."""
-    if dist.get_backend(group) == "nccl" or parsed.kind == "sum":
+    if _is_nccl(group) or parsed.kind == "sum":
         return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
     if parsed.kind == "avg":
         tensor.div_(world)
@@ -552,9 +556,10 @@ def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=F
     PREMUL_SUM (``torch.distributed._make_nccl_premul_sum(f)``; also on gloo,
     which lacks it). The sum runs in fp32 in rank order, then AVG divides by
     world size and the result is cast to ``output.dtype``: deterministic, the
-    same on every backend and with or without compression. With
-    ``async_op=True`` the returned ``Work`` is already complete (synchronous
-    underneath for now).
+    same on every backend and with or without compression, except for a call
+    the adaptive policy sends raw on NCCL: that one is NCCL's own
+    reduce-scatter. With ``async_op=True`` the returned ``Work`` is already
+    complete (synchronous underneath for now) unless the call went to torch.
 
     Example::
 
@@ -580,6 +585,12 @@ def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=F
     compress = plan.compress
     st.add("reduce_scatter", calls=1, raw_bytes=(world - 1) * unit,
            **_decided(plan, world > 1))
+    if not plan.compress and cfg.policy == "adaptive" and world > 1 and _is_nccl(group):
+        # NCCL's own reduce-scatter (ring or NVLS, reducing as it moves) beats
+        # zipccl's raw path, an all-to-all and then w adds, where links are
+        # fast; gloo's moves twice an all-to-all's bytes, so there zipccl's stays.
+        return _to_torch(st, "reduce_scatter", (world - 1) * unit, _reduce_scatter_single,
+                         output, input, op=op, group=group, async_op=async_op)
     if plan.pipeline:
         _pipelined_done(st, "reduce_scatter", _pipeline.scatter_reduce(
             "reduce_scatter", input.view(-1), [n] * world, output.view(-1), parsed, group, rank,
@@ -641,7 +652,7 @@ def _all_reduce(tensor, op, group, async_op: bool, config: ZipCCLConfig | None,
     if not plan.compress and cfg.policy == "adaptive" and world > 1:
         if plan is _policy.LINK_RAW:
             _open_lane(call, "all_reduce", stats, tensor,
-                       native_avg=dist.get_backend(group) == "nccl")
+                       native_avg=_is_nccl(group))
         return _to_torch(st, "all_reduce", numel * itemsize, _native_all_reduce, tensor, parsed,
                          op, group, world, async_op)
     flat = tensor.view(-1)
