@@ -36,11 +36,12 @@ collective raw (``benchmarks/dtensor_overhead.py``, docs/benchmarks.md).
 
 Torch's own kernels stay registered underneath: a call zipccl does not take
 (integer dtypes such as MoE token counts, reduce ops other than sum/avg, odd
-shapes, tracing, CUDA graph capture) runs torch's kernel (``OpOverload._op_dk`` with the
-CompositeExplicitAutograd key) and is counted per op and reason under
-``"passthrough"`` in ``stats()``. Other functional collectives (broadcast,
-coalesced variants, in-place broadcast) are not intercepted at all.
-Deactivating the last ``DTensorCompression`` removes zipccl's kernels.
+shapes, tracing, CUDA graph capture) runs torch's kernel
+(``OpOverload._op_dk`` with the CompositeExplicitAutograd key) and is
+counted per op and reason under ``"passthrough"`` in ``stats()``. Other
+functional collectives (broadcast, coalesced variants, in-place broadcast)
+are not intercepted at all. Deactivating the last ``DTensorCompression``
+removes zipccl's kernels.
 
 Under ``torch.compile`` inductor's generated code calls the in-place and
 ``_out`` variants (``all_reduce_``, ``all_gather_into_tensor_out``,

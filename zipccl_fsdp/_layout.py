@@ -55,9 +55,14 @@ def staged(t: torch.Tensor, device) -> torch.Tensor:
     return t.pin_memory() if torch.device(device).type == "cuda" else t
 
 
+def to_device(t: torch.Tensor, device) -> torch.Tensor:
+    """CPU tensor ``t`` on ``device``, copied without a host sync (``staged``)."""
+    return staged(t, device).to(device, non_blocking=True)
+
+
 def device_ints(values: list, device) -> torch.Tensor:
     """``values`` as an int64 tensor on ``device``, copied without a host sync."""
-    return staged(torch.tensor(values, dtype=torch.int64), device).to(device, non_blocking=True)
+    return to_device(torch.tensor(values, dtype=torch.int64), device)
 
 
 def gather_source(own: torch.Tensor, slots: list, rank: int) -> torch.Tensor:

@@ -68,7 +68,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._layout import staged
+from ._layout import staged, to_device
 from .errors import CorruptPayloadError
 
 MAGIC = b"ZCCL"
@@ -213,7 +213,7 @@ class Header:
 
     def to_tensor(self, device: torch.device) -> torch.Tensor:
         """``pack()`` as a uint8 tensor on ``device``, without a host sync."""
-        return staged(self._bytes(), device).to(device, non_blocking=True)
+        return to_device(self._bytes(), device)
 
     def copy_into(self, out: torch.Tensor) -> None:
         """Write ``pack()`` at the start of the uint8 tensor ``out``, without a host sync."""
