@@ -115,13 +115,6 @@ def _plain(t):
     return t
 
 
-def _capturing(t) -> bool:
-    """Whether ``t`` is a CUDA tensor and its stream is being captured into a
-    CUDA graph (``torch.compile(mode="reduce-overhead")``): a compressed call
-    reads sizes on the host, which capture forbids, so torch's kernel runs."""
-    return isinstance(t, torch.Tensor) and t.is_cuda and torch.cuda.is_current_stream_capturing()
-
-
 class DTensorCompression:
     """Run functional collectives through ``zipccl_fsdp.collectives`` while active.
 
@@ -176,7 +169,7 @@ class DTensorCompression:
         from torch.distributed._functional_collectives import _are_we_tracing
         if _are_we_tracing():
             reason = "tracing"
-        elif _capturing(args[0]):
+        elif _coll._capturing(args[0]):  # torch.compile(mode="reduce-overhead")
             reason = "cuda graph capture"
         else:
             result = getattr(self, method)(*args, **kwargs)

@@ -331,6 +331,49 @@ def test_adaptive_raw_reduce_scatter_is_torchs_on_nccl(pool2):
     assert pool2.run(task_adaptive_raw_reduce_scatter_on_nccl) == [[1, 1], [1, 1]]
 
 
+def task_captured_calls_go_raw():
+    """Under CUDA graph capture every call goes raw, with no agreement check
+    and no policy (both read the host). No CUDA here: the capture predicate
+    is forced, which tests what the collectives do with it."""
+    from zipccl_fsdp import collectives as C
+    from zipccl_fsdp import integrity
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = ZipCCLConfig(policy="always", min_bytes=0, pipeline_pieces=2, compress_all_to_all=True)
+    st = CommStats()
+    xs = [make_data(world << 12, torch.bfloat16, 13, r) for r in range(world)]
+    x = xs[rank]
+    saved = C._capturing, integrity.check_agreement
+
+    def no_agreement(*args):
+        raise AssertionError("agreement check under capture")
+
+    C._capturing, integrity.check_agreement = (lambda t: True), no_agreement
+    try:
+        got = torch.empty(world * x.numel(), dtype=x.dtype)
+        all_gather_single(got, x, config=cfg, stats=st)
+        assert_bits_equal(got, torch.cat(xs), "all_gather")
+        got = torch.empty_like(x)
+        all_to_all_single(got, x, config=cfg, stats=st)
+        want = torch.cat([y.view(world, -1)[rank] for y in xs])
+        assert_bits_equal(got, want, "all_to_all")
+        out = torch.empty(x.numel() // world, dtype=x.dtype)
+        reduce_scatter_single(out, x, config=cfg, stats=st)
+        total = x.clone()
+        all_reduce(total, config=cfg, stats=st)
+    finally:
+        C._capturing, integrity.check_agreement = saved
+    assert_bits_equal(out, total.view(world, -1)[rank], "reduce_scatter vs all_reduce")
+    snap = st.snapshot()
+    return {k: (snap[k]["calls"], snap[k]["compressed_calls"])
+            for k in ("all_gather", "all_to_all", "reduce_scatter", "all_reduce")}
+
+
+def test_captured_calls_go_raw(pool2):
+    for counts in pool2.run(task_captured_calls_go_raw):
+        assert counts == {"all_gather": (1, 0), "all_to_all": (1, 0),
+                          "reduce_scatter": (1, 0), "all_reduce": (1, 0)}, counts
+
+
 def test_config_mismatch_raises_on_every_rank(pool2):
     messages = pool2.run(task_config_mismatch)
     assert all(m and "disagree" in m for m in messages), messages

@@ -288,15 +288,15 @@ def run_capture_passes_through() -> dict:
     """Under CUDA graph capture torch's kernels run (a compressed call syncs
     the host). No CUDA here: the capture predicate is forced, which tests
     the passthrough itself."""
-    import hooks.dtensor as hd
+    from zipccl_fsdp import collectives as C
     x = torch.randn(64, 8, generator=torch.Generator().manual_seed(dist.get_rank()))
-    saved = hd._capturing
-    hd._capturing = lambda t: True
+    saved = C._capturing
+    C._capturing = lambda t: True
     try:
         with compress_dtensor_comms(CFG) as mode:
             s = funcol.all_reduce(x, "sum", dist.group.WORLD).wait()
     finally:
-        hd._capturing = saved
+        C._capturing = saved
     both = _gather_list(x)
     assert_bits_equal(s, both[0] + both[1], "sum")
     return mode.stats()

@@ -201,7 +201,7 @@ def _plan(cfg: ZipCCLConfig, kind: str, group, world: int, t: torch.Tensor, unit
           compress: bool, st: CommStats) -> _policy.Plan:
     """What ``cfg.policy`` does with a call that ``min_bytes`` and the ``compress_*``
     switches let compress (``policy.py``); raw otherwise. Every rank gets the same plan."""
-    if not compress or cfg.policy == "never":
+    if not compress or cfg.policy == "never" or _capturing(t):
         return _policy.RAW
     if cfg.policy == "always" and cfg.pipeline_pieces <= 1:
         return _policy.Plan(True, cfg.codec, reason="always")
@@ -282,11 +282,22 @@ def _completed_work(async_op: bool, result: torch.Tensor):
     return torch._C._distributed_c10d._create_work_from_future(fut)
 
 
-def _ensure_consistent(cfg: ZipCCLConfig, group, world: int, device: torch.device,
+def _ensure_consistent(cfg: ZipCCLConfig, group, world: int, t: torch.Tensor,
                        st: CommStats, kind: str) -> None:
     """Once per (config, group): all ranks must agree on the protocol fields
-    (``integrity.check_agreement``: raises ZipCCLConfigError naming field and ranks)."""
-    _integrity.check_agreement(cfg, group, world, device, st, kind)
+    (``integrity.check_agreement``: raises ZipCCLConfigError naming field and
+    ranks). Not while a CUDA graph is captured (it reads the answers on the
+    host); a captured step has run uncaptured first, which checked it."""
+    if not _capturing(t):
+        _integrity.check_agreement(cfg, group, world, t.device, st, kind)
+
+
+def _capturing(t) -> bool:
+    """Whether ``t`` is a CUDA tensor whose stream is being captured into a
+    CUDA graph. A compressed call reads sizes on the host and the policy
+    times calls, both of which capture forbids, so a captured call goes raw
+    (every rank captures the same step: they agree)."""
+    return isinstance(t, torch.Tensor) and t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 class _Setup(NamedTuple):
@@ -329,7 +340,7 @@ def _admit(call: _Setup, t: torch.Tensor, kind: str, where: str) -> bool:
     handles ``t``'s dtype (``_coded``: raises where the config says so), then
     the agreement check of the ranks' configs (``_ensure_consistent``)."""
     coded = _coded(t.dtype, call.cfg, where)
-    _ensure_consistent(call.cfg, call.group, call.world, t.device, call.st, kind)
+    _ensure_consistent(call.cfg, call.group, call.world, t, call.st, kind)
     return coded
 
 
@@ -740,8 +751,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         raise ValueError(f"zipccl {where}: this rank sends itself {in_rows[rank]} rows but "
                          f"expects {out_rows[rank]}")
     raw = (sum(in_counts) - in_counts[rank]) * itemsize
-    _ensure_consistent(cfg, group, world, input.device, st, "all_to_all")
-    if not coded or not cfg.compress_all_to_all or world == 1:
+    _ensure_consistent(cfg, group, world, input, st, "all_to_all")
+    if not coded or not cfg.compress_all_to_all or world == 1 or _capturing(input):
         st.add("all_to_all", calls=1, raw_bytes=raw)
         return _to_torch(st, "all_to_all", raw, dist.all_to_all_single, output, input,
                          output_split_sizes, input_split_sizes, group=group, async_op=async_op)
