@@ -350,6 +350,13 @@ def breakdown(smoke: bool) -> None:
         host_profile(op, fn, reps, n)
 
 
+# The host steps of a codec call whose time section (c) reports with their
+# callees: Triton launches (JITFunction.run), the syncs (tolist, item, and
+# parse_header's read of the header), torch's scan and the header upload.
+HOST_STEPS = ("jit.py:run", "'tolist'", "'item'", "format.py:parse_header", "torch.cumsum",
+              "format.py:copy_into", "'pin_memory'")
+
+
 def host_profile(op: str, fn, reps: int, n: int) -> None:
     """The host's side of the same calls, by function (cProfile, own time
     per call): Triton's launcher, torch ops, and the syncs (a sync's time is
@@ -382,13 +389,6 @@ def host_profile(op: str, fn, reps: int, n: int) -> None:
     print(f"  {op} host, profiled: {wall * 1e3:.3f} ms per call; own time: "
           + ", ".join(f"{k[:40]} {v:.3f}" for k, v in top[:5]) + "; with callees: "
           + ", ".join(f"{k[:40]} {v:.3f}" for k, v in steps), flush=True)
-
-
-# The host steps of a codec call whose time section (c) reports with their
-# callees: Triton launches (JITFunction.run), the syncs (tolist, item, and
-# parse_header's read of the header), torch's scan and the header upload.
-HOST_STEPS = ("jit.py:run", "'tolist'", "'item'", "format.py:parse_header", "torch.cumsum",
-              "format.py:copy_into", "'pin_memory'")
 
 
 # --------------------------------------------------------------------------

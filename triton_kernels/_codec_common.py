@@ -13,6 +13,8 @@ global cache).
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import triton
 import triton.language as tl
 
@@ -61,6 +63,15 @@ def _rank_lut(order, zf: int) -> int:
 def _sym_lut(order) -> int:
     """Nibble k holds order[k] + 8."""
     return _nibbles([d + 8 for d in order])
+
+
+def kernel_constexprs(info: F.DTypeInfo, C: int, sub: int) -> MappingProxyType:
+    """The constexprs every codec kernel takes, for chunks of C elements in
+    sub-blocks of ``sub`` (at most the chunk, rounded up to a power of 2);
+    read-only, since the launchers cache them."""
+    sub = min(sub, max(8, triton.next_power_of_2(C)))
+    return MappingProxyType(dict(ITEMSIZE=info.itemsize, EXP_BITS=info.exp_bits,
+                                 MAN_BITS=info.man_bits, SUB=sub, NSUB=triton.cdiv(C, sub)))
 
 
 # Dense code: per phase and ZERO_FIRST bit, offset -> rank (encode); per phase, order

@@ -31,7 +31,6 @@ partially written before the error is raised.
 from __future__ import annotations
 
 import functools
-from types import MappingProxyType
 
 import torch
 import triton
@@ -41,7 +40,7 @@ from zipccl_fsdp import format as F
 from zipccl_fsdp.errors import CorruptPayloadError
 
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_TABLE, ERR_TIERS, ERR_TOTALS, FIXED3,
-                            dense_codes_nbytes, load_entry)
+                            dense_codes_nbytes, kernel_constexprs, load_entry)
 from .dense_decode import dense_decode_kernel
 from .fixed3_decode import fixed3_decode_kernel
 
@@ -115,10 +114,7 @@ def launch_plan(info: F.DTypeInfo, codec: str, C: int) -> tuple:
 @functools.lru_cache(maxsize=256)
 def _launch_plan(info: F.DTypeInfo, codec: str, C: int, setting: tuple) -> tuple:
     sub, warps = setting
-    sub = min(sub, max(8, triton.next_power_of_2(C)))
-    const = MappingProxyType(dict(ITEMSIZE=info.itemsize, EXP_BITS=info.exp_bits,
-                                  MAN_BITS=info.man_bits, SUB=sub, NSUB=triton.cdiv(C, sub)))
-    return _KERNELS[codec], const, warps
+    return _KERNELS[codec], kernel_constexprs(info, C, sub), warps
 
 
 def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor) -> torch.Tensor:

@@ -20,13 +20,12 @@ Two kernels per codec, one program per chunk of ``CHUNK_ELEMS`` elements
 from __future__ import annotations
 
 import functools
-from types import MappingProxyType
 
 import torch
-import triton
 
 from zipccl_fsdp import format as F
 
+from ._codec_common import kernel_constexprs
 from .dense_encode import dense_analyze_kernel, dense_write_kernel
 from .fixed3_encode import fixed3_analyze_kernel, fixed3_write_kernel
 
@@ -55,13 +54,8 @@ def launch_plan(info: F.DTypeInfo, codec: str, C: int) -> tuple:
 
 @functools.lru_cache(maxsize=256)
 def _launch_plan(info: F.DTypeInfo, codec: str, C: int, *settings: tuple) -> tuple:
-    plan = []
-    for step, (sub, warps) in zip(("analyze", "write"), settings):
-        sub = min(sub, max(8, triton.next_power_of_2(C)))
-        const = MappingProxyType(dict(ITEMSIZE=info.itemsize, EXP_BITS=info.exp_bits,
-                                      MAN_BITS=info.man_bits, SUB=sub, NSUB=triton.cdiv(C, sub)))
-        plan.append((_KERNELS[codec][step == "write"], const, warps))
-    return tuple(plan)
+    return tuple((kernel, kernel_constexprs(info, C, sub), warps)
+                 for kernel, (sub, warps) in zip(_KERNELS[codec], settings))
 
 
 def with_pairs(kernel, const: dict, info: F.DTypeInfo, numel: int, C: int,
