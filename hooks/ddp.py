@@ -33,11 +33,14 @@ depend on their order: on two ranks the result equals DDP's default bit for
 bit, for fp32 and bf16 buckets. On other world sizes it is deterministic and
 the same on every backend, with one rounding fewer than pre-dividing.
 
-A raw all-reduce (a fast link, where the adaptive policy sends everything
-raw) returns torch's own pending Work, so the bucket's communication overlaps
-the rest of backward as with DDP's default hook. A compressed one runs
-synchronously inside the hook (its size exchange needs the host), so it does
-not overlap; DDP waits on every bucket's future at the end of backward anyway.
+Every bucket's all-reduce runs on zipccl's worker thread, in bucket order
+(``zipccl_fsdp/background.py``), and the hook returns at once, so the
+bucket's communication overlaps the rest of backward as with DDP's default
+hook. A compressed call waits on the host (its size exchange), which on
+autograd's thread would stall backward until the bucket had crossed the link;
+a raw one (a fast link, where the adaptive policy sends everything raw)
+returns torch's own pending Work. DDP waits on every bucket's future at the
+end of backward.
 """
 # No ``from __future__ import annotations`` here: DDP compares the hook's
 # ``bucket`` and return annotations to ``dist.GradBucket`` and
@@ -51,6 +54,7 @@ from torch.distributed import ReduceOp
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
+from zipccl_fsdp import background as _background
 from zipccl_fsdp import collectives as _coll
 from zipccl_fsdp.config import DEFAULT_CONFIG, ZipCCLConfig
 from zipccl_fsdp.stats import CommStats
@@ -121,15 +125,13 @@ def ddp_comm_hook(state, bucket: dist.GradBucket, *, config: Optional[ZipCCLConf
     # zipccl's all-reduce decodes every peer's chunk straight into its slot of
     # ``buffer``: that is the in-place "decompress" step that torch's
     # compression hooks run in ``fut.then`` (no second bucket-sized tensor at
-    # peak memory; https://github.com/pytorch/pytorch/issues/45968). A
-    # compressed call has completed when it returns; a raw one may be pending.
-    work = _coll.all_reduce(buffer, op=op, group=group, async_op=True, config=cfg,
-                            stats=stats)
-    if work is None:  # this rank is not in ``group``: nothing was reduced
-        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-        fut.set_result(buffer)
-        return fut
-    return work.get_future().then(lambda _: buffer)
+    # peak memory; https://github.com/pytorch/pytorch/issues/45968). It runs
+    # on zipccl's worker thread (``background.py``): a compressed call waits on
+    # the host, which here would hold up the rest of backward. A rank outside
+    # ``group`` gets None from the call: its future completes with ``buffer``.
+    return _background.submit(
+        lambda: _coll.all_reduce(buffer, op=op, group=group, async_op=True, config=cfg,
+                                 stats=stats), buffer)
 
 
 # --------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._C._profiler import _ExperimentalConfig
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hooks.registry import ZipCCLHook, register_comm_hook, zipccl_hook
@@ -93,7 +94,10 @@ def run_against(dtype: torch.dtype, reference, how: str) -> dict:
     hook = (zipccl_hook if how == "default hook" else ZipCCLHook(SLOW) if how == "adaptive slow"
             else ZipCCLHook(CFG))
     hook.reset_stats()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    # The hook's calls run on zipccl's worker thread: profile every thread.
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                experimental_config=_ExperimentalConfig(
+                                    profile_all_threads=True)) as prof:
         got = _train(dtype, _registration(how, hook))
     _assert_same_training(got, want)
     ranges = {e.name for e in prof.events() if e.name.startswith("zipccl::")}
@@ -183,3 +187,108 @@ def run_bad_state() -> str:
 def test_bad_state_raises_on_every_rank(pool2):
     for msg in pool2.run(run_bad_state):
         assert "state must be None, a ProcessGroup or a ZipCCLConfig" in msg
+
+
+# --------------------------------------------------------------------------
+# The hook's calls run on zipccl's worker thread (zipccl_fsdp/background.py)
+# --------------------------------------------------------------------------
+def run_backward_goes_on_while_a_bucket_is_in_flight() -> tuple:
+    """In the second step (DDP's first puts every gradient in one bucket),
+    the first bucket's all-reduce (the last layer's gradients) waits until
+    backward has computed the first layer's weight gradient, the last one it
+    computes. On autograd's thread that wait could only time out."""
+    import threading
+
+    from zipccl_fsdp import collectives as coll
+
+    model = DDP(_mlp(torch.bfloat16), bucket_cap_mb=0.01)
+    hook = ZipCCLHook(CFG)
+    model.register_comm_hook(None, hook)
+    x = torch.randn(16, 32, generator=torch.Generator().manual_seed(dist.get_rank()))
+    model(x.to(torch.bfloat16)).square().mean().backward()
+    hook.reset_stats()
+    first_grad_done = threading.Event()
+    model.module[0].weight.register_hook(lambda g: first_grad_done.set())
+    seen, real = [], coll.all_reduce
+
+    def gated(*args, **kwargs):
+        if not seen:
+            seen.append((threading.current_thread().name, first_grad_done.wait(timeout=10)))
+        return real(*args, **kwargs)
+
+    coll.all_reduce = gated
+    try:
+        model(x.to(torch.bfloat16)).square().mean().backward()
+    finally:
+        coll.all_reduce = real
+    return seen[0], hook.stats()["all_reduce"]
+
+
+def test_backward_goes_on_while_a_bucket_is_in_flight(pool2):
+    for (thread, overlapped), st in pool2.run(run_backward_goes_on_while_a_bucket_is_in_flight):
+        assert thread == "zipccl-collectives" and overlapped, (thread, overlapped)
+        assert st["calls"] > 1 and st["compressed_calls"] == st["calls"], st
+
+
+def _mixed_mlp() -> nn.Module:
+    """fp64 layers (a dtype the codec does not take) between bf16 ones: DDP
+    buckets them apart, so one backward has raw and compressed buckets."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64).to(torch.float64), _Cast(torch.bfloat16),
+                         nn.Linear(64, 64).to(torch.bfloat16), _Cast(torch.float64),
+                         nn.Linear(64, 8).to(torch.float64))
+
+
+class _Cast(nn.Module):
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, x):
+        return x.to(self.dtype)
+
+
+def run_raw_and_compressed_buckets_in_one_backward() -> dict:
+    def train(register):
+        model = DDP(_mixed_mlp(), bucket_cap_mb=0.001)
+        if register is not None:
+            register(model)
+        g = torch.Generator().manual_seed(5 + dist.get_rank())
+        grads = []
+        for _ in range(3):
+            model.zero_grad(set_to_none=True)
+            model(torch.randn(8, 32, generator=g, dtype=torch.float64)).square().mean().backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        return grads
+
+    hook = ZipCCLHook(ZipCCLConfig(policy="always", min_bytes=0, unsupported_dtype="raw"))
+    got = train(lambda model: model.register_comm_hook(None, hook))
+    want = train(None)
+    for step, (gs, ws) in enumerate(zip(got, want)):
+        for i, (a, b) in enumerate(zip(gs, ws)):
+            view = torch.int64 if a.dtype == torch.float64 else INT_VIEW[a.dtype]
+            assert torch.equal(a.view(view), b.view(view)), f"grad {i} of step {step} differs"
+    return hook.stats()["all_reduce"]
+
+
+def test_raw_and_compressed_buckets_in_one_backward(pool2):
+    # The worker issues every bucket's collectives in bucket order, raw or not.
+    for st in pool2.run(run_raw_and_compressed_buckets_in_one_backward):
+        assert 0 < st["compressed_calls"] < st["calls"], st
+
+
+def run_an_error_in_the_worker_reaches_backward() -> str:
+    model = DDP(_mixed_mlp(), bucket_cap_mb=0.001)
+    model.register_comm_hook(None, ZipCCLHook(ZipCCLConfig(policy="always", min_bytes=0)))
+    try:
+        model(torch.randn(8, 32, dtype=torch.float64)).square().mean().backward()
+    except Exception as e:  # noqa: BLE001 - the message is what is checked
+        return f"{type(e).__name__}: {e}"
+    return ""
+
+
+def test_an_error_in_the_worker_reaches_backward(pool2):
+    # unsupported_dtype="raise" (the default) and an fp64 bucket: raised on
+    # zipccl's worker thread, before any communication, on every rank.
+    for msg in pool2.run(run_an_error_in_the_worker_reaches_backward):
+        assert "float64" in msg, msg

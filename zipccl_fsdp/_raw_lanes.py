@@ -30,12 +30,12 @@ import time
 
 import torch
 from torch._C import _has_torch_function
-from torch._C._autograd import _profiler_enabled
 from torch.distributed import ReduceOp
 from torch.distributed.distributed_c10d import (AllgatherOptions, AllreduceOptions,
                                                 AllToAllOptions, _world)
 
 from .config import DEFAULT_CONFIG
+from .stats import profiling as _profiling
 
 MISS = object()
 """What a lane returns for a call it does not take."""
@@ -102,7 +102,7 @@ def open_lane(cfg, kind: str, pg, world: int, rank: int, stats_arg, fields: dict
 def all_gather(output, input, group, async_op, config, stats):
     """``collectives.all_gather_single`` through its lane, or MISS."""
     if (type(input) is not _Tensor or type(output) is not _Tensor
-            or _has_torch_function((input, output)) or _profiler_enabled()):
+            or _has_torch_function((input, output)) or _profiling()):
         return MISS
     device = input.device
     lane = (DEFAULT_CONFIG if config is None else config)._raw_lanes.get(
@@ -133,7 +133,7 @@ def all_to_all(output, input, output_split_sizes, input_split_sizes, group, asyn
                stats):
     """``collectives.all_to_all_single`` through its lane, or MISS."""
     if (type(input) is not _Tensor or type(output) is not _Tensor
-            or _has_torch_function((input, output)) or _profiler_enabled()):
+            or _has_torch_function((input, output)) or _profiling()):
         return MISS
     device = input.device
     lane = (DEFAULT_CONFIG if config is None else config)._raw_lanes.get(
@@ -190,7 +190,7 @@ def all_to_all(output, input, output_split_sizes, input_split_sizes, group, asyn
 def all_reduce(tensor, op, group, async_op, config, stats):
     """``collectives.all_reduce`` through its lane (SUM and AVG), or MISS."""
     if (type(tensor) is not _Tensor or (op is not _SUM and op is not _AVG)
-            or _has_torch_function((tensor,)) or _profiler_enabled()):
+            or _has_torch_function((tensor,)) or _profiling()):
         return MISS
     lane = (DEFAULT_CONFIG if config is None else config)._raw_lanes.get(
         ("all_reduce", _world.default_pg if group is None else group, stats, tensor.dtype,

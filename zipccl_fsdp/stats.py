@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 
+import torch.autograd.profiler as _autograd_profiler
 from torch._C._autograd import _profiler_enabled
 from torch.profiler import record_function
 
@@ -38,6 +39,13 @@ _PHASE_FIELDS = {
     "reduce": ("reduce_s",),
     "policy": ("policy_s",),
 }
+
+
+def profiling() -> bool:
+    """Whether a profiler may be recording this thread: ``_profiler_enabled()``
+    is this thread's state; torch's module flag is set while any profiler
+    runs, and one that records every thread records zipccl's worker too."""
+    return _profiler_enabled() or _autograd_profiler._is_profiler_enabled
 
 
 class CommStats:
@@ -100,7 +108,10 @@ class CommStats:
         ``record_function`` around a gloo collective cost about 0.1-0.3 ms of
         latency per call on this 2-core machine (a 1 KiB all-gather: 0.31 ms
         bare, 0.64 ms inside a phase; docs/benchmarks.md), which is most of a
-        small raw call."""
+        small raw call. A profiler that records every thread
+        (``experimental_config=_ExperimentalConfig(profile_all_threads=True)``)
+        also shows the ranges of the DDP hook's calls, which run on zipccl's
+        worker thread (``background.py``)."""
         return _Phase(self._data[kind], kind, phase)
 
 
@@ -114,7 +125,7 @@ class _Phase:
         self.fields, self.kind, self.phase, self.rf = fields, kind, phase, None
 
     def __enter__(self) -> None:
-        if _profiler_enabled():
+        if profiling():
             self.rf = record_function(f"zipccl::{self.kind}::{self.phase}")
             self.rf.__enter__()
         self.start = time.perf_counter()

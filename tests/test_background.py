@@ -1,0 +1,102 @@
+"""zipccl_fsdp/background.py: calls run on one worker thread, in submission
+order, and their futures carry the result, the call's exception or the
+Work's failure. (The DDP hook on real process groups: tests/test_ddp.py.)"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from zipccl_fsdp import background
+
+
+class _Work(dist.Work):
+    """A Work whose future the test completes or fails, as a backend's would."""
+
+    def __init__(self, fut: torch.futures.Future) -> None:
+        super().__init__()
+        self.fut = fut
+
+    def get_future(self) -> torch.futures.Future:
+        return self.fut
+
+
+def _work(fut: torch.futures.Future):
+    return _Work(fut)
+
+
+def test_calls_run_in_order_on_the_worker():
+    ran, gate = [], threading.Event()
+    result = torch.arange(3)
+
+    def call(i):
+        def run():
+            if i == 0:
+                gate.wait(timeout=10)  # everything else queues behind the first call
+            ran.append((i, threading.current_thread().name))
+        return run
+
+    futs = [background.submit(call(i), result) for i in range(50)]
+    assert not any(f.done() for f in futs)  # submit returned before the first call ran
+    gate.set()
+    for f in futs:
+        assert f.wait() is result
+    assert [i for i, _ in ran] == list(range(50))
+    assert {name for _, name in ran} == {"zipccl-collectives"}
+
+
+def test_a_failing_call_fails_its_future_only():
+    def boom():
+        raise ValueError("bad bucket")
+
+    result = torch.zeros(2)
+    bad = background.submit(boom, result)
+    good = background.submit(lambda: None, result)
+    with pytest.raises(ValueError, match="bad bucket"):
+        bad.wait()
+    assert good.wait() is result
+
+
+def test_the_future_waits_for_a_pending_work():
+    inner = torch.futures.Future()
+    result = torch.ones(4)
+    fut = background.submit(lambda: _work(inner), result)
+    marker = background.submit(lambda: None, result)
+    marker.wait()  # the worker has run the first call: its Work is pending
+    assert not fut.done()
+    inner.set_result([result])
+    assert fut.wait() is result
+
+
+def test_a_failed_work_fails_the_future():
+    inner = torch.futures.Future()
+    fut = background.submit(lambda: _work(inner), torch.ones(1))
+    inner.set_exception(RuntimeError("gloo: connection closed"))
+    with pytest.raises(RuntimeError, match="connection closed"):
+        fut.wait()
+
+
+def _in_child(q) -> None:
+    try:
+        out = background.submit(lambda: None, torch.full((2,), 7.0)).wait()
+        q.put(out.tolist())
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        q.put(repr(e))
+
+
+def test_a_forked_child_gets_its_own_worker():
+    background.submit(lambda: None, torch.zeros(1)).wait()  # the parent's worker runs
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_in_child, args=(q,))
+    p.start()
+    try:
+        got = q.get(timeout=30)  # the inherited worker has no thread: it would hang
+    finally:
+        p.join(timeout=30)
+        if p.is_alive():
+            p.kill()
+    assert got == [7.0, 7.0]

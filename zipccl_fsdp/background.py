@@ -1,0 +1,130 @@
+"""Collectives run off the caller's thread, in the order they were submitted.
+
+A compressed collective waits on the host: for its size exchange (on a slow
+link, for the previous bucket's payload still on the wire, since a group's
+collectives run in order), and on CUDA for the encoder's stream lengths and
+the decoder's error word. Called on autograd's thread, as DDP calls its comm
+hook, that wait holds up the rest of backward: the bucket's transfer cannot
+overlap the gradients still being computed, which DDP's own all-reduce does.
+
+``submit(call, result)`` hands ``call`` to one worker thread per process and
+returns a ``Future`` of ``result`` at once; the future completes when the
+``Work`` that ``call`` returns has (a compressed call's has when the call
+returns; a raw one's is torch's own, pending). DDP waits for every bucket's
+future at the end of backward, so the calls overlap the rest of it.
+
+Order: every rank must issue its collectives in the same order. One thread
+that runs calls first in, first out keeps each rank's program order, so
+calls are issued as they would be on the caller's thread. A caller must not
+also issue collectives on the same group on its own thread while calls it
+submitted are pending; the DDP hook submits every bucket, and DDP issues
+nothing else until it has waited for them all.
+
+CUDA: the call runs on a stream of the worker's, made to wait at submission
+for the caller's current stream (an event), and the future names the
+result's device, so ``wait()`` on it makes the waiting stream wait for the
+call's kernels. Under CUDA graph capture nothing may leave the capturing
+stream: ``submit`` runs the call on the caller's thread (it goes raw there,
+``collectives._capturing``).
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from typing import Callable
+
+import torch
+
+_lock = threading.Lock()
+_worker: "_Worker | None" = None
+_STREAMS: dict = {}  # device index -> the worker's stream (used on the worker only)
+
+
+class _Worker:
+    """One daemon thread that runs submitted jobs first in, first out."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="zipccl-collectives", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self.jobs.get()()  # a job never raises: _job reports into its future
+
+
+def _the_worker() -> _Worker:
+    """The process's worker, started on first use (again in a forked child,
+    which inherits the object but not the thread)."""
+    global _worker
+    with _lock:
+        if _worker is None or _worker.pid != os.getpid():
+            _worker = _Worker()
+        return _worker
+
+
+def submit(call: Callable[[], object], result: torch.Tensor) -> torch.futures.Future:
+    """Run ``call()`` (which returns a ``Work`` or None) on the worker thread
+    after every job submitted before it; return a future that completes with
+    ``result`` when that Work has, or with the exception ``call`` raised or the
+    Work failed with. Under CUDA graph capture, ``call`` runs here, now."""
+    cuda = result.is_cuda
+    if cuda and torch.cuda.is_current_stream_capturing():
+        work = call()
+        return _done(result) if work is None else work.get_future().then(lambda _: result)
+    fut = torch.futures.Future(devices=[result.device] if cuda else None)
+    ready = None
+    if cuda:
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(result.device))
+    _the_worker().jobs.put(lambda: _job(call, result, fut, ready))
+    return fut
+
+
+def _job(call, result: torch.Tensor, fut: torch.futures.Future, ready) -> None:
+    try:
+        if ready is None:
+            _complete(call(), result, fut)
+            return
+        device = result.device
+        with torch.cuda.device(device), torch.cuda.stream(_stream(device)):
+            torch.cuda.current_stream().wait_event(ready)
+            work = call()
+            if work is not None:
+                work.wait()  # NCCL: this stream waits for the collective's; the host does not
+            fut.set_result(result)  # records an event on this stream for the waiter
+    except BaseException as e:  # noqa: BLE001 - it belongs to whoever waits on fut
+        if not fut.done():
+            fut.set_exception(e)
+
+
+def _done(result: torch.Tensor) -> torch.futures.Future:
+    fut = torch.futures.Future(devices=[result.device] if result.is_cuda else None)
+    fut.set_result(result)
+    return fut
+
+
+def _complete(work, result: torch.Tensor, fut: torch.futures.Future) -> None:
+    """Complete ``fut`` with ``result`` when ``work`` (None: nothing to wait for) has."""
+    if work is None:
+        fut.set_result(result)
+        return
+
+    def forward(done: torch.futures.Future) -> None:
+        try:
+            done.value()  # raises what the collective failed with
+        except BaseException as e:  # noqa: BLE001
+            fut.set_exception(e)
+            return
+        fut.set_result(result)
+
+    work.get_future().add_done_callback(forward)
+
+
+def _stream(device: torch.device):
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _STREAMS:
+        _STREAMS[index] = torch.cuda.Stream(device=index)
+    return _STREAMS[index]
