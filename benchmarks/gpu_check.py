@@ -16,8 +16,9 @@ installed)::
     the same bytes; the torch backend at 64 MiB for comparison.
 (c) Where a fixed3 call's time goes: wall time beside each kernel's device
     time (torch.profiler), and the host's time by function (cProfile).
-(d) The compressed collectives on this device (tests/device_collectives.py):
-    2 gloo ranks sharing it, results bit for bit against CPU references.
+(d) The compressed collectives and zipccl's DDP hook on this device
+    (tests/device_collectives.py): 2 gloo ranks sharing it, results bit for
+    bit against CPU references.
 
 Prints one table and writes it as ``gpu_check.md`` and ``gpu_check.csv`` in
 ``--out``. A failing case prints its error and the run continues; the exit
@@ -401,21 +402,25 @@ def collectives() -> None:
     calibrates on the device), each bit for bit against a reference computed
     on the CPU. On a GPU this is the first run of what CI cannot reach: the
     Triton backend inside the collectives and pipeline.py's side stream,
-    stream waits and size rows. Runs last: if it hangs, (a)-(c) are already
-    written."""
+    stream waits and size rows. Then zipccl's DDP hook (tests/
+    device_collectives.py, task_ddp_hook_on), whose calls run on a worker
+    thread and stream of their own (zipccl_fsdp/background.py). Runs last:
+    if it hangs, (a)-(c) are already written."""
     sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from device_collectives import task_collectives_on
+    from device_collectives import task_collectives_on, task_ddp_hook_on
     from dist_utils import DistPool
-    name = f"collectives on {DEV.type}, 2 gloo ranks"
-    print(f"(d) {name}: results bit for bit against CPU references", flush=True)
     pool = DistPool(2, pg_timeout_s=120)
-    t0 = time.time()
     try:
-        res = pool.run(task_collectives_on, DEV.type, timeout_s=300)
-        check(name, res[0] == res[1] and res[0]["checked"] > 0,
-              f"{res[0]} in {time.time() - t0:.0f} s")
-    except Exception as e:  # noqa: BLE001 - reported as a failure, the report still written
-        check(name, False, f"after {time.time() - t0:.0f} s: {str(e)[-3000:]}")
+        for name, task in ((f"collectives on {DEV.type}, 2 gloo ranks", task_collectives_on),
+                           (f"DDP hook on {DEV.type}, 2 gloo ranks", task_ddp_hook_on)):
+            print(f"(d) {name}: results bit for bit against CPU references", flush=True)
+            t0 = time.time()
+            try:
+                res = pool.run(task, DEV.type, timeout_s=300)
+                check(name, res[0] == res[1] and res[0]["checked"] > 0,
+                      f"{res[0]} in {time.time() - t0:.0f} s")
+            except Exception as e:  # noqa: BLE001 - reported as a failure, the report written
+                check(name, False, f"after {time.time() - t0:.0f} s: {str(e)[-3000:]}")
     finally:
         pool.close()
 

@@ -21,6 +21,8 @@ Nothing here imports pytest: the GPU machine may not have it.
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.distributed as dist
 
@@ -115,3 +117,50 @@ def task_collectives_on(device_name: str) -> dict:
     checked += 1
     snap = st.snapshot()
     return {"checked": checked, **{k: snap[k]["compressed_calls"] for k in KINDS}}
+
+
+def task_ddp_hook_on(device_name: str) -> dict:
+    """zipccl's DDP comm hook (compressed, several buckets, run on zipccl's
+    worker thread) on ``device_name``: after each of three backward passes
+    every gradient equals the fp32 rank-order average of every rank's local
+    gradients, which each rank computes itself without a collective. On
+    CUDA this is what checks ``background.py``'s stream handling: the
+    worker's stream waits for the gradients backward wrote, DDP's stream for
+    the averages the worker wrote."""
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from hooks.registry import ZipCCLHook
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device(device_name)
+    if dev.type == "cuda":
+        torch.cuda.set_device(0)
+        dev = torch.device("cuda", 0)
+    checked = 0
+    hook = ZipCCLHook(CONFIGS[0])
+    for dtype in (torch.bfloat16, torch.float32):
+        torch.manual_seed(0)
+        local = nn.Sequential(nn.Linear(64, 192), nn.ReLU(), nn.Linear(192, 192), nn.ReLU(),
+                              nn.Linear(192, 16)).to(dev, dtype)
+        model = DDP(copy.deepcopy(local), bucket_cap_mb=0.02)
+        model.register_comm_hook(None, hook)
+        for step in range(3):
+            # Plain Gaussian inputs: NaN gradients would compare torch's NaN
+            # arithmetic with numpy's (the collectives' tests cover specials).
+            xs = [torch.randn(8, 64, generator=torch.Generator().manual_seed(50 + 7 * step + r))
+                  .to(dtype) for r in range(world)]
+            grads = []  # every rank's local gradients, computed here
+            for x in xs:
+                local.zero_grad(set_to_none=True)
+                local(x.to(dev)).square().mean().backward()
+                grads.append([p.grad.cpu() for p in local.parameters()])
+            model.zero_grad(set_to_none=True)
+            model(xs[rank].to(dev)).square().mean().backward()
+            for i, p in enumerate(model.parameters()):
+                want = reference_reduce([g[i].reshape(-1) for g in grads], "avg", 1.0, dtype)
+                _check_result(p.grad.reshape(-1), want, dev,
+                              f"DDP hook {dtype} step {step} parameter {i}")
+                checked += 1
+    st = hook.stats()["all_reduce"]
+    return {"checked": checked, "calls": st["calls"], "compressed": st["compressed_calls"]}
