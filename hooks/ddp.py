@@ -40,7 +40,9 @@ hook. A compressed call waits on the host (its size exchange), which on
 autograd's thread would stall backward until the bucket had crossed the link;
 a raw one (a fast link, where the adaptive policy sends everything raw)
 returns torch's own pending Work. DDP waits on every bucket's future at the
-end of backward.
+end of backward. The one call that calibrates the adaptive policy (times the
+link and the codec) runs in the hook, so that backward does not slow down
+what it measures.
 """
 # No ``from __future__ import annotations`` here: DDP compares the hook's
 # ``bucket`` and return annotations to ``dist.GradBucket`` and
@@ -127,11 +129,14 @@ def ddp_comm_hook(state, bucket: dist.GradBucket, *, config: Optional[ZipCCLConf
     # compression hooks run in ``fut.then`` (no second bucket-sized tensor at
     # peak memory; https://github.com/pytorch/pytorch/issues/45968). It runs
     # on zipccl's worker thread (``background.py``): a compressed call waits on
-    # the host, which here would hold up the rest of backward. A rank outside
-    # ``group`` gets None from the call: its future completes with ``buffer``.
+    # the host, which here would hold up the rest of backward. The call that
+    # calibrates the policy runs here, after the calls before it, so that
+    # backward does not compete with what it times. A rank outside ``group``
+    # gets None from the call: its future completes with ``buffer``.
     return _background.submit(
         lambda: _coll.all_reduce(buffer, op=op, group=group, async_op=True, config=cfg,
-                                 stats=stats), buffer)
+                                 stats=stats),
+        buffer, here=_coll.all_reduce_calibrates(buffer, group, cfg))
 
 
 # --------------------------------------------------------------------------

@@ -100,3 +100,25 @@ def test_a_forked_child_gets_its_own_worker():
         if p.is_alive():
             p.kill()
     assert got == [7.0, 7.0]
+
+
+def test_here_runs_on_the_caller_after_the_jobs_before_it():
+    ran = []
+    result = torch.zeros(1)
+
+    def slow():
+        threading.Event().wait(0.2)  # still running when the next call is submitted
+        ran.append(("queued", threading.current_thread().name))
+
+    queued = background.submit(slow, result)
+    fut = background.submit(lambda: ran.append(("here", threading.current_thread().name)),
+                            result, here=True)
+    assert fut.done() and fut.wait() is result
+    assert ran == [("queued", "zipccl-collectives"), ("here", threading.current_thread().name)]
+    assert queued.wait() is result
+
+    def boom():
+        raise ValueError("calibration failed")
+
+    with pytest.raises(ValueError, match="calibration failed"):  # raised to the caller
+        background.submit(boom, result, here=True)

@@ -292,3 +292,33 @@ def test_an_error_in_the_worker_reaches_backward(pool2):
     # zipccl's worker thread, before any communication, on every rank.
     for msg in pool2.run(run_an_error_in_the_worker_reaches_backward):
         assert "float64" in msg, msg
+
+
+def run_the_calibrating_call_runs_in_the_hook() -> list:
+    import threading
+
+    from zipccl_fsdp import collectives as coll
+
+    threads, real = [], coll.all_reduce
+
+    def recording(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    coll.all_reduce = recording
+    try:
+        # The default policy on the loopback: it measures the link and the
+        # codec at its first compressible call, then (a fast link) goes raw.
+        _train(torch.bfloat16, lambda model: model.register_comm_hook(
+            None, ZipCCLHook(ZipCCLConfig(min_bytes=0))))
+    finally:
+        coll.all_reduce = real
+    return threads
+
+
+def test_the_calibrating_call_runs_in_the_hook(pool2):
+    # Timed beside backward, the codec looks slower than it is and the
+    # policy's decisions flip from run to run (docs/benchmarks.md).
+    for threads in pool2.run(run_the_calibrating_call_runs_in_the_hook):
+        assert threads[0] == "MainThread" and len(threads) > STEPS, threads
+        assert set(threads[1:]) == {"zipccl-collectives"}, threads

@@ -388,6 +388,16 @@ def test_a_new_site_measures_its_own_ratio():
     assert not decide(head).compress
 
 
+def test_calibrated_says_whether_a_call_would_measure_first():
+    cpu, bf16 = torch.device("cpu"), torch.bfloat16
+    assert P.Policy(ZipCCLConfig(policy="always")).calibrated(None, bf16, cpu)
+    assert P.Policy(ZipCCLConfig(policy="never")).calibrated(None, bf16, cpu)
+    assert P.Policy(ZipCCLConfig(link_gbps=1.0, codec_gbps=2.0)).calibrated(None, bf16, cpu)
+    for measured in (ZipCCLConfig(), ZipCCLConfig(link_gbps=1.0), ZipCCLConfig(codec_gbps=2.0)):
+        assert not P.Policy(measured).calibrated(None, bf16, cpu)
+    # After the measuring call: tests/test_ddp.py (the DDP hook runs it itself).
+
+
 def test_config_validates_policy_fields():
     with pytest.raises(ValueError, match="policy"):
         ZipCCLConfig(policy="sometimes")

@@ -65,13 +65,21 @@ def _the_worker() -> _Worker:
         return _worker
 
 
-def submit(call: Callable[[], object], result: torch.Tensor) -> torch.futures.Future:
+def submit(call: Callable[[], object], result: torch.Tensor, *,
+           here: bool = False) -> torch.futures.Future:
     """Run ``call()`` (which returns a ``Work`` or None) on the worker thread
     after every job submitted before it; return a future that completes with
     ``result`` when that Work has, or with the exception ``call`` raised or the
-    Work failed with. Under CUDA graph capture, ``call`` runs here, now."""
+    Work failed with.
+
+    ``here=True`` runs ``call`` on this thread once the worker has run every
+    job submitted before it (a call that times things: nothing of the
+    caller's runs beside it), and raises what it raises. Under CUDA graph
+    capture ``call`` runs here too."""
     cuda = result.is_cuda
-    if cuda and torch.cuda.is_current_stream_capturing():
+    if here or (cuda and torch.cuda.is_current_stream_capturing()):
+        if here:
+            _drain()
         work = call()
         return _done(result) if work is None else work.get_future().then(lambda _: result)
     fut = torch.futures.Future(devices=[result.device] if cuda else None)
@@ -81,6 +89,18 @@ def submit(call: Callable[[], object], result: torch.Tensor) -> torch.futures.Fu
         ready.record(torch.cuda.current_stream(result.device))
     _the_worker().jobs.put(lambda: _job(call, result, fut, ready))
     return fut
+
+
+def _drain() -> None:
+    """Return once the worker has run every job submitted so far (the Works
+    they returned may still be pending: their collectives are issued)."""
+    with _lock:
+        worker = _worker if _worker is not None and _worker.pid == os.getpid() else None
+    if worker is None:
+        return
+    idle = threading.Event()
+    worker.jobs.put(idle.set)
+    idle.wait()
 
 
 def _job(call, result: torch.Tensor, fut: torch.futures.Future, ready) -> None:

@@ -695,6 +695,27 @@ def _all_reduce(tensor, op, group, async_op: bool, config: ZipCCLConfig | None,
     return _completed_work(async_op, tensor)
 
 
+def all_reduce_calibrates(tensor: torch.Tensor, group=None,
+                          config: ZipCCLConfig | None = None) -> bool:
+    """Whether ``all_reduce(tensor, group=group, config=config)`` would first
+    calibrate the adaptive policy (time the link and the codec: its first
+    compressible call of this dtype and device on ``group``). A caller that
+    runs calls off its own thread while it computes (the DDP hook) runs this
+    one itself, when nothing else competes for the machine: a codec timed
+    beside backward looks slower than it is, and the policy's decision for
+    every later call flips from run to run (docs/benchmarks.md)."""
+    cfg = config or DEFAULT_CONFIG
+    if cfg.policy != "adaptive" or tensor.dtype not in CODED_DTYPES or _capturing(tensor):
+        return False
+    info = _group_info(group)
+    if info is None or info[1] == 1:
+        return False
+    group, world, _ = info
+    unit = (tensor.numel() // world) * tensor.element_size()
+    return (_compresses(cfg, "all_reduce", unit)
+            and not _policy.policy_for(cfg).calibrated(group, tensor.dtype, tensor.device))
+
+
 def _row_counts(t: torch.Tensor, splits, world: int, name: str, where: str) -> list:
     rows = t.shape[0] if t.dim() else 1
     if splits is None:

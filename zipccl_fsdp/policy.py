@@ -636,6 +636,15 @@ class Policy:
         self.decisions[(kind, "raw", 1)] += 1
         return True
 
+    def calibrated(self, group, dtype: torch.dtype, device) -> bool:
+        """Whether calls of ``dtype`` on ``group`` decide without measuring
+        anything first: the policy is not "adaptive", the config gives both
+        speeds, or ``could_compress`` has measured them."""
+        cfg = self.cfg
+        return (cfg.policy != "adaptive"
+                or (cfg.link_gbps is not None and cfg.codec_gbps is not None)
+                or (_group_key(group), dtype, device.type) in self._gates)
+
     def could_compress(self, group, world: int, dtype: torch.dtype, device, st=None,
                        kind: str = "") -> bool:
         """Whether compression can beat raw at any size and ratio on this group:
