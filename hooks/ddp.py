@@ -33,16 +33,18 @@ depend on their order: on two ranks the result equals DDP's default bit for
 bit, for fp32 and bf16 buckets. On other world sizes it is deterministic and
 the same on every backend, with one rounding fewer than pre-dividing.
 
-Every bucket's all-reduce runs on zipccl's worker thread, in bucket order
+A bucket's all-reduce runs on zipccl's worker thread, in bucket order
 (``zipccl_fsdp/background.py``), and the hook returns at once, so the
 bucket's communication overlaps the rest of backward as with DDP's default
 hook. A compressed call waits on the host (its size exchange), which on
-autograd's thread would stall backward until the bucket had crossed the link;
-a raw one (a fast link, where the adaptive policy sends everything raw)
-returns torch's own pending Work. DDP waits on every bucket's future at the
-end of backward. The one call that calibrates the adaptive policy (times the
-link and the codec) runs in the hook, so that backward does not slow down
-what it measures.
+autograd's thread would stall backward until the bucket had crossed the
+link. Two kinds of call run in the hook instead, once the worker has issued
+every earlier one: the call that calibrates the adaptive policy (times the
+link and the codec), so that backward does not slow down what it measures,
+and, while the worker is idle, calls known to go raw (a fast link, where
+the adaptive policy sends everything raw): torch's own pending Work, which
+costs no more here than handing it over. DDP waits on every bucket's future
+at the end of backward.
 """
 # No ``from __future__ import annotations`` here: DDP compares the hook's
 # ``bucket`` and return annotations to ``dist.GradBucket`` and
@@ -129,14 +131,18 @@ def ddp_comm_hook(state, bucket: dist.GradBucket, *, config: Optional[ZipCCLConf
     # compression hooks run in ``fut.then`` (no second bucket-sized tensor at
     # peak memory; https://github.com/pytorch/pytorch/issues/45968). It runs
     # on zipccl's worker thread (``background.py``): a compressed call waits on
-    # the host, which here would hold up the rest of backward. The call that
-    # calibrates the policy runs here, after the calls before it, so that
-    # backward does not compete with what it times. A rank outside ``group``
-    # gets None from the call: its future completes with ``buffer``.
+    # the host, which here would hold up the rest of backward. Two kinds of
+    # call run here instead, after the calls before it: the one that
+    # calibrates the policy (so that backward does not compete with what it
+    # times) and, when the worker is idle, one known to go raw (torch's
+    # pending Work: the hand-over would cost more than the call). A rank
+    # outside ``group`` gets None from the call: its future completes with
+    # ``buffer``.
+    outlook = _coll.all_reduce_outlook(buffer, group, cfg)
     return _background.submit(
         lambda: _coll.all_reduce(buffer, op=op, group=group, async_op=True, config=cfg,
                                  stats=stats),
-        buffer, here=_coll.all_reduce_calibrates(buffer, group, cfg))
+        buffer, here=outlook == "calibrates" or (outlook == "raw" and _background.idle()))
 
 
 # --------------------------------------------------------------------------

@@ -122,3 +122,17 @@ def test_here_runs_on_the_caller_after_the_jobs_before_it():
 
     with pytest.raises(ValueError, match="calibration failed"):  # raised to the caller
         background.submit(boom, result, here=True)
+
+
+def test_idle_until_every_job_has_run():
+    gate = threading.Event()
+    fut = background.submit(lambda: gate.wait(timeout=10) and None, torch.zeros(1))
+    assert not background.idle()  # a job is queued or running: a caller must not issue
+    gate.set()
+    fut.wait()
+    deadline = threading.Event()
+    for _ in range(100):  # the worker counts the job done just after completing its future
+        if background.idle():
+            break
+        deadline.wait(0.01)
+    assert background.idle()

@@ -294,7 +294,7 @@ def test_an_error_in_the_worker_reaches_backward(pool2):
         assert "float64" in msg, msg
 
 
-def run_the_calibrating_call_runs_in_the_hook() -> list:
+def run_where_the_calls_run(cfg: ZipCCLConfig) -> list:
     import threading
 
     from zipccl_fsdp import collectives as coll
@@ -306,19 +306,30 @@ def run_the_calibrating_call_runs_in_the_hook() -> list:
         return real(*args, **kwargs)
 
     coll.all_reduce = recording
+    hook = ZipCCLHook(cfg)
     try:
-        # The default policy on the loopback: it measures the link and the
-        # codec at its first compressible call, then (a fast link) goes raw.
-        _train(torch.bfloat16, lambda model: model.register_comm_hook(
-            None, ZipCCLHook(ZipCCLConfig(min_bytes=0))))
+        _train(torch.bfloat16, lambda model: model.register_comm_hook(None, hook))
     finally:
         coll.all_reduce = real
-    return threads
+    return threads, hook.stats()["all_reduce"]["compressed_calls"]
 
 
 def test_the_calibrating_call_runs_in_the_hook(pool2):
-    # Timed beside backward, the codec looks slower than it is and the
-    # policy's decisions flip from run to run (docs/benchmarks.md).
-    for threads in pool2.run(run_the_calibrating_call_runs_in_the_hook):
+    # Told a slow link, the default policy times the codec at its first call,
+    # in the hook: timed beside backward, the codec looks slower than it is
+    # and the policy's decisions flip from run to run (docs/benchmarks.md).
+    # The calls after it may be compressed: the worker runs them.
+    slow = ZipCCLConfig(min_bytes=0, link_gbps=0.01)
+    for threads, compressed in pool2.run(run_where_the_calls_run, slow):
         assert threads[0] == "MainThread" and len(threads) > STEPS, threads
         assert set(threads[1:]) == {"zipccl-collectives"}, threads
+        assert compressed > 0
+
+
+def test_raw_calls_run_in_the_hook_while_the_worker_is_idle(pool2):
+    # On the loopback the policy calibrates (in the hook), finds the link too
+    # fast to ever compress, and every later bucket is torch's own pending
+    # all-reduce, issued in the hook: no hand-over to the worker.
+    for threads, compressed in pool2.run(run_where_the_calls_run, ZipCCLConfig(min_bytes=0)):
+        assert set(threads) == {"MainThread"} and len(threads) > STEPS, threads
+        assert compressed == 0

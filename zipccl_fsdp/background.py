@@ -47,12 +47,20 @@ class _Worker:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.pending = 0  # jobs put and not yet run (under _lock)
         self.thread = threading.Thread(target=self._run, name="zipccl-collectives", daemon=True)
         self.thread.start()
+
+    def put(self, job) -> None:
+        with _lock:
+            self.pending += 1
+        self.jobs.put(job)
 
     def _run(self) -> None:
         while True:
             self.jobs.get()()  # a job never raises: _job reports into its future
+            with _lock:
+                self.pending -= 1
 
 
 def _the_worker() -> _Worker:
@@ -87,20 +95,33 @@ def submit(call: Callable[[], object], result: torch.Tensor, *,
     if cuda:
         ready = torch.cuda.Event()
         ready.record(torch.cuda.current_stream(result.device))
-    _the_worker().jobs.put(lambda: _job(call, result, fut, ready))
+    _the_worker().put(lambda: _job(call, result, fut, ready))
     return fut
 
 
-def _drain() -> None:
-    """Return once the worker has run every job submitted so far (the Works
-    they returned may still be pending: their collectives are issued)."""
+def _live_worker() -> "_Worker | None":
     with _lock:
-        worker = _worker if _worker is not None and _worker.pid == os.getpid() else None
+        return _worker if _worker is not None and _worker.pid == os.getpid() else None
+
+
+def idle() -> bool:
+    """Whether the worker has run every job submitted so far (the Works they
+    returned may still be pending: their collectives are issued)."""
+    worker = _live_worker()
     if worker is None:
+        return True
+    with _lock:
+        return worker.pending == 0
+
+
+def _drain() -> None:
+    """Return once ``idle()``."""
+    worker = _live_worker()
+    if worker is None or idle():
         return
-    idle = threading.Event()
-    worker.jobs.put(idle.set)
-    idle.wait()
+    done = threading.Event()
+    worker.put(done.set)
+    done.wait()
 
 
 def _job(call, result: torch.Tensor, fut: torch.futures.Future, ready) -> None:

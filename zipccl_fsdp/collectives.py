@@ -695,25 +695,38 @@ def _all_reduce(tensor, op, group, async_op: bool, config: ZipCCLConfig | None,
     return _completed_work(async_op, tensor)
 
 
-def all_reduce_calibrates(tensor: torch.Tensor, group=None,
-                          config: ZipCCLConfig | None = None) -> bool:
-    """Whether ``all_reduce(tensor, group=group, config=config)`` would first
-    calibrate the adaptive policy (time the link and the codec: its first
-    compressible call of this dtype and device on ``group``). A caller that
-    runs calls off its own thread while it computes (the DDP hook) runs this
-    one itself, when nothing else competes for the machine: a codec timed
-    beside backward looks slower than it is, and the policy's decision for
-    every later call flips from run to run (docs/benchmarks.md)."""
+def all_reduce_outlook(tensor: torch.Tensor, group=None,
+                       config: ZipCCLConfig | None = None) -> str:
+    """What ``all_reduce(tensor, group=group, config=config)`` is known to do
+    before it runs, for a caller that runs calls off its own thread while it
+    computes (the DDP hook, ``background.py``):
+
+    * ``"calibrates"``: it first times the link and the codec (the adaptive
+      policy's first compressible call of this dtype and device on ``group``).
+      Run it where nothing else competes for the machine: a codec timed
+      beside backward looks slower than it is, and the policy's decision for
+      every later call flips from run to run (docs/benchmarks.md);
+    * ``"raw"``: it goes raw for good (``"never"``, a message under
+      ``min_bytes``, or a link the policy found too fast to ever compress):
+      torch's own call, pending, costs no more on the caller's thread than
+      handing it over;
+    * ``""``: it may be compressed."""
     cfg = config or DEFAULT_CONFIG
-    if cfg.policy != "adaptive" or tensor.dtype not in CODED_DTYPES or _capturing(tensor):
-        return False
+    if tensor.dtype not in CODED_DTYPES or _capturing(tensor):
+        return ""
     info = _group_info(group)
     if info is None or info[1] == 1:
-        return False
+        return ""
     group, world, _ = info
     unit = (tensor.numel() // world) * tensor.element_size()
-    return (_compresses(cfg, "all_reduce", unit)
-            and not _policy.policy_for(cfg).calibrated(group, tensor.dtype, tensor.device))
+    if cfg.policy == "never" or not _compresses(cfg, "all_reduce", unit):
+        return "raw"
+    if cfg.policy != "adaptive":
+        return ""
+    pol = _policy.policy_for(cfg)
+    if not pol.calibrated(group, tensor.dtype, tensor.device):
+        return "calibrates"
+    return "raw" if pol.gate_closed(group, tensor.dtype, tensor.device) else ""
 
 
 def _row_counts(t: torch.Tensor, splits, world: int, name: str, where: str) -> list:

@@ -631,7 +631,7 @@ class Policy:
     def known_closed(self, kind: str, group, dtype: torch.dtype, device) -> bool:
         """True (and the raw call counted) when ``could_compress`` already said
         no for this group and dtype: the few-microsecond path of a fast link."""
-        if self._gates.get((_group_key(group), dtype, device.type), True):
+        if not self.gate_closed(group, dtype, device):
             return False
         self.decisions[(kind, "raw", 1)] += 1
         return True
@@ -644,6 +644,11 @@ class Policy:
         return (cfg.policy != "adaptive"
                 or (cfg.link_gbps is not None and cfg.codec_gbps is not None)
                 or (_group_key(group), dtype, device.type) in self._gates)
+
+    def gate_closed(self, group, dtype: torch.dtype, device) -> bool:
+        """Whether ``could_compress`` has said no for this group and dtype
+        (``known_closed`` without counting a call)."""
+        return not self._gates.get((_group_key(group), dtype, device.type), True)
 
     def could_compress(self, group, world: int, dtype: torch.dtype, device, st=None,
                        kind: str = "") -> bool:
