@@ -333,3 +333,12 @@ def test_raw_calls_run_in_the_hook_while_the_worker_is_idle(pool2):
     for threads, compressed in pool2.run(run_where_the_calls_run, ZipCCLConfig(min_bytes=0)):
         assert set(threads) == {"MainThread"} and len(threads) > STEPS, threads
         assert compressed == 0
+
+
+def test_never_runs_on_the_worker(pool2):
+    # policy="never" reduces through zipccl's rank-order raw path, which
+    # waits on the host: it must not run on autograd's thread.
+    for threads, compressed in pool2.run(run_where_the_calls_run,
+                                         ZipCCLConfig(policy="never", min_bytes=0)):
+        assert set(threads) == {"zipccl-collectives"} and len(threads) > STEPS, threads
+        assert compressed == 0

@@ -16,9 +16,11 @@ future at the end of backward, so the calls overlap the rest of it.
 Order: every rank must issue its collectives in the same order. One thread
 that runs calls first in, first out keeps each rank's program order, so
 calls are issued as they would be on the caller's thread. A caller must not
-also issue collectives on the same group on its own thread while calls it
-submitted are pending; the DDP hook submits every bucket, and DDP issues
-nothing else until it has waited for them all.
+also issue collectives on the same group on its own thread while the worker
+has jobs: ``idle()`` says when it has none, and ``submit(..., here=True)``
+waits for that, then runs the call on the caller's thread. The DDP hook
+does so for the call that calibrates the policy and, when idle, for calls
+that go raw; DDP issues nothing else until it has waited for every bucket.
 
 CUDA: the call runs on a stream of the worker's, made to wait at submission
 for the caller's current stream (an event), and the future names the

@@ -706,23 +706,21 @@ def all_reduce_outlook(tensor: torch.Tensor, group=None,
       Run it where nothing else competes for the machine: a codec timed
       beside backward looks slower than it is, and the policy's decision for
       every later call flips from run to run (docs/benchmarks.md);
-    * ``"raw"``: it goes raw for good (``"never"``, a message under
-      ``min_bytes``, or a link the policy found too fast to ever compress):
-      torch's own call, pending, costs no more on the caller's thread than
-      handing it over;
-    * ``""``: it may be compressed."""
+    * ``"raw"``: the adaptive policy sends it raw whatever its data (a
+      message under ``min_bytes``, or a link found too fast to ever
+      compress): torch's own all-reduce, pending, costs no more on the
+      caller's thread than handing it over;
+    * ``""``: anything else: it may be compressed, or (``"always"``,
+      ``"never"``) sent raw through zipccl's rank-order path, which waits."""
     cfg = config or DEFAULT_CONFIG
-    if tensor.dtype not in CODED_DTYPES or _capturing(tensor):
+    if cfg.policy != "adaptive" or tensor.dtype not in CODED_DTYPES or _capturing(tensor):
         return ""
     info = _group_info(group)
     if info is None or info[1] == 1:
         return ""
     group, world, _ = info
-    unit = (tensor.numel() // world) * tensor.element_size()
-    if cfg.policy == "never" or not _compresses(cfg, "all_reduce", unit):
+    if not _compresses(cfg, "all_reduce", (tensor.numel() // world) * tensor.element_size()):
         return "raw"
-    if cfg.policy != "adaptive":
-        return ""
     pol = _policy.policy_for(cfg)
     if not pol.calibrated(group, tensor.dtype, tensor.device):
         return "calibrates"
