@@ -342,3 +342,25 @@ def test_never_runs_on_the_worker(pool2):
                                          ZipCCLConfig(policy="never", min_bytes=0)):
         assert set(threads) == {"zipccl-collectives"} and len(threads) > STEPS, threads
         assert compressed == 0
+
+
+def run_with_ddp_options(**options) -> dict:
+    """DDP's options that change how buckets meet gradients: with
+    ``gradient_as_bucket_view`` the worker writes the averages straight into
+    ``p.grad`` while backward goes on; ``static_graph`` delays the first
+    reduction."""
+    def model():
+        return DDP(_mlp(torch.bfloat16), bucket_cap_mb=0.01, **options)
+
+    want = _train(torch.bfloat16, model=model())
+    hook = ZipCCLHook(CFG)
+    got = _train(torch.bfloat16, lambda m: m.register_comm_hook(None, hook), model=model())
+    _assert_same_training(got, want)
+    return hook.stats()["all_reduce"]
+
+
+@pytest.mark.parametrize("options", [dict(gradient_as_bucket_view=True),
+                                     dict(static_graph=True)], ids=["bucket_view", "static"])
+def test_ddp_options_equal_ddp_default(pool2, options):
+    for st in pool2.run(run_with_ddp_options, **options):
+        assert st["compressed_calls"] == st["calls"] > STEPS, st
