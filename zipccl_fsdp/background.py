@@ -47,7 +47,6 @@ class _Worker:
     """One daemon thread that runs submitted jobs first in, first out."""
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.pending = 0  # jobs put and not yet run (under _lock)
         self.thread = threading.Thread(target=self._run, name="zipccl-collectives", daemon=True)
@@ -65,12 +64,23 @@ class _Worker:
                 self.pending -= 1
 
 
+def _after_fork_in_child() -> None:
+    # A forked child inherits the worker object but not its thread, and
+    # _lock as it was at the fork (the worker may have held it): start over.
+    global _lock, _worker
+    _lock = threading.Lock()
+    _worker = None
+    _STREAMS.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _the_worker() -> _Worker:
-    """The process's worker, started on first use (again in a forked child,
-    which inherits the object but not the thread)."""
+    """The process's worker, started on first use."""
     global _worker
     with _lock:
-        if _worker is None or _worker.pid != os.getpid():
+        if _worker is None:
             _worker = _Worker()
         return _worker
 
@@ -101,24 +111,16 @@ def submit(call: Callable[[], object], result: torch.Tensor, *,
     return fut
 
 
-def _live_worker() -> "_Worker | None":
-    with _lock:
-        return _worker if _worker is not None and _worker.pid == os.getpid() else None
-
-
 def idle() -> bool:
     """Whether the worker has run every job submitted so far (the Works they
     returned may still be pending: their collectives are issued)."""
-    worker = _live_worker()
-    if worker is None:
-        return True
     with _lock:
-        return worker.pending == 0
+        return _worker is None or _worker.pending == 0
 
 
 def _drain() -> None:
     """Return once ``idle()``."""
-    worker = _live_worker()
+    worker = _worker
     if worker is None or idle():
         return
     done = threading.Event()
