@@ -9,6 +9,8 @@ parameters are compared as integer views after every step.
 """
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -17,6 +19,7 @@ from torch._C._profiler import _ExperimentalConfig
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hooks.registry import ZipCCLHook, register_comm_hook, zipccl_hook
+from zipccl_fsdp import collectives as coll
 from zipccl_fsdp.config import ZipCCLConfig
 
 CFG = ZipCCLConfig(policy="always", min_bytes=0)  # compress every bucket chunk, however small
@@ -197,10 +200,6 @@ def run_backward_goes_on_while_a_bucket_is_in_flight() -> tuple:
     the first bucket's all-reduce (the last layer's gradients) waits until
     backward has computed the first layer's weight gradient, the last one it
     computes. On autograd's thread that wait could only time out."""
-    import threading
-
-    from zipccl_fsdp import collectives as coll
-
     model = DDP(_mlp(torch.bfloat16), bucket_cap_mb=0.01)
     hook = ZipCCLHook(CFG)
     model.register_comm_hook(None, hook)
@@ -294,11 +293,7 @@ def test_an_error_in_the_worker_reaches_backward(pool2):
         assert "float64" in msg, msg
 
 
-def run_where_the_calls_run(cfg: ZipCCLConfig) -> list:
-    import threading
-
-    from zipccl_fsdp import collectives as coll
-
+def run_where_the_calls_run(cfg: ZipCCLConfig) -> tuple:
     threads, real = [], coll.all_reduce
 
     def recording(*args, **kwargs):
