@@ -359,3 +359,43 @@ def run_with_ddp_options(**options) -> dict:
 def test_ddp_options_equal_ddp_default(pool2, options):
     for st in pool2.run(run_with_ddp_options, **options):
         assert st["compressed_calls"] == st["calls"] > STEPS, st
+
+
+def run_tensorboard_stats(logdir: str) -> dict:
+    """STEPS of DDP training with a TensorBoardStats after each step, written
+    to a real event file, read back with TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    from zipccl_fsdp import TensorBoardStats
+
+    hook = ZipCCLHook(CFG)
+    model = DDP(_mlp(torch.bfloat16), bucket_cap_mb=0.01)
+    model.register_comm_hook(None, hook)
+    writer = SummaryWriter(f"{logdir}/rank{dist.get_rank()}")
+    tb = TensorBoardStats(writer, hook)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    for step in range(1, STEPS + 1):
+        model(torch.randn(16, 32, generator=g).to(torch.bfloat16)).square().mean().backward()
+        tb.log(step)
+    writer.close()
+    events = EventAccumulator(writer.log_dir)
+    events.Reload()
+    logged = {tag: [(e.step, e.value) for e in events.Scalars(tag)]
+              for tag in events.Tags()["scalars"]}
+    return logged, hook.stats()["all_reduce"]
+
+
+def test_tensorboard_stats_writes_per_step_deltas(pool2, tmp_path):
+    for logged, st in pool2.run(run_tensorboard_stats, str(tmp_path)):
+        assert {"zipccl/all_reduce/raw_MB", "zipccl/all_reduce/wire_MB",
+                "zipccl/all_reduce/ratio", "zipccl/all_reduce/comm_ms",
+                "zipccl/all_reduce/compressed_fraction"} <= set(logged), sorted(logged)
+        assert not any(tag.startswith("zipccl/all_gather") for tag in logged)  # no calls
+        wire = logged["zipccl/all_reduce/wire_MB"]
+        assert [s for s, _ in wire] == list(range(1, STEPS + 1))
+        # Per-step values, not running totals: they add up to the hook's total.
+        assert sum(v for _, v in wire) == pytest.approx(st["wire_bytes"] / 1e6, rel=1e-5)
+        calls = [v for _, v in logged["zipccl/all_reduce/calls"]]
+        assert sum(calls) == st["calls"] and all(c > 0 for c in calls)
+        assert all(v == 1.0 for _, v in logged["zipccl/all_reduce/compressed_fraction"])

@@ -20,6 +20,7 @@ from .errors import CorruptPayloadError, ZipCCLConfigError  # noqa: E402
 from .codec import CODECS, BACKENDS, encode, decode, max_encoded_nbytes  # noqa: E402
 from .config import ZipCCLConfig  # noqa: E402
 from .stats import CommStats  # noqa: E402
+from .tensorboard_stats import TensorBoardStats  # noqa: E402
 from .collectives import (  # noqa: E402
     all_gather_single, reduce_scatter_single, all_reduce, all_to_all_single, stats, reset_stats,
 )
@@ -35,7 +36,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CODECS", "BACKENDS", "encode", "decode", "max_encoded_nbytes",
-    "CorruptPayloadError", "ZipCCLConfigError", "ZipCCLConfig", "CommStats",
+    "CorruptPayloadError", "ZipCCLConfigError", "ZipCCLConfig", "CommStats", "TensorBoardStats",
     "all_gather_single", "reduce_scatter_single", "all_reduce", "all_to_all_single",
     "stats", "reset_stats",
     "ZipCCLHook", "zipccl_hook", "register_comm_hook", "ddp_comm_hook",

@@ -8,7 +8,7 @@ With ``compress=True`` every model part gets
 ``zipccl_fsdp.register_comm_hook(model_part, hook)`` (one hook, shared by all
 parts), and the hook's ``stats()`` go to TensorBoard as
 ``zipccl/<kind>/<name>`` (kind: all_gather, reduce_scatter, ...; per logged
-step, see :class:`~zipccl_fsdp.titan.metrics.StepDeltas`). If this build of
+step, see :class:`~zipccl_fsdp.tensorboard_stats.StepDeltas`). If this build of
 zipccl_fsdp does not export ``register_comm_hook``, a warning is logged and
 the run keeps FSDP2's default comms.
 
@@ -66,7 +66,8 @@ import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
-from .metrics import StepDeltas, attach_scalar_source
+from ..tensorboard_stats import StepDeltas
+from .metrics import attach_scalar_source
 
 logger = logging.getLogger(__name__)
 

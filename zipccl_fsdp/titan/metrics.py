@@ -34,8 +34,9 @@ for code that holds the processor), and logs their values as
 ``post_optimizer_build_fn`` and the processor share, so no global registry
 is needed.
 
-:class:`StepDeltas` turns a hook's cumulative ``stats()`` into per-step
-sources: ``zipccl/<kind>/raw_MB``, ``wire_MB``, ``ratio``, ``comm_ms``,
+:class:`~zipccl_fsdp.tensorboard_stats.StepDeltas` turns a hook's cumulative
+``stats()`` into per-step sources: ``zipccl/<kind>/raw_MB``, ``wire_MB``,
+``ratio``, ``comm_ms``,
 ``encode_ms``, ``decode_ms`` (and ``calls``, ``compressed_calls``) hold the
 traffic since the previous logged step, not running totals.
 
@@ -58,10 +59,11 @@ import torch.nn as nn
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.config.override import derive, override
 
+from ..tensorboard_stats import TAG_PREFIX
+
 ScalarSource = Callable[[int], Mapping[str, float]]
 """Called with the step number; returns ``{name: value}`` to log."""
 
-TAG_PREFIX = "zipccl"
 _SOURCES_ATTR = "_zipccl_scalar_sources"
 
 
@@ -85,64 +87,6 @@ def attach_scalar_source(module: nn.Module, kind: str, source: ScalarSource) -> 
 def _check_kind(kind: str) -> None:
     if not kind or kind.startswith("/") or kind.endswith("/"):
         raise ValueError(f"kind must be a non-empty tag path, got {kind!r}")
-
-
-class StepDeltas:
-    """Scalar source: one kind of a cumulative ``stats()``, per logged step.
-
-    ``stats()`` returns ``{kind: {"calls", "compressed_calls", "raw_bytes",
-    "wire_bytes", "encode_s", "decode_s", "comm_s", ...}}`` counted since the
-    start (a ``ZipCCLHook``'s ``stats``). Each call logs what changed since the
-    previous call, so a tag's value at step ``s`` is the traffic of the steps
-    since the previous logged step (with ``log_freq = 1``: of step ``s``
-    alone), not a running total:
-
-    ``raw_MB``, ``wire_MB``
-        bytes this rank would send uncompressed / did send (10**6 bytes);
-    ``ratio``
-        raw / wire bytes of those steps;
-    ``comm_ms``, ``encode_ms``, ``decode_ms``
-        host wall-clock time in the exchange, the encoder and the decoder;
-    ``calls``, ``compressed_calls``
-        collectives run, and how many of them sent compressed payloads;
-    ``compressed_fraction``
-        compressed_calls / calls: what the policy decided (``policy.py``).
-
-    Nothing is logged for steps in which the kind made no call.
-    """
-
-    _FIELDS = (
-        ("raw_bytes", "raw_MB", 1e-6),
-        ("wire_bytes", "wire_MB", 1e-6),
-        ("comm_s", "comm_ms", 1e3),
-        ("encode_s", "encode_ms", 1e3),
-        ("decode_s", "decode_ms", 1e3),
-        ("calls", "calls", 1),
-        ("compressed_calls", "compressed_calls", 1),
-    )
-
-    def __init__(
-        self, stats: Callable[[], Mapping[str, Mapping[str, float]]], kind: str
-    ) -> None:
-        self.stats, self.kind = stats, kind
-        self._last: dict[str, float] = {}
-
-    def __call__(self, step: int) -> dict[str, float]:
-        now = dict(self.stats().get(self.kind, {}))
-        delta = {k: v - self._last.get(k, 0) for k, v in now.items()}
-        self._last = now
-        if not delta.get("calls"):
-            return {}
-        out = {
-            name: delta[field] * scale
-            for field, name, scale in self._FIELDS
-            if field in delta
-        }
-        if delta.get("wire_bytes"):
-            out["ratio"] = delta["raw_bytes"] / delta["wire_bytes"]
-        if "compressed_calls" in delta:
-            out["compressed_fraction"] = delta["compressed_calls"] / delta["calls"]
-        return out
 
 
 def collect_scalars(holders: Any, step: int) -> dict[str, float]:

@@ -1,0 +1,121 @@
+"""zipccl's counters in TensorBoard: per-step deltas of a cumulative ``stats()``.
+
+``StepDeltas`` turns the running totals of a ``ZipCCLHook``,
+``DTensorCompression`` or the free collectives (``zipccl_fsdp.stats``) into
+the traffic of the steps since the previous logged one. The torchtitan
+integration logs it through torchtitan's own metrics (``titan/metrics.py``);
+``TensorBoardStats`` writes it to any ``SummaryWriter``, for training loops
+of one's own (DDP, FSDP2 or tensor parallelism without torchtitan), under
+the same tags.
+
+Example::
+
+    >>> from torch.utils.tensorboard import SummaryWriter
+    >>> tb = TensorBoardStats(SummaryWriter("runs/ddp"), zipccl_hook)
+    >>> for step in range(1, steps + 1):
+    ...     train_step()
+    ...     tb.log(step)          # zipccl/all_reduce/wire_MB, .../ratio, ...
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from .stats import KINDS
+
+TAG_PREFIX = "zipccl"
+
+
+class StepDeltas:
+    """Scalar source: one kind of a cumulative ``stats()``, per logged step.
+
+    ``stats()`` returns ``{kind: {"calls", "compressed_calls", "raw_bytes",
+    "wire_bytes", "encode_s", "decode_s", "comm_s", ...}}`` counted since the
+    start (a ``ZipCCLHook``'s ``stats``). Each call logs what changed since the
+    previous call, so a tag's value at step ``s`` is the traffic of the steps
+    since the previous logged step (with ``log_freq = 1``: of step ``s``
+    alone), not a running total:
+
+    ``raw_MB``, ``wire_MB``
+        bytes this rank would send uncompressed / did send (10**6 bytes);
+    ``ratio``
+        raw / wire bytes of those steps;
+    ``comm_ms``, ``encode_ms``, ``decode_ms``
+        host wall-clock time in the exchange, the encoder and the decoder;
+    ``calls``, ``compressed_calls``
+        collectives run, and how many of them sent compressed payloads;
+    ``compressed_fraction``
+        compressed_calls / calls: what the policy decided (``policy.py``).
+
+    Nothing is logged for steps in which the kind made no call.
+    """
+
+    _FIELDS = (
+        ("raw_bytes", "raw_MB", 1e-6),
+        ("wire_bytes", "wire_MB", 1e-6),
+        ("comm_s", "comm_ms", 1e3),
+        ("encode_s", "encode_ms", 1e3),
+        ("decode_s", "decode_ms", 1e3),
+        ("calls", "calls", 1),
+        ("compressed_calls", "compressed_calls", 1),
+    )
+
+    def __init__(
+        self, stats: Callable[[], Mapping[str, Mapping[str, float]]], kind: str
+    ) -> None:
+        self.stats, self.kind = stats, kind
+        self._last: dict[str, float] = {}
+
+    def __call__(self, step: int) -> dict[str, float]:
+        now = dict(self.stats().get(self.kind, {}))
+        delta = {k: v - self._last.get(k, 0) for k, v in now.items()}
+        self._last = now
+        if not delta.get("calls"):
+            return {}
+        out = {
+            name: delta[field] * scale
+            for field, name, scale in self._FIELDS
+            if field in delta
+        }
+        if delta.get("wire_bytes"):
+            out["ratio"] = delta["raw_bytes"] / delta["wire_bytes"]
+        if "compressed_calls" in delta:
+            out["compressed_fraction"] = delta["compressed_calls"] / delta["calls"]
+        return out
+
+
+class TensorBoardStats:
+    """Write ``StepDeltas`` of every collective kind to a ``SummaryWriter``.
+
+    ``source`` is anything with a ``stats()`` method returning ``{kind:
+    counters}`` (a ``ZipCCLHook``, a ``DTensorCompression``) or None for the
+    free collectives' own counters. Call ``log(step)`` after each step whose
+    collectives have completed (for DDP: after ``backward``, which waits for
+    every bucket); kinds that made no call since the previous ``log`` write
+    nothing. The writer is not flushed or closed here.
+    """
+
+    def __init__(self, writer, source=None, kinds: tuple = KINDS) -> None:
+        if source is None:
+            from . import collectives
+            stats = collectives.stats
+        elif callable(getattr(source, "stats", None)):
+            stats = source.stats
+        else:
+            raise TypeError(f"TensorBoardStats: source must have a stats() method (a "
+                            f"ZipCCLHook or DTensorCompression) or be None, got "
+                            f"{type(source).__name__}")
+        unknown = sorted(set(kinds) - set(KINDS))
+        if unknown:
+            raise ValueError(f"TensorBoardStats: unknown kinds {unknown}; known: {KINDS}")
+        self.writer = writer
+        self._deltas = [(kind, StepDeltas(stats, kind)) for kind in kinds]
+
+    def log(self, step: int) -> dict[str, float]:
+        """Write this step's scalars; return them as ``{tag: value}``."""
+        out = {}
+        for kind, deltas in self._deltas:
+            for name, value in deltas(step).items():
+                tag = f"{TAG_PREFIX}/{kind}/{name}"
+                out[tag] = float(value)
+                self.writer.add_scalar(tag, out[tag], step)
+        return out
