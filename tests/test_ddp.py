@@ -399,3 +399,36 @@ def test_tensorboard_stats_writes_per_step_deltas(pool2, tmp_path):
         calls = [v for _, v in logged["zipccl/all_reduce/calls"]]
         assert sum(calls) == st["calls"] and all(c > 0 for c in calls)
         assert all(v == 1.0 for _, v in logged["zipccl/all_reduce/compressed_fraction"])
+
+
+def run_uneven_inputs_under_join(cfg: ZipCCLConfig) -> dict:
+    """DDP's ``join()``: rank 1 trains two more steps; rank 0, done, shadows
+    its all-reduces by calling the hook on zero buckets. The last gradients
+    and the parameters equal DDP's default under the same join."""
+    def train(hook):
+        model = DDP(_mlp(torch.float32), bucket_cap_mb=0.01)
+        if hook is not None:
+            model.register_comm_hook(None, hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        g = torch.Generator().manual_seed(3 + dist.get_rank())
+        with model.join():
+            for _ in range(3 + 2 * dist.get_rank()):
+                opt.zero_grad(set_to_none=True)
+                model(torch.randn(8, 32, generator=g)).square().mean().backward()
+                opt.step()
+        return [t.detach().clone() for p in model.parameters() for t in (p, p.grad)]
+
+    want = train(None)
+    hook = ZipCCLHook(cfg)
+    got = train(hook)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert torch.equal(bits(a), bits(b)), f"tensor {i} differs"
+    return hook.stats()["all_reduce"]
+
+
+@pytest.mark.parametrize("cfg", [CFG, ZipCCLConfig(min_bytes=0, link_gbps=0.01)],
+                         ids=["always", "adaptive"])
+def test_uneven_inputs_under_join(pool2, cfg):
+    results = pool2.run(run_uneven_inputs_under_join, cfg)
+    assert results[0]["calls"] == results[1]["calls"], results  # the shadows are calls too
+    assert all(st["compressed_calls"] > 0 for st in results), results
