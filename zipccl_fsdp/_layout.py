@@ -73,3 +73,15 @@ def gather_source(own: torch.Tensor, slots: list, rank: int) -> torch.Tensor:
             overlaps(own, slots[rank]) and not same_memory(own, slots[rank])):
         return own.clone()
     return own
+
+
+def stream_per_device(streams: dict, device: torch.device):
+    """The CUDA stream ``streams`` holds for ``device``, taken from torch's
+    stream pool once. A new one per call cycles through the pool's 32
+    streams, which ProcessGroupNCCL draws its streams from too: every 32nd
+    call would run on the stream its own collectives run on (correct, but
+    nothing overlaps)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in streams:
+        streams[index] = torch.cuda.Stream(device=index)
+    return streams[index]

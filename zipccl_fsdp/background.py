@@ -38,6 +38,8 @@ from typing import Callable
 
 import torch
 
+from ._layout import stream_per_device
+
 _lock = threading.Lock()
 _worker: "_Worker | None" = None
 _STREAMS: dict = {}  # device index -> the worker's stream (used on the worker only)
@@ -169,7 +171,4 @@ def _complete(work, result: torch.Tensor, fut: torch.futures.Future) -> None:
 
 
 def _stream(device: torch.device):
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _STREAMS:
-        _STREAMS[index] = torch.cuda.Stream(device=index)
-    return _STREAMS[index]
+    return stream_per_device(_STREAMS, device)

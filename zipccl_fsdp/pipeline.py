@@ -40,7 +40,8 @@ import torch.distributed as dist
 
 from . import codec as _codec
 from . import integrity as _integrity
-from ._layout import device_ints, gather_source, same_memory, split_flat, zero_padded
+from ._layout import (device_ints, gather_source, same_memory, split_flat, stream_per_device,
+                      zero_padded)
 from ._reduce import RankOrderSum
 from .errors import CorruptPayloadError
 
@@ -75,15 +76,8 @@ _SIDE_STREAMS: dict = {}
 
 
 def _side_stream(device: torch.device):
-    """One codec stream per device, taken from torch's stream pool once. A
-    new one per call cycles through the pool's 32 streams, which
-    ProcessGroupNCCL draws its streams from too: every 32nd call would
-    encode on the stream its own collectives run on (correct, but nothing
-    overlaps)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SIDE_STREAMS:
-        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
-    return _SIDE_STREAMS[index]
+    """The codec's stream on ``device`` (one per device, ``_layout.stream_per_device``)."""
+    return stream_per_device(_SIDE_STREAMS, device)
 
 
 class _Streams:
