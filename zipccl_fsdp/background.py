@@ -95,13 +95,13 @@ def submit(call: Callable[[], object], result: torch.Tensor, *,
     Work failed with.
 
     ``here=True`` runs ``call`` on this thread once the worker has run every
-    job submitted before it (a call that times things: nothing of the
-    caller's runs beside it), and raises what it raises. Under CUDA graph
-    capture ``call`` runs here too."""
+    job submitted before it, and raises what it raises: for a call that
+    times things (nothing of the caller's may run beside it), or one that
+    costs less than the hand-over. Under CUDA graph capture ``call`` runs
+    here too (nothing may leave the capturing stream)."""
     cuda = result.is_cuda
     if here or (cuda and torch.cuda.is_current_stream_capturing()):
-        if here:
-            _drain()
+        _drain()
         work = call()
         return _done(result) if work is None else work.get_future().then(lambda _: result)
     fut = torch.futures.Future(devices=[result.device] if cuda else None)
