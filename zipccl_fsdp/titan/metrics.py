@@ -36,9 +36,9 @@ is needed.
 
 :class:`~zipccl_fsdp.tensorboard_stats.StepDeltas` turns a hook's cumulative
 ``stats()`` into per-step sources: ``zipccl/<kind>/raw_MB``, ``wire_MB``,
-``ratio``, ``comm_ms``,
-``encode_ms``, ``decode_ms`` (and ``calls``, ``compressed_calls``) hold the
-traffic since the previous logged step, not running totals.
+``ratio``, ``comm_ms``, ``encode_ms``, ``decode_ms`` (and ``calls``,
+``compressed_calls``) hold the traffic since the previous logged step, not
+running totals.
 
 For a stock torchtitan config, select the processor with
 ``--override.imports zipccl_fsdp.titan.metrics.zipccl_metrics``.
