@@ -62,7 +62,8 @@ def gather_all(x: torch.Tensor, group=None) -> list:
 
 
 def reference_reduce(parts: list, op: str, factor: float, dtype: torch.dtype) -> torch.Tensor:
-    """fp32 sum in rank order (numpy float32), then AVG / PREMUL_SUM, then cast."""
+    """fp32 sum in rank order (numpy float32), then AVG / PREMUL_SUM, every NaN
+    made the canonical quiet NaN, then cast."""
     acc = None
     for p in parts:
         v = p.float().numpy().astype(np.float32)
@@ -71,6 +72,7 @@ def reference_reduce(parts: list, op: str, factor: float, dtype: torch.dtype) ->
         acc = v.copy() if acc is None else acc + v
     if op == "avg":
         acc = acc / np.float32(len(parts))
+    acc[np.isnan(acc)] = np.float32("nan")
     return torch.from_numpy(acc).to(dtype)
 
 

@@ -21,7 +21,8 @@ it is not sure of returns ``MISS`` and takes the general path, with its
 checks and messages. That includes tensor subclasses and torch-function modes
 (torch's wrapper dispatches those), tensors that require grad, a running
 profiler (the general path records its ranges), torch's coalescing manager,
-invalid shapes or split sizes, and reduce ops other than SUM.
+invalid shapes or split sizes, an all-to-all whose output overlaps its input,
+and reduce ops other than SUM.
 """
 from __future__ import annotations
 
@@ -146,6 +147,9 @@ def all_to_all(output, input, output_split_sizes, input_split_sizes, group, asyn
     shape_in, shape_out = input.shape, output.shape
     if not shape_in or not shape_out:  # 0-dim
         return MISS
+    start_in, start_out = input.data_ptr(), output.data_ptr()
+    if start_in < start_out + output.nbytes and start_out < start_in + input.nbytes:
+        return MISS  # overlapping: the general path reads the input from a copy
     rows_in, rows_out = shape_in[0], shape_out[0]
     if rows_in:
         row = input.numel() // rows_in

@@ -1,8 +1,13 @@
-"""The reduction of a reduce-scatter, shared by collectives.py and pipeline.py.
+"""The reduction of a reduce-scatter and of an all-reduce (``pipeline.py``).
 
-One copy, so that the one-shot and the pipelined paths give the same bits:
-the chunks are summed in fp32 in rank order 0..world-1, then AVG divides by
-the world size and the sum is cast to the output's dtype.
+The chunks are summed in fp32 in rank order 0..world-1, then AVG divides by
+the world size, every NaN becomes the canonical quiet NaN, and the sum is
+cast to the output's dtype.
+
+Why the NaNs: which NaN an add returns depends on where the element falls in
+the kernel (torch's vectorised CPU add keeps an operand's payload, its scalar
+tail and CUDA return a default NaN), so without it the bits of a NaN result
+would depend on how a call is cut into pieces and on the device.
 """
 from __future__ import annotations
 
@@ -50,5 +55,6 @@ class RankOrderSum:
         """Scale (AVG) and cast the sum into ``out``."""
         if self.op_kind == "avg":
             self.acc.div_(world)
+        self.acc.masked_fill_(self.acc.isnan(), float("nan"))
         if self.acc is not self.out:
             self.out.copy_(self.acc)

@@ -78,7 +78,8 @@ import torch
 import torch.distributed as dist
 
 from . import codec as _codec
-from ._layout import device_ints
+from ._wire import all_gather_single as _all_gather
+from ._wire import gather_ints, group_key as _group_key
 
 logger = logging.getLogger(__name__)
 
@@ -159,9 +160,6 @@ class Plan:
     compress: bool
     codec: str = "raw"
     pieces: int = 1
-    pipeline: bool = False
-    """Run the pipelined collectives of ``pipeline.py`` (adaptive calls and
-    forced piece counts) rather than the one-shot ones of ``collectives.py``."""
     reason: str = ""
 
 
@@ -242,16 +240,13 @@ def best_plan(parts: tuple, link: LinkSpeed, speeds: dict, fractions: dict,
         for n in counts:
             t = predict(parts, link, speed, fractions[codec], n)
             if t < best_s:
-                best, best_s = Plan(True, codec, n, True, "model"), t
+                best, best_s = Plan(True, codec, n, "model"), t
     return best, (best_s if best.compress else raw_s), raw_s
 
 
 # --------------------------------------------------------------------------
 # Measurements
 # --------------------------------------------------------------------------
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -454,7 +449,7 @@ class Policy:
                                 for c in speeds for n in PIECE_COUNTS
                                 if n == 1 or numel * itemsize / n >= MIN_PIECE_BYTES),
                                key=lambda t: t[2])
-        plan = Plan(True, codec, pieces, True, "probe")
+        plan = Plan(True, codec, pieces, "probe")
         t_raw, t_zip, sent = measure_ab_local(group, world, rank, x, plan, self.cfg)
         t_raw, t_zip = _agree_max([t_raw, t_zip], group, device)
         if st is not None:
@@ -548,7 +543,7 @@ class Policy:
             return RAW
         if cfg.policy == "always":
             pieces = cfg.pipeline_pieces or 1
-            return Plan(True, cfg.codec, pieces, pieces > 1, "always")
+            return Plan(True, cfg.codec, pieces, "always")
         if not self.could_compress(group, world, dtype, device, st, kind):
             return LINK_RAW
         link = self.link(group, world, device)
@@ -574,10 +569,10 @@ class Policy:
             # gradient codes to 0.86 of its bytes, the bf16-cast layer gradients
             # beside it to 0.35), and a site kept raw would be probed only once
             # in REPROBE_EVERY calls.
-            return Plan(True, hope.codec, hope.pieces, True, "first")
+            return Plan(True, hope.codec, hope.pieces, "first")
         state.raw_streak += 1
         if state.raw_streak % REPROBE_EVERY == 0:
-            return Plan(True, hope.codec, hope.pieces, True, "probe")
+            return Plan(True, hope.codec, hope.pieces, "probe")
         return Plan(False, reason="ratio")
 
     def decide_all_to_all(self, group, world: int, row_shape: tuple, dtype: torch.dtype,
@@ -596,10 +591,7 @@ class Policy:
         if state.a2a_raw >= A2A_SKIP_AFTER and state.a2a_raw % REPROBE_EVERY:
             state.a2a_raw += 1
             return self._count(kind, Plan(False, reason="streak"))
-        mine = device_ints([send, coded], device)
-        both = torch.empty(2 * world, dtype=torch.int64, device=device)
-        _all_gather(both, mine, group=group)
-        flat = both.tolist()
+        flat = [v for row in gather_ints([send, coded], group, world, device) for v in row]
         if st is not None:
             st.add(kind, wire_bytes=16, size_bytes=16)
         most, most_coded = max(flat[0::2]), max(flat[1::2])
@@ -666,10 +658,6 @@ class Policy:
             best = {c: BEST_FRACTION.get(dtype, 1.0) for c in speeds}
             self._gates[key] = best_plan(huge, link, speeds, best)[0].compress
         return self._gates[key]
-
-
-def _group_key(group):
-    return getattr(group, "group_name", None) or id(group)
 
 
 def policy_for(cfg) -> Policy:
