@@ -8,7 +8,7 @@ children), calls them with keyword arguments ``output_tensor=``,
 reduce-scatter's return value and asks them to ``allocate`` its buffers. The
 comms here only forward to ``zipccl_fsdp.collectives``; all work is there.
 
-Importing this module adds ``FSDPModule.register_comm_hook(hook=zipccl_hook)``.
+``hooks/registry.py`` adds ``FSDPModule.register_comm_hook(hook=zipccl_hook)``.
 """
 from __future__ import annotations
 
@@ -40,6 +40,9 @@ class ZipCCLAllGather(_Alloc, AllGather):
     def __init__(self, hook) -> None:
         self.hook = hook
 
+    def __reduce__(self):  # pickles as its hook's (settings only), see ZipCCLHook
+        return (_all_gather_comm_of, (self.hook,))
+
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group,
                  async_op: bool = False):
         return all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op,
@@ -54,11 +57,22 @@ class ZipCCLReduceScatter(_Alloc, ReduceScatter):
     def __init__(self, hook) -> None:
         self.hook = hook
 
+    def __reduce__(self):
+        return (_reduce_scatter_comm_of, (self.hook,))
+
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group, op,
                  async_op: bool = False):
         return reduce_scatter_single(output_tensor, input_tensor, op=op, group=group,
                                      async_op=async_op, config=self.hook.config,
                                      stats=self.hook.comm_stats)
+
+
+def _all_gather_comm_of(hook):
+    return hook.all_gather_comm
+
+
+def _reduce_scatter_comm_of(hook):
+    return hook.reduce_scatter_comm
 
 
 def is_fsdp2_model(model) -> bool:
@@ -139,24 +153,3 @@ def remove(model: nn.Module, hook) -> int:
             module.set_custom_reduce_scatter(rs if rs is not None else DefaultReduceScatter())
             restored += 1
     return restored
-
-
-def _register_comm_hook(self: FSDPModule, hook=None):
-    """Install zipccl's compressed comms on this FSDP2 module and every FSDP2
-    module under it; ``hook`` defaults to ``zipccl_hook``. Returns the hook.
-
-    Example::
-
-        >>> for block in model.layers:
-        ...     fully_shard(block)
-        >>> fully_shard(model)
-        >>> model.register_comm_hook(zipccl_hook)
-        >>> ...  # train; zipccl_hook.stats() shows the bytes saved
-        >>> zipccl_hook.remove(model)
-    """
-    from .registry import register_comm_hook
-
-    return register_comm_hook(self, hook)
-
-
-FSDPModule.register_comm_hook = _register_comm_hook

@@ -409,3 +409,39 @@ def test_config_validates_policy_fields():
         ZipCCLConfig(pipeline_pieces=-1)
     a, b = ZipCCLConfig(policy="adaptive"), ZipCCLConfig(policy="adaptive", link_gbps=1.0)
     assert a.protocol_fingerprint() != b.protocol_fingerprint()
+
+
+# --------------------------------------------------------------------------
+# Calibration traffic is booked apart from the collectives'
+# --------------------------------------------------------------------------
+def task_fsdp2_default_hook_stats(steps: int):
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    from hooks.registry import ZipCCLHook
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(3)])
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    hook = ZipCCLHook()  # the default config: adaptive, everything measured
+    model.register_comm_hook(hook)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    for _ in range(steps):
+        loss = model(torch.randn(8, 256, generator=g)).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return hook.stats()
+
+
+def test_fsdp2_default_hook_books_calibration_apart(pool2):
+    for s in pool2.run(task_fsdp2_default_hook_stats, 3, timeout_s=300):
+        for kind in ("all_gather", "reduce_scatter"):
+            k = s[kind]
+            assert k["calls"] > 0 and k["compressed_calls"] == 0, (kind, k)  # the loopback: raw
+            assert k["raw_bytes"] <= k["wire_bytes"] <= 1.01 * k["raw_bytes"], (kind, k)
+        cal = s["calibration"]
+        assert cal["calls"] > 0 and cal["wire_bytes"] > s["reduce_scatter"]["raw_bytes"], cal

@@ -48,7 +48,7 @@ class RankOrderSum:
             dst.add_(term)
         else:
             # Widen first: the same bits as a mixed-dtype add_ (bf16/fp16 ->
-            # fp32 is exact), 2.5x faster on a CPU (46 -> 18 ms for 16 M bf16).
+            # fp32 is exact), and faster on a CPU (docs/benchmarks.md).
             dst.add_(src.to(torch.float32))
 
     def finish(self, world: int) -> None:

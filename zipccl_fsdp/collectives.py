@@ -153,8 +153,8 @@ def _coded(dtype: torch.dtype, cfg: ZipCCLConfig, where: str) -> bool:
 
 
 _LAST_GROUP: tuple = (None, None)
-"""(group, (group, world_size, rank)) of the last call: asking torch costs 2-3
-us per call (a tenth of a raw call's Python). Replaced whole, so a thread reads
+"""(group, (group, world_size, rank)) of the last call: asking torch costs a
+noticeable share of a raw call's Python. Replaced whole, so a thread reads
 a consistent pair; holds one reference, so a new group, or a new default group
 after re-initialisation, is a different object."""
 
@@ -213,10 +213,9 @@ def _native_all_reduce(tensor, parsed: _Op, op, group, world: int, async_op: boo
     """torch's own all-reduce, for the calls the adaptive policy sends raw:
     zipccl steps aside, numerics included (gloo sums bf16 in bf16; the
     compressed calls sum in fp32 in rank order). zipccl's own raw path
-    (all-to-all, fp32 sum, all-gather; "always" and "never" keep it) took 5
-    times as long as torch's on this machine's loopback (327 against 65 ms for
-    64 MiB of bf16) and 7% longer at 4 MiB on the 1 Gbit link
-    (docs/benchmarks.md). gloo lacks AVG and
+    (all-to-all, fp32 sum, all-gather; "always" and "never" keep it) takes
+    several times as long as torch's on a fast link (docs/benchmarks.md).
+    gloo lacks AVG and
     PREMUL_SUM: those scale each rank's tensor, then sum (as torch's DDP
     allreduce_hook divides, then sums)."""
     if _is_nccl(group) or parsed.kind == "sum":
@@ -330,7 +329,7 @@ def _admit(call: _Setup, t: torch.Tensor, kind: str, where: str) -> bool:
 
 def _no_grad_if_needed(*tensors: torch.Tensor):
     """``torch.no_grad()`` when autograd could see the call, else a no-op: the
-    lean raw paths skip the 2-10 us of entering it when nothing requires grad."""
+    lean raw paths skip the cost of entering it when nothing requires grad."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return torch.no_grad()
     return contextlib.nullcontext()
