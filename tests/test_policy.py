@@ -445,3 +445,45 @@ def test_fsdp2_default_hook_books_calibration_apart(pool2):
             assert k["raw_bytes"] <= k["wire_bytes"] <= 1.01 * k["raw_bytes"], (kind, k)
         cal = s["calibration"]
         assert cal["calls"] > 0 and cal["wire_bytes"] > s["reduce_scatter"]["raw_bytes"], cal
+
+
+# --------------------------------------------------------------------------
+# Given speeds pin the decisions: two runs train the same bits
+# --------------------------------------------------------------------------
+def task_ddp_run_with_given_speeds(steps: int):
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from hooks.registry import ZipCCLHook, register_comm_hook
+
+    rank = dist.get_rank()
+    digests, stats = [], []
+    for _ in range(2):  # two runs of the same script, each with its own hook
+        torch.manual_seed(0)
+        model = DDP(nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 8)),
+                    bucket_cap_mb=0.01)
+        hook = ZipCCLHook(ZipCCLConfig(link_gbps=0.2, codec_gbps=2.0, min_bytes=4096))
+        register_comm_hook(model, hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        g = torch.Generator().manual_seed(100 + rank)
+        for _ in range(steps):
+            model(torch.randn(16, 512, generator=g)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        digests.append(torch.cat([p.detach().reshape(-1).view(torch.int32)
+                                  for p in model.parameters()]))
+        stats.append(hook.stats()["all_reduce"])
+    return torch.equal(digests[0], digests[1]), stats
+
+
+def test_given_speeds_make_two_runs_train_the_same_bits():
+    pool = DistPool(3)
+    try:
+        results = pool.run(task_ddp_run_with_given_speeds, 3, timeout_s=300)
+    finally:
+        pool.close()
+    for same, (first, second) in results:
+        assert same
+        assert first["compressed_calls"] > 0 and first["raw_fallback_calls"] > 0, first
+        for key in ("calls", "compressed_calls", "raw_fallback_calls", "wire_bytes"):
+            assert first[key] == second[key], (key, first, second)
