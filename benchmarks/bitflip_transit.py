@@ -151,6 +151,7 @@ def _fp32_sum(parts: list, dtype) -> torch.Tensor:
     acc = parts[0].to(torch.float32, copy=True)
     for p in parts[1:]:
         acc.add_(p)
+    acc.masked_fill_(acc.isnan(), float("nan"))  # zipccl's sums give the canonical NaN
     return acc.to(dtype)
 
 

@@ -16,12 +16,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from collective_cases import assert_bits_equal, gather_all, make_data
+from collective_cases import assert_bits_equal, make_data
 from dist_utils import DistPool
 from zipccl_fsdp.collectives import all_reduce, all_to_all_single, reduce_scatter_single
 from zipccl_fsdp.collectives import all_gather_single
 from zipccl_fsdp.config import ZipCCLConfig
-from zipccl_fsdp.errors import ZipCCLConfigError
 
 PG_TIMEOUT_S = 30
 WITHIN_S = 10.0

@@ -66,6 +66,7 @@ import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
+from ..stats import KINDS
 from ..tensorboard_stats import StepDeltas
 from .metrics import attach_scalar_source
 
@@ -75,7 +76,7 @@ logger = logging.getLogger(__name__)
 SETTINGS_ENV = "ZIPCCL_TITAN_SETTINGS"
 """Environment variable holding :class:`RunSettings` as JSON."""
 
-COMM_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+COMM_KINDS = KINDS
 
 
 @dataclass(frozen=True)
