@@ -101,7 +101,7 @@ def submit(call: Callable[[], object], result: torch.Tensor, *,
     here too (nothing may leave the capturing stream)."""
     cuda = result.is_cuda
     if here or (cuda and torch.cuda.is_current_stream_capturing()):
-        _drain()
+        drain()
         work = call()
         return _done(result) if work is None else work.get_future().then(lambda _: result)
     fut = torch.futures.Future(devices=[result.device] if cuda else None)
@@ -120,8 +120,8 @@ def idle() -> bool:
         return _worker is None or _worker.pending == 0
 
 
-def _drain() -> None:
-    """Return once ``idle()``."""
+def drain() -> None:
+    """Return once ``idle()``: every job submitted so far has run."""
     worker = _worker
     if worker is None or idle():
         return
