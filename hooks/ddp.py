@@ -45,6 +45,17 @@ and, while the worker is idle, calls known to go raw (a fast link, where
 the adaptive policy sends everything raw): torch's own pending Work, which
 costs no more here than handing it over. DDP waits on every bucket's future
 at the end of backward.
+
+Failure: when a bucket's all-reduce fails (with ``verify=True``, a payload
+damaged in transit raises ``CorruptPayloadError`` on every rank of the
+call), the buckets queued behind it still run on every rank, and
+``loss.backward()`` raises the first failure of the pass, as it was raised,
+once zipccl's worker is idle: ``except CorruptPayloadError`` catches it,
+and the caller may issue collectives at once (nothing of zipccl's is left
+to interleave with them). The gradients of that step are not to be used;
+the DDP model itself trains on. (Outside backward, the hook called
+directly, the future fails with a ``RuntimeError`` whose message holds the
+original exception's type and text.)
 """
 # No ``from __future__ import annotations`` here: DDP compares the hook's
 # ``bucket`` and return annotations to ``dist.GradBucket`` and
