@@ -31,7 +31,7 @@ import time
 import torch.multiprocessing as mp
 
 PG_TIMEOUT_S = 20
-RUN_LIMIT_S = 120  # a run that takes longer is counted as hung and killed
+RUN_LIMIT_S = 600  # a run that takes longer is counted as hung and killed
 
 
 def _rank(rank: int, world: int, init_file: str, stop: bool) -> None:
