@@ -384,6 +384,10 @@ CASES = [
 ]
 
 
+def _ready() -> bool:
+    return True
+
+
 def _on_ranks(fn, init_file: str):
     """Run ``fn`` on this rank; its (ok, outcome). Then replace the default
     process group by a fresh one (``init_file``): a failed case can leave the
@@ -412,7 +416,7 @@ def main(argv=None) -> int:
     cases = [c for c in CASES if not args.only or c[0] in args.only]
     pool = DistPool(2, pg_timeout_s=PG_TIMEOUT_S)
     rdv = tempfile.TemporaryDirectory(prefix="zipccl_faults_")
-    rows = []
+    rows, started = [], False
     t_all = time.monotonic()
     try:
         for num, title, where, fn in cases:
@@ -421,6 +425,9 @@ def main(argv=None) -> int:
                 e, _, res = _try(fn)
                 ok, outcome = res if e is None else (False, f"harness: {_name(e)}: {e}")
             else:
+                if not started:  # spawning the ranks is not the case's time
+                    pool.run(_ready, timeout_s=600)
+                    started, t0 = True, time.monotonic()
                 try:
                     got = pool.run(_on_ranks, fn, os.path.join(rdv.name, f"case{num}"),
                                    timeout_s=CASE_LIMIT_S)
@@ -428,6 +435,7 @@ def main(argv=None) -> int:
                     outcome = " / ".join(f"r{r}: {g[1]}" for r, g in enumerate(got))
                 except DistPoolError as err:  # the pool is closed: the next case respawns it
                     ok, outcome = False, "HANG or crash: " + str(err).splitlines()[0][:150]
+                    started = False
             dt = time.monotonic() - t0
             rows.append((num, title, "pass" if ok else "FAIL", outcome, dt))
             print(f"| {num} | {title} | {'pass' if ok else 'FAIL'} | {outcome} | {dt:.1f} |",
