@@ -120,8 +120,8 @@ def main(argv=None) -> int:
         for b in burners:
             b.kill()
             b.join(5)
-    print(f"exit_soak: {args.runs} runs of {args.world} ranks ({'with' if not args.no_stop else 'without'} "
-          f"background.stop(); load: {len(burners)} spinning processes), "
+    how = "without" if args.no_stop else "with"
+    print(f"exit_soak: {args.runs} runs of {args.world} ranks ({how} background.stop(); load: {len(burners)} spinning processes), "
           f"{time.monotonic() - t0:.0f} s; rank exits other than 0: {dict(bad) or 'none'}")
     return 1 if bad else 0
 

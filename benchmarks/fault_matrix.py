@@ -61,7 +61,8 @@ def _name(e) -> str:
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     t = t.detach().contiguous()
-    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return t.view(ints[t.element_size()])
 
 
 def _raises_within(e, dt, kind) -> tuple:
