@@ -8,6 +8,17 @@ children), calls them with keyword arguments ``output_tensor=``,
 reduce-scatter's return value and asks them to ``allocate`` its buffers. The
 comms here only forward to ``zipccl_fsdp.collectives``; all work is there.
 
+A module whose parameters live on several meshes (``shard_placement_fn``
+returning per-parameter mesh infos, as torchtitan does for MoE experts under
+expert parallelism) has one parameter group per mesh, each with its own
+comms and process group; FSDP2's setters refuse such modules, so the comms
+are set on each group (``FSDPParamGroup._all_gather_comm`` /
+``_reduce_scatter_comm``, what the setters write). HSDP groups also get their
+replicate all-reduce through zipccl (``hooks/hsdp.py``). Every FSDP2 internal
+read or written is checked first (``_param_groups``, ``hsdp.check_group``):
+a torch that moved one gets ``FSDP2InternalsError`` naming the torch
+version and the attribute, on every rank, before anything changed.
+
 Importing this module adds ``FSDPModule.register_comm_hook(hook=zipccl_hook)``.
 """
 from __future__ import annotations

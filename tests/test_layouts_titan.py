@@ -114,3 +114,25 @@ def test_capture_holds_every_kind_of_the_layout(layout):
         kinds = {record["kind"] for record in meta.values()}
         assert expected <= kinds, (layout["name"], rank, sorted(kinds))
         assert all(record["rank"] == rank for record in meta.values())
+
+
+def test_capture_steps_option_is_checked():
+    import argparse
+
+    from zipccl_fsdp.titan import launch
+
+    assert launch.parse_capture_steps("50,1,100,50") == (1, 50, 100)
+    assert launch.parse_capture_steps(None) == ()
+    for bad in ("1,x", "0,5"):
+        with pytest.raises(ValueError, match="--capture-steps"):
+            launch.parse_capture_steps(bad)
+    p = argparse.ArgumentParser()
+    launch.add_arguments(p)
+    args = p.parse_args(["--recipe", str(RECIPES / "llama3_tiny_hsdp_cpu.toml"),
+                         "--capture-steps", "1,3"])
+    with pytest.raises(ValueError, match="needs --capture"):
+        launch.prepare(args)
+    args = p.parse_args(["--recipe", str(RECIPES / "llama3_tiny_hsdp_cpu.toml"),
+                         "--capture", "2", "--capture-steps", "3,1", "--dump-folder", "x"])
+    settings = launch.prepare(args).settings
+    assert settings.capture == 2 and settings.capture_steps == (1, 3)
