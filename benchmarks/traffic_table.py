@@ -92,7 +92,11 @@ def rows_for(name: str, dump: Path, steps: list[int]) -> list[dict]:
                 if x.dtype in _EXP and x.numel() > 0:
                     groups[(meta[tname]["kind"], x.dtype, step)].append(x.reshape(-1))
     rows = []
-    for (kind, dtype, step), tensors in sorted(groups.items(), key=lambda kv: (kv[0][0], str(kv[0][1]), kv[0][2])):
+    def order(item):
+        (kind, dtype, step), _ = item
+        return kind, str(dtype), step
+
+    for (kind, dtype, step), tensors in sorted(groups.items(), key=order):
         x = torch.cat(tensors)
         h = exponent_entropy(x)
         bits = _EXP[dtype][2]

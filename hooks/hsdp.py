@@ -48,13 +48,14 @@ from torch.distributed import ReduceOp
 
 from zipccl_fsdp.collectives import all_reduce
 
-# The FSDP2 internals used here, checked on torch 2.13 (and present under the
-# same names in torch 2.11's FSDPParamGroup).
+# The FSDP2 internals used here: FSDPParamGroup attributes of the same names
+# and meaning in torch 2.13 and 2.11 (read from both wheels' sources).
 _GROUP_ATTRS = ("mesh_info", "post_forward_mesh_info", "_all_reduce_hook",
                 "_all_reduce_hook_stream", "all_reduce_grads", "gradient_divide_factor",
                 "force_sum_reduction_for_comms")
 _NO_OVERFLOW_DTYPES = (torch.float32, torch.bfloat16)
-"""Reduce dtypes for which FSDP2 divides inside the collectives (``_get_gradient_divide_factors``)."""
+"""Reduce dtypes for which FSDP2 divides inside the collectives
+(``_get_gradient_divide_factors``)."""
 
 
 def _mesh_info_classes():
