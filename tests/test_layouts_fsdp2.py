@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp._fully_shard import _fsdp_common
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import (DefaultAllGather,
                                                                    DefaultReduceScatter)
@@ -200,6 +200,17 @@ def task_hsdp_refusals():
         train(model, steps=1)
     except RuntimeError as e:
         out["no_all_reduce"] = str(e)
+    # Sum-only reductions without a divide factor: FSDP2 would divide by the
+    # whole data-parallel size around the sums; refused, naming the way out.
+    model = build_hsdp()
+    model.register_comm_hook(ZipCCLHook(ZipCCLConfig(policy="always")))
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_force_sum_reduction_for_comms(True)
+    try:
+        train(model, steps=1)
+    except RuntimeError as e:
+        out["force_sum"] = str(e)
     # A foreign all-reduce hook is not replaced.
     model = build_hsdp()
     model.blocks[0].set_all_reduce_hook(lambda t: None)
@@ -264,6 +275,7 @@ def test_hsdp_replicate_all_reduce_compressed_bitwise(pool4):
 def test_hsdp_refusals_name_what_is_wrong(pool4):
     for out in pool4.run(task_hsdp_refusals, timeout_s=300):
         assert "set_requires_all_reduce(False)" in out["no_all_reduce"], out
+        assert "set_gradient_divide_factor()" in out["force_sum"], out
         assert "all-reduce hook" in out["foreign"] and "'blocks.0'" in out["foreign"], out
         assert torch.__version__ in out["internals"], out
         assert "'_all_reduce_hook_stream'" in out["internals"], out
