@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from dist_utils import DistPool
 from hooks.registry import ZipCCLHook
 from zipccl_fsdp import background
-from zipccl_fsdp import collectives as C
+from zipccl_fsdp import _wire as C
 from zipccl_fsdp.config import ZipCCLConfig
 from zipccl_fsdp.errors import CorruptPayloadError
 
@@ -53,15 +53,15 @@ class DamageOnce:
     """Damages the next uint8 payload this rank sends to rank ``to``: the last
     byte of the payload (its last chunk's checksum) gets one bit flipped, on a
     copy, so only the receiver sees it. Patches the two sends the collectives
-    use (``collectives._all_gather_single``, ``dist.all_to_all_single``)."""
+    use (``_wire.all_gather_single``, ``dist.all_to_all_single``)."""
 
     def __init__(self, to: int) -> None:
         self.to, self.armed, self.fired = to, True, 0
-        self._ag, self._a2a = C._all_gather_single, dist.all_to_all_single
-        C._all_gather_single, dist.all_to_all_single = self._all_gather, self._all_to_all
+        self._ag, self._a2a = C.all_gather_single, dist.all_to_all_single
+        C.all_gather_single, dist.all_to_all_single = self._all_gather, self._all_to_all
 
     def restore(self) -> None:
-        C._all_gather_single, dist.all_to_all_single = self._ag, self._a2a
+        C.all_gather_single, dist.all_to_all_single = self._ag, self._a2a
 
     def _damage(self, t: torch.Tensor, start: int, nbytes: int) -> torch.Tensor:
         self.armed, self.fired = False, self.fired + 1

@@ -90,14 +90,15 @@ def protocol_fields(cfg) -> dict:
             **cfg.protocol_fields()}
 
 
-def _hash62(text: str) -> int:
+def hash62(text: str) -> int:
+    """A 62-bit hash of ``text``, the same on every rank and in every process."""
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 2
 
 
 def _slot(value) -> int:
     if isinstance(value, (bool, int)) and 0 <= int(value) < _HASHED:
         return int(value)
-    return _HASHED | _hash62(repr(value))
+    return _HASHED | hash62(repr(value))
 
 
 def field_vector(fields: dict) -> list:
@@ -105,7 +106,7 @@ def field_vector(fields: dict) -> list:
     if len(fields) >= PROTOCOL_SLOTS:
         raise AssertionError(f"{len(fields)} protocol fields do not fit in "
                              f"{PROTOCOL_SLOTS - 1} slots; raise PROTOCOL_SLOTS")
-    vec = [_HASHED | _hash62(repr(tuple(fields)))] + [_slot(v) for v in fields.values()]
+    vec = [_HASHED | hash62(repr(tuple(fields)))] + [_slot(v) for v in fields.values()]
     return vec + [0] * (PROTOCOL_SLOTS - len(vec))
 
 
@@ -155,18 +156,18 @@ def check_agreement(cfg, group, world: int, device, st, kind: str) -> None:
     key = group_key(group)
     if key in cfg._checked_groups:
         return
-    from .pipeline import ROW_TAG, row_width
+    from .pipeline import is_size_row, row_width
 
     fields = protocol_fields(cfg)
     vec = field_vector(fields)
     width = row_width(world)
     with st.phase(kind, "sizes"):
-        rows = gather_ints([AGREE_TAG, _hash62(repr(vec))] + [0] * (width - 2), group, world,
+        rows = gather_ints([AGREE_TAG, hash62(repr(vec))] + [0] * (width - 2), group, world,
                            device)
     st.add(kind, wire_bytes=8 * width, size_bytes=8 * width)
     tags = [row[0] for row in rows]
     if any(t != AGREE_TAG for t in tags):
-        rows_ = [r for r, t in enumerate(tags) if t == ROW_TAG]
+        rows_ = [r for r, t in enumerate(tags) if is_size_row(t)]
         mine = [r for r, t in enumerate(tags) if t == AGREE_TAG]
         why = (f"rank {rank_names(mine, group)} checked the config's agreement "
                f"(check_consistency=True) where rank {rank_names(rows_, group)} did not: "

@@ -62,13 +62,15 @@ from .stats import KINDS
 __all__ = ["Outcome", "Desc", "describe", "row_width", "ROW_TAG", "gather", "scatter_reduce",
            "all_to_all"]
 
-ROW_TAG = 0x5A43_524F_5731
-"""First entry of a size row ("ZCROW1")."""
+ROW_TAG = 0x5A43_5257
+"""Top 32 bits of a size row's first entry ("ZCRW"); its low 32 bits hold the
+call's collective, dtype and reduce op (``_pack_head``)."""
 
-_HEAD = 5
-"""Row entries before the sizes: tag, collective, dtype, op, op factor."""
-_TAIL = 2
-"""Row entries after the element counts: raw bytes coded, payload bytes."""
+_HEAD = 2
+"""Row entries before the sizes: tag with collective, dtype and op; op factor."""
+_TAIL = 3
+"""Row entries after the element counts: a hash of the counts this rank
+expects from each rank, raw bytes coded, payload bytes."""
 
 _DTYPE_IDS = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 3}
 _OP_IDS = {None: 0, "sum": 1, "avg": 2, "premul_sum": 3}
@@ -76,8 +78,30 @@ _OP_IDS = {None: 0, "sum": 1, "avg": 2, "premul_sum": 3}
 
 def row_width(world: int) -> int:
     """Entries of a size row on a group of ``world`` ranks (the agreement
-    check sends its fingerprint in a vector of the same width)."""
-    return _HEAD + 3 * world + _TAIL
+    check sends its fingerprint in a vector of the same width). A row carries
+    the elements this rank sends each rank in full and the ones it expects
+    only as a hash: every rank can rebuild each rank's expected column from
+    the others' rows, so a hash is enough to check it, and small calls (a
+    tensor-parallel all-reduce of a few KB) keep their rows short."""
+    return _HEAD + 2 * world + _TAIL
+
+
+def is_size_row(first: int) -> bool:
+    """Whether ``first``, a row's first entry, starts a size row."""
+    return first >> 32 == ROW_TAG
+
+
+def _pack_head(kind: int, dtype: int, op: int) -> int:
+    return ROW_TAG << 32 | kind << 16 | dtype << 8 | op
+
+
+def _unpack_head(first: int) -> tuple:
+    return (first >> 16) & 0xFFFF, (first >> 8) & 0xFF, first & 0xFF
+
+
+def _counts_hash(counts) -> int:
+    """A 62-bit hash of a list of element counts, the same on every rank."""
+    return _integrity.hash62(repr(tuple(int(c) for c in counts)))
 
 
 class Desc(NamedTuple):
@@ -269,7 +293,8 @@ class _Call:
 
     def launch_row(self, sizes: list, tail: list):
         d = self.desc
-        row = [ROW_TAG, *d.head, *sizes, *d.elems_to, *d.elems_from, *tail]
+        row = [_pack_head(*d.head[:3]), d.head[3], *sizes, *d.elems_to,
+               _counts_hash(d.elems_from), *tail]
         wait = gather_ints(row, self.group, self.world, self.device, async_op=True)
         self.st.add(self.kind, wire_bytes=8 * len(row), size_bytes=8 * len(row))
         return wait
@@ -299,29 +324,31 @@ class _Call:
         are not in the same call, or announce more bytes than a slot can hold."""
         kind, group, w = self.kind, self.group, self.world
         tags = [row[0] for row in rows]
-        if any(t != ROW_TAG for t in tags):
+        if not all(is_size_row(t) for t in tags):
             agree = [r for r, t in enumerate(tags) if t == _integrity.AGREE_TAG]
-            other = [r for r, t in enumerate(tags) if t != ROW_TAG]
+            other = [r for r, t in enumerate(tags) if not is_size_row(t)]
             why = (f"{_who(agree, group)} checked the config's agreement "
                    f"(check_consistency=True) where {_who([r for r in range(w) if r not in agree], group)} "
                    f"did not: check_consistency must be equal on every rank") if agree else (
                 f"{_who(other, group)} sent something other than zipccl's size row: the ranks "
                 f"are not in the same collective")
             raise ZipCCLConfigError(f"zipccl {kind}: {why}")
-        for slot, (name, show) in enumerate(zip(_HEAD_NAMES, _HEAD_SHOW), start=1):
-            column = [row[slot] for row in rows]
+        heads = [(*_unpack_head(row[0]), row[1]) for row in rows]
+        for slot, (name, show) in enumerate(zip(_HEAD_NAMES, _HEAD_SHOW)):
+            column = [head[slot] for head in heads]
             if len(set(column)) > 1:
                 raise ValueError(f"zipccl {kind}: the ranks disagree on the call's {name}: "
                                  f"{_sides(column, group, show)}")
-        to, frm = _HEAD + w, _HEAD + 2 * w
-        for r in range(w):
-            for s in range(w):
-                sent, want = rows[r][to + s], rows[s][frm + r]
-                if sent != want:
-                    raise ValueError(
-                        f"zipccl {kind}: the ranks disagree on the call's sizes: "
-                        f"{_who([r], group)} sends {sent} elements to {_who([s], group)}, "
-                        f"which expects {want}")
+        to = _HEAD + w
+        for s in range(w):
+            sent = [rows[r][to + s] for r in range(w)]
+            if _counts_hash(sent) != rows[s][-_TAIL]:
+                mine = "" if s != self.rank else (
+                    f", where it expects {list(self.desc.elems_from)}")
+                raise ValueError(
+                    f"zipccl {kind}: the ranks disagree on the call's sizes: "
+                    f"{_who([s], group)} expects other element counts than the ranks send it "
+                    f"(they send {sent}, rank by rank{mine})")
         for r in range(w):
             for s in range(w):
                 size = rows[r][_HEAD + s]
