@@ -203,7 +203,7 @@ def r10_ops_differ():
     x = torch.randn(8192).to(torch.bfloat16)
     e, dt, _ = _try(lambda: Z.all_reduce(x, op=op, config=ZipCCLConfig(policy="always",
                                                                         min_bytes=0)))
-    return _raises_within(e, dt, ZipCCLConfigError)
+    return _raises_within(e, dt, ValueError)  # a call argument, as sizes are
 
 
 def r12_save_ddp_with_hook():

@@ -327,8 +327,9 @@ class _Call:
         if not all(is_size_row(t) for t in tags):
             agree = [r for r, t in enumerate(tags) if t == _integrity.AGREE_TAG]
             other = [r for r, t in enumerate(tags) if not is_size_row(t)]
+            rest = [r for r in range(w) if r not in agree]
             why = (f"{_who(agree, group)} checked the config's agreement "
-                   f"(check_consistency=True) where {_who([r for r in range(w) if r not in agree], group)} "
+                   f"(check_consistency=True) where {_who(rest, group)} "
                    f"did not: check_consistency must be equal on every rank") if agree else (
                 f"{_who(other, group)} sent something other than zipccl's size row: the ranks "
                 f"are not in the same collective")
