@@ -118,23 +118,19 @@ def deepseek_v3_debugmodel() -> Trainer.Config:
 
 def deepseek_v3_tiny() -> Trainer.Config:
     """A tiny DeepSeek-V3 MoE (dim 64, 4 experts) with zipccl comms, for CPU runs."""
-    config = _deepseek_v3_registry.deepseek_v3_debugmodel()
-    config.model_spec = _models.deepseek_v3_tiny_spec()
-    config.loss = ChunkedLossWrapper.Config(
-        loss_fn=CrossEntropyLoss.Config(
-            global_vocab_size=decoder_vocab_size(config.model_spec)
-        )
-    )
-    config.optimizer = default_adamw(lr=_TINY_LR)
-    config.training.seq_len = _CPU_SEQ_LEN
-    config.training.local_batch_size = _TINY_LOCAL_BATCH
-    config.training.steps = 20
-    return _finish(config, compress=True)
+    return _tiny_cpu(_deepseek_v3_registry.deepseek_v3_debugmodel(),
+                     _models.deepseek_v3_tiny_spec(), compress=True)
 
 
 def _tiny(*, compress: bool) -> Trainer.Config:
-    config = _llama3_registry.llama3_debugmodel()
-    config.model_spec = _models.llama3_tiny_spec()
+    return _tiny_cpu(_llama3_registry.llama3_debugmodel(), _models.llama3_tiny_spec(),
+                     compress=compress)
+
+
+def _tiny_cpu(config: Trainer.Config, model_spec, *, compress: bool) -> Trainer.Config:
+    """``config`` with ``model_spec`` and the loss, optimizer and batch of the
+    tiny CPU runs."""
+    config.model_spec = model_spec
     config.loss = ChunkedLossWrapper.Config(
         loss_fn=CrossEntropyLoss.Config(
             global_vocab_size=decoder_vocab_size(config.model_spec)
