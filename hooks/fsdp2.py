@@ -93,7 +93,7 @@ def is_fsdp2_model(model) -> bool:
     return isinstance(model, FSDPModule)
 
 
-# FSDP2 internals read or written here (checked on torch 2.13 and 2.11; see
+# FSDP2 internals read or written here (checked on torch 2.11, 2.13 and 2.14.1; see
 # _check_internals). Each parameter group (torch._fully_shard._fsdp_param_group
 # .FSDPParamGroup) holds its own comms, called with its own process group.
 _GROUP_ATTRS = ("_all_gather_comm", "_reduce_scatter_comm", "mesh_info")

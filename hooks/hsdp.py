@@ -49,7 +49,7 @@ from torch.distributed import ReduceOp
 from zipccl_fsdp.collectives import all_reduce
 
 # The FSDP2 internals used here: FSDPParamGroup attributes of the same names
-# and meaning in torch 2.13 and 2.11 (read from both wheels' sources).
+# and meaning in torch 2.11, 2.13 and 2.14.1 (read from the wheels' sources).
 _GROUP_ATTRS = ("mesh_info", "post_forward_mesh_info", "_all_reduce_hook",
                 "_all_reduce_hook_stream", "all_reduce_grads", "gradient_divide_factor",
                 "force_sum_reduction_for_comms")
