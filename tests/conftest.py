@@ -27,6 +27,16 @@ def _pool(n):
 
 
 @pytest.fixture(scope="module")
+def build_cache(tmp_path_factory):
+    """One asset and C++ build cache per test module, set as ZIPCCL_FSDP_CACHE_DIR
+    (what its subprocess ranks and its own checks share)."""
+    path = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ZIPCCL_FSDP_CACHE_DIR", str(path))
+        yield path
+
+
+@pytest.fixture(scope="module")
 def pool2():
     yield from _pool(2)
 

@@ -106,16 +106,18 @@ def build(seed: int = 0) -> nn.Module:
     return model
 
 
-def train(model: nn.Module, steps: int = STEPS) -> tuple[list, list]:
-    """Loss bits per step and a digest of each local parameter shard at the end."""
+def train(model: nn.Module, steps: int = STEPS, *, vocab: int = VOCAB, batch: int = BATCH,
+          seq: int = SEQ) -> tuple[list, list]:
+    """Loss bits per step and a digest of each local parameter shard at the end:
+    AdamW on next-token cross-entropy over random tokens of a per-rank seed."""
     rank = dist.get_rank()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(100 + rank)
     losses = []
     for _ in range(steps):
-        tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g)
+        tokens = torch.randint(0, vocab, (batch, seq + 1), generator=g)
         logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.float().reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+        loss = F.cross_entropy(logits.float().reshape(-1, vocab), tokens[:, 1:].reshape(-1))
         loss.backward()
         opt.step()
         opt.zero_grad()

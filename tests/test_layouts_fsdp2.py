@@ -15,8 +15,6 @@ every sum has two terms, so native HSDP is the reference.
 """
 from __future__ import annotations
 
-import hashlib
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -34,6 +32,7 @@ from hooks.fsdp2 import FSDP2InternalsError, ZipCCLAllGather, ZipCCLReduceScatte
 from hooks.hsdp import ReplicateAllReduce
 from hooks.registry import ZipCCLHook
 from test_fsdp2 import AllToAllSumReduceScatter
+from test_fsdp2 import train as train_fsdp2
 from zipccl_fsdp.config import ZipCCLConfig
 
 PER_PARAM_MESH = hasattr(_fsdp_common, "ShardPlacementResult")
@@ -107,20 +106,7 @@ def build_hsdp() -> nn.Module:
 
 def train(model: nn.Module, steps: int = STEPS) -> tuple[list, list]:
     """Loss bits per step and a digest of each local parameter shard at the end."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    g = torch.Generator().manual_seed(100 + dist.get_rank())
-    losses = []
-    for _ in range(steps):
-        tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g)
-        logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.float().reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.detach().view(torch.int32).item())
-    digests = [hashlib.sha256(p.to_local().detach().contiguous().view(torch.uint8).numpy()
-                              .tobytes()).hexdigest()[:16] for p in model.parameters()]
-    return losses, digests
+    return train_fsdp2(model, steps, vocab=VOCAB, batch=BATCH, seq=SEQ)
 
 
 def groups_of(model) -> list:
@@ -192,25 +178,28 @@ def task_hsdp(mode: str):
 
 def task_hsdp_refusals():
     out = {}
+
+    def step_error(setup) -> str:
+        """The error of one training step of a hooked HSDP model after ``setup``."""
+        model = build_hsdp()
+        model.register_comm_hook(ZipCCLHook(ZipCCLConfig(policy="always")))
+        setup(model)
+        try:
+            train(model, steps=1)
+        except RuntimeError as e:
+            return str(e)
+        return "no error"
+
+    def force_sum(model):
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                m.set_force_sum_reduction_for_comms(True)
+
     # No all-reduce (gradient accumulation): refused at the step, on every rank.
-    model = build_hsdp()
-    model.register_comm_hook(ZipCCLHook(ZipCCLConfig(policy="always")))
-    model.set_requires_all_reduce(False)
-    try:
-        train(model, steps=1)
-    except RuntimeError as e:
-        out["no_all_reduce"] = str(e)
+    out["no_all_reduce"] = step_error(lambda model: model.set_requires_all_reduce(False))
     # Sum-only reductions without a divide factor: FSDP2 would divide by the
     # whole data-parallel size around the sums; refused, naming the way out.
-    model = build_hsdp()
-    model.register_comm_hook(ZipCCLHook(ZipCCLConfig(policy="always")))
-    for m in model.modules():
-        if isinstance(m, FSDPModule):
-            m.set_force_sum_reduction_for_comms(True)
-    try:
-        train(model, steps=1)
-    except RuntimeError as e:
-        out["force_sum"] = str(e)
+    out["force_sum"] = step_error(force_sum)
     # A foreign all-reduce hook is not replaced.
     model = build_hsdp()
     model.blocks[0].set_all_reduce_hook(lambda t: None)

@@ -41,14 +41,6 @@ LAYOUTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ZIPCCL_FSDP_CACHE_DIR", str(path))
-        yield path
-
-
 def _run(recipe: Path, dump: Path, env: dict, *extra) -> dict:
     proc = _zipccl(["titan", "--recipe", recipe, "--steps", STEPS, "--dump-folder", dump,
                     *extra], env, timeout=RUN_TIMEOUT_S)
@@ -59,12 +51,12 @@ def _run(recipe: Path, dump: Path, env: dict, *extra) -> dict:
 
 
 @pytest.fixture(scope="module", params=sorted(LAYOUTS))
-def layout(request, tmp_path_factory, cache):
+def layout(request, tmp_path_factory, build_cache):
     from zipccl_fsdp.titan import launch
 
     name = request.param
     recipe = RECIPES / f"{name}.toml"
-    env = _env(cache)
+    env = _env(build_cache)
     reference_kind, _ = LAYOUTS[name]
     dump = tmp_path_factory.mktemp(name)
     compressed = _run(recipe, dump, env, "--capture", "1")

@@ -62,17 +62,8 @@ def _scalars(dump: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """One asset and C++ build cache for the module (what ranks and checks share)."""
-    path = tmp_path_factory.mktemp("cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ZIPCCL_FSDP_CACHE_DIR", str(path))
-        yield path
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, cache):
-    env = _env(cache)
+def runs(tmp_path_factory, build_cache):
+    env = _env(build_cache)
     out = {}
     for name, extra in (("zipccl", ["--capture", "2", "--profile", "4"]),
                         ("raw", ["--no-compress"])):
@@ -180,8 +171,8 @@ def _launch_args(recipe, *extra) -> argparse.Namespace:
 
 
 @pytest.fixture
-def quiet_env(cache):
-    return cache
+def quiet_env(build_cache):
+    return build_cache
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES.glob("*.toml")), ids=lambda p: p.name)
