@@ -11,7 +11,9 @@ worker's calls run and their Works waited) and ``destroy_process_group()``.
 ``--no-stop`` leaves the worker out of the shutdown, for contrast.
 
 ``--load`` starts one spinning process per core for the whole soak, so that
-the ranks run on a machine whose cores are all busy.
+the ranks run on a machine whose cores are all busy; ``--load-nice N`` runs
+those spinners at niceness N, so that on a machine already busy with other
+work they fill the idle time without also taking the ranks' share.
 
 Usage::
 
@@ -60,7 +62,9 @@ def _rank(rank: int, world: int, init_file: str, stop: bool) -> None:
     dist.destroy_process_group()
 
 
-def _spin() -> None:
+def _spin(nice: int = 0) -> None:
+    if nice:
+        os.nice(nice)
     while True:
         pass
 
@@ -96,12 +100,14 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--load", action="store_true", help="keep every core busy meanwhile")
+    ap.add_argument("--load-nice", type=int, default=0, metavar="N",
+                    help="niceness of the --load spinners (default 0)")
     ap.add_argument("--no-stop", action="store_true", help="leave the worker out of shutdown")
     args = ap.parse_args(argv)
     ctx = mp.get_context("spawn")
     burners = []
     if args.load:
-        burners = [ctx.Process(target=_spin, daemon=True) for _ in range(os.cpu_count() or 1)]
+        burners = [ctx.Process(target=_spin, args=(args.load_nice,), daemon=True) for _ in range(os.cpu_count() or 1)]
         for b in burners:
             b.start()
     bad = collections.Counter()
@@ -121,7 +127,7 @@ def main(argv=None) -> int:
             b.kill()
             b.join(5)
     how = "without" if args.no_stop else "with"
-    print(f"exit_soak: {args.runs} runs of {args.world} ranks ({how} background.stop(); load: {len(burners)} spinning processes), "
+    print(f"exit_soak: {args.runs} runs of {args.world} ranks ({how} background.stop(); load: {len(burners)} spinning processes at nice {args.load_nice}), "
           f"{time.monotonic() - t0:.0f} s; rank exits other than 0: {dict(bad) or 'none'}")
     return 1 if bad else 0
 
