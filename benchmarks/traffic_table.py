@@ -2,8 +2,8 @@
 
 Runs each CPU layout recipe (HSDP, TP + FSDP, MoE with expert parallelism;
 4 gloo ranks) for ``--steps`` steps with zipccl's comms, capturing the inputs
-of the first ``--per-kind`` calls of every collective kind at an early, a
-middle and the last step (``zipccl titan --capture N --capture-steps``), then
+of every call (or of the first ``--per-kind``) of every collective kind at an
+early, a middle and the last step (``zipccl titan --capture N --capture-steps``), then
 prints one row per (layout, kind, dtype, step) over every rank's captured
 tensors:
 
@@ -64,8 +64,13 @@ def codec_ratio(x: torch.Tensor, codec: str) -> float:
     return x.numel() * x.element_size() / payload.numel()
 
 
+EVERY_CALL = 1 << 30
+"""``--capture`` count that no step reaches: every call of a captured step."""
+
+
 def run_layout(name: str, steps: int, per_kind: int, dump: Path) -> dict[int, Path]:
     """Train ``name``'s recipe; return {step: folder of its capture files}."""
+    per_kind = per_kind or EVERY_CALL
     capture_steps = sorted({1, max(1, steps // 2), steps})
     cmd = [sys.executable, "-m", "zipccl_fsdp.cli", "titan", "--recipe", str(REPO / LAYOUTS[name]),
            "--steps", str(steps), "--dump-folder", str(dump), "--capture", str(per_kind),
@@ -115,8 +120,11 @@ def rows_for(name: str, dump: Path, steps: list[int]) -> list[dict]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=60, help="training steps per layout")
-    p.add_argument("--per-kind", type=int, default=4,
-                   help="tensors of each kind captured per rank at each captured step")
+    p.add_argument("--per-kind", type=int, default=0,
+                   help="tensors of each kind captured per rank at each captured step "
+                        "(default 0: every call of the step; a prefix of a step's calls "
+                        "is a biased sample, since FSDP2 reduces the embedding, whose "
+                        "gradient is mostly zeros, last)")
     p.add_argument("--layouts", nargs="+", choices=sorted(LAYOUTS), default=list(LAYOUTS))
     p.add_argument("--dump-folder", help="keep the runs here (default: a temporary folder)")
     p.add_argument("--csv", help="also write the rows to this CSV file")
@@ -135,7 +143,8 @@ def main(argv=None) -> int:
         rows += rows_for(name, root / name, steps)
     head = (f"{'layout':<8} {'kind':<24} {'dtype':<9} {'step':>5} {'tensors':>7} {'raw MB':>8} "
             f"{'H exp':>6} {'bound':>6} " + " ".join(f"{c:>7}" for c in CODECS))
-    print(f"traffic of {args.steps} steps, {args.per_kind} tensors of each kind per rank "
+    sample = f"the first {args.per_kind} calls" if args.per_kind else "every call"
+    print(f"traffic of {args.steps} steps, {sample} of each kind per rank "
           f"at steps {sorted({1, max(1, args.steps // 2), args.steps})}; ratios raw/encoded")
     print(head)
     print("-" * len(head))
