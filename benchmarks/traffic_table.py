@@ -8,6 +8,8 @@ prints one row per (layout, kind, dtype, step) over every rank's captured
 tensors:
 
 - raw MB: the bytes of the captured tensors;
+- zeros: the fraction of their elements that are +0.0 or -0.0 (gradients
+  of embedding rows no token of the step used, masked activations);
 - H exp: the empirical entropy of their 8-bit exponents, in bits;
 - bound: the ratio if the exponent took H exp bits and sign and mantissa went
   raw (``bits / (bits - 8 + H exp)``); fp32 gradients that are bf16 casts
@@ -56,7 +58,7 @@ def exponent_entropy(x: torch.Tensor) -> float:
 def codec_ratio(x: torch.Tensor, codec: str) -> float:
     import zipccl_fsdp
 
-    payload = zipccl_fsdp.encode(x, codec=codec, backend="torch")
+    payload = zipccl_fsdp.encode(x, codec=codec)  # any backend: the bytes are the same
     back = zipccl_fsdp.decode(payload)
     view = _EXP[x.dtype][0]
     if not torch.equal(back.view(view), x.view(view)):
@@ -107,6 +109,7 @@ def rows_for(name: str, dump: Path, steps: list[int]) -> list[dict]:
         bits = _EXP[dtype][2]
         row = {"layout": name, "kind": kind, "dtype": str(dtype).split(".")[-1], "step": step,
                "tensors": len(tensors), "raw_MB": x.numel() * x.element_size() / 1e6,
+               "zeros": float((x == 0).double().mean()),
                "H_exp": h, "bound": bits / (bits - 8 + h)}
         for codec in CODECS:
             # Per captured tensor, as the collectives encode them; summed bytes.
@@ -142,6 +145,7 @@ def main(argv=None) -> int:
             steps = sorted(run_layout(name, args.steps, args.per_kind, root / name))
         rows += rows_for(name, root / name, steps)
     head = (f"{'layout':<8} {'kind':<24} {'dtype':<9} {'step':>5} {'tensors':>7} {'raw MB':>8} "
+            f"{'zeros':>6} "
             f"{'H exp':>6} {'bound':>6} " + " ".join(f"{c:>7}" for c in CODECS))
     sample = f"the first {args.per_kind} calls" if args.per_kind else "every call"
     print(f"traffic of {args.steps} steps, {sample} of each kind per rank "
@@ -150,7 +154,7 @@ def main(argv=None) -> int:
     print("-" * len(head))
     for r in rows:
         print(f"{r['layout']:<8} {r['kind']:<24} {r['dtype']:<9} {r['step']:>5} {r['tensors']:>7} "
-              f"{r['raw_MB']:>8.3f} {r['H_exp']:>6.2f} {r['bound']:>6.3f} "
+              f"{r['raw_MB']:>8.3f} {r['zeros']:>6.3f} {r['H_exp']:>6.2f} {r['bound']:>6.3f} "
               + " ".join(f"{r[c]:>7.3f}" for c in CODECS))
     if args.csv:
         with open(args.csv, "w", newline="") as fh:
