@@ -83,17 +83,18 @@ class ZipCCLConfig:
     field and the ranks). It must itself be equal on every rank."""
 
     verify: bool = False
-    """Integrity mode: compressed payloads carry a checksum per 4096 elements
+    """Integrity mode: every payload carries a checksum per 4096 elements
     (``encode(verify=True)``) that the receiver checks on what it decoded; a
-    mismatch raises ``CorruptPayloadError`` naming the collective, the sending
-    rank and the chunk (any single flipped bit is caught,
-    ``benchmarks/bitflip_transit.py``). What it does not cover: bytes zipccl
-    hands to torch unencoded (messages below ``min_bytes``, the policy's raw
-    calls, ``policy="never"``, fallbacks after a failed encode, and the raw
-    splits of an all-to-all): those are torch's own collectives, which carry
-    no checksum, and adding one would make every raw call cost more than
-    torch's. The payload grows by 4 bytes per 4096 elements; the cost in time
-    and memory is measured in docs/benchmarks.md (``benchmarks/verify_cost.py``)."""
+    mismatch raises ``CorruptPayloadError`` on every rank of the call, naming
+    the collective, the sending rank and the chunk (any single flipped bit is
+    caught, ``benchmarks/bitflip_transit.py``). Raw sends are covered too: a
+    call or split that would go raw (below ``min_bytes``, the policy's raw
+    calls, ``policy="never"``) is framed by the codec "raw" and goes through
+    the same schedule. Not covered: dtypes the codec does not handle (handed
+    to torch) and the pieces after a failed encode (the framing encoder is
+    what failed). The payload grows by 4 bytes per 4096 elements; the cost in
+    time and memory is measured in docs/benchmarks.md
+    (``benchmarks/verify_cost.py``)."""
 
     policy: Literal["adaptive", "always", "never"] = "adaptive"
     """How each call chooses between raw and compressed (``policy.py``).
