@@ -136,11 +136,17 @@ class DTensorCompression:
             raise TypeError(f"config must be a ZipCCLConfig or None, got {type(config).__name__}")
         # What the user tunes
         self.config = config or DEFAULT_CONFIG
-        # Statistics
+        # Statistics, and with them (``_stats.runtime``) the state the
+        # collectives learn (zipccl_fsdp/runtime.py)
         self._stats = CommStats()
         self._passthrough: Counter = Counter()
 
     # ------------------------------------------------------------------ stats
+    @property
+    def runtime(self):
+        """What this compression's calls have learned (``zipccl_fsdp.runtime.Runtime``)."""
+        return self._stats.runtime
+
     def stats(self) -> dict:
         """Counters: ``CommStats.snapshot()`` per kind, plus ``"passthrough"``:
         ``{"op:reason": calls}`` for intercepted calls left to torch's kernel."""

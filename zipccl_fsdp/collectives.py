@@ -65,14 +65,14 @@ from ._layout import overlaps, same_memory, split_flat
 from ._wire import all_gather_single as _all_gather_single
 from ._wire import reduce_scatter_single as _reduce_scatter_single
 from .config import DEFAULT_CONFIG, ZipCCLConfig
-from .stats import CommStats
+from .stats import MODULE_STATS, CommStats
 
 __all__ = ["all_gather_single", "reduce_scatter_single", "all_reduce", "all_to_all_single",
            "stats", "reset_stats", "CODED_DTYPES"]
 
 CODED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
-_STATS = CommStats()
+_STATS = MODULE_STATS
 
 
 def stats() -> dict[str, dict[str, float]]:
@@ -183,19 +183,10 @@ def _compresses(cfg: ZipCCLConfig, kind: str, unit_nbytes: int) -> bool:
 
 def _plan(cfg: ZipCCLConfig, kind: str, group, world: int, t: torch.Tensor, unit: int,
           compress: bool, st: CommStats) -> _policy.Plan:
-    """What ``cfg.policy`` does with a call that ``min_bytes`` and the ``compress_*``
-    switches let compress (``policy.py``); raw otherwise. Every rank gets the same plan."""
-    if not compress or cfg.policy == "never" or _capturing(t):
-        return _policy.RAW
-    if cfg.policy == "always" and cfg.pipeline_pieces <= 1:
-        return _policy.Plan(True, cfg.codec, reason="always")
-    pol = _policy.policy_for(cfg)
-    if pol.known_closed(kind, group, t.dtype, t.device):  # the hot path of a fast link
-        return _policy.LINK_RAW
-    with st.phase(kind, "policy"):
-        return pol.decide(
-            kind, group, world, (kind, tuple(t.shape), t.dtype), t.dtype, t.device,
-            _policy.traffic(kind, world, unit), st)
+    """The policy's plan for a call that ``min_bytes`` and the ``compress_*``
+    switches let compress (``policy.plan``); raw otherwise, and while a CUDA
+    graph is captured. Every rank gets the same plan."""
+    return _policy.plan(cfg, st, kind, group, world, t, unit, compress and not _capturing(t))
 
 
 def _decided(plan: _policy.Plan, codable: bool) -> dict:
@@ -227,20 +218,14 @@ def _native_all_reduce(tensor, parsed: _Op, op, group, world: int, async_op: boo
     return dist.all_reduce(tensor, op=ReduceOp.SUM, group=group, async_op=async_op)
 
 
-def _raw_for_good(cfg: ZipCCLConfig, plan: _policy.Plan) -> bool:
-    """Whether ``plan`` sent a call raw for a reason no later call of its kind,
-    group and dtype can change: the adaptive policy's closed gate, or "never"."""
-    return plan is _policy.LINK_RAW or cfg.policy == "never"
-
-
-def _open_lane(call: _Setup, kind: str, stats_arg, t: torch.Tensor,
-               native_avg: bool = False) -> None:
-    """Open the raw lane of this call's (kind, group, stats, dtype, device)
-    (``_raw_lanes.py``); only for a call sent raw for good (``_raw_for_good``)."""
-    cfg = call.cfg
-    decisions = _policy.policy_for(cfg).decisions if cfg.policy == "adaptive" else None
-    _raw_lanes.open_lane(cfg, kind, call.group, call.world, call.rank, stats_arg,
-                         call.st.fields(kind), t.dtype, t.device, decisions, native_avg)
+def _open_lane(call: _Setup, kind: str, t: torch.Tensor, native_avg: bool = False) -> None:
+    """Open the raw lane of this call's (kind, group, dtype, device)
+    (``_raw_lanes.py``), in the runtime of the call's stats; only for a call
+    sent raw for good (``policy.raw_for_good``)."""
+    cfg, st = call.cfg, call.st
+    _raw_lanes.open_lane(st.runtime.state(cfg), kind, call.group, call.world, call.rank,
+                         st.fields(kind), t.dtype, t.device, _policy.lane_decisions(cfg, st),
+                         native_avg)
 
 
 def _pipelined_done(st: CommStats, kind: str, *outcomes: _pipeline.Outcome) -> None:
@@ -377,8 +362,8 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
     plan = _plan(cfg, "all_gather", group, world, input_tensor, unit, compress, st)
     if not plan.compress and world > 1:  # the lean path of every raw call
         st.add("all_gather", calls=1, raw_bytes=unit, raw_fallback_calls=int(coded))
-        if coded and _raw_for_good(cfg, plan):
-            _open_lane(call, "all_gather", stats, input_tensor)
+        if coded and _policy.raw_for_good(cfg, plan):
+            _open_lane(call, "all_gather", input_tensor)
         with _no_grad_if_needed(output_tensor, input_tensor):
             return _to_torch(st, "all_gather", unit, _all_gather_single, output_tensor,
                              input_tensor, group=group, async_op=async_op)
@@ -401,7 +386,7 @@ def _all_gather_coded(output_tensor, input_tensor, plan, cfg: ZipCCLConfig, st: 
     slots = [flat_out[r * n:(r + 1) * n] for r in range(world)]
     _pipelined_done(st, "all_gather", _pipeline.gather(
         "all_gather", input_tensor.view(-1), slots, group, rank, plan, cfg, st,
-        _policy.policy_for(cfg), ("all_gather", tuple(input_tensor.shape), input_tensor.dtype)))
+        _policy.of(cfg, st), ("all_gather", tuple(input_tensor.shape), input_tensor.dtype)))
     return _completed_work(async_op, output_tensor)
 
 
@@ -442,7 +427,7 @@ def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=F
     plan = _plan(cfg, "reduce_scatter", group, world, input, unit, compress, st)
     st.add("reduce_scatter", calls=1, raw_bytes=(world - 1) * unit,
            **_decided(plan, world > 1))
-    if not plan.compress and cfg.policy == "adaptive" and world > 1 and _is_nccl(group):
+    if not plan.compress and _policy.torch_reduces_raw(cfg) and world > 1 and _is_nccl(group):
         # NCCL's own reduce-scatter (ring or NVLS, reducing as it moves) beats
         # zipccl's raw path, an all-to-all and then w adds, where links are
         # fast; gloo's moves twice an all-to-all's bytes, so there zipccl's stays.
@@ -450,8 +435,8 @@ def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=F
                          output, input, op=op, group=group, async_op=async_op)
     _pipelined_done(st, "reduce_scatter", _pipeline.scatter_reduce(
         "reduce_scatter", input.view(-1), [n] * world, output.view(-1), parsed, group, rank,
-        plan, cfg, st, _policy.policy_for(cfg), ("reduce_scatter", tuple(input.shape),
-                                                  input.dtype)))
+        plan, cfg, st, _policy.of(cfg, st), ("reduce_scatter", tuple(input.shape),
+                                             input.dtype)))
     return _completed_work(async_op, output)
 
 
@@ -500,16 +485,16 @@ def _all_reduce(tensor, op, group, async_op: bool, config: ZipCCLConfig | None,
     plan = _plan(cfg, "all_reduce", group, world, tensor, counts[0] * itemsize, compress, st)
     st.add("all_reduce", calls=1, raw_bytes=numel * itemsize if world > 1 else 0,
            **_decided(plan, world > 1))
-    if not plan.compress and cfg.policy == "adaptive" and world > 1:
+    if not plan.compress and _policy.torch_reduces_raw(cfg) and world > 1:
         if plan is _policy.LINK_RAW:
-            _open_lane(call, "all_reduce", stats, tensor,
+            _open_lane(call, "all_reduce", tensor,
                        native_avg=_is_nccl(group))
         return _to_torch(st, "all_reduce", numel * itemsize, _native_all_reduce, tensor, parsed,
                          op, group, world, async_op)
     flat = tensor.view(-1)
     reduced = torch.empty(counts[rank], dtype=tensor.dtype, device=tensor.device)
     slots = split_flat(flat, counts)
-    pol, site = _policy.policy_for(cfg), ("all_reduce", tuple(tensor.shape), tensor.dtype)
+    pol, site = _policy.of(cfg, st), ("all_reduce", tuple(tensor.shape), tensor.dtype)
     first = _pipeline.scatter_reduce("all_reduce", flat, counts, reduced, parsed, group, rank,
                                      plan, cfg, st, pol, site)
     if world == 1:
@@ -522,9 +507,9 @@ def _all_reduce(tensor, op, group, async_op: bool, config: ZipCCLConfig | None,
     return _completed_work(async_op, tensor)
 
 
-def all_reduce_outlook(tensor: torch.Tensor, group=None,
-                       config: ZipCCLConfig | None = None) -> str:
-    """What ``all_reduce(tensor, group=group, config=config)`` is known to do
+def all_reduce_outlook(tensor: torch.Tensor, group=None, config: ZipCCLConfig | None = None,
+                       stats: CommStats | None = None) -> str:
+    """What ``all_reduce(tensor, group=group, config=config, stats=stats)`` is known to do
     before it runs, for a caller that runs calls off its own thread while it
     computes (the DDP hook, ``background.py``):
 
@@ -540,18 +525,15 @@ def all_reduce_outlook(tensor: torch.Tensor, group=None,
     * ``""``: anything else: it may be compressed, or (``"always"``,
       ``"never"``) sent raw through zipccl's rank-order path, which waits."""
     cfg = config or DEFAULT_CONFIG
-    if cfg.policy != "adaptive" or tensor.dtype not in CODED_DTYPES or _capturing(tensor):
+    if tensor.dtype not in CODED_DTYPES or _capturing(tensor):
         return ""
     info = _group_info(group)
     if info is None or info[1] == 1:
         return ""
     group, world, _ = info
-    if not _compresses(cfg, "all_reduce", (tensor.numel() // world) * tensor.element_size()):
-        return "raw"
-    pol = _policy.policy_for(cfg)
-    if not pol.calibrated(group, tensor.dtype, tensor.device):
-        return "calibrates"
-    return "raw" if pol.gate_closed(group, tensor.dtype, tensor.device) else ""
+    unit = (tensor.numel() // world) * tensor.element_size()
+    return _policy.outlook(cfg, stats or _STATS, group, tensor.dtype, tensor.device,
+                           _compresses(cfg, "all_reduce", unit))
 
 
 def _row_counts(t: torch.Tensor, splits, world: int, name: str, where: str) -> list:
@@ -619,12 +601,11 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         st.add("all_to_all", calls=1, raw_bytes=raw)
         return _to_torch(st, "all_to_all", raw, dist.all_to_all_single, output, input,
                          output_split_sizes, input_split_sizes, group=group, async_op=async_op)
-    if cfg.policy == "never" or (cfg.policy == "adaptive" and _policy.policy_for(cfg).known_closed(
-            "all_to_all", group, input.dtype, input.device)):
+    if _policy.sure_raw(cfg, st, "all_to_all", group, input.dtype, input.device):
         # Raw for sure (a fast link, or "never"): the lean path, and the lane
         # of the next such calls.
         st.add("all_to_all", calls=1, raw_bytes=raw, raw_fallback_calls=1)
-        _open_lane(call, "all_to_all", stats, input)
+        _open_lane(call, "all_to_all", input)
         with _no_grad_if_needed(output, input):
             return _to_torch(st, "all_to_all", raw, dist.all_to_all_single, output, input,
                              output_split_sizes, input_split_sizes, group=group,
@@ -635,7 +616,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     with torch.no_grad():
         # Decided before any slicing: a raw call should cost as little as possible.
         with st.phase("all_to_all", "policy"):
-            plan = _all_to_all_plan(cfg, group, world, rank, input, in_counts, send_coded, st)
+            plan = _policy.all_to_all_plan(cfg, st, group, world, rank, input, in_counts,
+                                           send_coded)
         decided = _decided(plan, True)
         if not (any(send_coded) or any(recv_coded)):  # every split of this rank goes raw
             decided["compressed_calls"] = decided["pipelined_calls"] = 0
@@ -647,23 +629,6 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         _pipelined_done(st, "all_to_all", _pipeline.all_to_all(
             "all_to_all", split_flat(input.view(-1), in_counts),
             split_flat(output.view(-1), out_counts), send_coded, recv_coded, group, rank, plan,
-            cfg, st, _policy.policy_for(cfg), ("all_to_all", tuple(input.shape[1:]),
-                                                input.dtype)))
+            cfg, st, _policy.of(cfg, st), ("all_to_all", tuple(input.shape[1:]),
+                                           input.dtype)))
         return _completed_work(async_op, output)
-
-
-def _all_to_all_plan(cfg: ZipCCLConfig, group, world: int, rank: int, t: torch.Tensor,
-                     in_counts: list, send_coded: list, st: CommStats) -> _policy.Plan:
-    """The plan of an all-to-all (split sizes differ between ranks:
-    ``Policy.decide_all_to_all``)."""
-    if cfg.policy == "never":
-        return _policy.RAW
-    pol = _policy.policy_for(cfg)
-    if cfg.policy == "always":
-        return pol.decide("all_to_all", group, world, ("all_to_all", tuple(t.shape[1:]), t.dtype),
-                          t.dtype, t.device, (), st)
-    itemsize = t.element_size()
-    send = sum(c for r, c in enumerate(in_counts) if r != rank) * itemsize
-    coded = sum(c for r, c in enumerate(in_counts) if r != rank and send_coded[r]) * itemsize
-    return pol.decide_all_to_all(group, world, tuple(t.shape[1:]), t.dtype, t.device, send,
-                                 coded, st)

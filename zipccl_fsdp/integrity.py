@@ -149,12 +149,14 @@ def _describe(fields: dict, table: list, rank: int, group) -> list:
 
 
 def check_agreement(cfg, group, world: int, device, st, kind: str) -> None:
-    """Once per (config, group): raise ``ZipCCLConfigError`` on every rank unless
-    all ranks agree on ``protocol_fields(cfg)`` (see the module docstring)."""
+    """Once per (config, group) in the owner of ``st`` (its ``runtime``): raise
+    ``ZipCCLConfigError`` on every rank unless all ranks agree on
+    ``protocol_fields(cfg)`` (see the module docstring)."""
     if not cfg.check_consistency or world == 1:
         return
     key = group_key(group)
-    if key in cfg._checked_groups:
+    checked = st.runtime.state(cfg).checked_groups
+    if key in checked:
         return
     from .pipeline import is_size_row, row_width
 
@@ -177,7 +179,7 @@ def check_agreement(cfg, group, world: int, device, st, kind: str) -> None:
         raise ZipCCLConfigError(f"zipccl {kind}: {why}")
     prints = [row[1] for row in rows]
     if len(set(prints)) == 1:
-        cfg._checked_groups.add(key)
+        checked.add(key)
         return
     # Every rank saw the same fingerprints, so every rank joins this second exchange.
     with st.phase(kind, "sizes"):
