@@ -45,23 +45,24 @@ class ConfigState:
 class Runtime:
     """The run-time state of one owner, per config (see the module docstring)."""
 
-    __slots__ = ("_states", "_last")
+    __slots__ = ("_states", "last")
 
     def __init__(self) -> None:
         self._states: dict = {}
-        self._last: tuple = (None, None)
+        self.last: tuple = (None, None)
+        """(config, state) of the last ``state`` call, read by the raw lanes."""
 
     def state(self, config) -> ConfigState:
         """The state of ``config`` (created on first use). The last config asked
         for is answered by identity: hashing a config costs more than a raw
         lane's whole lookup."""
-        last = self._last
+        last = self.last
         if last[0] is config:
             return last[1]
         state = self._states.get(config)
         if state is None:
             state = self._states[config] = ConfigState(config)
-        self._last = (config, state)
+        self.last = (config, state)
         return state
 
     def states(self) -> list:
