@@ -434,6 +434,16 @@ def test_configs_hold_settings_only():
     assert DEFAULT_CONFIG == ZipCCLConfig() and hash(DEFAULT_CONFIG) == hash(ZipCCLConfig())
 
 
+def test_codec_names_are_the_build_codec_set():
+    from typing import get_args
+
+    from zipccl_fsdp import codec
+    from zipccl_fsdp.config import CodecName
+    assert get_args(CodecName) == ("auto", *codec.CODECS)
+    assert Cal.codecs(ZipCCLConfig()) == tuple(c for c in codec.CODECS if c != "raw")
+    assert Cal.codecs(ZipCCLConfig(codec="fixed3")) == ("fixed3",)
+
+
 def test_only_the_policy_module_reads_the_policy_setting():
     """``cfg.policy`` (or ``config.policy``) is read in ``policy.py`` alone (and
     in the config's own protocol fields)."""

@@ -117,8 +117,9 @@ class ZipCCLConfig:
     across the group (the slowest rank's) and ratios come from the size
     exchanges every rank sees, so all ranks take the same decision; with
     ``link_gbps`` and ``codec_gbps`` given nothing is timed, and the decisions
-    depend only on the calls and their data. Compression must win by 10% in
-    the model, so a fast link stays raw. Numerics: under "adaptive" an
+    depend only on the calls and their data (README, "Pinning the
+    decisions"). Compression must save ``1 - cost.MARGIN`` of the raw time
+    in the model, so a fast link stays raw. Numerics: under "adaptive" an
     all-reduce sent raw is torch's own, a compressed one sums in fp32 in rank
     order; a reduce-scatter sums in fp32 in rank order either way (NCCL's own
     when it goes raw on NCCL); "always" and "never" never use torch's

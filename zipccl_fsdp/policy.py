@@ -172,13 +172,13 @@ class Policy:
         (``parts`` from ``cost.traffic``), or of an all-to-all once its sizes are
         agreed. A first call on a group may calibrate (collectives on
         ``group``, counted in ``st`` under "calibration")."""
-        plan = self._decide(kind, group, world, site, dtype, device, parts, st)
+        plan = self._decide(group, world, site, dtype, device, parts, st)
         if logger.isEnabledFor(logging.DEBUG):  # each decision and why (plan.reason)
             logger.debug("%s %s %s: %s, expected wire fractions %s", kind, site[1], dtype, plan,
                          self.fractions(group, site, dtype))
         return self._count(kind, plan)
 
-    def _decide(self, kind, group, world, site, dtype, device, parts, st) -> Plan:
+    def _decide(self, group, world, site, dtype, device, parts, st) -> Plan:
         cfg = self.cfg
         if cfg.policy == "never":
             return RAW
