@@ -24,7 +24,8 @@ Where the figures come from, and why every rank holds the same:
   runs inside a collective than alone, and ``E``, ``D``, ``c`` are corrected
   by that factor (``cost.fit_slowdown``). On a loopback, where moving bytes is
   itself CPU work competing with the codec, that factor is what keeps the
-  policy raw (docs/benchmarks.md, section "The adaptive policy").
+  policy raw (docs/benchmarks.md, section "Unthrottled loopback: the policy
+  stays raw").
 
 With both ``link_gbps`` and ``codec_gbps`` given nothing is timed and nothing
 is sent: the figures are pure functions of the config.
@@ -57,7 +58,8 @@ PROBE_SECONDS = 0.04
 AB_ROUNDS = 8
 """Timed rounds of the in-situ A/B (best of): fewer let a noisy link spread
 the fitted codec slowdown widely enough to flip decisions between
-calibrations (docs/benchmarks.md, section "The adaptive policy"). Each round
+calibrations (docs/benchmarks.md, section "Why close calls flip: the in-situ
+factor is ill-conditioned"). Each round
 costs a raw and a compressed all-gather of about PROBE_SECONDS, once per
 (group, dtype)."""
 
