@@ -199,7 +199,8 @@ def task_bad_input():
 
 def task_config_mismatch():
     rank = dist.get_rank()
-    cfg = ZipCCLConfig(policy="always", min_bytes=0 if rank == 0 else 1 << 20)
+    # pipeline_pieces=5: a config value no earlier task agreed on, on any rank
+    cfg = ZipCCLConfig(policy="always", min_bytes=0 if rank == 0 else 1 << 20, pipeline_pieces=5)
     x = torch.randn(64)
     out = torch.empty(dist.get_world_size() * 64)
     try:

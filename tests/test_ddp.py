@@ -140,7 +140,7 @@ def train_on_a_fast_link() -> tuple:
     hook = ZipCCLHook(FAST)
     got = _train(torch.bfloat16, lambda model: model.register_comm_hook(None, hook))
     _assert_same_training(got, want)
-    return hook.stats()["all_reduce"], sorted(k[0] for k in FAST._raw_lanes)
+    return hook.stats()["all_reduce"], sorted(k[0] for k in hook.runtime.state(FAST).lanes)
 
 
 def test_fast_link_buckets_take_the_raw_lane_and_equal_ddp_default(pool2):

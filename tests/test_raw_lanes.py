@@ -58,8 +58,8 @@ class _GeneralPath:
         C._begin = self._real
 
 
-def _lane_keys(cfg: ZipCCLConfig) -> list:
-    return sorted((k[0], str(k[3])) for k in cfg._raw_lanes)
+def _lane_keys(st: CommStats, cfg: ZipCCLConfig) -> list:
+    return sorted((k[0], str(k[2])) for k in st.runtime.state(cfg).lanes)
 
 
 def task_lanes_equal_torch(policy: str):
@@ -106,7 +106,7 @@ def task_lanes_equal_torch(policy: str):
                             assert_bits_equal(y, reference_reduce(parts, name, 1.0, dtype),
                                               f"all_reduce {name} {dtype} {n}")
                 counts.append(("all_reduce", general.calls))
-    return counts, st.snapshot(), _lane_keys(cfg)
+    return counts, st.snapshot(), _lane_keys(st, cfg)
 
 
 @pytest.mark.parametrize("policy", ["adaptive", "never"])
@@ -146,10 +146,10 @@ def task_stats_match_general_path():
         all_to_all_single(x.clone(), x, config=cfg)
         all_reduce(x.clone(), config=cfg)
         C.reset_stats()
-        P.policy_for(cfg).decisions.clear()
+        P.of(cfg, C._STATS).decisions.clear()
         for _ in range(4):
             if fresh:
-                cfg._raw_lanes.clear()
+                C._STATS.runtime.state(cfg).lanes.clear()
             all_gather_single(out, x, config=cfg)
             recv = [(300, 700)[rank]] * world
             all_to_all_single(torch.empty(sum(recv), 3, dtype=x.dtype), x, recv, [300, 700],
@@ -159,7 +159,7 @@ def task_stats_match_general_path():
         snaps.append({k: {f: v for f, v in s.items() if not f.endswith("_s")}
                       for k, s in snap.items()})
         assert all(s["comm_s"] > 0 for k, s in snap.items() if s["calls"]), snap
-        decisions.append(sorted(P.policy_for(cfg).decisions.items()))
+        decisions.append(sorted(P.of(cfg, C._STATS).decisions.items()))
     return snaps, decisions
 
 
@@ -258,16 +258,18 @@ def test_async_lanes_and_reset_stats(pool2):
 
 
 def task_used_config_copies():
-    """A config that holds lanes (process groups) still pickles and copies:
-    the settings travel, the process-local state starts afresh."""
+    """A used config holds no state (its lanes, policy and agreement checks live
+    in the runtime of the stats' owner), so it pickles and copies like any
+    settings, and an equal twin finds the same state."""
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = ZipCCLConfig(**FAST_LINK)
     x = make_data(1 << 16, torch.bfloat16, seed=5, rank=rank)
     all_gather_single(torch.empty(world << 16, dtype=torch.bfloat16), x, config=cfg)
-    assert cfg._raw_lanes and cfg._runtime and cfg._checked_groups
+    state = C._STATS.runtime.state(cfg)
+    assert state.lanes and state.policy is not None and state.checked_groups
     for twin in (pickle.loads(pickle.dumps(cfg)), copy.deepcopy(cfg), copy.copy(cfg)):
-        assert twin == cfg and twin is not cfg
-        assert not twin._raw_lanes and not twin._runtime and not twin._checked_groups
+        assert twin == cfg
+        assert C._STATS.runtime.state(twin) is state
         got = torch.empty(world << 16, dtype=torch.bfloat16)
         all_gather_single(got, x, config=twin)
         want = torch.empty_like(got)

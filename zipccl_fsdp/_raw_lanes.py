@@ -3,8 +3,9 @@ for calls that are sure to go raw.
 
 Once a call has gone raw for a reason that no later call can change (the
 adaptive policy found this group's link faster than any codec for the dtype,
-or ``policy="never"``), the collective opens a lane for its (config, stats,
-group, dtype, device). The next such calls then check their arguments in a
+or ``policy="never"``), the collective opens a lane for its (kind, group,
+dtype, device) in the runtime state of its config in its stats' owner
+(``runtime.py``). The next such calls then check their arguments in a
 few steps, count their stats as the general path would, and call the
 ``ProcessGroup`` method that torch's own wrapper calls, skipping both
 zipccl's general path and torch's Python.
@@ -35,6 +36,7 @@ from torch._C import _has_torch_function
 from torch.distributed.distributed_c10d import AllgatherOptions, AllToAllOptions, _world
 
 from .config import DEFAULT_CONFIG
+from .stats import MODULE_STATS
 from .stats import profiling as _profiling
 
 MISS = object()
@@ -67,17 +69,27 @@ def _options(kind: str, async_op: bool):
     return opts
 
 
-def open_lane(cfg, kind: str, pg, world: int, rank: int, stats_arg, fields: dict,
+def open_lane(state, kind: str, pg, world: int, rank: int, fields: dict,
               dtype: torch.dtype, device: torch.device, decisions=None) -> None:
     """Open the lane of ``kind`` calls on process group ``pg`` (resolved: never
-    None) passing ``stats=stats_arg`` (None included) with tensors of ``dtype``
-    on ``device``. Only for a call just sent raw for a reason no later call
-    can change (see the module docstring); ``fields`` is the stats object's
-    dict for ``kind`` (``CommStats.fields``), ``decisions`` the policy's
-    counter of its plans, if it has one."""
-    key = (kind, pg, stats_arg, dtype, device)
-    if key not in cfg._raw_lanes:
-        cfg._raw_lanes[key] = _Lane(kind, pg, world, rank, dtype.itemsize, fields, decisions)
+    None) with tensors of ``dtype`` on ``device`` in ``state`` (the
+    ``runtime.ConfigState`` of the call's config in its stats' runtime). Only
+    for a call just sent raw for a reason no later call can change (see the
+    module docstring); ``fields`` is the stats object's dict for ``kind``
+    (``CommStats.fields``), ``decisions`` the policy's counter of its plans,
+    if it has one."""
+    key = (kind, pg, dtype, device)
+    if key not in state.lanes:
+        state.lanes[key] = _Lane(kind, pg, world, rank, dtype.itemsize, fields, decisions)
+
+
+def _lanes(config, stats) -> dict:
+    """The lanes of ``config`` (None: the default) in the runtime of ``stats``
+    (None: the free functions')."""
+    runtime = (MODULE_STATS if stats is None else stats).runtime
+    config = DEFAULT_CONFIG if config is None else config
+    last = runtime.last  # Runtime.state's own fast path, without its call
+    return (last[1] if last[0] is config else runtime.state(config)).lanes
 
 
 # The two lanes below repeat their checks and counting inline rather than
@@ -91,9 +103,8 @@ def all_gather(output, input, group, async_op, config, stats):
             or _has_torch_function((input, output)) or _profiling()):
         return MISS
     device = input.device
-    lane = (DEFAULT_CONFIG if config is None else config)._raw_lanes.get(
-        ("all_gather", _world.default_pg if group is None else group, stats, input.dtype,
-         device))
+    lane = _lanes(config, stats).get(
+        ("all_gather", _world.default_pg if group is None else group, input.dtype, device))
     if (lane is None or output.dtype is not input.dtype or output.device != device
             or input.requires_grad or output.requires_grad
             or not input.is_contiguous() or not output.is_contiguous()
@@ -122,9 +133,8 @@ def all_to_all(output, input, output_split_sizes, input_split_sizes, group, asyn
             or _has_torch_function((input, output)) or _profiling()):
         return MISS
     device = input.device
-    lane = (DEFAULT_CONFIG if config is None else config)._raw_lanes.get(
-        ("all_to_all", _world.default_pg if group is None else group, stats, input.dtype,
-         device))
+    lane = _lanes(config, stats).get(
+        ("all_to_all", _world.default_pg if group is None else group, input.dtype, device))
     if (lane is None or output.dtype is not input.dtype or output.device != device
             or input.requires_grad or output.requires_grad
             or not input.is_contiguous() or not output.is_contiguous()):

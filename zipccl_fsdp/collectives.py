@@ -72,14 +72,14 @@ from ._layout import overlaps, same_memory, split_flat
 from ._wire import all_gather_single as _all_gather_single
 from ._wire import reduce_scatter_single as _reduce_scatter_single
 from .config import DEFAULT_CONFIG, ZipCCLConfig
-from .stats import CommStats
+from .stats import MODULE_STATS, CommStats
 
 __all__ = ["all_gather_single", "reduce_scatter_single", "all_reduce", "all_to_all_single",
            "stats", "reset_stats", "CODED_DTYPES"]
 
 CODED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
-_STATS = CommStats()
+_STATS = MODULE_STATS
 
 
 def stats() -> dict[str, dict[str, float]]:
@@ -201,19 +201,10 @@ def _compresses(cfg: ZipCCLConfig, kind: str, unit_nbytes: int) -> bool:
 
 def _plan(cfg: ZipCCLConfig, kind: str, group, world: int, t: torch.Tensor, unit: int,
           compress: bool, st: CommStats) -> _policy.Plan:
-    """What ``cfg.policy`` does with a call that ``min_bytes`` and the ``compress_*``
-    switches let compress (``policy.py``); raw otherwise. Every rank gets the same plan."""
-    if not compress or cfg.policy == "never" or _capturing(t):
-        return _policy.RAW
-    if cfg.policy == "always" and cfg.pipeline_pieces <= 1:
-        return _policy.Plan(True, cfg.codec, reason="always")
-    pol = _policy.policy_for(cfg)
-    if pol.known_closed(kind, group, t.dtype, t.device):  # the hot path of a fast link
-        return _policy.LINK_RAW
-    with st.phase(kind, "policy"):
-        return pol.decide(
-            kind, group, world, (kind, tuple(t.shape), t.dtype), t.dtype, t.device,
-            _policy.traffic(kind, world, unit), st)
+    """The policy's plan for a call that ``min_bytes`` and the ``compress_*``
+    switches let compress (``policy.plan``); raw otherwise, and while a CUDA
+    graph is captured. Every rank gets the same plan."""
+    return _policy.plan(cfg, st, kind, group, world, t, unit, compress and not _capturing(t))
 
 
 def _decided(plan: _policy.Plan, codable: bool) -> dict:
@@ -234,25 +225,24 @@ def _verified(cfg: ZipCCLConfig, plan: _policy.Plan) -> _policy.Plan:
     return VERIFIED_RAW if cfg.verify and not plan.compress else plan
 
 
-def _observer(cfg: ZipCCLConfig, plan: _policy.Plan):
+def _observer(cfg: ZipCCLConfig, st: CommStats, plan: _policy.Plan):
     """The policy that learns a call's ratio: none for a verified raw call."""
-    return None if plan is VERIFIED_RAW else _policy.policy_for(cfg)
+    return None if plan is VERIFIED_RAW else _policy.of(cfg, st)
 
 
 def _raw_for_good(cfg: ZipCCLConfig, plan: _policy.Plan) -> bool:
-    """Whether ``plan`` sent a call raw for a reason no later call of its kind,
-    group and dtype can change: the adaptive policy's closed gate, or "never"
-    (never under ``verify``: those calls are checked, ``VERIFIED_RAW``)."""
-    return (plan is _policy.LINK_RAW or cfg.policy == "never") and not cfg.verify
+    """``policy.raw_for_good``, and not under ``verify`` (those calls are
+    framed and checked, ``VERIFIED_RAW``: no lane)."""
+    return _policy.raw_for_good(cfg, plan) and not cfg.verify
 
 
-def _open_lane(call: _Setup, kind: str, stats_arg, t: torch.Tensor) -> None:
-    """Open the raw lane of this call's (kind, group, stats, dtype, device)
-    (``_raw_lanes.py``); only for a call sent raw for good (``_raw_for_good``)."""
-    cfg = call.cfg
-    decisions = _policy.policy_for(cfg).decisions if cfg.policy == "adaptive" else None
-    _raw_lanes.open_lane(cfg, kind, call.group, call.world, call.rank, stats_arg,
-                         call.st.fields(kind), t.dtype, t.device, decisions)
+def _open_lane(call: _Setup, kind: str, t: torch.Tensor) -> None:
+    """Open the raw lane of this call's (kind, group, dtype, device)
+    (``_raw_lanes.py``), in the runtime of the call's stats; only for a call
+    sent raw for good (``_raw_for_good``)."""
+    cfg, st = call.cfg, call.st
+    _raw_lanes.open_lane(st.runtime.state(cfg), kind, call.group, call.world, call.rank,
+                         st.fields(kind), t.dtype, t.device, _policy.lane_decisions(cfg, st))
 
 
 def _pipelined_done(st: CommStats, kind: str, *outcomes: _pipeline.Outcome,
@@ -335,7 +325,7 @@ def _refuse(call: _Setup, kind: str, t, unit: int, err: Exception) -> None:
     if why is None or call.world == 1 or not isinstance(t, torch.Tensor) or _capturing(t):
         return
     cfg, group, world = call.cfg, call.group, call.world
-    if _integrity.agreement_pending(cfg, group):
+    if _integrity.agreement_pending(cfg, call.st, group):
         _integrity.refuse(group, world, t.device, why)
         return
     if t.dtype not in CODED_DTYPES:
@@ -368,7 +358,7 @@ def _no_grad_if_needed(*tensors: torch.Tensor):
 
 def _to_torch(st: CommStats, kind: str, wire_bytes: int, collective, *args, **kwargs):
     """Hand the call to torch: run ``collective`` (a ``torch.distributed``
-    function, or ``_native_all_reduce``) as the call's exchange phase, counting
+    function) as the call's exchange phase, counting
     ``wire_bytes`` sent; return its result."""
     st.add(kind, wire_bytes=wire_bytes)
     with st.phase(kind, "exchange"):
@@ -415,8 +405,8 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
     if not plan.compress and world > 1 and not (coded and cfg.verify):
         # the lean path of every raw call
         st.add("all_gather", calls=1, raw_bytes=unit, raw_fallback_calls=int(coded))
-        if coded and _raw_for_good(cfg, plan):
-            _open_lane(call, "all_gather", stats, input_tensor)
+        if coded and _policy.raw_for_good(cfg, plan):
+            _open_lane(call, "all_gather", input_tensor)
         with _no_grad_if_needed(output_tensor, input_tensor):
             return _to_torch(st, "all_gather", unit, _all_gather_single, output_tensor,
                              input_tensor, group=group, async_op=async_op)
@@ -439,7 +429,7 @@ def _all_gather_coded(output_tensor, input_tensor, plan, cfg: ZipCCLConfig, st: 
     slots = [flat_out[r * n:(r + 1) * n] for r in range(world)]
     _pipelined_done(st, "all_gather", _pipeline.gather(
         "all_gather", input_tensor.view(-1), slots, group, rank, plan, cfg, st,
-        _observer(cfg, plan), ("all_gather", tuple(input_tensor.shape), input_tensor.dtype)),
+        _observer(cfg, st, plan), ("all_gather", tuple(input_tensor.shape), input_tensor.dtype)),
         counted=plan is not VERIFIED_RAW)
     return _completed_work(async_op, output_tensor)
 
@@ -492,7 +482,7 @@ def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=F
     sent = _verified(cfg, plan) if world > 1 else plan
     _pipelined_done(st, "reduce_scatter", _pipeline.scatter_reduce(
         "reduce_scatter", input.view(-1), [n] * world, output.view(-1), parsed, group, rank,
-        sent, cfg, st, _observer(cfg, sent), ("reduce_scatter", tuple(input.shape),
+        sent, cfg, st, _observer(cfg, st, sent), ("reduce_scatter", tuple(input.shape),
                                               input.dtype)), counted=sent is not VERIFIED_RAW)
     return _completed_work(async_op, output)
 
@@ -550,7 +540,7 @@ def _all_reduce(tensor, op, group, async_op: bool, config: ZipCCLConfig | None,
     reduced = torch.empty(counts[rank], dtype=tensor.dtype, device=tensor.device)
     slots = split_flat(flat, counts)
     sent = _verified(cfg, plan) if world > 1 else plan
-    pol, site = _observer(cfg, sent), ("all_reduce", tuple(tensor.shape), tensor.dtype)
+    pol, site = _observer(cfg, st, sent), ("all_reduce", tuple(tensor.shape), tensor.dtype)
     first = _pipeline.scatter_reduce("all_reduce", flat, counts, reduced, parsed, group, rank,
                                      sent, cfg, st, pol, site, settle=False)
     if world == 1:
@@ -563,9 +553,9 @@ def _all_reduce(tensor, op, group, async_op: bool, config: ZipCCLConfig | None,
     return _completed_work(async_op, tensor)
 
 
-def all_reduce_outlook(tensor: torch.Tensor, group=None,
-                       config: ZipCCLConfig | None = None) -> str:
-    """What ``all_reduce(tensor, group=group, config=config)`` is known to do
+def all_reduce_outlook(tensor: torch.Tensor, group=None, config: ZipCCLConfig | None = None,
+                       stats: CommStats | None = None) -> str:
+    """What ``all_reduce(tensor, group=group, config=config, stats=stats)`` is known to do
     before it runs, for a caller that runs calls off its own thread while it
     computes (the DDP hook, ``background.py``):
 
@@ -580,16 +570,15 @@ def all_reduce_outlook(tensor: torch.Tensor, group=None,
     (``"raw"``, a call handed to torch pending, is no longer returned: no
     all-reduce of a coded dtype goes to torch's own.)"""
     cfg = config or DEFAULT_CONFIG
-    if cfg.policy != "adaptive" or tensor.dtype not in CODED_DTYPES or _capturing(tensor):
+    if tensor.dtype not in CODED_DTYPES or _capturing(tensor):
         return ""
     info = _group_info(group)
     if info is None or info[1] == 1:
         return ""
     group, world, _ = info
-    if not _compresses(cfg, "all_reduce", (tensor.numel() // world) * tensor.element_size()):
-        return ""
-    pol = _policy.policy_for(cfg)
-    return "" if pol.calibrated(group, tensor.dtype, tensor.device) else "calibrates"
+    unit = (tensor.numel() // world) * tensor.element_size()
+    return _policy.outlook(cfg, stats or _STATS, group, tensor.dtype, tensor.device,
+                           _compresses(cfg, "all_reduce", unit))
 
 
 def _row_counts(t: torch.Tensor, splits, world: int, name: str, where: str) -> list:
@@ -651,14 +640,15 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
                          output_split_sizes, input_split_sizes, group=group, async_op=async_op)
     send_coded = [_compresses(cfg, "all_to_all", c * itemsize) for c in in_counts]
     recv_coded = [_compresses(cfg, "all_to_all", c * itemsize) for c in out_counts]
-    if not cfg.compress_all_to_all or _a2a_raw_for_sure(cfg, group, input):
+    if not cfg.compress_all_to_all or _policy.sure_raw(cfg, st, "all_to_all", group,
+                                                       input.dtype, input.device):
         st.add("all_to_all", calls=1, raw_bytes=raw,
                raw_fallback_calls=int(cfg.compress_all_to_all))
         plan = _policy.RAW
         if not cfg.verify:
             # Raw for sure (a fast link, or "never"): the lean path, and the
             # lane of the next such calls.
-            _open_lane(call, "all_to_all", stats, input)
+            _open_lane(call, "all_to_all", input)
             with _no_grad_if_needed(output, input):
                 return _to_torch(st, "all_to_all", raw, dist.all_to_all_single, output, input,
                                  output_split_sizes, input_split_sizes, group=group,
@@ -668,8 +658,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         with torch.no_grad():
             # Decided before any slicing: a raw call should cost as little as possible.
             with st.phase("all_to_all", "policy"):
-                plan = _all_to_all_plan(cfg, group, world, rank, input, in_counts, send_coded,
-                                        st)
+                plan = _policy.all_to_all_plan(cfg, st, group, world, rank, input, in_counts,
+                                               send_coded)
         decided = _decided(plan, True)
         if not (any(send_coded) or any(recv_coded)):  # every split of this rank goes raw
             decided["compressed_calls"] = decided["pipelined_calls"] = 0
@@ -690,7 +680,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         _pipelined_done(st, "all_to_all", _pipeline.all_to_all(
             "all_to_all", split_flat(input.view(-1), in_counts),
             split_flat(output.view(-1), out_counts), send_codecs, recv_framed, group, rank, sent,
-            cfg, st, _observer(cfg, sent), ("all_to_all", tuple(input.shape[1:]), input.dtype)),
+            cfg, st, _observer(cfg, st, sent), ("all_to_all", tuple(input.shape[1:]), input.dtype)),
             counted=sent is not VERIFIED_RAW)
         return _completed_work(async_op, output)
 
@@ -717,36 +707,12 @@ def _split_counts(output, input, output_split_sizes, input_split_sizes, world: i
     return in_counts, out_counts
 
 
-def _a2a_raw_for_sure(cfg: ZipCCLConfig, group, t: torch.Tensor) -> bool:
-    """Whether an all-to-all goes raw whatever its splits: "never", or the
-    adaptive policy's closed gate (counted as a raw decision)."""
-    return cfg.policy == "never" or (cfg.policy == "adaptive" and _policy.policy_for(
-        cfg).known_closed("all_to_all", group, t.dtype, t.device))
-
-
 def _refusal_all_to_all_plan(call: _Setup, t: torch.Tensor) -> _policy.Plan:
     """The plan the peers of a refusing rank reach for an all-to-all: the same
     decision steps, this rank adding no bytes to the agreed split sizes."""
-    if _a2a_raw_for_sure(call.cfg, call.group, t):
+    cfg, st, world = call.cfg, call.st, call.world
+    if _policy.sure_raw(cfg, st, "all_to_all", call.group, t.dtype, t.device):
         return _policy.RAW
-    world = call.world
     with torch.no_grad():
-        return _all_to_all_plan(call.cfg, call.group, world, call.rank, t, [0] * world,
-                                [False] * world, call.st)
-
-
-def _all_to_all_plan(cfg: ZipCCLConfig, group, world: int, rank: int, t: torch.Tensor,
-                     in_counts: list, send_coded: list, st: CommStats) -> _policy.Plan:
-    """The plan of an all-to-all (split sizes differ between ranks:
-    ``Policy.decide_all_to_all``)."""
-    if cfg.policy == "never":
-        return _policy.RAW
-    pol = _policy.policy_for(cfg)
-    if cfg.policy == "always":
-        return pol.decide("all_to_all", group, world, ("all_to_all", tuple(t.shape[1:]), t.dtype),
-                          t.dtype, t.device, (), st)
-    itemsize = t.element_size()
-    send = sum(c for r, c in enumerate(in_counts) if r != rank) * itemsize
-    coded = sum(c for r, c in enumerate(in_counts) if r != rank and send_coded[r]) * itemsize
-    return pol.decide_all_to_all(group, world, tuple(t.shape[1:]), t.dtype, t.device, send,
-                                 coded, st)
+        return _policy.all_to_all_plan(cfg, st, call.group, world, call.rank, t, [0] * world,
+                                       [False] * world)

@@ -10,11 +10,17 @@ the ranks (``integrity.check_agreement``; the fields are
 ``protocol_fields()``, plus the payload format version and the codec set of
 the build). ``codec`` and ``backend`` may differ between ranks: payloads are
 self-describing.
+
+A config is settings only: frozen, with no room for more attributes
+(``slots``), and equal configs are interchangeable. What the collectives
+learn while they run (agreement checks, the adaptive policy's measurements
+and ratios, raw lanes) lives in the ``Runtime`` of whoever owns the call's
+``CommStats`` (``runtime.py``).
 """
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from typing import Literal, get_args
 
 CodecName = Literal["auto", "raw", "fixed3", "dense"]
@@ -26,7 +32,7 @@ _UNSUPPORTED = ("raise", "raw")
 _POLICIES = ("always", "never", "adaptive")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ZipCCLConfig:
     """Settings of the compressed collectives and of the comm hooks built on them.
 
@@ -112,8 +118,9 @@ class ZipCCLConfig:
     across the group (the slowest rank's) and ratios come from the size
     exchanges every rank sees, so all ranks take the same decision; with
     ``link_gbps`` and ``codec_gbps`` given nothing is timed, and the decisions
-    depend only on the calls and their data. Compression must win by 10% in
-    the model, so a fast link stays raw. Numerics: under "adaptive" an
+    depend only on the calls and their data (README, "Pinning the
+    decisions"). Compression must save ``1 - cost.MARGIN`` of the raw time
+    in the model, so a fast link stays raw. Numerics: under "adaptive" an
     all-reduce sent raw is torch's own, a compressed one sums in fp32 in rank
     order; a reduce-scatter sums in fp32 in rank order either way (NCCL's own
     when it goes raw on NCCL); "always" and "never" never use torch's
@@ -143,29 +150,6 @@ class ZipCCLConfig:
     collectives; on CUDA the codec runs on a side stream). 0: the adaptive
     policy picks the count from its cost model ("always" sends one piece);
     n >= 1: n pieces. Results are bitwise the same for every count."""
-
-    _checked_groups: set = field(default_factory=set, init=False, repr=False,
-                                 compare=False, hash=False)
-    _runtime: dict = field(default_factory=dict, init=False, repr=False,
-                           compare=False, hash=False)
-    """Process-local state of the adaptive policy (``policy.policy_for``):
-    measured speeds per group, ratio estimates per call site."""
-    _raw_lanes: dict = field(default_factory=dict, init=False, repr=False,
-                             compare=False, hash=False)
-    """Process-local: the raw lanes of calls sure to go raw (``_raw_lanes.py``)."""
-
-    def __getstate__(self) -> dict:
-        """Pickle and copy the settings only: the process-local state (checked
-        groups, the policy's measurements, raw lanes) holds process groups
-        and starts afresh in the copy."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
-
-    def __setstate__(self, state: dict) -> None:
-        for name, value in state.items():
-            object.__setattr__(self, name, value)
-        for f in fields(self):
-            if not f.init:
-                object.__setattr__(self, f.name, f.default_factory())
 
     def __post_init__(self) -> None:
         if self.codec not in _CODECS:

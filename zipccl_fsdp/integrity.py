@@ -169,12 +169,14 @@ def _describe(fields: dict, table: list, rank: int, group) -> list:
 
 
 def check_agreement(cfg, group, world: int, device, st, kind: str) -> None:
-    """Once per (config, group): raise ``ZipCCLConfigError`` on every rank unless
-    all ranks agree on ``protocol_fields(cfg)`` (see the module docstring)."""
+    """Once per (config, group) in the owner of ``st`` (its ``runtime``): raise
+    ``ZipCCLConfigError`` on every rank unless all ranks agree on
+    ``protocol_fields(cfg)`` (see the module docstring)."""
     if not cfg.check_consistency or world == 1:
         return
     key = group_key(group)
-    if key in cfg._checked_groups:
+    checked = st.runtime.state(cfg).checked_groups
+    if key in checked:
         return
     from .pipeline import is_size_row, row_width
 
@@ -192,13 +194,15 @@ def check_agreement(cfg, group, world: int, device, st, kind: str) -> None:
         mine = [r for r, t in enumerate(tags) if t == AGREE_TAG]
         why = (f"rank {rank_names(mine, group)} checked the config's agreement "
                f"(check_consistency=True) where rank {rank_names(rows_, group)} did not: "
-               f"check_consistency must be equal on every rank") if rows_ else (
+               f"check_consistency must be equal on every rank, "
+               f"and so must the configs (one a rank has agreed before and another it has not "
+               f"also meet like this)") if rows_ else (
             "some rank sent something other than zipccl's agreement vector: the ranks are not "
             "in the same collective")
         raise ZipCCLConfigError(f"zipccl {kind}: {why}")
     prints = [row[1] for row in rows]
     if len(set(prints)) == 1:
-        cfg._checked_groups.add(key)
+        checked.add(key)
         return
     # Every rank saw the same fingerprints, so every rank joins this second exchange.
     with st.phase(kind, "sizes"):
@@ -212,9 +216,11 @@ def check_agreement(cfg, group, world: int, device, st, kind: str) -> None:
         f"rank {rank}):\n  " + "\n  ".join(lines))
 
 
-def agreement_pending(cfg, group) -> bool:
-    """Whether the next call of ``cfg`` on ``group`` starts with the agreement check."""
-    return cfg.check_consistency and group_key(group) not in cfg._checked_groups
+def agreement_pending(cfg, st, group) -> bool:
+    """Whether the next call of ``cfg`` on ``group`` in the owner of ``st``
+    starts with the agreement check."""
+    return (cfg.check_consistency
+            and group_key(group) not in st.runtime.state(cfg).checked_groups)
 
 
 # --------------------------------------------------------------------------

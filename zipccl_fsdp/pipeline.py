@@ -336,7 +336,9 @@ class _Call:
             rest = [r for r in range(w) if r not in agree]
             why = (f"{_who(agree, group)} checked the config's agreement "
                    f"(check_consistency=True) where {_who(rest, group)} "
-                   f"did not: check_consistency must be equal on every rank") if agree else (
+                   f"did not: check_consistency must be equal on every rank, and so must "
+                   f"the configs (one a rank has agreed before and another it has not also "
+                   f"meet like this)") if agree else (
                 f"{_who(other, group)} sent something other than zipccl's size row: the ranks "
                 f"are not in the same collective")
             raise ZipCCLConfigError(f"zipccl {kind}: {why}")
