@@ -260,7 +260,7 @@ def test_async_lanes_and_reset_stats(pool2):
 def task_used_config_copies():
     """A used config holds no state (its lanes, policy and agreement checks live
     in the runtime of the stats' owner), so it pickles and copies like any
-    settings, and an equal twin finds the same state."""
+    settings; a copy is a new config, whose state starts afresh."""
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = ZipCCLConfig(**FAST_LINK)
     x = make_data(1 << 16, torch.bfloat16, seed=5, rank=rank)
@@ -268,8 +268,9 @@ def task_used_config_copies():
     state = C._STATS.runtime.state(cfg)
     assert state.lanes and state.policy is not None and state.checked_groups
     for twin in (pickle.loads(pickle.dumps(cfg)), copy.deepcopy(cfg), copy.copy(cfg)):
-        assert twin == cfg
-        assert C._STATS.runtime.state(twin) is state
+        assert twin == cfg and twin is not cfg
+        fresh = C._STATS.runtime.state(twin)
+        assert not fresh.lanes and fresh.policy is None and not fresh.checked_groups
         got = torch.empty(world << 16, dtype=torch.bfloat16)
         all_gather_single(got, x, config=twin)
         want = torch.empty_like(got)

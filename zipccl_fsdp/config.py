@@ -11,11 +11,11 @@ the ranks (``integrity.check_agreement``; the fields are
 the build). ``codec`` and ``backend`` may differ between ranks: payloads are
 self-describing.
 
-A config is settings only: frozen, with no room for more attributes
-(``slots``), and equal configs are interchangeable. What the collectives
-learn while they run (agreement checks, the adaptive policy's measurements
-and ratios, raw lanes) lives in the ``Runtime`` of whoever owns the call's
-``CommStats`` (``runtime.py``).
+A config is settings only: frozen, every field a plain value the user sets.
+What the collectives learn while they run (agreement checks, the adaptive
+policy's measurements and ratios, raw lanes) lives in the ``Runtime`` of
+whoever owns the call's ``CommStats`` (``runtime.py``), so ``DEFAULT_CONFIG``
+is no process-wide state.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ _UNSUPPORTED = ("raise", "raw")
 _POLICIES = ("always", "never", "adaptive")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ZipCCLConfig:
     """Settings of the compressed collectives and of the comm hooks built on them.
 

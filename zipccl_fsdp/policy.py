@@ -39,13 +39,14 @@ is a function of the calls (their sizes and the ratios their data gave), so
 two runs of the same script decide, and train, the same.
 
 The state lives in the owner's ``Runtime`` (``runtime.py``), one ``Policy``
-per config value: ``of(cfg, st)``. Decisions are counted in ``CommStats``
+per config: ``of(cfg, st)``. Decisions are counted in ``CommStats``
 (``compressed_calls``, ``pipelined_calls``, ``raw_fallback_calls``) and in
 ``Policy.decisions``.
 """
 from __future__ import annotations
 
 import collections
+import copy
 import logging
 from dataclasses import dataclass, field
 
@@ -91,7 +92,9 @@ class Policy:
     group (see the module docstring)."""
 
     def __init__(self, cfg) -> None:
-        self.cfg = cfg
+        # An equal copy: the owner's runtime must not keep the caller's config
+        # alive (its state goes with the config, runtime.py).
+        self.cfg = cfg = copy.copy(cfg)
         self.calibration = Calibration(cfg)
         self._sites: dict = {}         # (group key, kind, shape, dtype) -> _Site
         self._classes: dict = {}       # (group key, kind, dtype) -> _Site
