@@ -365,7 +365,7 @@ def task_captured_calls_go_raw():
     """Under CUDA graph capture every call goes raw, with no agreement check
     and no policy (both read the host). No CUDA here: the capture predicate
     is forced, which tests what the collectives do with it."""
-    from zipccl_fsdp import collectives as C
+    from zipccl_fsdp.collectives import _call as C
     from zipccl_fsdp import integrity
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = ZipCCLConfig(policy="always", min_bytes=0, pipeline_pieces=2, compress_all_to_all=True)

@@ -232,7 +232,7 @@ def task_fallback(fail_rank: int, fail_after: int):
     log = logging.getLogger("zipccl_fsdp.integrity")
     log.addHandler(records)
     log.setLevel(logging.DEBUG)
-    import zipccl_fsdp.collectives as C
+    import zipccl_fsdp.collectives._call as C
     saved_stats = C._STATS
     C._STATS = st  # run_case uses the module's stats
     try:

@@ -21,7 +21,7 @@ from torch.distributed import ReduceOp
 from dist_utils import DistPool
 from collective_cases import (assert_bits_equal, gather_all, make_data, reference_reduce,
                               torch_all_gather_single)
-import zipccl_fsdp.collectives as C
+import zipccl_fsdp.collectives._call as C  # the shared part: _begin, _STATS
 from zipccl_fsdp import policy as P
 from zipccl_fsdp.collectives import all_gather_single, all_reduce, all_to_all_single
 from zipccl_fsdp.config import ZipCCLConfig

@@ -1,7 +1,7 @@
 """Integrity for the compressed collectives: verify mode, cross-rank agreement,
 and the fallback to raw when an encode fails.
 
-The collectives in ``collectives.py`` call in here at four points.
+The collectives (``collectives/``) call in here at four points.
 
 * **Agreement** (``check_agreement``): at the first call of a config on a
   process group every rank all-gathers a tagged int64, a hash of what it will put

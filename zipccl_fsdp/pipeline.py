@@ -1,6 +1,6 @@
 """The schedule every collective runs: encode piece i+1, move piece i, decode piece i-1.
 
-Each collective of ``collectives.py`` describes its call (``Desc``: what it
+Each collective of ``collectives/`` describes its call (``Desc``: what it
 sends each rank and expects from each) and hands this module a ``Plan``
 (``policy.py``): raw, or compressed with a codec in ``plan.pieces`` pieces.
 A one-piece compressed call is the ``pieces == 1`` case of the same schedule,
