@@ -169,12 +169,15 @@ def task_refused_on_one_rank(kind: str, mode: str):
     _warm(cfg)
     if kind == "all_gather":  # an input of another size than the output expects
         inp = x[:n + bad]
-        call = lambda: all_gather_single(torch.empty(world * n, dtype=x.dtype), inp, config=cfg)  # noqa: E731
+        call = lambda: all_gather_single(  # noqa: E731
+            torch.empty(world * n, dtype=x.dtype), inp, config=cfg)
     elif kind == "reduce_scatter":  # an output of the wrong size
-        call = lambda: reduce_scatter_single(torch.empty(n + bad, dtype=x.dtype), x, config=cfg)  # noqa: E731
+        call = lambda: reduce_scatter_single(  # noqa: E731
+            torch.empty(n + bad, dtype=x.dtype), x, config=cfg)
     elif kind == "all_to_all":  # split sizes that do not add up
         splits = [n, n + bad]
-        call = lambda: all_to_all_single(torch.empty_like(x), x, [n, n], splits, config=cfg)  # noqa: E731
+        call = lambda: all_to_all_single(  # noqa: E731
+            torch.empty_like(x), x, [n, n], splits, config=cfg)
     else:  # a reduce op zipccl does not reduce with
         op = ReduceOp.MAX if bad else ReduceOp.SUM
         call = lambda: all_reduce(x, op=op, config=cfg)  # noqa: E731
@@ -274,13 +277,14 @@ def task_damaged_raw_send(kind: str, path: str):
     n = 4096
     x = make_data(world * n, torch.bfloat16, 9, rank)
     if kind == "all_gather":
-        call = lambda: all_gather_single(torch.empty(world * n, dtype=x.dtype), x[:n],  # noqa: E731
-                                         config=cfg, stats=st)
+        call = lambda: all_gather_single(  # noqa: E731
+            torch.empty(world * n, dtype=x.dtype), x[:n], config=cfg, stats=st)
     elif kind == "reduce_scatter":
-        call = lambda: reduce_scatter_single(torch.empty(n, dtype=x.dtype), x, config=cfg,  # noqa: E731
-                                             stats=st)
+        call = lambda: reduce_scatter_single(  # noqa: E731
+            torch.empty(n, dtype=x.dtype), x, config=cfg, stats=st)
     elif kind == "all_to_all":
-        call = lambda: all_to_all_single(torch.empty_like(x), x, config=cfg, stats=st)  # noqa: E731
+        call = lambda: all_to_all_single(  # noqa: E731
+            torch.empty_like(x), x, config=cfg, stats=st)
     else:
         call = lambda: all_reduce(x.clone(), config=cfg, stats=st)  # noqa: E731
     st = CommStats()

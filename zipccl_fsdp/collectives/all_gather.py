@@ -59,7 +59,7 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
             K._open_lane(call, "all_gather", input_tensor)
         with K._no_grad_if_needed(output_tensor, input_tensor):
             return K._to_torch(st, "all_gather", unit, K._all_gather_single, output_tensor,
-                             input_tensor, group=group, async_op=async_op)
+                               input_tensor, group=group, async_op=async_op)
     st.add("all_gather", calls=1, raw_bytes=unit if world > 1 else 0,
            **K._decided(plan, coded and world > 1))
     with torch.no_grad():

@@ -58,7 +58,7 @@ def _all_reduce(tensor, op, group, async_op: bool, config: ZipCCLConfig | None,
         raw = numel * itemsize if world > 1 else 0
         st.add("all_reduce", calls=1, raw_bytes=raw)
         return K._to_torch(st, "all_reduce", raw, dist.all_reduce, tensor, op=op, group=group,
-                         async_op=async_op)
+                           async_op=async_op)
     base, extra = divmod(numel, world)
     counts = [base + (r < extra) for r in range(world)]
     compress = world > 1 and K._compresses(cfg, "all_reduce", counts[0] * itemsize)

@@ -21,12 +21,12 @@ def _row_counts(t: torch.Tensor, splits, world: int, name: str, where: str) -> l
     if splits is None:
         if rows % world:
             raise K._bad(ValueError, 5, f"zipccl {where}: {name} has {rows} rows, not divisible "
-                       f"by world_size {world}; pass split sizes")
+                         f"by world_size {world}; pass split sizes")
         return [rows // world] * world
     splits = [int(s) for s in splits]
     if len(splits) != world or any(s < 0 for s in splits) or sum(splits) != rows:
         raise K._bad(ValueError, 5, f"zipccl {where}: {name} split sizes {splits} must be "
-                   f"{world} non-negative row counts summing to {rows}")
+                     f"{world} non-negative row counts summing to {rows}")
     return splits
 
 
@@ -72,7 +72,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
             or not (cfg.compress_all_to_all or cfg.verify)):
         st.add("all_to_all", calls=1, raw_bytes=raw)
         return K._to_torch(st, "all_to_all", raw, dist.all_to_all_single, output, input,
-                         output_split_sizes, input_split_sizes, group=group, async_op=async_op)
+                           output_split_sizes, input_split_sizes, group=group, async_op=async_op)
     send_coded = [K._compresses(cfg, "all_to_all", c * itemsize) for c in in_counts]
     recv_coded = [K._compresses(cfg, "all_to_all", c * itemsize) for c in out_counts]
     if not cfg.compress_all_to_all or _policy.sure_raw(cfg, st, "all_to_all", group,
@@ -86,8 +86,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
             K._open_lane(call, "all_to_all", input)
             with K._no_grad_if_needed(output, input):
                 return K._to_torch(st, "all_to_all", raw, dist.all_to_all_single, output, input,
-                                 output_split_sizes, input_split_sizes, group=group,
-                                 async_op=async_op)
+                                   output_split_sizes, input_split_sizes, group=group,
+                                   async_op=async_op)
     else:
         st.add("all_to_all", calls=1, raw_bytes=raw)
         with torch.no_grad():
@@ -101,8 +101,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         st.add("all_to_all", **decided)
         if not plan.compress and not cfg.verify:
             return K._to_torch(st, "all_to_all", raw, dist.all_to_all_single, output, input,
-                             output_split_sizes, input_split_sizes, group=group,
-                             async_op=async_op)
+                               output_split_sizes, input_split_sizes, group=group,
+                               async_op=async_op)
     sent = K._verified(cfg, plan)
     # Under verify every split that holds bytes is framed: the raw ones with
     # the framing-only codec (the receiver frames by the same rule).
@@ -115,7 +115,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         K._pipelined_done(st, "all_to_all", _pipeline.all_to_all(
             "all_to_all", split_flat(input.view(-1), in_counts),
             split_flat(output.view(-1), out_counts), send_codecs, recv_framed, group, rank, sent,
-            cfg, st, K._observer(cfg, st, sent), ("all_to_all", tuple(input.shape[1:]), input.dtype)),
+            cfg, st, K._observer(cfg, st, sent),
+            ("all_to_all", tuple(input.shape[1:]), input.dtype)),
             counted=sent is not K.VERIFIED_RAW)
         return K._completed_work(async_op, output)
 
@@ -133,12 +134,12 @@ def _split_counts(output, input, output_split_sizes, input_split_sizes, world: i
         row_out = row_in
     if row_in != row_out:
         raise K._bad(ValueError, 1, f"zipccl {where}: input rows hold {row_in} elements but "
-                   f"output rows {row_out}")
+                     f"output rows {row_out}")
     in_counts = [s * row_in for s in in_rows]
     out_counts = [s * row_out for s in out_rows]
     if in_counts[rank] != out_counts[rank]:
         raise K._bad(ValueError, 1, f"zipccl {where}: this rank sends itself {in_rows[rank]} "
-                   f"rows but expects {out_rows[rank]}")
+                     f"rows but expects {out_rows[rank]}")
     return in_counts, out_counts
 
 

@@ -50,7 +50,7 @@ def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=F
     if not coded:
         st.add("reduce_scatter", calls=1, raw_bytes=(world - 1) * unit)
         return K._to_torch(st, "reduce_scatter", (world - 1) * unit, K._reduce_scatter_single,
-                         output, input, op=op, group=group, async_op=async_op)
+                           output, input, op=op, group=group, async_op=async_op)
     compress = world > 1 and K._compresses(cfg, "reduce_scatter", unit)
     plan = K._plan(cfg, "reduce_scatter", group, world, input, unit, compress, st)
     st.add("reduce_scatter", calls=1, raw_bytes=(world - 1) * unit,
@@ -61,6 +61,6 @@ def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=F
     sent = K._verified(cfg, plan) if world > 1 else plan
     K._pipelined_done(st, "reduce_scatter", _pipeline.scatter_reduce(
         "reduce_scatter", input.view(-1), [n] * world, output.view(-1), parsed, group, rank,
-        sent, cfg, st, K._observer(cfg, st, sent), ("reduce_scatter", tuple(input.shape),
-                                              input.dtype)), counted=sent is not K.VERIFIED_RAW)
+        sent, cfg, st, K._observer(cfg, st, sent),
+        ("reduce_scatter", tuple(input.shape), input.dtype)), counted=sent is not K.VERIFIED_RAW)
     return K._completed_work(async_op, output)
