@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from _common import run_gloo_ranks  # noqa: E402
 
 from zipccl_fsdp import collectives, zipccl_hook  # noqa: E402
-from zipccl_fsdp.policy import policy_for  # noqa: E402
+from zipccl_fsdp.policy import of as policy_of  # noqa: E402
 
 WAYS = ("ddp", "torch_hook", "zipccl", "zipccl_waits", "zipccl_inline")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -110,7 +110,8 @@ def measure(width: int, layers: int, batch: int, steps: int, bucket_mb: float,
             "n": {way: len(t) for way, t in times.items()}, "bitwise_equal": same,
             "compressed": zipccl_hook.stats()["all_reduce"]["compressed_fraction"],
             "probes": [(p["link_bps"], p["slowdown"])
-                       for p in policy_for(zipccl_hook.config).probes.values()]}
+                       for p in policy_of(zipccl_hook.config, zipccl_hook.comm_stats)
+                       .calibration.probes.values()]}
 
 
 def main(argv=None) -> int:

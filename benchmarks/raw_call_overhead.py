@@ -8,8 +8,8 @@ torch's own collective, twice over (``torch_again``: the same call, counted
 apart, so its ratio to ``torch`` shows the noise of the measurement);
 zipccl's with a default config, which after its first call takes the raw
 lane (``zipccl_fsdp/_raw_lanes.py``); and zipccl's general path, with a
-default config that never keeps a lane (what every raw call cost before
-lanes, plus one lane lookup). Medians of each, and their ratios to torch's.
+default config counted in a stats object whose runtime never keeps a lane
+(every raw call's general path, plus one lane lookup). Medians of each, and their ratios to torch's.
 A real call follows a blocking collective, and Python right after one runs
 several times slower than in a hot loop, which is why this measures inside
 real calls.
@@ -36,13 +36,16 @@ from _common import run_gloo_ranks  # noqa: E402
 
 import zipccl_fsdp.collectives as C  # noqa: E402
 from zipccl_fsdp.config import ZipCCLConfig  # noqa: E402
+from zipccl_fsdp.stats import CommStats  # noqa: E402
 
 KINDS = ("all_to_all", "all_gather", "all_reduce")
 WAYS = ("torch", "torch_again", "lane", "general")
+_GENERAL = CommStats()
+"""The general way's counters, whose runtime keeps no lane."""
 
 
 class _NoLanes(dict):
-    """A ``ZipCCLConfig._raw_lanes`` that keeps nothing: every call takes the general path."""
+    """A ``ConfigState.lanes`` that keeps nothing: every call takes the general path."""
 
     def __setitem__(self, key, value) -> None:
         pass
@@ -50,8 +53,8 @@ class _NoLanes(dict):
 
 def _calls(kind: str, numel: int, world: int) -> dict:
     """way -> a no-argument call of ``kind`` on fresh buffers of ``numel`` bf16."""
-    cfg, no_lanes = ZipCCLConfig(), ZipCCLConfig()
-    object.__setattr__(no_lanes, "_raw_lanes", _NoLanes())
+    cfg = ZipCCLConfig()
+    _GENERAL.runtime.state(cfg).lanes = _NoLanes()
     warnings.filterwarnings("ignore", category=FutureWarning)  # all_gather_into_tensor
     x = torch.randn(numel).bfloat16()
     # One lambda per way around one call each: an extra Python frame costs
@@ -61,19 +64,19 @@ def _calls(kind: str, numel: int, world: int) -> dict:
         return {"torch": lambda: C._all_gather_single(out, x),
                 "torch_again": lambda: C._all_gather_single(out, x),
                 "lane": lambda: C.all_gather_single(out, x, config=cfg),
-                "general": lambda: C.all_gather_single(out, x, config=no_lanes)}
+                "general": lambda: C.all_gather_single(out, x, config=cfg, stats=_GENERAL)}
     if kind == "all_to_all":
         out = torch.empty_like(x)
         return {"torch": lambda: dist.all_to_all_single(out, x),
                 "torch_again": lambda: dist.all_to_all_single(out, x),
                 "lane": lambda: C.all_to_all_single(out, x, config=cfg),
-                "general": lambda: C.all_to_all_single(out, x, config=no_lanes)}
+                "general": lambda: C.all_to_all_single(out, x, config=cfg, stats=_GENERAL)}
     # All-reduce: the tensor is refilled before each timed call (``refill``),
     # so every call sums the same bytes (repeated sums grow to inf and NaN).
     return {"torch": lambda: dist.all_reduce(x),
             "torch_again": lambda: dist.all_reduce(x),
             "lane": lambda: C.all_reduce(x, config=cfg),
-            "general": lambda: C.all_reduce(x, config=no_lanes),
+            "general": lambda: C.all_reduce(x, config=cfg, stats=_GENERAL),
             "refill": (x, x.clone())}
 
 
@@ -98,8 +101,8 @@ def measure(kind: str, mib: float, rounds: int, gap_ms: float = 0.0) -> dict:
         t0 = time.perf_counter()
         calls[way]()
         times[way].append(time.perf_counter() - t0)
-    snap = C.stats()[kind]
-    assert snap["compressed_calls"] == 0, f"{kind} compressed on the plain loopback: {snap}"
+    for snap in (C.stats()[kind], _GENERAL.snapshot()[kind]):
+        assert snap["compressed_calls"] == 0, f"{kind} compressed on the plain loopback: {snap}"
     return {way: statistics.median(t) * 1e6 for way, t in times.items()}
 
 

@@ -152,7 +152,7 @@ def ddp_comm_hook(state, bucket: dist.GradBucket, *, config: Optional[ZipCCLConf
     # pending Work: the hand-over would cost more than the call). A rank
     # outside ``group`` gets None from the call: its future completes with
     # ``buffer``.
-    outlook = _coll.all_reduce_outlook(buffer, group, cfg)
+    outlook = _coll.all_reduce_outlook(buffer, group, cfg, stats)
     try:
         fut = _background.submit(
             lambda: _coll.all_reduce(buffer, op=op, group=group, async_op=True, config=cfg,

@@ -74,7 +74,7 @@ from zipccl_fsdp import collectives as _coll
 from zipccl_fsdp.config import DEFAULT_CONFIG, ZipCCLConfig
 from zipccl_fsdp.stats import CommStats
 
-__all__ = ["DTensorCompression", "DTensorCompressionMode", "compress_dtensor_comms",
+__all__ = ["DTensorCompression", "compress_dtensor_comms",
            "enable_dtensor_compression", "disable_dtensor_compression"]
 
 _REDUCE_OPS = {"sum": ReduceOp.SUM, "avg": ReduceOp.AVG}
@@ -136,11 +136,17 @@ class DTensorCompression:
             raise TypeError(f"config must be a ZipCCLConfig or None, got {type(config).__name__}")
         # What the user tunes
         self.config = config or DEFAULT_CONFIG
-        # Statistics
+        # Statistics, and with them (``_stats.runtime``) the state the
+        # collectives learn (zipccl_fsdp/runtime.py)
         self._stats = CommStats()
         self._passthrough: Counter = Counter()
 
     # ------------------------------------------------------------------ stats
+    @property
+    def runtime(self):
+        """What this compression's calls have learned (``zipccl_fsdp.runtime.Runtime``)."""
+        return self._stats.runtime
+
     def stats(self) -> dict:
         """Counters: ``CommStats.snapshot()`` per kind, plus ``"passthrough"``:
         ``{"op:reason": calls}`` for intercepted calls left to torch's kernel."""
@@ -276,10 +282,6 @@ class DTensorCompression:
         _coll.all_to_all_single(recv.view(world, -1), send.view(world, -1), group=group,
                                 config=self.config, stats=self._stats)
         return torch.cat(recv.unbind(0), dim=gather_dim)
-
-
-DTensorCompressionMode = DTensorCompression
-"""The first version's name (it was a ``TorchDispatchMode``); same interface."""
 
 
 # --------------------------------------------------------------------------

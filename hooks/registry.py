@@ -50,7 +50,9 @@ class ZipCCLHook:
         self.reduce_scatter_comm = fsdp2.ZipCCLReduceScatter(self)
         # Internal state: what each FSDP2 module had before (restored by remove()).
         self._fsdp2_saved: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        # Statistics.
+        # Statistics, and with them (``comm_stats.runtime``) the state the
+        # collectives learn: agreement checks, the policy's calibration and
+        # ratios, raw lanes (zipccl_fsdp/runtime.py).
         self.comm_stats = CommStats()
         # DDP's register_comm_hook reads hook.__qualname__ (for its logger,
         # torch/nn/parallel/distributed.py register_comm_hook); a plain instance has none.
@@ -60,7 +62,8 @@ class ZipCCLHook:
     # Pickled with a model (DDP keeps its comm hooks in its pickle state, and
     # torch.save of an FSDP2 module holds its comms): the settings only. Like
     # torch's PowerSGDState, which leaves its process group out, the runtime
-    # state (statistics, what each FSDP2 module had before) starts afresh.
+    # state (statistics, the collectives' runtime, what each FSDP2 module had
+    # before) starts afresh.
     def __getstate__(self) -> dict:
         return {"config": self.config}
 
@@ -72,6 +75,12 @@ class ZipCCLHook:
         works; see ``hooks/ddp.py`` (``bucket`` stays unannotated: DDP compares
         annotations to ``dist.GradBucket``)."""
         return ddp.ddp_comm_hook(state, bucket, config=self.config, stats=self.comm_stats)
+
+    @property
+    def runtime(self):
+        """What this hook's calls have learned (``zipccl_fsdp.runtime.Runtime``):
+        its own, never shared with another hook, whatever their configs."""
+        return self.comm_stats.runtime
 
     def stats(self) -> dict[str, dict[str, float]]:
         """``{kind: {"calls", "compressed_calls", "raw_bytes", "wire_bytes", "encode_s",

@@ -199,7 +199,8 @@ def task_bad_input():
 
 def task_config_mismatch():
     rank = dist.get_rank()
-    cfg = ZipCCLConfig(policy="always", min_bytes=0 if rank == 0 else 1 << 20)
+    # pipeline_pieces=5: a config value no earlier task agreed on, on any rank
+    cfg = ZipCCLConfig(policy="always", min_bytes=0 if rank == 0 else 1 << 20, pipeline_pieces=5)
     x = torch.randn(64)
     out = torch.empty(dist.get_world_size() * 64)
     try:
@@ -303,41 +304,68 @@ def test_raw_paths_accept_tensors_that_require_grad(pool2):
     assert pool2.run(task_raw_paths_with_grad_tensors) == [True, True]
 
 
-def task_adaptive_raw_reduce_scatter_on_nccl():
-    """A reduce-scatter the adaptive policy sends raw goes to torch's own on
-    NCCL (faster there than zipccl's all-to-all and adds); "never" keeps
-    zipccl's raw path. No NCCL here: the backend test is forced, and gloo
-    runs torch's reduce-scatter (SUM)."""
-    from zipccl_fsdp import collectives as C
+def order_sensitive(n: int, rank: int, world: int) -> torch.Tensor:
+    """fp32 data whose sum depends on its order: at each element one rank
+    holds 1e8 * s, another -1e8 * s and the others small values (which rank
+    holds which rotates along the tensor), so (big + small) + -big loses the
+    small value where (big + -big) + small keeps it."""
+    g = torch.Generator().manual_seed(77)
+    scale = torch.rand(n, generator=g) + 1.0
+    pos = (torch.arange(n) + rank) % world
+    x = make_data(n, torch.float32, 21, rank)
+    x = torch.where(pos == 0, 1e8 * scale, x)
+    return torch.where(pos == 1, -1e8 * scale, x)
+
+
+# Under the default (adaptive) policy, given speeds decide without timing
+# anything: a link far faster than the codec sends every call raw, a slow one
+# every call compressed.
+FORCED_RAW = ZipCCLConfig(min_bytes=0, link_gbps=1e5, codec_gbps=0.01)
+FORCED_COMPRESSED = ZipCCLConfig(min_bytes=0, link_gbps=0.001, codec_gbps=100.0)
+
+
+def task_adaptive_numerics(kind: str):
+    """The same bits whether the adaptive policy sends a reduction raw or
+    compressed: both sum in fp32 in rank order. torch's own all-reduce is
+    asked too, to show that the data tells orders apart."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    x = make_data(world << 12, torch.float32, 11, rank)
-    want = torch.empty(1 << 12)
-    dist.reduce_scatter_tensor(want, x.clone())
-    calls = []
-    saved = C._is_nccl, C._reduce_scatter_single
-    C._is_nccl = lambda group: True
-    C._reduce_scatter_single = lambda *a, **k: calls.append(1) or saved[1](*a, **k)
-    try:
-        counted = []
-        for cfg in (ZipCCLConfig(), ZipCCLConfig(policy="never")):
-            got = torch.empty(1 << 12)
-            reduce_scatter_single(got, x, config=cfg)
-            assert_bits_equal(got, want, f"reduce_scatter {cfg.policy}")
-            counted.append(len(calls))
-    finally:
-        C._is_nccl, C._reduce_scatter_single = saved
-    return counted
+    n = world * 6000
+    xs = [order_sensitive(n, r, world) for r in range(world)]
+    got, counts = {}, {}
+    for name, cfg in (("raw", FORCED_RAW), ("compressed", FORCED_COMPRESSED)):
+        st = CommStats()
+        if kind == "all_reduce":
+            t = xs[rank].clone()
+            all_reduce(t, config=cfg, stats=st)
+        else:
+            t = torch.empty(n // world)
+            reduce_scatter_single(t, xs[rank], config=cfg, stats=st)
+        got[name] = t
+        counts[name] = st.snapshot()[kind]["compressed_calls"]
+    want = reference_reduce(xs, "sum", 1.0, torch.float32)
+    if kind == "reduce_scatter":
+        want = want.view(world, -1)[rank]
+    assert_bits_equal(got["raw"], got["compressed"], f"{kind}: raw vs compressed")
+    assert_bits_equal(got["raw"], want, f"{kind}: raw vs the rank-order reference")
+    native = xs[rank].clone()
+    dist.all_reduce(native)
+    order_matters = not torch.equal(native.view(torch.int32), reference_reduce(
+        xs, "sum", 1.0, torch.float32).view(torch.int32))
+    return counts, order_matters
 
 
-def test_adaptive_raw_reduce_scatter_is_torchs_on_nccl(pool2):
-    assert pool2.run(task_adaptive_raw_reduce_scatter_on_nccl) == [[1, 1], [1, 1]]
+@pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter"])
+def test_adaptive_raw_and_compressed_reductions_give_the_same_bits(pool3, kind):
+    for counts, order_matters in pool3.run(task_adaptive_numerics, kind, timeout_s=240):
+        assert counts == {"raw": 0, "compressed": 1}, counts
+        assert order_matters  # torch's own order gives other bits on this data
 
 
 def task_captured_calls_go_raw():
     """Under CUDA graph capture every call goes raw, with no agreement check
     and no policy (both read the host). No CUDA here: the capture predicate
     is forced, which tests what the collectives do with it."""
-    from zipccl_fsdp import collectives as C
+    from zipccl_fsdp.collectives import _call as C
     from zipccl_fsdp import integrity
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = ZipCCLConfig(policy="always", min_bytes=0, pipeline_pieces=2, compress_all_to_all=True)

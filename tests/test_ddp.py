@@ -125,14 +125,14 @@ def test_three_ranks_equal_rank_order_reference(pool3):
 
 def test_default_hook_state_none(pool2):
     # zipccl_hook with state None: default config (policy "adaptive"), whose
-    # min_bytes keeps these small buckets raw, as does the fast loopback: torch's
-    # own all-reduce, which on 2 ranks sums in the only order there is.
+    # min_bytes keeps these small buckets raw, as does the fast loopback:
+    # zipccl's rank-order raw sum, which on 2 ranks is the only order there is.
     for st, _ in pool2.run(run_against, torch.float32, None, "default hook"):
         assert st["calls"] > STEPS and st["compressed_calls"] == 0, st
 
 
 FAST = ZipCCLConfig(min_bytes=0, link_gbps=400.0, codec_gbps=1.0)
-"""The default policy told the link is fast: every bucket goes raw, through the raw lane."""
+"""The default policy told the link is fast: every bucket goes raw."""
 
 
 def train_on_a_fast_link() -> tuple:
@@ -140,15 +140,16 @@ def train_on_a_fast_link() -> tuple:
     hook = ZipCCLHook(FAST)
     got = _train(torch.bfloat16, lambda model: model.register_comm_hook(None, hook))
     _assert_same_training(got, want)
-    return hook.stats()["all_reduce"], sorted(k[0] for k in FAST._raw_lanes)
+    return hook.stats()["all_reduce"], sorted(k[0] for k in hook.runtime.state(FAST).lanes)
 
 
-def test_fast_link_buckets_take_the_raw_lane_and_equal_ddp_default(pool2):
-    # Raw buckets return torch's pending Work (overlapping backward, as DDP's
-    # default hook does); on 2 ranks pre-dividing and summing is DDP's default.
+def test_fast_link_buckets_go_raw_and_equal_ddp_default(pool2):
+    # Raw buckets run zipccl's rank-order schedule on raw bytes (no lane: an
+    # all-reduce sums the same whether it goes raw or compressed); on 2 ranks
+    # that is DDP's default sum.
     for st, lanes in pool2.run(train_on_a_fast_link):
         assert st["calls"] > STEPS and st["compressed_calls"] == 0, st
-        assert lanes == ["all_reduce"]
+        assert lanes == []
 
 
 def test_adaptive_policy_on_a_slow_link(pool2):
@@ -321,12 +322,14 @@ def test_the_calibrating_call_runs_in_the_hook(pool2):
         assert compressed > 0
 
 
-def test_raw_calls_run_in_the_hook_while_the_worker_is_idle(pool2):
-    # On the loopback the policy calibrates (in the hook), finds the link too
-    # fast to ever compress, and every later bucket is torch's own pending
-    # all-reduce, issued in the hook: no hand-over to the worker.
+def test_raw_calls_run_on_the_worker_after_calibrating(pool2):
+    # On the loopback the policy calibrates (in the hook) and finds the link
+    # too fast to ever compress; every later bucket is a raw all-reduce
+    # through zipccl's rank-order schedule, which waits on the host: the
+    # worker runs it, as it runs compressed ones.
     for threads, compressed in pool2.run(run_where_the_calls_run, ZipCCLConfig(min_bytes=0)):
-        assert set(threads) == {"MainThread"} and len(threads) > STEPS, threads
+        assert threads[0] == "MainThread" and len(threads) > STEPS, threads
+        assert set(threads[1:]) == {"zipccl-collectives"}, threads
         assert compressed == 0
 
 

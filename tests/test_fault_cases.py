@@ -1,4 +1,5 @@
-"""Failure paths of the collectives (issue 20, cases 2, 3, 4, 6, 10, 12):
+"""Failure paths of the collectives (issue 20, cases 2, 3, 4, 5, 6, 10, 12, and
+arguments wrong on one rank only):
 each raises the same error type on every rank within seconds, or gives the
 exact result on every path.
 
@@ -21,6 +22,7 @@ from dist_utils import DistPool
 from zipccl_fsdp.collectives import all_reduce, all_to_all_single, reduce_scatter_single
 from zipccl_fsdp.collectives import all_gather_single
 from zipccl_fsdp.config import ZipCCLConfig
+from zipccl_fsdp.stats import CommStats
 
 PG_TIMEOUT_S = 30
 WITHIN_S = 10.0
@@ -145,6 +147,56 @@ def test_reduce_ops_differing_between_ranks_raise_on_every_rank(pool3, kind):
 
 
 # --------------------------------------------------------------------------
+# Arguments wrong on one rank only (fault_matrix cases 13, 14)
+# --------------------------------------------------------------------------
+REFUSAL_CONFIGS = {
+    # the first call of a config on a group: the agreement check comes first
+    "agreement": dict(policy="always", min_bytes=0),
+    # a compressed call's first size row
+    "row": dict(policy="always", min_bytes=0, check_consistency=False),
+    # a raw call under verify: framed and checked, so it has a size row too
+    "verified_raw": dict(policy="never", verify=True, check_consistency=False),
+}
+
+
+def task_refused_on_one_rank(kind: str, mode: str):
+    """Rank 1 passes arguments that fail its local checks; rank 0's are valid."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = ZipCCLConfig(**REFUSAL_CONFIGS[mode])
+    bad = rank == 1
+    n = 4096
+    x = make_data(world * n, torch.bfloat16, 7, rank)
+    _warm(cfg)
+    if kind == "all_gather":  # an input of another size than the output expects
+        inp = x[:n + bad]
+        call = lambda: all_gather_single(  # noqa: E731
+            torch.empty(world * n, dtype=x.dtype), inp, config=cfg)
+    elif kind == "reduce_scatter":  # an output of the wrong size
+        call = lambda: reduce_scatter_single(  # noqa: E731
+            torch.empty(n + bad, dtype=x.dtype), x, config=cfg)
+    elif kind == "all_to_all":  # split sizes that do not add up
+        splits = [n, n + bad]
+        call = lambda: all_to_all_single(  # noqa: E731
+            torch.empty_like(x), x, [n, n], splits, config=cfg)
+    else:  # a reduce op zipccl does not reduce with
+        op = ReduceOp.MAX if bad else ReduceOp.SUM
+        call = lambda: all_reduce(x, op=op, config=cfg)  # noqa: E731
+    return _timed(call) + (_in_step(),)
+
+
+@pytest.mark.parametrize("mode", sorted(REFUSAL_CONFIGS))
+@pytest.mark.parametrize("kind", ["all_gather", "reduce_scatter", "all_to_all", "all_reduce"])
+def test_arguments_wrong_on_one_rank_raise_on_every_rank(pool2, kind, mode):
+    (err0, msg0, dt0, in0), (err1, msg1, dt1, in1) = pool2.run(task_refused_on_one_rank,
+                                                               kind, mode)
+    assert err1 == "ValueError" and "zipccl" in msg1, (err1, msg1)  # its own local error
+    assert err0 == "ValueError", (err0, msg0)
+    assert "rank 1 refused this call" in msg0 and kind in msg0, msg0
+    assert dt0 < WITHIN_S and dt1 < WITHIN_S, (dt0, dt1)
+    assert in0 and in1
+
+
+# --------------------------------------------------------------------------
 # Case 4: an all-to-all whose output overlaps its input
 # --------------------------------------------------------------------------
 def task_all_to_all_overlap(policy: str, shift: int, trials: int):
@@ -172,6 +224,92 @@ def task_all_to_all_overlap(policy: str, shift: int, trials: int):
 @pytest.mark.parametrize("shift", [0, 1])
 def test_all_to_all_with_overlapping_output_is_exact_on_every_path(pool2, policy, shift):
     assert pool2.run(task_all_to_all_overlap, policy, shift, 5) == [0, 0]
+
+
+# --------------------------------------------------------------------------
+# Case 5: verify=True checks raw sends too
+# --------------------------------------------------------------------------
+RAW_PATHS = {
+    "always_below_min_bytes": dict(policy="always"),  # 8 KiB messages: under min_bytes
+    "never": dict(policy="never"),
+    "adaptive_raw": dict(min_bytes=0, link_gbps=1e5, codec_gbps=0.01),
+}
+
+
+class _FlipOneByte:
+    """On the rank that makes it: flip one bit, on a copy, of the first byte
+    send (uint8: payloads, not the int64 rows) that zipccl's schedule makes
+    through ``_wire.all_gather_single`` and ``dist.all_to_all_single``, in
+    the part bound for rank 0."""
+
+    def __init__(self) -> None:
+        from zipccl_fsdp import _wire
+
+        self.wire, self.fired = _wire, 0
+        self.saved = _wire.all_gather_single, dist.all_to_all_single
+        _wire.all_gather_single, dist.all_to_all_single = self.gather, self.all_to_all
+
+    def restore(self) -> None:
+        self.wire.all_gather_single, dist.all_to_all_single = self.saved
+
+    def _flip(self, t: torch.Tensor, start: int, n: int) -> torch.Tensor:
+        if self.fired or t.dtype != torch.uint8 or n == 0:
+            return t
+        self.fired += 1
+        t = t.clone()
+        t[start + n // 2] ^= 1 << 2
+        return t
+
+    def gather(self, out, inp, group=None, async_op=False):
+        return self.saved[0](out, self._flip(inp, 0, inp.numel()), group=group,
+                             async_op=async_op)
+
+    def all_to_all(self, out, inp, out_splits=None, in_splits=None, group=None,
+                   async_op=False):
+        n = in_splits[0] if in_splits else inp.numel() // dist.get_world_size()
+        return self.saved[1](out, self._flip(inp, 0, n), out_splits, in_splits, group=group,
+                             async_op=async_op)
+
+
+def task_damaged_raw_send(kind: str, path: str):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = ZipCCLConfig(verify=True, **RAW_PATHS[path])
+    n = 4096
+    x = make_data(world * n, torch.bfloat16, 9, rank)
+    if kind == "all_gather":
+        call = lambda: all_gather_single(  # noqa: E731
+            torch.empty(world * n, dtype=x.dtype), x[:n], config=cfg, stats=st)
+    elif kind == "reduce_scatter":
+        call = lambda: reduce_scatter_single(  # noqa: E731
+            torch.empty(n, dtype=x.dtype), x, config=cfg, stats=st)
+    elif kind == "all_to_all":
+        call = lambda: all_to_all_single(  # noqa: E731
+            torch.empty_like(x), x, config=cfg, stats=st)
+    else:
+        call = lambda: all_reduce(x.clone(), config=cfg, stats=st)  # noqa: E731
+    st = CommStats()
+    call()  # undamaged: exact, and raw (no compressed call)
+    compressed = st.snapshot()[kind]["compressed_calls"]
+    damage = _FlipOneByte() if rank == 1 else None
+    try:
+        out = _timed(call)
+    finally:
+        if damage is not None:
+            damage.restore()
+    return out + (_in_step(), compressed, damage.fired if damage else None)
+
+
+@pytest.mark.parametrize("path", sorted(RAW_PATHS))
+@pytest.mark.parametrize("kind", ["all_gather", "reduce_scatter", "all_to_all", "all_reduce"])
+def test_verify_catches_a_damaged_raw_send_on_every_rank(pool2, kind, path):
+    got = pool2.run(task_damaged_raw_send, kind, path)
+    assert got[1][-1] == 1, got  # rank 1 damaged one send
+    for rank, (err, msg, dt, in_step, compressed, _) in enumerate(got):
+        assert compressed == 0, (rank, compressed)  # the path under test is a raw one
+        assert err == "CorruptPayloadError", (rank, err, msg)
+        # rank 0 names the sender of the damaged bytes, rank 1 the rank that found them
+        assert kind in msg and f"rank {1 - rank}" in msg, msg
+        assert dt < WITHIN_S and in_step, (rank, dt)
 
 
 # --------------------------------------------------------------------------

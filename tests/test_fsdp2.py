@@ -146,7 +146,7 @@ def task_train(mode: str):
                 m.set_custom_reduce_scatter(AllToAllSumReduceScatter())
     losses, digests = train(model)
     stats = hook.stats() if hook else None
-    lanes = sorted({key[0] for key in hook.config._raw_lanes}) if hook else None
+    lanes = sorted({key[0] for key in hook.runtime.state(hook.config).lanes}) if hook else None
     if hook:
         hook.remove(model)
     return {"losses": losses, "digests": digests, "stats": stats, "lanes": lanes}

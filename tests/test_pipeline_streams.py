@@ -74,8 +74,8 @@ def _tracked_encode(encode, log: dict):
         if streams.landed <= piece:
             log["violations"].append("payload freed before its piece was drained")
 
-    def wrapper(call, x):
-        payload = encode(call, x)
+    def wrapper(call, x, codec=None):
+        payload = encode(call, x, codec)
         if payload is not None:
             # The piece this payload goes out with is the next one launched.
             weakref.finalize(payload, freed, call.streams, call.streams.launched)

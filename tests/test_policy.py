@@ -15,6 +15,8 @@ import torch.distributed as dist
 from collective_cases import (OPS, assert_bits_equal, gather_all, make_data, make_op,
                               reference_reduce, torch_all_gather_single)
 from dist_utils import DistPool
+from zipccl_fsdp import calibration as Cal
+from zipccl_fsdp import cost as M
 from zipccl_fsdp import policy as P
 from zipccl_fsdp.collectives import all_gather_single, all_reduce, all_to_all_single, \
     reduce_scatter_single
@@ -147,7 +149,7 @@ def task_decisions_given_in_config():
                                                 "raw_fallback_calls", "compressed_fraction",
                                                 "raw_bytes", "wire_bytes")}
                      for k in ("all_gather", "reduce_scatter")}
-        out[name]["decisions"] = dict(P.policy_for(cfg).decisions)
+        out[name]["decisions"] = dict(P.of(cfg, st).decisions)
     return out
 
 
@@ -158,17 +160,17 @@ def task_disagreeing_measurements():
     link = [[1e-5, 1e-4], [1e-3, 0.5]][rank]          # tiny, 2 MiB all-gather seconds
     codec = [[1e-3, 1e-3, 1e-4], [2e-3, 2e-3, 2e-4]][rank]
     ab = [[0.01, 0.005, 0], [0.3, 0.2, 0]][rank]     # in-situ raw, compressed seconds
-    saved = P.measure_link_local, P.measure_codec_local, P.measure_ab_local
-    P.measure_link_local = lambda group, world, device: list(link)
-    P.measure_codec_local = lambda *a: list(codec)
-    P.measure_ab_local = lambda *a: list(ab)
+    saved = Cal.measure_link_local, Cal.measure_codec_local, Cal.measure_ab_local
+    Cal.measure_link_local = lambda group, world, device: list(link)
+    Cal.measure_codec_local = lambda *a: list(codec)
+    Cal.measure_ab_local = lambda *a: list(ab)
     try:
         # What this rank would decide on its own numbers (the hazard).
-        own_link = P.LinkSpeed(link[0], P.LINK_PROBE_BYTES / (link[1] - link[0]))
+        own_link = M.LinkSpeed(link[0], Cal.LINK_PROBE_BYTES / (link[1] - link[0]))
         call = codec[2] / 2
-        own_codec = P.CodecSpeed(P.CODEC_PROBE_BYTES / (codec[0] - call),
-                                 P.CODEC_PROBE_BYTES / (codec[1] - call), call)
-        alone = P.best_plan(P.traffic("all_gather", world, 1 << 22), own_link,
+        own_codec = M.CodecSpeed(Cal.CODEC_PROBE_BYTES / (codec[0] - call),
+                                 Cal.CODEC_PROBE_BYTES / (codec[1] - call), call)
+        alone = M.best_plan(M.traffic("all_gather", world, 1 << 22), own_link,
                             {"dense": own_codec}, {"dense": 0.7})[0].compress
         cfg = ZipCCLConfig(policy="adaptive")
         st = CommStats()
@@ -184,12 +186,12 @@ def task_disagreeing_measurements():
             want = reference_reduce(gather_all(y), "avg", 1.0, torch.float32)
             all_reduce(y, dist.ReduceOp.AVG, config=cfg, stats=st)
             assert_bits_equal(y, want, f"all_reduce n={n}")
-            plans.append(sorted(P.policy_for(cfg).decisions.items()))
-        pol = P.policy_for(cfg)
-        speeds = {k: v for k, v in pol._links.items()}
-        return alone, plans, repr(speeds), st.snapshot()["all_gather"]["compressed_calls"]
+            plans.append(sorted(P.of(cfg, st).decisions.items()))
+        report = P.of(cfg, st).calibration.report()
+        return (alone, plans, repr((report["links"], report["speeds"])),
+                st.snapshot()["all_gather"]["compressed_calls"])
     finally:
-        P.measure_link_local, P.measure_codec_local, P.measure_ab_local = saved
+        Cal.measure_link_local, Cal.measure_codec_local, Cal.measure_ab_local = saved
 
 
 def task_measured_loopback():
@@ -205,15 +207,16 @@ def task_measured_loopback():
     want = torch.empty_like(got)
     torch_all_gather_single(want, x)
     assert_bits_equal(got, want, "measured all_gather")
-    # A raw all-reduce under "adaptive" is torch's own, bit for bit.
+    # A raw all-reduce under "adaptive" sums in fp32 in rank order, as a compressed one.
     y = make_data(n, torch.bfloat16, seed=5, rank=rank)
-    want = y.clone()
-    dist.all_reduce(want)
+    want = reference_reduce(gather_all(y), "sum", 1.0, torch.bfloat16)
     all_reduce(y, config=cfg, stats=st)
-    assert_bits_equal(y, want, "raw all_reduce is torch's")
-    pol = P.policy_for(cfg)
-    (link,) = pol._links.values()
-    (speeds,) = pol._speeds.values()
+    assert_bits_equal(y, want, "raw all_reduce sums in rank order")
+    report = P.of(cfg, st).calibration.report()
+    (link,) = report["links"].values()
+    (speeds,) = report["speeds"].values()
+    (probe,) = report["probes"].values()
+    assert probe["slowdown"] >= Cal.PROBE_K_RANGE[0], probe
     return (st.snapshot()["all_gather"], link.bytes_per_s,
             {c: s.encode_bps for c, s in speeds.items()}, st.snapshot()["all_reduce"])
 
@@ -351,20 +354,20 @@ def test_pipelined_all_reduce_corrupt_piece_raises_everywhere(pool2):
 # The cost model alone (no processes)
 # --------------------------------------------------------------------------
 def test_cost_model_pipelines_large_messages_on_slow_links():
-    slow = P.LinkSpeed(150e-6, 62e6)          # the 1 Gbit namespace: 62 MB/s per rank
-    fast = P.LinkSpeed(150e-6, 3.7e9)         # an unthrottled loopback, as measured once
-    codec = {"dense": P.CodecSpeed(1.0e9, 1.5e9, 50e-6)}
+    slow = M.LinkSpeed(150e-6, 62e6)          # the 1 Gbit namespace: 62 MB/s per rank
+    fast = M.LinkSpeed(150e-6, 3.7e9)         # an unthrottled loopback, as measured once
+    codec = {"dense": M.CodecSpeed(1.0e9, 1.5e9, 50e-6)}
     f = {"dense": 0.67}
-    big = P.traffic("all_gather", 2, 32 << 20)
-    plan, t, raw = P.best_plan(big, slow, codec, f)
-    assert plan.compress and plan.pieces > 1 and t < P.MARGIN * raw
+    big = M.traffic("all_gather", 2, 32 << 20)
+    plan, t, raw = M.best_plan(big, slow, codec, f)
+    assert plan.compress and plan.pieces > 1 and t < M.MARGIN * raw
     # more pieces hide more of the codec, up to the per-piece latencies
-    assert P.predict(big, slow, codec["dense"], 0.67, 8) < P.predict(big, slow, codec["dense"],
+    assert M.predict(big, slow, codec["dense"], 0.67, 8) < M.predict(big, slow, codec["dense"],
                                                                       0.67, 1)
-    assert not P.best_plan(big, fast, codec, f)[0].compress
-    assert not P.best_plan(P.traffic("all_gather", 2, 64), slow, codec, f)[0].compress
+    assert not M.best_plan(big, fast, codec, f)[0].compress
+    assert not M.best_plan(M.traffic("all_gather", 2, 64), slow, codec, f)[0].compress
     # all-reduce = reduce-scatter + all-gather parts
-    assert len(P.traffic("all_reduce", 4, 1 << 20)) == 2
+    assert len(M.traffic("all_reduce", 4, 1 << 20)) == 2
 
 
 def test_a_new_site_measures_its_own_ratio():
@@ -373,8 +376,8 @@ def test_a_new_site_measures_its_own_ratio():
     call is compressed whenever an optimistic ratio would be, and from then on
     its own ratio decides."""
     cfg = ZipCCLConfig(policy="adaptive", codec="dense", link_gbps=0.5, codec_gbps=2.0)
-    pol, cpu, f32 = P.policy_for(cfg), torch.device("cpu"), torch.float32
-    parts = P.traffic("reduce_scatter", 2, 1 << 20)
+    pol, cpu, f32 = P.Policy(cfg), torch.device("cpu"), torch.float32
+    parts = M.traffic("reduce_scatter", 2, 1 << 20)
 
     def decide(site):
         return pol.decide("reduce_scatter", None, 2, site, f32, cpu, parts)
@@ -390,13 +393,17 @@ def test_a_new_site_measures_its_own_ratio():
     assert not decide(head).compress
 
 
-def test_calibrated_says_whether_a_call_would_measure_first():
+def test_outlook_says_whether_a_call_would_measure_first():
     cpu, bf16 = torch.device("cpu"), torch.bfloat16
-    assert P.Policy(ZipCCLConfig(policy="always")).calibrated(None, bf16, cpu)
-    assert P.Policy(ZipCCLConfig(policy="never")).calibrated(None, bf16, cpu)
-    assert P.Policy(ZipCCLConfig(link_gbps=1.0, codec_gbps=2.0)).calibrated(None, bf16, cpu)
+    st = CommStats()
+    for cfg in (ZipCCLConfig(policy="always"), ZipCCLConfig(policy="never"),
+                ZipCCLConfig(link_gbps=1.0, codec_gbps=2.0)):
+        assert P.outlook(cfg, st, None, bf16, cpu, True) == "", cfg
     for measured in (ZipCCLConfig(), ZipCCLConfig(link_gbps=1.0), ZipCCLConfig(codec_gbps=2.0)):
-        assert not P.Policy(measured).calibrated(None, bf16, cpu)
+        assert P.outlook(measured, st, None, bf16, cpu, True) == "calibrates", measured
+        # too small to compress: raw, through zipccl's schedule (it waits), so ""
+        assert P.outlook(measured, st, None, bf16, cpu, False) == "", measured
+    assert P.outlook(ZipCCLConfig(policy="never"), st, None, bf16, cpu, False) == ""
     # After the measuring call: tests/test_ddp.py (the DDP hook runs it itself).
 
 
@@ -409,6 +416,122 @@ def test_config_validates_policy_fields():
         ZipCCLConfig(pipeline_pieces=-1)
     a, b = ZipCCLConfig(policy="adaptive"), ZipCCLConfig(policy="adaptive", link_gbps=1.0)
     assert a.protocol_fingerprint() != b.protocol_fingerprint()
+
+
+# --------------------------------------------------------------------------
+# Settings apart from state
+# --------------------------------------------------------------------------
+def test_configs_hold_settings_only():
+    import dataclasses
+
+    from zipccl_fsdp.config import DEFAULT_CONFIG
+    for f in dataclasses.fields(DEFAULT_CONFIG):
+        assert f.init, f"{f.name}: a field the user does not set"
+        value = getattr(DEFAULT_CONFIG, f.name)
+        assert value is None or type(value) in (str, int, float, bool), (f.name, value)
+    assert set(vars(DEFAULT_CONFIG)) == {f.name for f in dataclasses.fields(DEFAULT_CONFIG)}
+    assert DEFAULT_CONFIG == ZipCCLConfig() and hash(DEFAULT_CONFIG) == hash(ZipCCLConfig())
+
+
+def test_runtime_state_goes_with_its_config():
+    """State is per config object, and a config that is gone leaves none behind
+    (a config made per call must not grow the runtime)."""
+    import gc
+
+    from zipccl_fsdp.runtime import Runtime
+    rt = Runtime()
+    a, b = ZipCCLConfig(), ZipCCLConfig()
+    sa = rt.state(a)
+    assert rt.state(a) is sa and rt.state(b) is not sa  # equal, but another config
+    assert rt.state(a) is sa and len(rt.states()) == 2
+    rt.state(b)  # b is the last one asked for
+    del a
+    gc.collect()
+    assert rt.states() == [rt.state(b)]
+    for _ in range(100):
+        rt.state(ZipCCLConfig(min_bytes=1))
+    gc.collect()
+    assert len(rt.states()) <= 2
+
+
+def test_codec_names_are_the_build_codec_set():
+    from typing import get_args
+
+    from zipccl_fsdp import codec
+    from zipccl_fsdp.config import CodecName
+    assert get_args(CodecName) == ("auto", *codec.CODECS)
+    assert Cal.codecs(ZipCCLConfig()) == tuple(c for c in codec.CODECS if c != "raw")
+    assert Cal.codecs(ZipCCLConfig(codec="fixed3")) == ("fixed3",)
+
+
+def test_only_the_policy_module_reads_the_policy_setting():
+    """``cfg.policy`` (or ``config.policy``) is read in ``policy.py`` alone (and
+    in the config's own protocol fields)."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    readers = set()
+    for path in [*(root / "zipccl_fsdp").rglob("*.py"), *(root / "hooks").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Attribute) and node.attr == "policy"):
+                continue
+            owner = node.value
+            name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+            if name in ("cfg", "config") or name.endswith("config"):
+                readers.add(path.relative_to(root).as_posix())
+    readers.discard("zipccl_fsdp/config.py")
+    assert readers == {"zipccl_fsdp/policy.py"}, readers
+
+
+def task_hooks_keep_their_own_state():
+    """Two hooks with equal configs, and the free functions with a third: each
+    owner checks the agreement, decides and opens its lanes on its own."""
+    from hooks.registry import ZipCCLHook
+    from zipccl_fsdp import collectives as C
+    from zipccl_fsdp.config import DEFAULT_CONFIG
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    fast = dict(link_gbps=400.0, codec_gbps=1.0)
+    hooks = [ZipCCLHook(ZipCCLConfig(**fast)), ZipCCLHook(ZipCCLConfig(**fast))]
+    x = make_data(1 << 16, torch.bfloat16, seed=7, rank=rank)
+    want = torch.empty(world << 16, dtype=torch.bfloat16)
+    torch_all_gather_single(want, x)
+    out = {}
+    for i, hook in enumerate(hooks):
+        for _ in range(2):
+            got = torch.empty_like(want)
+            all_gather_single(got, x, config=hook.config, stats=hook.comm_stats)
+            assert_bits_equal(got, want, f"hook {i}")
+        state = hook.runtime.state(hook.config)
+        out[i] = dict(stats=hook.stats()["all_gather"], lanes=len(state.lanes),
+                      checked=len(state.checked_groups),
+                      decisions=dict(state.policy.decisions))
+    before = C.stats()["all_gather"]["size_bytes"]
+    all_gather_single(torch.empty_like(want), x, config=ZipCCLConfig(**fast))
+    out["module"] = C.stats()["all_gather"]["size_bytes"] - before
+    out["distinct"] = (hooks[0].runtime is not hooks[1].runtime
+                       and hooks[0].runtime.state(hooks[0].config)
+                       is not hooks[1].runtime.state(hooks[1].config))
+    # The default config through the free functions (a message under min_bytes:
+    # only the agreement check, which used to write into the config).
+    all_gather_single(torch.empty(world * 16), torch.ones(16))
+    out["default_untouched"] = (DEFAULT_CONFIG == ZipCCLConfig() and set(vars(DEFAULT_CONFIG))
+                                == set(DEFAULT_CONFIG.__dataclass_fields__))
+    return out
+
+
+def test_hooks_with_equal_configs_share_no_state(pool2):
+    for r in pool2.run(task_hooks_keep_their_own_state):
+        assert r["distinct"] and r["default_untouched"]
+        for i in (0, 1):
+            s = r[i]["stats"]
+            # each hook ran its own agreement check: one vector as wide as a size row
+            assert s["size_bytes"] == 8 * row_width(2), (i, s)
+            assert s["calls"] == 2 and s["compressed_calls"] == 0, (i, s)
+            assert r[i]["lanes"] == 1 and r[i]["checked"] == 1, r[i]
+            assert r[i]["decisions"] == {("all_gather", "raw", 1): 2}, r[i]
+        assert r["module"] == 8 * row_width(2), r  # and so did the free functions' owner
 
 
 # --------------------------------------------------------------------------

@@ -5,7 +5,8 @@ next calls of its (kind, group, stats, dtype, device) skip the general path.
 They must give torch's results bit for bit and count the stats the general
 path counts; calls a lane is not sure of (bad splits, tensors that require
 grad, a profiler, other ops, other groups) must take the general path, with
-its errors on every rank.
+its errors on every rank. All-reduce has no lane: raw or compressed it sums
+in rank order through zipccl's schedule.
 """
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from dist_utils import DistPool
-from collective_cases import assert_bits_equal, make_data, torch_all_gather_single
-import zipccl_fsdp.collectives as C
+from collective_cases import (assert_bits_equal, gather_all, make_data, reference_reduce,
+                              torch_all_gather_single)
+import zipccl_fsdp.collectives._call as C  # the shared part: _begin, _STATS
 from zipccl_fsdp import policy as P
 from zipccl_fsdp.collectives import all_gather_single, all_reduce, all_to_all_single
 from zipccl_fsdp.config import ZipCCLConfig
@@ -56,8 +58,8 @@ class _GeneralPath:
         C._begin = self._real
 
 
-def _lane_keys(cfg: ZipCCLConfig) -> list:
-    return sorted((k[0], str(k[3])) for k in cfg._raw_lanes)
+def _lane_keys(st: CommStats, cfg: ZipCCLConfig) -> list:
+    return sorted((k[0], str(k[2])) for k in st.runtime.state(cfg).lanes)
 
 
 def task_lanes_equal_torch(policy: str):
@@ -95,19 +97,16 @@ def task_lanes_equal_torch(policy: str):
                         assert_bits_equal(got, want, f"all_to_all {dtype} {n} {splits}")
                 counts.append(("all_to_all", general.calls))
             if policy == "adaptive":
+                parts = gather_all(x)
                 with _GeneralPath() as general:
                     for _ in range(3):
-                        y, want = x.clone(), x.clone()
-                        all_reduce(y, config=cfg, stats=st)
-                        dist.all_reduce(want)
-                        assert_bits_equal(y, want, f"all_reduce {dtype} {n}")
-                        # AVG on gloo: divide, then sum (gloo has no AVG), as DDP's hook does.
-                        y, want = x.clone(), x.clone() / world
-                        all_reduce(y, op=ReduceOp.AVG, config=cfg, stats=st)
-                        dist.all_reduce(want)
-                        assert_bits_equal(y, want, f"all_reduce AVG {dtype} {n}")
+                        for op, name in ((ReduceOp.SUM, "sum"), (ReduceOp.AVG, "avg")):
+                            y = x.clone()
+                            all_reduce(y, op=op, config=cfg, stats=st)
+                            assert_bits_equal(y, reference_reduce(parts, name, 1.0, dtype),
+                                              f"all_reduce {name} {dtype} {n}")
                 counts.append(("all_reduce", general.calls))
-    return counts, st.snapshot(), _lane_keys(cfg)
+    return counts, st.snapshot(), _lane_keys(st, cfg)
 
 
 @pytest.mark.parametrize("policy", ["adaptive", "never"])
@@ -118,16 +117,20 @@ def test_lanes_equal_torch_and_skip_the_general_path(pool2, policy):
         for kind, calls in counts:
             first.setdefault(kind, []).append(calls)
         for kind, per_case in first.items():
-            assert sum(per_case) == len(DTYPES), (kind, per_case)
+            if kind == "all_reduce":  # no lane: every call takes the general path
+                assert per_case == [6] * len(per_case), per_case
+            else:
+                assert sum(per_case) == len(DTYPES), (kind, per_case)
+        assert lanes == sorted((k, str(d)) for k in ("all_gather", "all_to_all") for d in DTYPES)
         kinds = ["all_gather", "all_to_all"] + (["all_reduce"] if policy == "adaptive" else [])
-        assert lanes == sorted((k, str(d)) for k in kinds for d in DTYPES)
         if policy == "never":  # "never" reduces in fp32 in rank order: no torch lane
             assert snap["all_reduce"]["calls"] == 0
         for kind in kinds:
             s = snap[kind]
             assert s["calls"] == s["raw_fallback_calls"] > 0, (kind, s)
             assert s["compressed_calls"] == 0, s
-            assert s["wire_bytes"] - s["size_bytes"] == s["raw_bytes"] > 0, s
+            # (a raw all-reduce's all-gather half pads a smaller chunk to the largest)
+            assert s["wire_bytes"] - s["size_bytes"] - s["pad_bytes"] == s["raw_bytes"] > 0, s
 
 
 def task_stats_match_general_path():
@@ -143,10 +146,10 @@ def task_stats_match_general_path():
         all_to_all_single(x.clone(), x, config=cfg)
         all_reduce(x.clone(), config=cfg)
         C.reset_stats()
-        P.policy_for(cfg).decisions.clear()
+        P.of(cfg, C._STATS).decisions.clear()
         for _ in range(4):
             if fresh:
-                cfg._raw_lanes.clear()
+                C._STATS.runtime.state(cfg).lanes.clear()
             all_gather_single(out, x, config=cfg)
             recv = [(300, 700)[rank]] * world
             all_to_all_single(torch.empty(sum(recv), 3, dtype=x.dtype), x, recv, [300, 700],
@@ -156,7 +159,7 @@ def task_stats_match_general_path():
         snaps.append({k: {f: v for f, v in s.items() if not f.endswith("_s")}
                       for k, s in snap.items()})
         assert all(s["comm_s"] > 0 for k, s in snap.items() if s["calls"]), snap
-        decisions.append(sorted(P.policy_for(cfg).decisions.items()))
+        decisions.append(sorted(P.of(cfg, C._STATS).decisions.items()))
     return snaps, decisions
 
 
@@ -214,7 +217,7 @@ def task_lane_misses():
 
 def test_lane_misses_take_the_general_path(pool2):
     for seen, errors in pool2.run(task_lane_misses):
-        assert seen["lanes"] == 0
+        assert seen["lanes"] == 1  # the all-reduce, which has no lane
         assert seen["misses"] == 5
         assert seen["profiled"]
         assert all(e and e.split(":")[0] in ("ValueError", "TypeError") and "zipccl" in e
@@ -242,9 +245,7 @@ def task_async_and_reset():
     want = torch.empty_like(out)
     torch_all_gather_single(want, x)
     assert_bits_equal(out, want, "async all_gather")
-    want = x.clone()
-    dist.all_reduce(want)
-    assert_bits_equal(y, want, "async all_reduce")
+    assert_bits_equal(y, reference_reduce(gather_all(x), "sum", 1.0, x.dtype), "async all_reduce")
     want = torch.empty_like(x)
     dist.all_to_all_single(want, x)
     assert_bits_equal(got, want, "async all_to_all")
@@ -257,16 +258,19 @@ def test_async_lanes_and_reset_stats(pool2):
 
 
 def task_used_config_copies():
-    """A config that holds lanes (process groups) still pickles and copies:
-    the settings travel, the process-local state starts afresh."""
+    """A used config holds no state (its lanes, policy and agreement checks live
+    in the runtime of the stats' owner), so it pickles and copies like any
+    settings; a copy is a new config, whose state starts afresh."""
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = ZipCCLConfig(**FAST_LINK)
     x = make_data(1 << 16, torch.bfloat16, seed=5, rank=rank)
     all_gather_single(torch.empty(world << 16, dtype=torch.bfloat16), x, config=cfg)
-    assert cfg._raw_lanes and cfg._runtime and cfg._checked_groups
+    state = C._STATS.runtime.state(cfg)
+    assert state.lanes and state.policy is not None and state.checked_groups
     for twin in (pickle.loads(pickle.dumps(cfg)), copy.deepcopy(cfg), copy.copy(cfg)):
         assert twin == cfg and twin is not cfg
-        assert not twin._raw_lanes and not twin._runtime and not twin._checked_groups
+        fresh = C._STATS.runtime.state(twin)
+        assert not fresh.lanes and fresh.policy is None and not fresh.checked_groups
         got = torch.empty(world << 16, dtype=torch.bfloat16)
         all_gather_single(got, x, config=twin)
         want = torch.empty_like(got)

@@ -30,9 +30,8 @@ from .collectives import (  # noqa: E402
 _LAZY = {
     "ZipCCLHook": "hooks.registry", "zipccl_hook": "hooks.registry",
     "register_comm_hook": "hooks.registry", "ddp_comm_hook": "hooks.ddp",
-    "DTensorCompression": "hooks.dtensor", "DTensorCompressionMode": "hooks.dtensor",
-    "compress_dtensor_comms": "hooks.dtensor", "enable_dtensor_compression": "hooks.dtensor",
-    "disable_dtensor_compression": "hooks.dtensor",
+    "DTensorCompression": "hooks.dtensor", "compress_dtensor_comms": "hooks.dtensor",
+    "enable_dtensor_compression": "hooks.dtensor", "disable_dtensor_compression": "hooks.dtensor",
 }
 
 
@@ -55,6 +54,6 @@ __all__ = [
     "all_gather_single", "reduce_scatter_single", "all_reduce", "all_to_all_single",
     "stats", "reset_stats",
     "ZipCCLHook", "zipccl_hook", "register_comm_hook", "ddp_comm_hook",
-    "DTensorCompression", "DTensorCompressionMode", "compress_dtensor_comms",
+    "DTensorCompression", "compress_dtensor_comms",
     "enable_dtensor_compression", "disable_dtensor_compression",
 ]

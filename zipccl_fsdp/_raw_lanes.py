@@ -3,8 +3,9 @@ for calls that are sure to go raw.
 
 Once a call has gone raw for a reason that no later call can change (the
 adaptive policy found this group's link faster than any codec for the dtype,
-or ``policy="never"``), the collective opens a lane for its (config, stats,
-group, dtype, device). The next such calls then check their arguments in a
+or ``policy="never"``), the collective opens a lane for its (kind, group,
+dtype, device) in the runtime state of its config in its stats' owner
+(``runtime.py``). The next such calls then check their arguments in a
 few steps, count their stats as the general path would, and call the
 ``ProcessGroup`` method that torch's own wrapper calls, skipping both
 zipccl's general path and torch's Python.
@@ -21,7 +22,9 @@ checks and messages. That includes tensor subclasses and torch-function modes
 (torch's wrapper dispatches those), tensors that require grad, a running
 profiler (the general path records its ranges), torch's coalescing manager,
 invalid shapes or split sizes, an all-to-all whose output overlaps its input,
-and reduce ops other than SUM.
+and under ``verify``, where raw calls are framed and checked (no lane opens).
+All-reduce and reduce-scatter have no lane: raw or compressed, they run
+zipccl's schedule, so that their sum is the same either way.
 """
 from __future__ import annotations
 
@@ -30,71 +33,66 @@ import time
 
 import torch
 from torch._C import _has_torch_function
-from torch.distributed import ReduceOp
-from torch.distributed.distributed_c10d import (AllgatherOptions, AllreduceOptions,
-                                                AllToAllOptions, _world)
+from torch.distributed.distributed_c10d import AllgatherOptions, AllToAllOptions, _world
 
 from .config import DEFAULT_CONFIG
+from .stats import MODULE_STATS
 from .stats import profiling as _profiling
 
 MISS = object()
 """What a lane returns for a call it does not take."""
 
 _Tensor = torch.Tensor
-_SUM = ReduceOp.SUM
-_AVG = ReduceOp.AVG
 _clock = time.perf_counter
-_OPTIONS = {"all_gather": AllgatherOptions, "all_to_all": AllToAllOptions,
-            "all_reduce": AllreduceOptions}
+_OPTIONS = {"all_gather": AllgatherOptions, "all_to_all": AllToAllOptions}
 
 
 class _Lane:
     """What a raw call of one (kind, group, stats, dtype, device) needs: the
     group, its size and this rank, the stats fields it adds to, the policy's
-    decision counter, and torch's options objects, at ``opts[async_op]``; an
-    all-reduce's AVG options at ``opts[2 + async_op]`` where the backend has
-    AVG (NCCL), else None: gloo's AVG divides, then sums, as the general
-    path's ``collectives._native_all_reduce`` does."""
+    decision counter, and torch's options objects, at ``opts[async_op]``."""
 
     __slots__ = ("pg", "world", "rank", "itemsize", "fields", "decisions", "decision", "opts")
 
     def __init__(self, kind: str, pg, world: int, rank: int, itemsize: int, fields: dict,
-                 decisions, native_avg: bool) -> None:
+                 decisions) -> None:
         self.pg, self.world, self.rank, self.itemsize = pg, world, rank, itemsize
         self.fields = fields
         self.decisions = decisions if decisions is not None else collections.Counter()
         self.decision = (kind, "raw", 1)
-        self.opts = tuple(_options(kind, _SUM, async_op) for async_op in (False, True))
-        if kind == "all_reduce":
-            self.opts += tuple(_options(kind, _AVG, async_op) if native_avg else None
-                               for async_op in (False, True))
+        self.opts = tuple(_options(kind, async_op) for async_op in (False, True))
 
 
-def _options(kind: str, op, async_op: bool):
+def _options(kind: str, async_op: bool):
     opts = _OPTIONS[kind]()
     opts.asyncOp = async_op
-    if kind == "all_reduce":
-        opts.reduceOp = op
     return opts
 
 
-def open_lane(cfg, kind: str, pg, world: int, rank: int, stats_arg, fields: dict,
-              dtype: torch.dtype, device: torch.device, decisions=None,
-              native_avg: bool = False) -> None:
+def open_lane(state, kind: str, pg, world: int, rank: int, fields: dict,
+              dtype: torch.dtype, device: torch.device, decisions=None) -> None:
     """Open the lane of ``kind`` calls on process group ``pg`` (resolved: never
-    None) passing ``stats=stats_arg`` (None included) with tensors of ``dtype``
-    on ``device``. Only for a call just sent raw for a reason no later call
-    can change (see the module docstring); ``fields`` is the stats object's
-    dict for ``kind`` (``CommStats.fields``), ``decisions`` the policy's
-    counter of its plans, if it has one; ``native_avg``: the backend reduces
-    with AVG (NCCL)."""
-    key = (kind, pg, stats_arg, dtype, device)
-    if key not in cfg._raw_lanes:
-        cfg._raw_lanes[key] = _Lane(kind, pg, world, rank, dtype.itemsize, fields, decisions,
-                                    native_avg)
+    None) with tensors of ``dtype`` on ``device`` in ``state`` (the
+    ``runtime.ConfigState`` of the call's config in its stats' runtime). Only
+    for a call just sent raw for a reason no later call can change (see the
+    module docstring); ``fields`` is the stats object's dict for ``kind``
+    (``CommStats.fields``), ``decisions`` the policy's counter of its plans,
+    if it has one."""
+    key = (kind, pg, dtype, device)
+    if key not in state.lanes:
+        state.lanes[key] = _Lane(kind, pg, world, rank, dtype.itemsize, fields, decisions)
 
 
-# The three lanes below repeat their checks and counting inline rather than
+def _lanes(config, stats) -> dict:
+    """The lanes of ``config`` (None: the default) in the runtime of ``stats``
+    (None: the free functions')."""
+    runtime = (MODULE_STATS if stats is None else stats).runtime
+    config = DEFAULT_CONFIG if config is None else config
+    last = runtime.last  # Runtime.state's own fast path, without its call
+    return (last[1] if last[0] is config else runtime.state(config)).lanes
+
+
+# The two lanes below repeat their checks and counting inline rather than
 # share helpers: a Python call frame right after a blocking collective costs
 # a measurable share of a small call (benchmarks/raw_call_overhead.py,
 # docs/benchmarks.md).
@@ -105,9 +103,8 @@ def all_gather(output, input, group, async_op, config, stats):
             or _has_torch_function((input, output)) or _profiling()):
         return MISS
     device = input.device
-    lane = (DEFAULT_CONFIG if config is None else config)._raw_lanes.get(
-        ("all_gather", _world.default_pg if group is None else group, stats, input.dtype,
-         device))
+    lane = _lanes(config, stats).get(
+        ("all_gather", _world.default_pg if group is None else group, input.dtype, device))
     if (lane is None or output.dtype is not input.dtype or output.device != device
             or input.requires_grad or output.requires_grad
             or not input.is_contiguous() or not output.is_contiguous()
@@ -136,9 +133,8 @@ def all_to_all(output, input, output_split_sizes, input_split_sizes, group, asyn
             or _has_torch_function((input, output)) or _profiling()):
         return MISS
     device = input.device
-    lane = (DEFAULT_CONFIG if config is None else config)._raw_lanes.get(
-        ("all_to_all", _world.default_pg if group is None else group, stats, input.dtype,
-         device))
+    lane = _lanes(config, stats).get(
+        ("all_to_all", _world.default_pg if group is None else group, input.dtype, device))
     if (lane is None or output.dtype is not input.dtype or output.device != device
             or input.requires_grad or output.requires_grad
             or not input.is_contiguous() or not output.is_contiguous()):
@@ -183,39 +179,6 @@ def all_to_all(output, input, output_split_sizes, input_split_sizes, group, asyn
     start = _clock()
     work = lane.pg.all_to_all_single(output, input, out_splits, in_splits,
                                      lane.opts[1 if async_op else 0])
-    if not async_op:
-        work.wait()
-        work = None
-    fields["comm_s"] += _clock() - start
-    return work
-
-
-def all_reduce(tensor, op, group, async_op, config, stats):
-    """``collectives.all_reduce`` through its lane (SUM and AVG), or MISS."""
-    if (type(tensor) is not _Tensor or (op is not _SUM and op is not _AVG)
-            or _has_torch_function((tensor,)) or _profiling()):
-        return MISS
-    lane = (DEFAULT_CONFIG if config is None else config)._raw_lanes.get(
-        ("all_reduce", _world.default_pg if group is None else group, stats, tensor.dtype,
-         tensor.device))
-    if (lane is None or tensor.requires_grad or not tensor.is_contiguous()
-            or _world.pg_coalesce_state):
-        return MISS
-    nbytes = tensor.numel() * lane.itemsize
-    fields = lane.fields
-    fields["calls"] += 1
-    fields["raw_bytes"] += nbytes
-    fields["raw_fallback_calls"] += 1
-    fields["wire_bytes"] += nbytes
-    lane.decisions[lane.decision] += 1
-    start = _clock()
-    at = 1 if async_op else 0
-    if op is _AVG:
-        if lane.opts[2] is not None:
-            at += 2
-        else:
-            tensor.div_(lane.world)
-    work = lane.pg.allreduce([tensor], lane.opts[at])
     if not async_op:
         work.wait()
         work = None

@@ -99,7 +99,7 @@ def _data(spec: dict, kind: str, size: int, rank: int, world: int) -> torch.Tens
 
 def _calls(kind: str, x: torch.Tensor, world: int, cfg, dist, zc, st):
     """(raw call, zipccl call counted in ``st``, its call site, its traffic for the model)."""
-    from . import policy as P
+    from . import cost as M
     from ._wire import all_gather_single as ag_raw
     from ._wire import reduce_scatter_single as rs_raw
     numel, itemsize = x.numel(), x.element_size()
@@ -109,24 +109,24 @@ def _calls(kind: str, x: torch.Tensor, world: int, cfg, dist, zc, st):
         return (lambda: ag_raw(out, inp),
                 lambda: zc.all_gather_single(out, inp, config=cfg, stats=st),
                 ("all_gather", tuple(inp.shape), x.dtype),
-                P.traffic("all_gather", world, inp.numel() * itemsize))
+                M.traffic("all_gather", world, inp.numel() * itemsize))
     if kind == "reduce_scatter":
         out = torch.empty(numel // world, dtype=x.dtype)
         return (lambda: rs_raw(out, x),
                 lambda: zc.reduce_scatter_single(out, x, config=cfg, stats=st),
                 ("reduce_scatter", tuple(x.shape), x.dtype),
-                P.traffic("reduce_scatter", world, out.numel() * itemsize))
+                M.traffic("reduce_scatter", world, out.numel() * itemsize))
     if kind == "all_reduce":
         buf = x.clone()
         return (lambda: dist.all_reduce(buf), lambda: zc.all_reduce(buf, config=cfg, stats=st),
                 ("all_reduce", tuple(buf.shape), x.dtype),
-                P.traffic("all_reduce", world, numel // world * itemsize))
+                M.traffic("all_reduce", world, numel // world * itemsize))
     out = torch.empty_like(x)
     send = numel // world * (world - 1) * itemsize
     return (lambda: dist.all_to_all_single(out, x),
             lambda: zc.all_to_all_single(out, x, config=cfg, stats=st),
             ("all_to_all", (), x.dtype),
-            (P.Traffic(send, send, send, world - 1, world - 1),))
+            (M.Traffic(send, send, send, world - 1, world - 1),))
 
 
 def _worker(spec: dict) -> None:
@@ -134,6 +134,7 @@ def _worker(spec: dict) -> None:
 
     from . import collectives as zc
     from . import policy as P
+    from ._wire import group_key
     from .config import ZipCCLConfig
     from .stats import CommStats
 
@@ -158,7 +159,7 @@ def _worker(spec: dict) -> None:
             decisions_before = None
             for i in range(spec["repeat"] + 1):  # round 0 warms up and calibrates
                 if i == 1:
-                    decisions_before = dict(P.policy_for(cfg).decisions)
+                    decisions_before = dict(P.of(cfg, st).decisions)
                     st_before = st.snapshot()[kind]
                 # Rotate the order so every variant goes first equally often, and
                 # let the link idle before each call: a tbf bucket refills while
@@ -173,7 +174,7 @@ def _worker(spec: dict) -> None:
                     dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank is the time
                     if i:
                         times[name].append(float(t))
-            after = dict(P.policy_for(cfg).decisions)
+            after = dict(P.of(cfg, st).decisions)
             used = {k: after[k] - decisions_before.get(k, 0) for k in after
                     if after[k] - decisions_before.get(k, 0)}
             plan = ", ".join(f"{k[1]}" + (f" x{k[2]}" if k[1] != "raw" and k[2] > 1 else "")
@@ -182,14 +183,14 @@ def _worker(spec: dict) -> None:
             wire = s_now["wire_bytes"] - st_before["wire_bytes"]
             rawb = s_now["raw_bytes"] - st_before["raw_bytes"]
             model = {}
-            probe = P.policy_for(cfg).probes.get(
-                (P._group_key(group), x.dtype, x.device.type)) if cfg.policy == "adaptive" else None
-            if probe:  # the in-situ A/B that calibrated this row (Policy._in_situ)
+            report = P.of(cfg, st).calibration.report()
+            probe = report["probes"].get((group_key(group), x.dtype, x.device.type))
+            if probe:  # the in-situ A/B that calibrated this row (Calibration._in_situ)
                 model.update(codec_slowdown=probe["slowdown"], ab_raw_ms=probe["raw_s"] * 1e3,
                              ab_zipccl_ms=probe["zipccl_s"] * 1e3)
-            if cfg.policy == "adaptive" and P.policy_for(cfg)._speeds:
+            if report["speeds"]:
                 try:
-                    e = P.policy_for(cfg).explain(group, site, x.dtype, x.device, parts)
+                    e = P.of(cfg, st).explain(group, site, x.dtype, x.device, parts)
                     model.update(pred_raw_ms=e["predicted_raw_s"] * 1e3,
                                  pred_zipccl_ms=e["predicted_s"] * 1e3,
                                  link_MBps=e["link"].bytes_per_s / 1e6,

@@ -10,11 +10,17 @@ the ranks (``integrity.check_agreement``; the fields are
 ``protocol_fields()``, plus the payload format version and the codec set of
 the build). ``codec`` and ``backend`` may differ between ranks: payloads are
 self-describing.
+
+A config is settings only: frozen, every field a plain value the user sets.
+What the collectives learn while they run (agreement checks, the adaptive
+policy's measurements and ratios, raw lanes) lives in the ``Runtime`` of
+whoever owns the call's ``CommStats`` (``runtime.py``), so ``DEFAULT_CONFIG``
+is no process-wide state.
 """
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from typing import Literal, get_args
 
 CodecName = Literal["auto", "raw", "fixed3", "dense"]
@@ -83,17 +89,18 @@ class ZipCCLConfig:
     field and the ranks). It must itself be equal on every rank."""
 
     verify: bool = False
-    """Integrity mode: compressed payloads carry a checksum per 4096 elements
+    """Integrity mode: every payload carries a checksum per 4096 elements
     (``encode(verify=True)``) that the receiver checks on what it decoded; a
-    mismatch raises ``CorruptPayloadError`` naming the collective, the sending
-    rank and the chunk (any single flipped bit is caught,
-    ``benchmarks/bitflip_transit.py``). What it does not cover: bytes zipccl
-    hands to torch unencoded (messages below ``min_bytes``, the policy's raw
-    calls, ``policy="never"``, fallbacks after a failed encode, and the raw
-    splits of an all-to-all): those are torch's own collectives, which carry
-    no checksum, and adding one would make every raw call cost more than
-    torch's. The payload grows by 4 bytes per 4096 elements; the cost in time
-    and memory is measured in docs/benchmarks.md (``benchmarks/verify_cost.py``)."""
+    mismatch raises ``CorruptPayloadError`` on every rank of the call, naming
+    the collective, the sending rank and the chunk (any single flipped bit is
+    caught, ``benchmarks/bitflip_transit.py``). Raw sends are covered too: a
+    call or split that would go raw (below ``min_bytes``, the policy's raw
+    calls, ``policy="never"``) is framed by the codec "raw" and goes through
+    the same schedule. Not covered: dtypes the codec does not handle (handed
+    to torch) and the pieces after a failed encode (the framing encoder is
+    what failed). The payload grows by 4 bytes per 4096 elements; the cost in
+    time and memory is measured in docs/benchmarks.md
+    (``benchmarks/verify_cost.py``)."""
 
     policy: Literal["adaptive", "always", "never"] = "adaptive"
     """How each call chooses between raw and compressed (``policy.py``).
@@ -111,8 +118,9 @@ class ZipCCLConfig:
     across the group (the slowest rank's) and ratios come from the size
     exchanges every rank sees, so all ranks take the same decision; with
     ``link_gbps`` and ``codec_gbps`` given nothing is timed, and the decisions
-    depend only on the calls and their data. Compression must win by 10% in
-    the model, so a fast link stays raw. Numerics: under "adaptive" an
+    depend only on the calls and their data (README, "Pinning the
+    decisions"). Compression must save ``1 - cost.MARGIN`` of the raw time
+    in the model, so a fast link stays raw. Numerics: under "adaptive" an
     all-reduce sent raw is torch's own, a compressed one sums in fp32 in rank
     order; a reduce-scatter sums in fp32 in rank order either way (NCCL's own
     when it goes raw on NCCL); "always" and "never" never use torch's
@@ -142,29 +150,6 @@ class ZipCCLConfig:
     collectives; on CUDA the codec runs on a side stream). 0: the adaptive
     policy picks the count from its cost model ("always" sends one piece);
     n >= 1: n pieces. Results are bitwise the same for every count."""
-
-    _checked_groups: set = field(default_factory=set, init=False, repr=False,
-                                 compare=False, hash=False)
-    _runtime: dict = field(default_factory=dict, init=False, repr=False,
-                           compare=False, hash=False)
-    """Process-local state of the adaptive policy (``policy.policy_for``):
-    measured speeds per group, ratio estimates per call site."""
-    _raw_lanes: dict = field(default_factory=dict, init=False, repr=False,
-                             compare=False, hash=False)
-    """Process-local: the raw lanes of calls sure to go raw (``_raw_lanes.py``)."""
-
-    def __getstate__(self) -> dict:
-        """Pickle and copy the settings only: the process-local state (checked
-        groups, the policy's measurements, raw lanes) holds process groups
-        and starts afresh in the copy."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
-
-    def __setstate__(self, state: dict) -> None:
-        for name, value in state.items():
-            object.__setattr__(self, name, value)
-        for f in fields(self):
-            if not f.init:
-                object.__setattr__(self, f.name, f.default_factory())
 
     def __post_init__(self) -> None:
         if self.codec not in _CODECS:

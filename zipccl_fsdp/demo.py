@@ -35,7 +35,6 @@ from pathlib import Path
 _RECIPE = "llama3_debugmodel.toml"
 _STEP_LINE = re.compile(r"step:\s*(\d+)\s+loss:\s*([-\d.naninf]+)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 _RUNS = (("raw", True), ("zipccl", False))  # (name, --no-compress)
 
 
@@ -186,13 +185,15 @@ def _bits(values: dict) -> dict:
 
 
 def format_table(runs: dict, *, link: str, steps: int, out: Path, seconds: float) -> str:
+    from .stats import KINDS  # here: the demo's parent process need not load torch to start
+
     raw, zc = runs["raw"], runs["zipccl"]
     # Step 1 carries one-time costs (config check, first encodes): leave it out.
     warm = lambda d: {s: v for s, v in d.items() if s >= 2}  # noqa: E731
     head = (f"{'collective':<16}{'raw MB':>9}{'wire MB':>10}{'ratio':>8}{'comm ms':>10}"
             f"{'encode ms':>11}{'decode ms':>11}{'compressed':>12}")
     lines = ["", f"zipccl demo: 2 ranks, {steps} steps each, {link}", head, "-" * len(head)]
-    for kind in _KINDS:
+    for kind in KINDS:
         cols = {n: warm(zc.get(f"zipccl/{kind}/{n}", {}))
                 for n in ("raw_MB", "wire_MB", "comm_ms", "encode_ms", "decode_ms", "calls",
                           "compressed_calls")}

@@ -1,7 +1,7 @@
 """Integrity for the compressed collectives: verify mode, cross-rank agreement,
 and the fallback to raw when an encode fails.
 
-The collectives in ``collectives.py`` call in here at three points.
+The collectives (``collectives/``) call in here at four points.
 
 * **Agreement** (``check_agreement``): at the first call of a config on a
   process group every rank all-gathers a tagged int64, a hash of what it will put
@@ -25,13 +25,19 @@ The collectives in ``collectives.py`` call in here at three points.
   ``CorruptPayloadError`` with ``.collective``, ``.peer`` (the sending rank in
   the group) and ``.chunk`` (the damaged 4096-element chunk, when the checksum
   found it; None for a damaged header or table, which the message names). The
-  error is raised on the receiving rank after the call's exchanges, so the
-  group stays in step: the sender returns normally and may go on. The one
-  exception is all-reduce, whose all-gather half follows the reduce-scatter
-  half: a rank that finds a corrupt piece in the first half joins the second
-  half's size exchange with ``ABORT`` and every rank raises there. Raw sends
-  (below ``min_bytes``, the policy's raw calls, fallbacks) are torch's own
-  collectives and carry no checksum.
+  error is kept until the call's last exchange, then every rank learns of it
+  (``pipeline._Call.settle``: one int64 per rank, ``corrupt_elsewhere``) and
+  raises, so no rank goes on to a collective the others never join. An
+  all-reduce stops earlier: a rank that finds a corrupt piece in the
+  reduce-scatter half joins the all-gather half's size exchange with ``ABORT``
+  and every rank raises there. Calls that would go raw are framed by the codec
+  "raw" under verify (``collectives.VERIFIED_RAW``), so their bytes are
+  checked alike; not covered are dtypes the codec does not handle and the
+  pieces after a failed encode.
+* **Refusal** (``refuse`` / ``raise_if_refused``): a rank whose own arguments
+  fail its local checks joins the exchange its peers make first (the
+  agreement vector, or a call's first size row) with ``REFUSE_TAG`` before it
+  raises, so that they raise ``ValueError`` naming it instead of waiting.
 * **Fallback** (``guarded`` / ``fell_back``): an exception from the encoder
   (a codec bug, a failed C++ build, out of memory) must not leave the ranks in
   different collectives. The failing rank sends ``FELL_BACK`` (-1) instead of
@@ -59,9 +65,9 @@ from .errors import CorruptPayloadError, ZipCCLConfigError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FELL_BACK", "ABORT", "AGREE_TAG", "PROTOCOL_SLOTS", "protocol_fields",
-           "check_agreement", "guarded", "count_fallback", "decode_from", "raise_if_aborted",
-           "rank_names"]
+__all__ = ["FELL_BACK", "ABORT", "AGREE_TAG", "REFUSE_TAG", "REFUSALS", "PROTOCOL_SLOTS",
+           "protocol_fields", "check_agreement", "agreement_pending", "refuse", "raise_if_refused",
+           "guarded", "count_fallback", "decode_from", "raise_if_aborted", "rank_names"]
 
 FELL_BACK = -1
 """A payload size that means: this rank's encode failed, the call goes raw on every rank."""
@@ -71,6 +77,20 @@ ABORT = -2
 
 AGREE_TAG = 0x5A43_4147_5231
 """First entry of the agreement vector ("ZCAGR1"); size rows start with ``pipeline.ROW_TAG``."""
+
+REFUSE_TAG = 0x5A43_5246_5553
+"""First entry of a refusal ("ZCRFUS"): the rank that sends it found its own
+arguments wrong before the call's first exchange (``refuse``); the second
+entry indexes ``REFUSALS``."""
+
+REFUSALS = ("its arguments are invalid",
+            "its tensors' element counts do not fit the call",
+            "its output and input differ in dtype or device",
+            "a tensor is not contiguous or not a tensor",
+            "its reduce op is not supported",
+            "its split sizes are invalid",
+            "its dtype is one the codec does not handle")
+"""What a refusal can name, by index (the text the peers' error quotes)."""
 
 PROTOCOL_SLOTS = 32
 """Slots of the per-field agreement vector: slot 0 hashes the field names, one
@@ -149,12 +169,14 @@ def _describe(fields: dict, table: list, rank: int, group) -> list:
 
 
 def check_agreement(cfg, group, world: int, device, st, kind: str) -> None:
-    """Once per (config, group): raise ``ZipCCLConfigError`` on every rank unless
-    all ranks agree on ``protocol_fields(cfg)`` (see the module docstring)."""
+    """Once per (config, group) in the owner of ``st`` (its ``runtime``): raise
+    ``ZipCCLConfigError`` on every rank unless all ranks agree on
+    ``protocol_fields(cfg)`` (see the module docstring)."""
     if not cfg.check_consistency or world == 1:
         return
     key = group_key(group)
-    if key in cfg._checked_groups:
+    checked = st.runtime.state(cfg).checked_groups
+    if key in checked:
         return
     from .pipeline import is_size_row, row_width
 
@@ -165,19 +187,22 @@ def check_agreement(cfg, group, world: int, device, st, kind: str) -> None:
         rows = gather_ints([AGREE_TAG, hash62(repr(vec))] + [0] * (width - 2), group, world,
                            device)
     st.add(kind, wire_bytes=8 * width, size_bytes=8 * width)
+    raise_if_refused(rows, kind, group)
     tags = [row[0] for row in rows]
     if any(t != AGREE_TAG for t in tags):
         rows_ = [r for r, t in enumerate(tags) if is_size_row(t)]
         mine = [r for r, t in enumerate(tags) if t == AGREE_TAG]
         why = (f"rank {rank_names(mine, group)} checked the config's agreement "
                f"(check_consistency=True) where rank {rank_names(rows_, group)} did not: "
-               f"check_consistency must be equal on every rank") if rows_ else (
+               f"check_consistency must be equal on every rank, "
+               f"and so must the configs (one a rank has agreed before and another it has not "
+               f"also meet like this)") if rows_ else (
             "some rank sent something other than zipccl's agreement vector: the ranks are not "
             "in the same collective")
         raise ZipCCLConfigError(f"zipccl {kind}: {why}")
     prints = [row[1] for row in rows]
     if len(set(prints)) == 1:
-        cfg._checked_groups.add(key)
+        checked.add(key)
         return
     # Every rank saw the same fingerprints, so every rank joins this second exchange.
     with st.phase(kind, "sizes"):
@@ -189,6 +214,41 @@ def check_agreement(cfg, group, world: int, device, st, kind: str) -> None:
         f"zipccl {kind}: the ranks of process group {key!r} disagree on settings that decide "
         f"which collectives run and what they send (they must be equal on every rank; this is "
         f"rank {rank}):\n  " + "\n  ".join(lines))
+
+
+def agreement_pending(cfg, st, group) -> bool:
+    """Whether the next call of ``cfg`` on ``group`` in the owner of ``st``
+    starts with the agreement check."""
+    return (cfg.check_consistency
+            and group_key(group) not in st.runtime.state(cfg).checked_groups)
+
+
+# --------------------------------------------------------------------------
+# Refusal: a call whose arguments are wrong on some ranks only
+# --------------------------------------------------------------------------
+def refuse(group, world: int, device, why: int) -> None:
+    """Join the exchange the peers are about to make (the agreement vector or
+    a call's first size row: both ``pipeline.row_width(world)`` int64s) with a
+    refusal instead, so that they raise at once (``raise_if_refused``) instead
+    of waiting for this rank until the process group's timeout. The caller
+    then raises its own error. ``why`` indexes ``REFUSALS``."""
+    from .pipeline import row_width
+
+    gather_ints([REFUSE_TAG, why] + [0] * (row_width(world) - 2), group, world, device)
+
+
+def raise_if_refused(rows: list, kind: str, group) -> None:
+    """Raise ``ValueError`` on a rank that sees a refusal among ``rows`` (an
+    agreement vector's or a size row's exchange), naming the refusing ranks."""
+    refused = [r for r, row in enumerate(rows) if row[0] == REFUSE_TAG]
+    if not refused:
+        return
+    whys = sorted({rows[r][1] for r in refused})
+    what = "; ".join(REFUSALS[w] if 0 <= w < len(REFUSALS) else REFUSALS[0] for w in whys)
+    who = "rank" if len(refused) == 1 else "ranks"
+    raise ValueError(f"zipccl {kind}: {who} {rank_names(refused, group)} refused this call "
+                     f"before sending anything ({what}; the error raised there says more): "
+                     f"the ranks must pass matching arguments")
 
 
 # --------------------------------------------------------------------------
@@ -233,6 +293,20 @@ def decode_from(piece: torch.Tensor, out: torch.Tensor, cfg, kind: str, peer: in
         raise _corrupt(kind, peer, group, e,
                        f"zipccl {kind}: the payload received from rank "
                        f"{rank_names([peer], group)} is corrupt ({where}): {e}") from e
+
+
+def corrupt_elsewhere(found: list, kind: str, group) -> CorruptPayloadError | None:
+    """The error of a rank whose own payloads were intact when ``found`` (per
+    rank: the peer whose payload it found corrupt, or -1) shows another rank
+    that received a corrupt one; None when none did (``pipeline._Call.settle``)."""
+    bad = [r for r, peer in enumerate(found) if peer >= 0]
+    if not bad:
+        return None
+    r = bad[0]
+    return _corrupt(kind, r, group, None,
+                    f"zipccl {kind}: rank {rank_names([r], group)} received a corrupt payload "
+                    f"from rank {rank_names([found[r]], group)} in this call; it raises "
+                    f"CorruptPayloadError, and so does every rank")
 
 
 def raise_if_aborted(sizes: list, kind: str, group) -> None:

@@ -1,6 +1,6 @@
 """The schedule every collective runs: encode piece i+1, move piece i, decode piece i-1.
 
-Each collective of ``collectives.py`` describes its call (``Desc``: what it
+Each collective of ``collectives/`` describes its call (``Desc``: what it
 sends each rank and expects from each) and hands this module a ``Plan``
 (``policy.py``): raw, or compressed with a codec in ``plan.pieces`` pieces.
 A one-piece compressed call is the ``pieces == 1`` case of the same schedule,
@@ -37,8 +37,11 @@ Integrity (``integrity.py``): a rank whose encode fails sends ``FELL_BACK`` in
 its row; every rank then sends that piece and all later ones raw (the
 remaining rows are skipped: raw sizes are known). A corrupt payload is kept
 as the error of the call and raised after the last exchange, so every rank
-stays in step; an all-reduce whose reduce-scatter half found one sends
-``ABORT`` in the first row of its all-gather half, and every rank raises.
+stays in step; under ``verify`` a last exchange of one int64 per rank
+(``_Call.settle``) makes every rank raise, and an all-reduce whose
+reduce-scatter half found one sends ``ABORT`` in the first row of its
+all-gather half instead. A rank that refused the call locally sends
+``integrity.REFUSE_TAG`` in place of its first row, and every rank raises.
 """
 from __future__ import annotations
 
@@ -218,6 +221,7 @@ class _Call:
         self.fell = False
         self.coded = False
         self.error: Exception | None = None
+        self.error_peer = -1        # the rank whose payload was corrupt
         self.coded_raw = 0          # global raw bytes of coded pieces
         self.coded_payload = 0      # and their payload bytes
         self._bound: dict = {}
@@ -284,12 +288,13 @@ class _Call:
         self.st.add(self.kind, wire_bytes=sum(send_sizes))
         return work, (i, recv, recv_sizes, coded, (send, payloads))
 
-    def encode(self, x: torch.Tensor):
-        """Payload of ``x``, or None when the encoder failed (the rank sends FELL_BACK)."""
-        cfg, plan = self.cfg, self.plan
+    def encode(self, x: torch.Tensor, codec: str | None = None):
+        """Payload of ``x`` (with ``codec``, by default the plan's), or None when
+        the encoder failed (the rank sends FELL_BACK)."""
+        cfg, codec = self.cfg, codec or self.plan.codec
         with self.st.phase(self.kind, "encode"), self.streams.codec():
             return _integrity.guarded(self.st, self.kind, lambda: _codec.encode(
-                x, codec=plan.codec, backend=cfg.backend, verify=cfg.verify))
+                x, codec=codec, backend=cfg.backend, verify=cfg.verify))
 
     def launch_row(self, sizes: list, tail: list):
         d = self.desc
@@ -323,6 +328,7 @@ class _Call:
         """Raise the same error on every rank when the rows show that the ranks
         are not in the same call, or announce more bytes than a slot can hold."""
         kind, group, w = self.kind, self.group, self.world
+        _integrity.raise_if_refused(rows, kind, group)
         tags = [row[0] for row in rows]
         if not all(is_size_row(t) for t in tags):
             agree = [r for r, t in enumerate(tags) if t == _integrity.AGREE_TAG]
@@ -330,7 +336,9 @@ class _Call:
             rest = [r for r in range(w) if r not in agree]
             why = (f"{_who(agree, group)} checked the config's agreement "
                    f"(check_consistency=True) where {_who(rest, group)} "
-                   f"did not: check_consistency must be equal on every rank") if agree else (
+                   f"did not: check_consistency must be equal on every rank, and so must "
+                   f"the configs (one a rank has agreed before and another it has not also "
+                   f"meet like this)") if agree else (
                 f"{_who(other, group)} sent something other than zipccl's size row: the ranks "
                 f"are not in the same collective")
             raise ZipCCLConfigError(f"zipccl {kind}: {why}")
@@ -376,7 +384,21 @@ class _Call:
         try:
             _integrity.decode_from(piece, out, self.cfg, self.kind, peer, self.group)
         except (CorruptPayloadError, ValueError) as e:
-            self.error = e
+            self.error, self.error_peer = e, peer
+
+    def settle(self) -> None:
+        """Under ``verify``, after the last exchange: every rank learns whether
+        some rank received a corrupt payload (one int64 per rank), so that the
+        call raises on every rank, not only on the one that received it (its
+        peers would otherwise go on to a next collective it never joins)."""
+        if not self.cfg.verify or self.world == 1:
+            return
+        with self.st.phase(self.kind, "sizes"):
+            found = [row[0] for row in gather_ints([self.error_peer], self.group, self.world,
+                                                   self.device)]
+        self.st.add(self.kind, wire_bytes=8, size_bytes=8)
+        if self.error is None:
+            self.error = _integrity.corrupt_elsewhere(found, self.kind, self.group)
 
     def finish(self, policy, site: tuple) -> Outcome:
         self.streams.done()
@@ -452,6 +474,7 @@ def gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, plan, cf
                     out.view(torch.uint8).copy_(got)
 
     call.run(raw, encode, exchange, drain)
+    call.settle()
     if not same_memory(own, slots[rank]):
         slots[rank].copy_(own)
     return call.finish(policy, site)
@@ -461,12 +484,14 @@ def gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, plan, cf
 # Reduce-scatter
 # --------------------------------------------------------------------------
 def scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.Tensor, op,
-                   group, rank: int, plan, cfg, st, policy=None, site: tuple = ()) -> Outcome:
+                   group, rank: int, plan, cfg, st, policy=None, site: tuple = (),
+                   settle: bool = True) -> Outcome:
     """Reduce chunk ``rank`` of every rank's ``flat_in`` (chunks of ``counts``
     elements, rank order) into ``out``: fp32 sum in rank order, then scale and
     cast, in ``plan.pieces`` pieces; raw (an all-to-all, then the same sum)
     when ``plan`` is. A decode error is returned in the outcome, not raised,
-    so that an all-reduce can stop its second half on every rank."""
+    so that an all-reduce can stop its second half on every rank (which it
+    does instead of ``settle``: its second half's first row carries ABORT)."""
     world = len(counts)
     device = flat_in.device
     itemsize = flat_in.element_size()
@@ -531,6 +556,8 @@ def scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.Te
 
     if world > 1:
         call.run(raw, encode, exchange, drain)
+        if settle:
+            call.settle()
     else:
         total.add(mine, 0)
     with st.phase(kind, "reduce"), call.streams.codec():
@@ -541,11 +568,13 @@ def scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.Te
 # --------------------------------------------------------------------------
 # All-to-all
 # --------------------------------------------------------------------------
-def all_to_all(kind: str, in_parts: list, out_parts: list, send_coded: list, recv_coded: list,
-               group, rank: int, plan, cfg, st, policy=None, site: tuple = ()) -> Outcome:
+def all_to_all(kind: str, in_parts: list, out_parts: list, send_codecs: list,
+               recv_coded: list, group, rank: int, plan, cfg, st, policy=None,
+               site: tuple = ()) -> Outcome:
     """Send ``in_parts[r]`` to rank r and receive ``out_parts[r]`` from it (flat
-    views), encoding the splits marked coded, in ``plan.pieces`` pieces. A
-    received split that is corrupt is the outcome's error."""
+    views), in ``plan.pieces`` pieces, encoding split r with ``send_codecs[r]``
+    (None: raw bytes) and decoding the received splits marked in
+    ``recv_coded``. A received split that is corrupt is the outcome's error."""
     world = len(in_parts)
     device = in_parts[rank].device
     dtype = in_parts[rank].dtype
@@ -568,11 +597,11 @@ def all_to_all(kind: str, in_parts: list, out_parts: list, send_coded: list, rec
             x = part(r, i)
             if r == rank:
                 payloads.append(call.empty)
-            elif send_coded[r] and not failed:
-                p = call.encode(x)
+            elif send_codecs[r] is not None and not failed:
+                p = call.encode(x, send_codecs[r])
                 failed = p is None
                 payloads.append(p)
-                if p is not None:
+                if p is not None and send_codecs[r] == plan.codec:  # the ratio the policy learns
                     raw_bytes += x.nbytes
                     coded_bytes += p.numel()
             else:
@@ -603,10 +632,12 @@ def all_to_all(kind: str, in_parts: list, out_parts: list, send_coded: list, rec
                 elif got.numel() == out.nbytes:
                     out.view(torch.uint8).copy_(got)
                 elif call.error is None:  # a raw split whose size the row check allowed
+                    call.error_peer = r
                     call.error = CorruptPayloadError(
                         f"zipccl {kind}: {_who([r], group)} sent {got.numel()} bytes for a raw "
                         f"split of {out.numel()} elements")
 
     call.run(raw, encode, exchange, drain)
+    call.settle()
     out_parts[rank].copy_(in_parts[rank])
     return call.finish(policy, site)

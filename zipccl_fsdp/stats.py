@@ -25,10 +25,12 @@ import torch.autograd.profiler as _autograd_profiler
 from torch._C._autograd import _profiler_enabled
 from torch.profiler import record_function
 
+from .runtime import Runtime
+
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 """The collectives zipccl implements: the one definition every module reads."""
 CALIBRATION = "calibration"
-"""The key of the adaptive policy's own measurements (``policy.py``): their
+"""The key of the adaptive policy's own measurements (``calibration.py``): their
 collectives are counted here, never in a collective's kind, so that a kind's
 ``wire_bytes`` / ``raw_bytes`` is what that collective's calls cost."""
 COUNTS = ("calls", "compressed_calls", "raw_bytes", "wire_bytes", "size_bytes", "pad_bytes",
@@ -74,10 +76,15 @@ class CommStats:
     the one-time calibrations included; the calibrations' collectives are
     counted under their own key, ``"calibration"`` (``calls``: measurements,
     ``wire_bytes``, ``size_bytes``), never in a collective's kind.
+
+    ``runtime`` is the state its owner's calls learn (``runtime.py``): the
+    collectives find it here, so whoever owns the counters owns the state.
+    ``reset`` zeroes the counters only.
     """
 
     def __init__(self) -> None:
         self._data: dict[str, dict[str, float]] = {}
+        self.runtime = Runtime()
         self.reset()
 
     def reset(self) -> None:
@@ -141,3 +148,8 @@ class _Phase:
         fields = self.fields
         for name in _PHASE_FIELDS[self.phase]:
             fields[name] += elapsed
+
+
+MODULE_STATS = CommStats()
+"""The counters, and the runtime state, of the free functions called without
+``stats=`` (``collectives.stats()``)."""

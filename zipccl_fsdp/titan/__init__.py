@@ -17,7 +17,8 @@ Config functions (``--config``):
 ``llama3_debugmodel``
     torchtitan's own ``llama3_debugmodel`` (dim 256, 6 layers, about 6.2 M
     parameters). On CPUs its step is cut from 8 x 2048 tokens to 2 x 256 to
-    keep it under a second.
+    keep CPU runs short (step times: docs/benchmarks.md, section "Policy
+    split: figures moved out of docstrings").
 ``llama3_tiny_baseline``, ``llama3_debugmodel_baseline``
     the same without zipccl: FSDP2's default comms, for side-by-side runs.
 ``llama3_8b``
@@ -67,14 +68,15 @@ from .cpu_shim import cpu_trainer_config as _cpu_trainer_config
 from .metrics import ZipcclMetricsProcessor as _ZipcclMetricsProcessor
 from .profiling import ZipcclProfiler as _ZipcclProfiler
 
-# Step shapes on CPUs, measured with 2 ranks on 2 cores: tiny at batch 8 takes
-# about 0.4 s a step; the debugmodel takes about 2.8 s at batch 8 and about
-# 0.8 s at batch 2.
+# Step shapes on CPUs: small enough for a CPU run of a few steps (step times:
+# docs/benchmarks.md, section "Policy split: figures moved out of docstrings").
 _CPU_SEQ_LEN = 256
 _TINY_LOCAL_BATCH = 8
 _DEBUGMODEL_CPU_LOCAL_BATCH = 2
 _TINY_LR = 3e-3
-"""Loss 8.07 -> 5.07 in 20 steps (8e-4, the debugmodel's: 8.07 -> 7.46)."""
+"""Higher than the debugmodel's 8e-4, so that the loss falls visibly within
+the tiny runs' 20 steps (the losses: docs/benchmarks.md, section "Policy
+split: figures moved out of docstrings")."""
 
 
 def llama3_tiny() -> Trainer.Config:

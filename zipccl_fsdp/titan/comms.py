@@ -8,9 +8,7 @@ With ``compress=True`` every model part gets
 ``zipccl_fsdp.register_comm_hook(model_part, hook)`` (one hook, shared by all
 parts), and the hook's ``stats()`` go to TensorBoard as
 ``zipccl/<kind>/<name>`` (kind: all_gather, reduce_scatter, ...; per logged
-step, see :class:`~zipccl_fsdp.tensorboard_stats.StepDeltas`). If this build of
-zipccl_fsdp does not export ``register_comm_hook``, a warning is logged and
-the run keeps FSDP2's default comms.
+step, see :class:`~zipccl_fsdp.tensorboard_stats.StepDeltas`).
 
 Run settings from ``zipccl titan``: the launcher puts a recipe's ``[zipccl]``
 table and its own options (``--no-compress``, ``--capture N``) into the
@@ -81,8 +79,6 @@ logger = logging.getLogger(__name__)
 SETTINGS_ENV = "ZIPCCL_TITAN_SETTINGS"
 """Environment variable holding :class:`RunSettings` as JSON."""
 
-COMM_KINDS = KINDS
-
 
 @dataclass(frozen=True)
 class RunSettings:
@@ -130,7 +126,7 @@ def install_fsdp_comms(
     *,
     compress: bool,
 ) -> bool:
-    """Register zipccl's comm hook on each model part when asked and available.
+    """Register zipccl's comm hook on each model part when asked.
 
     A ``post_optimizer_build_fn`` (bind ``compress`` with ``functools.partial``).
     ``RunSettings`` from the environment refine ``compress`` and the hook's
@@ -167,20 +163,12 @@ def _install_zipccl(
     """
     import zipccl_fsdp
 
-    register = getattr(zipccl_fsdp, "register_comm_hook", None)
-    if register is None:
-        logger.warning(
-            "zipccl_fsdp has no register_comm_hook in this build: training "
-            "with FSDP2's default (uncompressed) comms"
-        )
-        return False, False
     # register_comm_hook(model, hook=None) installs the default hook
     # (zipccl_fsdp.zipccl_hook) and returns it; the later parts share it.
     hook, config = None, None
     if settings is not None:
         config = settings.zipccl_config()
-        hook_cls = getattr(zipccl_fsdp, "ZipCCLHook", None) or type(zipccl_fsdp.zipccl_hook)
-        hook = hook_cls(config)
+        hook = zipccl_fsdp.ZipCCLHook(config)
     stats_fns = []
     # The FSDP2 hook carries all-gathers, reduce-scatters and (HSDP) the
     # replicate all-reduce.
@@ -193,23 +181,16 @@ def _install_zipccl(
         if recorder is not None:
             _record_fsdp_comms(hook, recorder)
         for part in model_parts:
-            hook = register(part, hook)
-        if callable(getattr(hook, "stats", None)):
-            stats_fns.append(hook.stats)
+            hook = zipccl_fsdp.register_comm_hook(part, hook)
+        stats_fns.append(hook.stats)
     if settings is not None and settings.dtensor:
-        enable = getattr(zipccl_fsdp, "enable_dtensor_compression", None)
-        if enable is None:
-            logger.warning(
-                "zipccl_fsdp has no enable_dtensor_compression in this build: "
-                "DTensor / functional collectives stay uncompressed"
-            )
-        else:
-            # Process-wide (zipccl's kernels for the functional collectives);
-            # the trainer never disables it.
-            stats_fns.append(_enable_dtensor(enable, config, recorder).stats)
+        # Process-wide (zipccl's kernels for the functional collectives); the
+        # trainer never disables it.
+        stats_fns.append(_enable_dtensor(zipccl_fsdp.enable_dtensor_compression, config,
+                                         recorder).stats)
     if stats_fns and (settings is None or settings.telemetry):
         stats = functools.partial(_summed_stats, stats_fns)
-        sources = [(kind, StepDeltas(stats, kind)) for kind in COMM_KINDS]
+        sources = [(kind, StepDeltas(stats, kind)) for kind in KINDS]
         for part in model_parts:
             for kind, source in sources:
                 attach_scalar_source(part, kind, source)
@@ -221,7 +202,7 @@ def _summed_stats(stats_fns: Sequence[Callable[[], Mapping]]) -> dict[str, dict[
     out: dict[str, dict[str, float]] = {}
     for fn in stats_fns:
         for kind, fields in fn().items():
-            if kind not in COMM_KINDS:  # e.g. the DTensor compression's "passthrough"
+            if kind not in KINDS:  # e.g. the DTensor compression's "passthrough"
                 continue
             into = out.setdefault(kind, {})
             for name, value in fields.items():

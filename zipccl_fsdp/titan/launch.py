@@ -163,16 +163,17 @@ def run_settings(recipe: Recipe, *, compress: bool = True, capture: int = 0,
     """The ``RunSettings`` the ranks get: the [zipccl] table plus the options."""
     from zipccl_fsdp.config import ZipCCLConfig
 
-    from .comms import COMM_KINDS, RunSettings
+    from ..stats import KINDS
+    from .comms import RunSettings
 
     table = dict(recipe.zipccl)
     config: dict[str, Any] = {k: table[k] for k in _CONFIG_KEYS if k in table}
     if "collectives" in table:
-        unknown = [k for k in table["collectives"] if k not in COMM_KINDS]
+        unknown = [k for k in table["collectives"] if k not in KINDS]
         if unknown:
             raise RecipeError(f"{recipe.path}: [zipccl] collectives: unknown kind "
-                              f"{unknown[0]!r}; kinds: {', '.join(COMM_KINDS)}")
-        for kind in COMM_KINDS:
+                              f"{unknown[0]!r}; kinds: {', '.join(KINDS)}")
+        for kind in KINDS:
             config[f"compress_{kind}"] = kind in table["collectives"]
     try:
         ZipCCLConfig(**config)

@@ -1,0 +1,300 @@
+"""The adaptive policy's measurements: link and codec speeds, and the in-situ A/B.
+
+``Calibration`` measures what a config does not give and reports what it
+measured (``report()``); ``policy.py`` decides with its figures through the
+cost model (``cost.py``). Its collectives are counted under
+``stats()["calibration"]``, never under the kind of the call that triggered
+it, so a kind's ``wire_bytes`` / ``raw_bytes`` is what that kind's calls cost.
+
+Where the figures come from, and why every rank holds the same:
+
+* link latency ``L`` and bandwidth ``B``: ``link_gbps`` / ``link_latency_us``
+  from the config, else measured at the first adaptive call on the process
+  group (a few tiny all-gathers and a few of ``LINK_PROBE_BYTES`` per rank);
+  every rank's minimum times are all-reduced with MAX, so all ranks hold the
+  same, slowest-rank, figures.
+* codec speeds ``E``, ``D`` and cost per call ``c``: ``codec_gbps`` from the
+  config, else measured per (dtype, device type, codec) on
+  ``CODEC_PROBE_BYTES`` of seeded Gaussian data and on
+  ``CODEC_SMALL_ELEMS`` elements (for ``c``), once per process, then agreed
+  per group the same way (MAX of the times).
+* when the link is measured too, one in-situ A/B follows (``_in_situ``): a
+  raw and a pipelined compressed all-gather of about ``PROBE_SECONDS``; the
+  raw one refines ``B``, the compressed one says how much slower the codec
+  runs inside a collective than alone, and ``E``, ``D``, ``c`` are corrected
+  by that factor (``cost.fit_slowdown``). On a loopback, where moving bytes is
+  itself CPU work competing with the codec, that factor is what keeps the
+  policy raw (docs/benchmarks.md, section "Unthrottled loopback: the policy
+  stays raw").
+
+With both ``link_gbps`` and ``codec_gbps`` given nothing is timed and nothing
+is sent: the figures are pure functions of the config.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from . import codec as _codec
+from . import cost
+from ._wire import all_gather_single as _all_gather
+from ._wire import group_key
+from .stats import CALIBRATION, CommStats
+
+__all__ = ["Calibration", "codecs", "measure_link_local", "measure_codec_local",
+           "measure_ab_local"]
+
+DEFAULT_LATENCY_US = 100.0
+"""Latency assumed when ``link_gbps`` is given without ``link_latency_us``."""
+
+CONFIG_CODEC_OVERHEAD_S = 50e-6
+"""Fixed cost per codec call assumed when ``codec_gbps`` is given."""
+
+PROBE_SECONDS = 0.04
+"""Raw duration the in-situ A/B aims for (``Calibration._in_situ``)."""
+
+AB_ROUNDS = 8
+"""Timed rounds of the in-situ A/B (best of): fewer let a noisy link spread
+the fitted codec slowdown widely enough to flip decisions between
+calibrations (docs/benchmarks.md, section "Why close calls flip: the in-situ
+factor is ill-conditioned"). Each round
+costs a raw and a compressed all-gather of about PROBE_SECONDS, once per
+(group, dtype)."""
+
+PROBE_K_RANGE = (1.0, 64.0)
+"""Bounds of the in-situ codec slowdown factor: a codec does not run faster
+inside a collective than alone; a smaller fitted factor means the short
+probe's transfer beat the model (a shaper's burst), not the codec."""
+
+LINK_PROBE_BYTES = 2 << 20
+CODEC_PROBE_BYTES = 1 << 20
+CODEC_SMALL_ELEMS = 1024
+
+
+def codecs(cfg) -> tuple:
+    """The codecs the adaptive policy chooses among: the config's, or with
+    ``codec="auto"`` every coding codec of the build (``codec.CODECS`` but raw)."""
+    if cfg.codec != "auto":
+        return (cfg.codec,)
+    return tuple(c for c in _codec.CODECS if c != "raw")
+
+
+# --------------------------------------------------------------------------
+# Local measurements (this rank's times; agreed by ``Calibration``)
+# --------------------------------------------------------------------------
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _agree_max(values: list, group, device) -> list:
+    """Every rank's ``values``, element-wise maximum over the group (the same on every rank)."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t.tolist()
+
+
+def measure_link_local(group, world: int, device: torch.device) -> list:
+    """[tiny all-gather seconds, LINK_PROBE_BYTES all-gather seconds]: this rank's
+    minimum over a few repetitions (the first of each is a warm-up)."""
+    out = []
+    for nbytes, reps in ((8, 5), (LINK_PROBE_BYTES, 3)):
+        send = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+        recv = torch.empty(world * nbytes, dtype=torch.uint8, device=device)
+        best = float("inf")
+        for i in range(reps + 1):
+            _sync(device)
+            t0 = time.perf_counter()
+            _all_gather(recv, send, group=group)
+            _sync(device)
+            if i:
+                best = min(best, time.perf_counter() - t0)
+        out.append(best)
+    return out
+
+
+def measure_codec_local(dtype: torch.dtype, device: torch.device, codec: str, backend: str,
+                        verify: bool) -> list:
+    """[encode s, decode s of CODEC_PROBE_BYTES, encode + decode s of
+    CODEC_SMALL_ELEMS elements]: minimum of two runs each, after a warm-up."""
+    numel = CODEC_PROBE_BYTES // dtype.itemsize
+    g = torch.Generator().manual_seed(0)
+    big = torch.randn(numel, generator=g).to(dtype=dtype, device=device)
+    small = big[:CODEC_SMALL_ELEMS].clone()
+    times = []
+    for x in (big, small):
+        out = torch.empty_like(x)
+        enc = dec = float("inf")
+        for i in range(3):
+            _sync(device)
+            t0 = time.perf_counter()
+            payload = _codec.encode(x, codec=codec, backend=backend, verify=verify)
+            _sync(device)
+            t1 = time.perf_counter()
+            _codec.decode(payload, out=out, backend=backend)
+            _sync(device)
+            t2 = time.perf_counter()
+            if i:
+                enc, dec = min(enc, t1 - t0), min(dec, t2 - t1)
+        times += [enc, dec]
+    return [times[0], times[1], times[2] + times[3]]
+
+
+def measure_ab_local(group, world: int, rank: int, x: torch.Tensor, plan: cost.Plan,
+                     cfg) -> list:
+    """[raw all-gather s, pipelined compressed all-gather s, bytes sent] of ``x``
+    on this rank: the minimum of ``AB_ROUNDS`` runs each, after a warm-up,
+    alternating which goes first."""
+    from . import pipeline as _pipeline
+
+    device, numel = x.device, x.numel()
+    out = torch.empty(world * numel, dtype=x.dtype, device=device)
+    slots = [out[r * numel:(r + 1) * numel] for r in range(world)]
+    tick = torch.zeros(1, dtype=torch.int64, device=device)
+    ticks = torch.empty(world, dtype=torch.int64, device=device)
+    scratch = CommStats()
+    best = {"raw": float("inf"), "zip": float("inf")}
+    for i in range(AB_ROUNDS + 1):
+        for name in (("raw", "zip") if i % 2 else ("zip", "raw")):
+            _all_gather(ticks, tick, group=group)  # start together
+            _sync(device)
+            t0 = time.perf_counter()
+            if name == "raw":
+                _all_gather(out, x, group=group)
+            else:
+                _pipeline.gather("all_gather", x, slots, group, rank, plan, cfg, scratch)
+            _sync(device)
+            if i:
+                best[name] = min(best[name], time.perf_counter() - t0)
+    sent = (AB_ROUNDS + 1) * (x.nbytes + 2 * 8) + scratch.snapshot()["all_gather"]["wire_bytes"]
+    return [best["raw"], best["zip"], sent]
+
+
+# --------------------------------------------------------------------------
+# The calibration of one config
+# --------------------------------------------------------------------------
+class Calibration:
+    """The link and codec speeds of one config, per process group: given by the
+    config, or measured at first use and agreed across the group (see the
+    module docstring). Owned by the config's ``policy.Policy``."""
+
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+        self.codecs = codecs(cfg)
+        self.links: dict = {}
+        """group key -> ``LinkSpeed``."""
+        self.speeds_of: dict = {}
+        """(group key, dtype, device type) -> {codec: ``CodecSpeed``}."""
+        self.probes: dict = {}
+        """(group key, dtype, device type) -> what the in-situ A/B measured."""
+        self._local_codec: dict = {}   # (dtype, device type, codec) -> this rank's times
+
+    def given(self) -> bool:
+        """Whether the config gives every speed (nothing is ever timed)."""
+        return self.cfg.link_gbps is not None and self.cfg.codec_gbps is not None
+
+    def known(self, group, dtype: torch.dtype, device) -> bool:
+        """Whether the speeds for ``dtype`` on ``group`` are known without timing anything."""
+        return self.given() or (group_key(group), dtype, device.type) in self.speeds_of
+
+    def report(self) -> dict:
+        """What was measured or taken from the config: ``{"links": {group key:
+        LinkSpeed}, "speeds": {(group key, dtype, device type): {codec:
+        CodecSpeed}}, "probes": {(group key, dtype, device type): {...}}}``."""
+        return {"links": dict(self.links), "speeds": dict(self.speeds_of),
+                "probes": dict(self.probes)}
+
+    def link(self, group, world: int, device: torch.device, st=None) -> cost.LinkSpeed:
+        """The link of ``group``, measured at its first use unless given."""
+        key = group_key(group)
+        if key not in self.links:
+            cfg = self.cfg
+            if cfg.link_gbps is not None:
+                lat_us = (cfg.link_latency_us if cfg.link_latency_us is not None
+                          else DEFAULT_LATENCY_US)
+                self.links[key] = cost.LinkSpeed(lat_us * 1e-6, cfg.link_gbps * 1e9 / 8)
+            else:
+                tiny, big = _agree_max(measure_link_local(group, world, device), group, device)
+                if st is not None:
+                    sent = 6 * 8 + 4 * LINK_PROBE_BYTES + 8 * 2  # warm-ups included
+                    st.add(CALIBRATION, calls=1, wire_bytes=sent, size_bytes=sent)
+                lat = tiny if cfg.link_latency_us is None else cfg.link_latency_us * 1e-6
+                bw = (world - 1) * LINK_PROBE_BYTES / max(big - tiny, 1e-9)
+                self.links[key] = cost.LinkSpeed(lat, bw)
+        return self.links[key]
+
+    def speeds(self, group, world: int, dtype: torch.dtype, device: torch.device,
+               st=None) -> dict:
+        """{codec: ``CodecSpeed``} for ``dtype`` on ``group``, measured at first
+        use unless given; the link must be known (``link``)."""
+        key = (group_key(group), dtype, device.type)
+        if key not in self.speeds_of:
+            cfg = self.cfg
+            if cfg.codec_gbps is not None:
+                bps = cfg.codec_gbps * 1e9
+                self.speeds_of[key] = {c: cost.CodecSpeed(bps, bps, CONFIG_CODEC_OVERHEAD_S)
+                                       for c in self.codecs}
+            else:
+                local = []
+                for c in self.codecs:
+                    lk = (dtype, device.type, c)
+                    if lk not in self._local_codec:
+                        self._local_codec[lk] = measure_codec_local(dtype, device, c,
+                                                                    cfg.backend, cfg.verify)
+                    local += self._local_codec[lk]
+                agreed = _agree_max(local, group, device)
+                if st is not None:
+                    st.add(CALIBRATION, calls=1, wire_bytes=8 * len(local),
+                           size_bytes=8 * len(local))
+                speeds = {}
+                for i, c in enumerate(self.codecs):
+                    enc, dec, small = agreed[3 * i:3 * i + 3]
+                    call = small / 2
+                    speeds[c] = cost.CodecSpeed(CODEC_PROBE_BYTES / max(enc - call, 1e-9),
+                                                CODEC_PROBE_BYTES / max(dec - call, 1e-9), call)
+                if cfg.link_gbps is None:
+                    speeds = self._in_situ(group, world, dtype, device, speeds, st)
+                self.speeds_of[key] = speeds
+        return self.speeds_of[key]
+
+    def _in_situ(self, group, world: int, dtype: torch.dtype, device: torch.device,
+                 speeds: dict, st) -> dict:
+        """Correct measured speeds with one A/B on the real link: a raw and a
+        pipelined compressed all-gather of Gaussian data, sized to take about
+        ``PROBE_SECONDS`` raw (1 to 8 MiB per rank), best of ``AB_ROUNDS`` after a
+        warm-up, the slowest rank's times. The raw time refines the link's
+        bandwidth; the compressed one gives the factor ``k`` by which the
+        codec runs slower inside a collective than alone (CPU cores shared
+        with the other ranks and with the transfer itself, as on a loopback
+        where moving bytes is CPU work); speeds are divided by ``k``."""
+        key = group_key(group)
+        link = self.links[key]
+        rank = dist.get_rank(group)
+        itemsize = dtype.itemsize
+        per_rank = link.bytes_per_s * PROBE_SECONDS / (world - 1)
+        numel = int(min(max(per_rank, 1 << 20), 8 << 20)) // itemsize
+        g = torch.Generator().manual_seed(17 + rank)
+        x = torch.randn(numel, generator=g).to(dtype=dtype, device=device)
+        parts = cost.traffic("all_gather", world, numel * itemsize)
+        local_f = [_codec.encode(x[:1 << 16], codec=c, backend=self.cfg.backend).numel()
+                   / (min(numel, 1 << 16) * itemsize) for c in speeds]
+        fractions = dict(zip(speeds, _agree_max(local_f, group, device)))
+        codec, pieces, _ = min(((c, n, cost.predict(parts, link, speeds[c], fractions[c], n))
+                                for c in speeds for n in cost.piece_counts(numel * itemsize)),
+                               key=lambda t: t[2])
+        plan = cost.Plan(True, codec, pieces, "probe")
+        t_raw, t_zip, sent = measure_ab_local(group, world, rank, x, plan, self.cfg)
+        t_raw, t_zip = _agree_max([t_raw, t_zip], group, device)
+        if st is not None:
+            sent += 8 * (len(speeds) + 2)
+            st.add(CALIBRATION, calls=1, wire_bytes=sent, size_bytes=sent)
+        bw = (world - 1) * numel * itemsize / max(t_raw - link.latency_s, 1e-9)
+        self.links[key] = link = cost.LinkSpeed(link.latency_s, bw)
+        k = cost.fit_slowdown(parts, link, speeds[codec], fractions[codec], pieces, t_zip,
+                              PROBE_K_RANGE)
+        self.probes[(key, dtype, device.type)] = dict(
+            per_rank_bytes=numel * itemsize, plan=(codec, pieces), raw_s=t_raw, zipccl_s=t_zip,
+            link_bps=bw, slowdown=k)
+        return {c: s.slowed(k) for c, s in speeds.items()}

@@ -1,0 +1,315 @@
+"""What every collective shares: its stats, argument checks, group lookup, the
+plan it asks the policy for, the refusal of a call whose arguments are wrong
+on this rank, and how a call is handed to torch or completed.
+
+The collectives (``all_gather.py`` and its siblings) look these up as
+``_call.NAME`` at each call, so a test that replaces one here sees every
+collective use it.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ReduceOp
+
+from .. import _raw_lanes
+from .. import integrity as _integrity
+from .. import pipeline as _pipeline
+from .. import policy as _policy
+from .._wire import all_gather_single as _all_gather_single
+from .._wire import reduce_scatter_single as _reduce_scatter_single
+from ..config import DEFAULT_CONFIG, ZipCCLConfig
+from ..stats import MODULE_STATS, CommStats
+
+__all__ = ["CODED_DTYPES", "stats", "reset_stats", "VERIFIED_RAW"]
+
+CODED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+_STATS = MODULE_STATS
+
+
+def stats() -> dict[str, dict[str, float]]:
+    """Counters of the free functions' calls (hooks keep their own):
+    ``{kind: {"calls", "compressed_calls", "raw_bytes", "wire_bytes", "encode_s",
+    "size_bytes", "pad_bytes", "decode_s", "comm_s", "size_exchange_s", "reduce_s"}}``.
+    See ``stats.py``."""
+    return _STATS.snapshot()
+
+
+def reset_stats() -> None:
+    """Zero the free functions' counters."""
+    _STATS.reset()
+
+
+# --------------------------------------------------------------------------
+# Argument checks (all local, all before any communication)
+# --------------------------------------------------------------------------
+def _bad(cls, why: int, text: str) -> Exception:
+    """A local argument error; ``why`` indexes ``integrity.REFUSALS``: what this
+    rank tells its peers (``_refuse``) before it raises."""
+    err = cls(text)
+    err.zipccl_refusal = why
+    return err
+
+
+class _Op:
+    """A parsed reduce op: ``kind`` in sum/avg/premul_sum and the premul factor."""
+
+    __slots__ = ("kind", "factor")
+
+    def __init__(self, kind: str, factor=None) -> None:
+        self.kind = kind
+        self.factor = factor
+
+
+def _parse_op(op, where: str) -> _Op:
+    if isinstance(op, ReduceOp.RedOpType):
+        red, wrapped = op, None
+    elif isinstance(op, ReduceOp):
+        red, wrapped = op.op, op
+    else:
+        raise _bad(TypeError, 4, f"zipccl {where}: op must be a torch.distributed.ReduceOp, "
+                   f"got {type(op).__name__}")
+    if red == ReduceOp.SUM:
+        return _Op("sum")
+    if red == ReduceOp.AVG:
+        return _Op("avg")
+    if red == ReduceOp.PREMUL_SUM:
+        if wrapped is None:
+            raise _bad(ValueError, 4, f"zipccl {where}: PREMUL_SUM needs its factor; pass "
+                       f"torch.distributed._make_nccl_premul_sum(factor)")
+        # ``.factor`` since torch 2.13; before, only the pickle state carries it.
+        factor = wrapped.factor if hasattr(wrapped, "factor") else wrapped.__getstate__()[1]
+        return _Op("premul_sum", factor)
+    raise _bad(ValueError, 4, f"zipccl {where}: op {red} is not supported; zipccl reduces "
+               f"with SUM, AVG and PREMUL_SUM")
+
+
+def _check_tensor(t, name: str, where: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise _bad(TypeError, 3, f"zipccl {where}: {name} must be a torch.Tensor, "
+                   f"got {type(t).__name__}")
+    if not t.is_contiguous():
+        raise _bad(ValueError, 3, f"zipccl {where}: {name} must be contiguous")
+
+
+def _check_pair(out: torch.Tensor, inp: torch.Tensor, where: str) -> None:
+    _check_tensor(out, "output", where)
+    _check_tensor(inp, "input", where)
+    if out.dtype != inp.dtype:
+        raise _bad(TypeError, 2, f"zipccl {where}: output is {out.dtype} but input is "
+                   f"{inp.dtype}")
+    if out.device != inp.device:
+        raise _bad(ValueError, 2, f"zipccl {where}: output is on {out.device} but input on "
+                   f"{inp.device}")
+
+
+def _coded(dtype: torch.dtype, cfg: ZipCCLConfig, where: str) -> bool:
+    """Whether the codec handles ``dtype``; raises if it doesn't and the config says so."""
+    if dtype in CODED_DTYPES:
+        return True
+    if cfg.unsupported_dtype == "raise":
+        names = ", ".join(str(d) for d in CODED_DTYPES)
+        raise _bad(TypeError, 6, f"zipccl {where}: dtype {dtype} is not supported (zipccl "
+                   f"codes {names}); use ZipCCLConfig(unsupported_dtype='raw') to hand "
+                   f"such calls to torch.distributed unchanged")
+    return False
+
+
+_LAST_GROUP: tuple = (None, None)
+"""(group, (group, world_size, rank)) of the last call: asking torch costs a
+noticeable share of a raw call's Python. Replaced whole, so a thread reads
+a consistent pair; holds one reference, so a new group, or a new default group
+after re-initialisation, is a different object."""
+
+
+def _group_info(group):
+    """(group, world_size, rank), or None when this rank is not in ``group``."""
+    if group is None:
+        group = dist.group.WORLD
+        if group is None:
+            raise RuntimeError("zipccl: the default process group is not initialized; "
+                               "call torch.distributed.init_process_group first")
+    global _LAST_GROUP
+    last = _LAST_GROUP
+    if last[0] is group:
+        return last[1]
+    if dist._rank_not_in_group(group):
+        return None
+    info = group, dist.get_world_size(group), dist.get_rank(group)
+    _LAST_GROUP = (group, info)
+    return info
+
+
+def _compresses(cfg: ZipCCLConfig, kind: str, unit_nbytes: int) -> bool:
+    return cfg.compresses(kind) and unit_nbytes > 0 and unit_nbytes >= cfg.min_bytes
+
+
+def _plan(cfg: ZipCCLConfig, kind: str, group, world: int, t: torch.Tensor, unit: int,
+          compress: bool, st: CommStats) -> _policy.Plan:
+    """The policy's plan for a call that ``min_bytes`` and the ``compress_*``
+    switches let compress (``policy.plan``); raw otherwise, and while a CUDA
+    graph is captured. Every rank gets the same plan."""
+    return _policy.plan(cfg, st, kind, group, world, t, unit, compress and not _capturing(t))
+
+
+def _decided(plan: _policy.Plan, codable: bool) -> dict:
+    """The stats of a plan: compressed, pipelined, or raw although codable."""
+    return dict(compressed_calls=int(plan.compress),
+                pipelined_calls=int(plan.compress and plan.pieces > 1),
+                raw_fallback_calls=int(codable and not plan.compress))
+
+
+VERIFIED_RAW = _policy.Plan(True, "raw", 1, reason="verify")
+"""The plan of a call that would go raw under ``verify=True``: the same
+schedule with the framing-only codec "raw" (a header and a checksum per 4096
+elements around the raw bytes), so that what it moves is checked too."""
+
+
+def _verified(cfg: ZipCCLConfig, plan: _policy.Plan) -> _policy.Plan:
+    """``plan``, or ``VERIFIED_RAW`` for a raw plan under ``verify``."""
+    return VERIFIED_RAW if cfg.verify and not plan.compress else plan
+
+
+def _observer(cfg: ZipCCLConfig, st: CommStats, plan: _policy.Plan):
+    """The policy that learns a call's ratio: none for a verified raw call."""
+    return None if plan is VERIFIED_RAW else _policy.of(cfg, st)
+
+
+def _raw_for_good(cfg: ZipCCLConfig, plan: _policy.Plan) -> bool:
+    """``policy.raw_for_good``, and not under ``verify`` (those calls are
+    framed and checked, ``VERIFIED_RAW``: no lane)."""
+    return _policy.raw_for_good(cfg, plan) and not cfg.verify
+
+
+def _open_lane(call: _Setup, kind: str, t: torch.Tensor) -> None:
+    """Open the raw lane of this call's (kind, group, dtype, device)
+    (``_raw_lanes.py``), in the runtime of the call's stats; only for a call
+    sent raw for good (``_raw_for_good``)."""
+    cfg, st = call.cfg, call.st
+    _raw_lanes.open_lane(st.runtime.state(cfg), kind, call.group, call.world, call.rank,
+                         st.fields(kind), t.dtype, t.device, _policy.lane_decisions(cfg, st))
+
+
+def _pipelined_done(st: CommStats, kind: str, *outcomes: _pipeline.Outcome,
+                    counted: bool = True) -> None:
+    """Count a scheduled call's encode fallback (``counted``: the call was
+    counted as compressed); raise its decode error."""
+    if any(o.fell_back for o in outcomes):
+        _integrity.count_fallback(st, kind, counted and not any(o.coded for o in outcomes))
+    for o in outcomes:
+        if o.error is not None:
+            raise o.error
+
+
+def _completed_work(async_op: bool, result: torch.Tensor):
+    """Mirror torch's return value: None, or a Work when ``async_op``. On CUDA
+    the future names the result's device: ``set_result`` then records an
+    event on the current stream and ``wait()`` makes the waiting stream wait
+    for it, as NCCL's Work does; a device-less future would let another
+    stream read the result before the call's kernels have written it."""
+    if not async_op:
+        return None
+    fut = torch.futures.Future(devices=[result.device] if result.is_cuda else None)
+    fut.set_result(result)
+    return torch._C._distributed_c10d._create_work_from_future(fut)
+
+
+def _ensure_consistent(cfg: ZipCCLConfig, group, world: int, t: torch.Tensor,
+                       st: CommStats, kind: str) -> None:
+    """Once per (config, group): all ranks must agree on the protocol fields
+    (``integrity.check_agreement``: raises ZipCCLConfigError naming field and
+    ranks). Not while a CUDA graph is captured (it reads the answers on the
+    host); a captured step has run uncaptured first, which checked it."""
+    if not _capturing(t):
+        _integrity.check_agreement(cfg, group, world, t.device, st, kind)
+
+
+def _capturing(t) -> bool:
+    """Whether ``t`` is a CUDA tensor whose stream is being captured into a
+    CUDA graph. A compressed call reads sizes on the host and the policy
+    times calls, both of which capture forbids, so a captured call goes raw
+    (every rank captures the same step: they agree)."""
+    return isinstance(t, torch.Tensor) and t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+class _Setup(NamedTuple):
+    """What a public collective runs with."""
+
+    cfg: ZipCCLConfig
+    st: CommStats
+    group: object
+    world: int
+    rank: int
+
+
+def _begin(group, config: ZipCCLConfig | None, stats: CommStats | None) -> _Setup | None:
+    """A public call's config and stats (the module's own when None) and its
+    group, world size and rank. None when this rank is not in ``group``: the
+    call then does nothing and returns None, as torch's does."""
+    info = _group_info(group)
+    if info is None:
+        return None
+    return _Setup(config or DEFAULT_CONFIG, stats or _STATS, *info)
+
+
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+def _refuse(call: _Setup, kind: str, t, unit: int, err: Exception, plan_of=None) -> None:
+    """Before a local argument error ``err`` is raised on this rank: tell the
+    peers, whose call may be valid, so that they raise too instead of waiting
+    for this rank (``integrity.refuse``). The refusal takes the place of the
+    exchange the peers make first: the agreement check when it is due, else
+    the first size row of a call that goes through the schedule (compressed,
+    or verified raw), which this rank predicts from its own ``t`` and
+    ``unit`` (or with ``plan_of(call, t)``, a collective's own way to plan,
+    as the all-to-all's). A call the peers hand to torch raw has no exchange of zipccl's
+    to take: there torch's rule holds, as for torch's own collectives (the
+    peers wait until the process group's timeout; README, "Errors")."""
+    why = getattr(err, "zipccl_refusal", None)
+    if why is None or call.world == 1 or not isinstance(t, torch.Tensor) or _capturing(t):
+        return
+    cfg, group, world = call.cfg, call.group, call.world
+    if _integrity.agreement_pending(cfg, call.st, group):
+        _integrity.refuse(group, world, t.device, why)
+        return
+    if t.dtype not in CODED_DTYPES:
+        return
+    if not cfg.compresses(kind) and not cfg.verify:
+        return
+    if plan_of is not None:
+        plan = plan_of(call, t) if cfg.compresses(kind) else _policy.RAW
+    else:
+        plan = _plan(cfg, kind, group, world, t, unit, _compresses(cfg, kind, unit), call.st)
+    if _verified(cfg, plan).compress:
+        _integrity.refuse(group, world, t.device, why)
+
+
+def _check_world_times(big: torch.Tensor, big_name: str, small: torch.Tensor, small_name: str,
+                       world: int, where: str) -> None:
+    """``big`` must hold world_size times the elements of ``small``."""
+    if big.numel() != world * small.numel():
+        raise _bad(ValueError, 1, f"zipccl {where}: {big_name} has {big.numel()} elements, "
+                   f"expected world_size {world} x {small_name} {small.numel()}")
+
+
+def _no_grad_if_needed(*tensors: torch.Tensor):
+    """``torch.no_grad()`` when autograd could see the call, else a no-op: the
+    lean raw paths skip the cost of entering it when nothing requires grad."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return torch.no_grad()
+    return contextlib.nullcontext()
+
+
+def _to_torch(st: CommStats, kind: str, wire_bytes: int, collective, *args, **kwargs):
+    """Hand the call to torch: run ``collective`` (a ``torch.distributed``
+    function) as the call's exchange phase, counting
+    ``wire_bytes`` sent; return its result."""
+    st.add(kind, wire_bytes=wire_bytes)
+    with st.phase(kind, "exchange"):
+        return collective(*args, **kwargs)

@@ -1,0 +1,84 @@
+"""All-gather: ``all_gather_single``, its checks and its plan.
+
+The input may be a view into the output (FSDP2 passes it so): the schedule
+reads (encodes) it before it writes any output slot.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import _raw_lanes
+from .. import pipeline as _pipeline
+from .. import policy as _policy
+from .._layout import same_memory
+from ..config import ZipCCLConfig
+from ..stats import CommStats
+from . import _call as K
+
+__all__ = ['all_gather_single']
+
+
+def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *,
+                      config: ZipCCLConfig | None = None, stats: CommStats | None = None):
+    """All-gather ``input_tensor`` of every rank into ``output_tensor``, compressed.
+
+    Like ``torch.distributed.all_gather_single``: ``output_tensor`` holds
+    world_size x ``input_tensor.numel()`` elements, rank-major; the input may be
+    a view into the output. Bitwise the same result as torch's. With
+    ``async_op=True`` a ``Work`` (complete unless the call went raw; see the
+    module docstring).
+
+    Example::
+
+        >>> out = torch.empty(world * shard.numel(), dtype=shard.dtype)
+        >>> all_gather_single(out, shard, config=ZipCCLConfig(codec="dense"))
+    """
+    done = _raw_lanes.all_gather(output_tensor, input_tensor, group, async_op, config, stats)
+    if done is not _raw_lanes.MISS:
+        return done
+    where = "all_gather_single"
+    call = K._begin(group, config, stats)
+    if call is None:
+        return None
+    cfg, st, group, world, rank = call
+    try:
+        K._check_pair(output_tensor, input_tensor, where)
+        K._check_world_times(output_tensor, "output", input_tensor, "input", world, where)
+        coded = K._coded(input_tensor.dtype, cfg, where)
+    except (TypeError, ValueError) as err:
+        K._refuse(call, "all_gather", input_tensor, K._nbytes(input_tensor), err)
+        raise
+    K._ensure_consistent(cfg, group, world, input_tensor, st, "all_gather")
+    unit = input_tensor.numel() * input_tensor.element_size()
+    compress = coded and world > 1 and K._compresses(cfg, "all_gather", unit)
+    plan = K._plan(cfg, "all_gather", group, world, input_tensor, unit, compress, st)
+    if not plan.compress and world > 1 and not (coded and cfg.verify):
+        # the lean path of every raw call
+        st.add("all_gather", calls=1, raw_bytes=unit, raw_fallback_calls=int(coded))
+        if coded and _policy.raw_for_good(cfg, plan):
+            K._open_lane(call, "all_gather", input_tensor)
+        with K._no_grad_if_needed(output_tensor, input_tensor):
+            return K._to_torch(st, "all_gather", unit, K._all_gather_single, output_tensor,
+                               input_tensor, group=group, async_op=async_op)
+    st.add("all_gather", calls=1, raw_bytes=unit if world > 1 else 0,
+           **K._decided(plan, coded and world > 1))
+    with torch.no_grad():
+        if world == 1:
+            if not same_memory(output_tensor, input_tensor):
+                output_tensor.copy_(input_tensor.reshape(output_tensor.shape))
+            return K._completed_work(async_op, output_tensor)
+        return _all_gather_coded(output_tensor, input_tensor, K._verified(cfg, plan), cfg, st,
+                                 group, world, rank, async_op)
+
+
+def _all_gather_coded(output_tensor, input_tensor, plan, cfg: ZipCCLConfig, st: CommStats,
+                      group, world: int, rank: int, async_op: bool):
+    """The rest of ``all_gather_single`` for a compressed call."""
+    n = input_tensor.numel()
+    flat_out = output_tensor.view(-1)
+    slots = [flat_out[r * n:(r + 1) * n] for r in range(world)]
+    K._pipelined_done(st, "all_gather", _pipeline.gather(
+        "all_gather", input_tensor.view(-1), slots, group, rank, plan, cfg, st,
+        K._observer(cfg, st, plan), ("all_gather", tuple(input_tensor.shape), input_tensor.dtype)),
+        counted=plan is not K.VERIFIED_RAW)
+    return K._completed_work(async_op, output_tensor)

@@ -1,0 +1,154 @@
+"""All-to-all: ``all_to_all_single``, its checks (split sizes) and its plan.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .. import _raw_lanes
+from .. import pipeline as _pipeline
+from .. import policy as _policy
+from .._layout import overlaps, split_flat
+from ..config import ZipCCLConfig
+from ..stats import CommStats
+from . import _call as K
+
+__all__ = ['all_to_all_single']
+
+
+def _row_counts(t: torch.Tensor, splits, world: int, name: str, where: str) -> list:
+    rows = t.shape[0] if t.dim() else 1
+    if splits is None:
+        if rows % world:
+            raise K._bad(ValueError, 5, f"zipccl {where}: {name} has {rows} rows, not divisible "
+                         f"by world_size {world}; pass split sizes")
+        return [rows // world] * world
+    splits = [int(s) for s in splits]
+    if len(splits) != world or any(s < 0 for s in splits) or sum(splits) != rows:
+        raise K._bad(ValueError, 5, f"zipccl {where}: {name} split sizes {splits} must be "
+                     f"{world} non-negative row counts summing to {rows}")
+    return splits
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
+                      group=None, async_op=False, *, config: ZipCCLConfig | None = None,
+                      stats: CommStats | None = None):
+    """Scatter splits of ``input`` to every rank and gather theirs into ``output``, compressed.
+
+    Like ``torch.distributed.all_to_all_single``: splits are row counts of dim
+    0 (equal splits when ``None``). Splits of at least ``config.min_bytes`` are
+    encoded. Bitwise the same result as torch's. With ``async_op=True`` a
+    ``Work`` (complete unless the call went raw; see the module docstring).
+
+    Example::
+
+        >>> all_to_all_single(recv_tokens, send_tokens, recv_counts, send_counts)
+    """
+    done = _raw_lanes.all_to_all(output, input, output_split_sizes, input_split_sizes, group,
+                                 async_op, config, stats)
+    if done is not _raw_lanes.MISS:
+        return done
+    where = "all_to_all_single"
+    call = K._begin(group, config, stats)
+    if call is None:
+        return None
+    cfg, st, group, world, rank = call
+    try:
+        K._check_pair(output, input, where)
+        coded = K._coded(input.dtype, cfg, where)
+        in_counts, out_counts = _split_counts(output, input, output_split_sizes,
+                                              input_split_sizes, world, rank, where)
+    except (TypeError, ValueError) as err:
+        K._refuse(call, "all_to_all", input, 0, err, _refusal_plan)
+        raise
+    itemsize = input.element_size()
+    raw = (sum(in_counts) - in_counts[rank]) * itemsize
+    K._ensure_consistent(cfg, group, world, input, st, "all_to_all")
+    if overlaps(input, output):
+        # Every path reads the input while it writes the output (torch's own
+        # all-to-all included), so an overlapping input is read from a copy.
+        input = input.clone()
+    if (not coded or world == 1 or K._capturing(input)
+            or not (cfg.compress_all_to_all or cfg.verify)):
+        st.add("all_to_all", calls=1, raw_bytes=raw)
+        return K._to_torch(st, "all_to_all", raw, dist.all_to_all_single, output, input,
+                           output_split_sizes, input_split_sizes, group=group, async_op=async_op)
+    send_coded = [K._compresses(cfg, "all_to_all", c * itemsize) for c in in_counts]
+    recv_coded = [K._compresses(cfg, "all_to_all", c * itemsize) for c in out_counts]
+    if not cfg.compress_all_to_all or _policy.sure_raw(cfg, st, "all_to_all", group,
+                                                       input.dtype, input.device):
+        st.add("all_to_all", calls=1, raw_bytes=raw,
+               raw_fallback_calls=int(cfg.compress_all_to_all))
+        plan = _policy.RAW
+        if not cfg.verify:
+            # Raw for sure (a fast link, or "never"): the lean path, and the
+            # lane of the next such calls.
+            K._open_lane(call, "all_to_all", input)
+            with K._no_grad_if_needed(output, input):
+                return K._to_torch(st, "all_to_all", raw, dist.all_to_all_single, output, input,
+                                   output_split_sizes, input_split_sizes, group=group,
+                                   async_op=async_op)
+    else:
+        st.add("all_to_all", calls=1, raw_bytes=raw)
+        with torch.no_grad():
+            # Decided before any slicing: a raw call should cost as little as possible.
+            with st.phase("all_to_all", "policy"):
+                plan = _policy.all_to_all_plan(cfg, st, group, world, rank, input, in_counts,
+                                               send_coded)
+        decided = K._decided(plan, True)
+        if not (any(send_coded) or any(recv_coded)):  # every split of this rank goes raw
+            decided["compressed_calls"] = decided["pipelined_calls"] = 0
+        st.add("all_to_all", **decided)
+        if not plan.compress and not cfg.verify:
+            return K._to_torch(st, "all_to_all", raw, dist.all_to_all_single, output, input,
+                               output_split_sizes, input_split_sizes, group=group,
+                               async_op=async_op)
+    sent = K._verified(cfg, plan)
+    # Under verify every split that holds bytes is framed: the raw ones with
+    # the framing-only codec (the receiver frames by the same rule).
+    framing = "raw" if cfg.verify else None
+    send_codecs = [sent.codec if c and plan.compress else (framing if n else None)
+                   for c, n in zip(send_coded, in_counts)]
+    recv_framed = [(c and plan.compress) or (cfg.verify and n > 0)
+                   for c, n in zip(recv_coded, out_counts)]
+    with torch.no_grad():
+        K._pipelined_done(st, "all_to_all", _pipeline.all_to_all(
+            "all_to_all", split_flat(input.view(-1), in_counts),
+            split_flat(output.view(-1), out_counts), send_codecs, recv_framed, group, rank, sent,
+            cfg, st, K._observer(cfg, st, sent),
+            ("all_to_all", tuple(input.shape[1:]), input.dtype)),
+            counted=sent is not K.VERIFIED_RAW)
+        return K._completed_work(async_op, output)
+
+
+def _split_counts(output, input, output_split_sizes, input_split_sizes, world: int, rank: int,
+                  where: str) -> tuple:
+    """The elements an all-to-all sends each rank and receives from each."""
+    in_rows = _row_counts(input, input_split_sizes, world, "input", where)
+    out_rows = _row_counts(output, output_split_sizes, world, "output", where)
+    row_in = input.numel() // max(input.shape[0], 1) if input.dim() else 1
+    row_out = output.numel() // max(output.shape[0], 1) if output.dim() else 1
+    if input.dim() and input.shape[0] == 0:
+        row_in = row_out
+    if output.dim() and output.shape[0] == 0:
+        row_out = row_in
+    if row_in != row_out:
+        raise K._bad(ValueError, 1, f"zipccl {where}: input rows hold {row_in} elements but "
+                     f"output rows {row_out}")
+    in_counts = [s * row_in for s in in_rows]
+    out_counts = [s * row_out for s in out_rows]
+    if in_counts[rank] != out_counts[rank]:
+        raise K._bad(ValueError, 1, f"zipccl {where}: this rank sends itself {in_rows[rank]} "
+                     f"rows but expects {out_rows[rank]}")
+    return in_counts, out_counts
+
+
+def _refusal_plan(call: K._Setup, t: torch.Tensor) -> _policy.Plan:
+    """The plan the peers of a refusing rank reach for an all-to-all: the same
+    decision steps, this rank adding no bytes to the agreed split sizes."""
+    cfg, st, world = call.cfg, call.st, call.world
+    if _policy.sure_raw(cfg, st, "all_to_all", call.group, t.dtype, t.device):
+        return _policy.RAW
+    with torch.no_grad():
+        return _policy.all_to_all_plan(cfg, st, call.group, world, call.rank, t, [0] * world,
+                                       [False] * world)

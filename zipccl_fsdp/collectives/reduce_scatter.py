@@ -1,0 +1,66 @@
+"""Reduce-scatter: ``reduce_scatter_single``, its checks and its plan.
+"""
+from __future__ import annotations
+
+import torch
+from torch.distributed import ReduceOp
+
+from .. import pipeline as _pipeline
+from ..config import ZipCCLConfig
+from ..stats import CommStats
+from . import _call as K
+
+__all__ = ['reduce_scatter_single']
+
+
+@torch.no_grad()
+def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=False, *,
+                          config: ZipCCLConfig | None = None, stats: CommStats | None = None):
+    """Reduce ``input`` over ranks and scatter it: rank r gets chunk r, compressed.
+
+    Like ``torch.distributed.reduce_scatter_single`` with ``op`` SUM, AVG or
+    PREMUL_SUM (``torch.distributed._make_nccl_premul_sum(f)``; also on gloo,
+    which lacks it). The sum runs in fp32 in rank order, then AVG divides by
+    world size and the result is cast to ``output.dtype``: deterministic, the
+    same on every backend and whether the call goes raw or compressed. With
+    ``async_op=True`` the returned ``Work`` is already
+    complete (synchronous underneath for now) unless the call went to torch.
+
+    Example::
+
+        >>> out = torch.empty(grads.numel() // world, dtype=grads.dtype)
+        >>> reduce_scatter_single(out, grads, op=ReduceOp.AVG)
+    """
+    where = "reduce_scatter_single"
+    call = K._begin(group, config, stats)
+    if call is None:
+        return None
+    cfg, st, group, world, rank = call
+    try:
+        parsed = K._parse_op(op, where)
+        K._check_pair(output, input, where)
+        K._check_world_times(input, "input", output, "output", world, where)
+        coded = K._coded(input.dtype, cfg, where)
+    except (TypeError, ValueError) as err:
+        K._refuse(call, "reduce_scatter", input, K._nbytes(output), err)
+        raise
+    K._ensure_consistent(cfg, group, world, input, st, "reduce_scatter")
+    n = output.numel()
+    unit = n * input.element_size()
+    if not coded:
+        st.add("reduce_scatter", calls=1, raw_bytes=(world - 1) * unit)
+        return K._to_torch(st, "reduce_scatter", (world - 1) * unit, K._reduce_scatter_single,
+                           output, input, op=op, group=group, async_op=async_op)
+    compress = world > 1 and K._compresses(cfg, "reduce_scatter", unit)
+    plan = K._plan(cfg, "reduce_scatter", group, world, input, unit, compress, st)
+    st.add("reduce_scatter", calls=1, raw_bytes=(world - 1) * unit,
+           **K._decided(plan, world > 1))
+    # Raw or compressed, the same schedule and the same rank-order sum: the
+    # result never depends on the decision (a raw call is an all-to-all of the
+    # chunks, then the sum; docs/benchmarks.md measures it against torch's).
+    sent = K._verified(cfg, plan) if world > 1 else plan
+    K._pipelined_done(st, "reduce_scatter", _pipeline.scatter_reduce(
+        "reduce_scatter", input.view(-1), [n] * world, output.view(-1), parsed, group, rank,
+        sent, cfg, st, K._observer(cfg, st, sent),
+        ("reduce_scatter", tuple(input.shape), input.dtype)), counted=sent is not K.VERIFIED_RAW)
+    return K._completed_work(async_op, output)
