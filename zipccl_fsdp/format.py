@@ -62,12 +62,12 @@ quarter-exponent ``phase``.
   digits, one per element still *open* at that tier; digit values below the
   all-ones value are symbols, all-ones means "continue". The DENSE_SLOTS
   symbols in rank order (``dense_symbol_table``) are: the flagged zeros (ZPOS
-  when at least 1/8 of the chunk is +0.0, then ZNEG likewise for -0.0), then
+  when at least 1/16 of the chunk is +0.0, then ZNEG likewise for -0.0), then
   ``DENSE_ORDER[phase]`` (exponent offsets from ``base``), then +0.0 when ZPOS
-  is not set, cut to DENSE_SLOTS. Without ZNEG a chunk codes exactly as in
-  version 1. An element still open after the last tier is ESC (a -0.0 without
-  ZNEG is one, with ZNEG only a +0.0 is one). Decoding a tier is one
-  vectorized step (prefix sum of the open mask), so the code is parallel.
+  is not set, cut to DENSE_SLOTS. Without ZNEG a chunk codes as in version
+  1 (but for the threshold, 1/8 there). An element still open after the last
+  tier is ESC (a -0.0 without ZNEG is one, with ZNEG only a +0.0 is one).
+  Decoding a tier is one vectorized step (prefix sum of the open mask), so the code is parallel.
 
 ESC elements ship their exponent field as one byte in ``esc``. A chunk is
 stored CODED only when its padded coded segment is smaller than its padded raw
@@ -123,7 +123,7 @@ CHUNK_FLAGS = FLAG_LOW16 | FLAG_ZPOS | FLAG_ZNEG
 # Thresholds, as integer comparisons every backend evaluates identically
 # (per zero sign: count << SHIFT >= chunk length).
 FIXED_ZERO_SLOT_SHIFT = 6  # fixed3: >= 1/64 of the chunk
-DENSE_ZERO_FIRST_SHIFT = 3  # dense: >= 1/8
+DENSE_ZERO_FIRST_SHIFT = 4  # dense: >= 1/16
 
 FIXED_BITS = 3
 FIXED_ESC = 7
