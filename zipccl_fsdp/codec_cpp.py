@@ -20,13 +20,13 @@ level), and ``backend="auto"`` falls back to the torch backend.
 With ``verify`` the checksums of ``format.py`` ("Integrity") are computed
 here too (``CHECKSUMS``): per chunk, while it is in cache, in the encode write
 pass and in the decode loop (AVX2 with the portable code as fallback and
-tail), about 4 G elements/s per core; ``codec.py`` compares them.
+tail); ``codec.py`` compares them.
 
 The payloads are byte-identical to ``codec_torch``'s, and ``decode`` refuses
 exactly the payloads ``codec_torch.decode`` refuses: C++ applies the rules of
-``format.validate_table`` and ``segment_nbytes`` to the table (format.py's own
-functions then raise the error), and the same count and exponent checks to
-every chunk. On a corrupt payload ``out`` may be partly written before
+``format.validate_table``, ``validate_offsets`` and ``check_padding``
+(format.py's own functions then raise the error), and the same count and
+exponent checks to every chunk. On a corrupt payload ``out`` may be partly written before
 CorruptPayloadError is raised.
 
 Example::
@@ -118,7 +118,7 @@ _SIGNATURES = {
 ISAS = ("generic", "avx2")
 
 
-STALE_LOCK_S = 600  # a build takes ~7 s cold; a lock this old was left by a killed process
+STALE_LOCK_S = 600  # far longer than a cold build; a lock this old was left by a killed process
 
 
 def _remove_stale_lock(build_dir: Path) -> None:
@@ -286,7 +286,8 @@ def encode(x: torch.Tensor, codec: str, verify: bool = False) -> torch.Tensor:
     return out
 
 
-_ERR_TABLE, _ERR_LENGTHS, _ERR_OFFSETS = 1, 2, 6  # csrc's Err codes format.py's checks also catch
+# csrc's Err codes that format.py's table checks also catch (re-run for their message)
+_ERR_TABLE, _ERR_LENGTHS, _ERR_OFFSETS, _ERR_GAP = 1, 2, 6, 8
 _ERRORS = {
     1: "chunk table entry {chunk} is invalid",
     2: "the body length disagrees with the chunk table",
@@ -294,6 +295,8 @@ _ERRORS = {
     4: "decoded escape/zero counts disagree with the chunk table (chunk {chunk})",
     5: "a code decodes to an exponent outside the dtype (chunk {chunk})",
     6: "segment offset of chunk {chunk} disagrees with the chunk table",
+    7: "padding after a sub-stream of chunk {chunk} is not zero",
+    8: "padding after the segment offsets is not zero",
 }
 
 
@@ -326,11 +329,10 @@ def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor,
         raise ValueError("out must be a contiguous CPU tensor of the payload's dtype and numel")
     payload = payload.contiguous()
     # The table is checked in C++ (entry_ok: validate_table's rules, then the
-    # segment_nbytes sums against the header), not with format.py's torch ops:
-    # those cost 0.2-1.2 ms a call, and ~60 ms on a loaded 2-core machine, where
-    # the ones over torch's parallel grain wait for a second core. The tests
-    # check that both refuse the same tables; a refusal re-runs format.py's
-    # checks to raise the reference's own message.
+    # offsets and body length against the segment sizes, then the padding),
+    # not with format.py's torch ops, which cost more than decoding a small
+    # payload. The tests check that both refuse the same tables; a refusal
+    # re-runs format.py's checks to raise the reference's own message.
     status = ext.zipccl_decode(payload.data_ptr(), payload.numel(), out.data_ptr(), info.code,
                                F.CODEC_IDS[header.codec], header.numel, header.chunk_elems,
                                header.nchunks, header.table_offset, header.body_offset,
@@ -341,7 +343,7 @@ def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor,
         raise RuntimeError("zipccl_decode refused its arguments")
     if status:
         code = status & 0xFF
-        if code in (_ERR_TABLE, _ERR_LENGTHS, _ERR_OFFSETS):
+        if code in (_ERR_TABLE, _ERR_LENGTHS, _ERR_OFFSETS, _ERR_GAP):
             _refuse_like_torch(payload, header, info)
         err = CorruptPayloadError(_ERRORS[code].format(chunk=status >> 8))
         if "{chunk}" in _ERRORS[code]:

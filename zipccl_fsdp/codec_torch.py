@@ -315,7 +315,9 @@ def check_table(payload: torch.Tensor, header: F.Header):
     starts, seg = F.segment_layout(header.codec, info, n, table)
     F.validate_offsets(offsets, seg, header.body_nbytes)
     lengths = F.segment_nbytes(header.codec, info, n, table)
-    return table, n, lengths, header.body_offset + F.ALIGN * offsets[:, None] + starts
+    starts = header.body_offset + F.ALIGN * offsets[:, None] + starts
+    F.check_padding(payload, header, lengths, starts)
+    return table, n, lengths, starts
 
 
 def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor) -> torch.Tensor:

@@ -331,6 +331,9 @@ def parse_header(payload: torch.Tensor) -> Header:
     if n < HEADER_NBYTES + 8 * ndim:
         raise CorruptPayloadError("payload truncated inside the shape")
     shape = struct.unpack_from(f"<{ndim}Q", raw, HEADER_NBYTES)
+    dims_end = HEADER_NBYTES + 8 * ndim
+    if n >= align16(dims_end) and any(raw[dims_end:align16(dims_end)]):
+        raise CorruptPayloadError("padding after the dims is not zero")
     if math.prod(shape) != numel:
         raise CorruptPayloadError(f"shape {shape} does not hold numel {numel}")
     info = DTYPE_BY_CODE[dtype_code]
@@ -580,6 +583,26 @@ def validate_offsets(offsets: torch.Tensor, seg_nbytes: torch.Tensor, body_nbyte
     total = int(seg_nbytes.sum()) if seg_nbytes.numel() else 0
     if total != body_nbytes:
         raise CorruptPayloadError(f"body of {body_nbytes} bytes, the chunk table says {total}")
+
+
+def check_padding(payload: torch.Tensor, header: Header, lengths, starts: torch.Tensor) -> None:
+    """Every padding byte must be zero (one payload per tensor; a damaged pad
+    byte is caught like any other): the gap before the body, and after each
+    sub-stream of every chunk. ``lengths``: segment_nbytes; ``starts``: the
+    (nchunks, 4) absolute sub-stream starts (stream_starts)."""
+    gap = payload[header.offsets_offset + OFFSET_NBYTES * header.nchunks:header.body_offset]
+    if bool((gap != 0).any()):
+        raise CorruptPayloadError("padding after the segment offsets is not zero")
+    if not header.nchunks:
+        return
+    ln = torch.stack(list(lengths), 1)  # (nchunks, 4)
+    cols = torch.arange(ALIGN - 1, device=payload.device)
+    inside = cols[None, None, :] < (align16(ln) - ln)[..., None]
+    idx = torch.where(inside, (starts + ln)[..., None] + cols, 0)
+    bad = (inside & (payload[idx] != 0)).any(2).any(1).nonzero()
+    if bad.numel():
+        raise CorruptPayloadError(f"padding after a sub-stream of chunk {int(bad[0, 0])} "
+                                  f"is not zero")
 
 
 def stream_starts(header: Header, table: ChunkTable, offsets: torch.Tensor) -> torch.Tensor:

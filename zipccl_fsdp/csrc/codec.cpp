@@ -4,13 +4,14 @@
 //
 // Encode runs two passes over chunks, each an OpenMP loop over chunks:
 //   pass 1 reads a chunk and decides its table entry (locator, flags, counts),
-//          hence its segment lengths; a prefix sum gives every segment's offset
-//          (a stream's start depends on every chunk before it, so the tensor
-//          is read twice);
-//   pass 2 reads the chunk again and writes its segments straight into the
-//          payload Python allocated from pass 1's lengths.
-// Decode takes the segment offsets from the table alone (prefix sum) and
-// decodes every chunk straight into `out` in one parallel pass.
+//          hence its padded segment size; a prefix sum over the nchunks sizes
+//          gives every segment's offset in the chunk-major body;
+//   pass 2 reads the chunk again and writes its segment (codes | sm | rem |
+//          esc, each 16-byte aligned, padding zeroed) straight into the
+//          payload Python allocated from pass 1's body size.
+// Decode checks every entry and offset against the table (no trust in the
+// offsets, but no scan needed to find a chunk either) and decodes every chunk
+// straight into `out` in one parallel pass.
 // With verify, pass 2 and the decode pass also compute each chunk's checksum
 // (format.py, "Integrity") while the chunk is in cache; codec.py compares them.
 // Nothing here throws: decode errors come back as (chunk << 8) | code and
@@ -78,6 +79,8 @@ enum Err {
   kErrCounts = 4,    // decoded escape/zero counts disagree with the table
   kErrExponent = 5,  // a code decodes to an exponent outside the dtype
   kErrOffsets = 6,   // a segment offset disagrees with the table
+  kErrPadding = 7,   // a padding byte after a sub-stream is not zero
+  kErrGap = 8,       // a padding byte after the segment offsets is not zero
 };
 
 // One chunk-table entry, exactly its 16 wire bytes on a little-endian host.
@@ -644,8 +647,8 @@ constexpr uint64_t kEven = 0x5555555555555555ull, kOdd = 0xAAAAAAAAAAAAAAAAull;
 
 ZC_AVX2 static inline uint32_t movemask(__m256i v) { return uint32_t(_mm256_movemask_epi8(v)); }
 
-// Software prefetch this far ahead of a stream: the hardware prefetcher alone
-// leaves the fixed3 write pass 15-18% slower (64 MiB bf16, one thread).
+// Software prefetch this far ahead of a stream (measured better than the
+// hardware prefetcher alone on the fixed3 write pass).
 constexpr int kPrefetchBytes = 1024;
 static inline void prefetch_ahead(const void* p) {
   _mm_prefetch(static_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T0);
@@ -1160,23 +1163,35 @@ ZC_AVX2 static inline int take_esc(DecIn& in, uint32_t m, __m256i* e8) {
   return esc_out_of_range<T>(*e8, m) ? kErrExponent : kOk;
 }
 
-// -0.0 words among 32 (the AVX2 kernels code +0.0 only; analyze counts -0.0
-// to send a chunk that wants a -0.0 code to the portable kernels).
+// Counts -0.0 words, 32 a call, in per-lane accumulators (subtracting the
+// all-ones compare result): the AVX2 kernels code +0.0 only, and analyze
+// sends a chunk that wants a -0.0 code to the portable kernels. A chunk has
+// at most kChunkElems / 16 words per lane, far below the lanes' range.
 template <class T>
-ZC_AVX2 static inline int count_negzero(const typename T::W* w) {
-  int c = 0;
+ZC_AVX2 static inline __m256i count_negzero(const typename T::W* w, __m256i acc) {
   if constexpr (T::kItem == 2) {
     const __m256i s = _mm256_set1_epi16(int16_t(0x8000));
     for (int k = 0; k < 2; ++k)
-      c += pop(movemask(_mm256_cmpeq_epi16(
-               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 * k)), s)));
+      acc = _mm256_sub_epi16(acc, _mm256_cmpeq_epi16(
+                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 * k)), s));
   } else {
     const __m256i s = _mm256_set1_epi32(int32_t(0x80000000u));
     for (int k = 0; k < 4; ++k)
-      c += pop(movemask(_mm256_cmpeq_epi32(
-               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * k)), s)));
+      acc = _mm256_sub_epi32(acc, _mm256_cmpeq_epi32(
+                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * k)), s));
   }
-  return c / T::kItem;  // movemask has kItem bits per lane
+  return acc;
+}
+
+template <class T>
+ZC_AVX2 static inline uint64_t lane_total(__m256i acc) {
+  alignas(32) uint32_t v[8];
+  if constexpr (T::kItem == 2)  // 16-bit lanes: widen pairs
+    acc = _mm256_madd_epi16(acc, _mm256_set1_epi16(1));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(v), acc);
+  uint64_t t = 0;
+  for (uint32_t x : v) t += x;
+  return t;
 }
 
 // ---- encode pass 1 ----
@@ -1188,13 +1203,14 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec) {
   const int nb = n / 32;
   __m256i sacc = _mm256_setzero_si256(), lowacc = _mm256_setzero_si256();
   uint64_t K = 0, nz = 0, nneg = 0;
+  __m256i negacc = _mm256_setzero_si256();
   const __m256i z = _mm256_setzero_si256(), emax = _mm256_set1_epi8(char(T::kEmax));
   for (int b = 0; b < nb; ++b) {
     __m256i e8, zero;
     typename L::Raw raw;
     prefetch_ahead(w + 32 * b);
     L::fields(w + 32 * b, &e8, &zero, T::kF32 ? &raw : nullptr);
-    nneg += count_negzero<T>(w + 32 * b);
+    negacc = count_negzero<T>(w + 32 * b, negacc);
     if constexpr (T::kF32) lowacc = _mm256_or_si256(lowacc, L::low16_bits(raw));
     const __m256i special = _mm256_or_si256(_mm256_cmpeq_epi8(e8, z), _mm256_cmpeq_epi8(e8, emax));
     sacc = _mm256_add_epi64(sacc, _mm256_sad_epu8(_mm256_andnot_si256(special, e8), z));
@@ -1206,6 +1222,7 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec) {
   alignas(32) uint64_t s4[4];
   _mm256_store_si256(reinterpret_cast<__m256i*>(s4), sacc);
   uint64_t S = s4[0] + s4[1] + s4[2] + s4[3];
+  nneg = lane_total<T>(negacc);
   uint32_t low = _mm256_testz_si256(lowacc, lowacc) ? 0 : 1;
   for (int i = 32 * nb; i < n; ++i) {
     const uint32_t x = w[i], e = T::exp(x);
@@ -1349,7 +1366,7 @@ ZC_AVX2 static void write_dense(const typename T::W* w, int n, const Entry& en, 
     // tier 4 digit: rank - 8 (11 = ESC)
     const uint64_t l4 = _pext_u32(q0, q3), h4 = _pext_u32(q1, q3);
     f4.put64(_pdep_u64(l4, kEven) | _pdep_u64(h4, kOdd), 2 * pop(q3));
-    // ESC is rare in dense (~10% of Gaussian blocks): a branch beats compaction.
+    // ESC is rare in dense (few Gaussian blocks have one): a branch beats compaction.
     if (const uint32_t escm = q3 & q1 & q0) esc = put_compact(e8, escm, esc, esc_end);
     L::emit(raw, w + 32 * b, ~movemask(zero), low16, st);  // dense ships no sm for +0.0
   }
@@ -1582,12 +1599,12 @@ static inline uint32_t sum_dispatch(const typename T::W* w, int n, int isa) {
 
 static inline void store_u32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
 
-// A call with fewer chunks stays on one thread: 8 chunks are ~30 us of work
-// on one core, a few times OpenMP's fork/join.
+// A call with fewer chunks stays on one thread: their work on one core is a
+// few times OpenMP's fork/join.
 constexpr int64_t kMinParallelChunks = 8;
 // Threads take chunks in runs of this many (dynamic schedule): with a static
 // split, a thread that loses its core to another process holds up the whole
-// call (2-thread decode on a loaded 2-core machine: ~4x slower than dynamic).
+// call.
 constexpr int kChunksPerGrab = 16;
 
 static inline int chunk_len(int64_t numel, int64_t C, int64_t c) {
@@ -1629,6 +1646,13 @@ static int64_t plan_impl(const typename T::W* w, int64_t numel, int codec, Entry
     at += segment_layout<T>(codec, ent[c], chunk_len(numel, C, c), nullptr).size;
   }
   return at;
+}
+
+// Whether bytes [p + len, p + align16(len)) are zero.
+static inline bool pad_ok(const uint8_t* p, int64_t len) {
+  uint8_t any = 0;
+  for (int64_t i = len; i < align16(len); ++i) any |= p[i];
+  return any == 0;
 }
 
 // Zero bytes [p + len, p + align16(len)): the padding after a sub-stream.
@@ -1718,6 +1742,8 @@ static int64_t decode_impl(const uint8_t* p, int64_t total, int codec, int64_t n
     at += segment_layout<T>(codec, ent[c], chunk_len(numel, C, c), nullptr).size;
   }
   if (at != body_nbytes || body + body_nbytes > total) return kErrLengths;
+  for (const uint8_t* q = offs + kOffsetBytes * nch; q < p + body; ++q)
+    if (*q) return kErrGap;
   const uint8_t* b = p + body;
   std::atomic<int64_t> first_err{INT64_MAX};
 #pragma omp parallel for schedule(dynamic, kChunksPerGrab) num_threads(nthreads) if (nch >= kMinParallelChunks)
@@ -1726,8 +1752,12 @@ static int64_t decode_impl(const uint8_t* p, int64_t total, int codec, int64_t n
     Seg s;
     const Layout l = segment_layout<T>(codec, ent[c], n, &s);
     const uint8_t* seg = b + off[c];
-    int err;
-    if (ent[c].mode != kModeCoded) {
+    int err = pad_ok(seg, s.codes) && pad_ok(seg + l.sm, s.sm) && pad_ok(seg + l.rem, s.rem) &&
+                      pad_ok(seg + l.esc, s.esc)
+                  ? kOk
+                  : kErrPadding;
+    if (err) {
+    } else if (ent[c].mode != kModeCoded) {
       std::memcpy(out + c * C, seg, size_t(n) * T::kItem);
       err = kOk;
     } else {
