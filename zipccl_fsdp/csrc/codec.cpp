@@ -1163,37 +1163,6 @@ ZC_AVX2 static inline int take_esc(DecIn& in, uint32_t m, __m256i* e8) {
   return esc_out_of_range<T>(*e8, m) ? kErrExponent : kOk;
 }
 
-// Counts -0.0 words, 32 a call, in per-lane accumulators (subtracting the
-// all-ones compare result): the AVX2 kernels code +0.0 only, and analyze
-// sends a chunk that wants a -0.0 code to the portable kernels. A chunk has
-// at most kChunkElems / 16 words per lane, far below the lanes' range.
-template <class T>
-ZC_AVX2 static inline __m256i count_negzero(const typename T::W* w, __m256i acc) {
-  if constexpr (T::kItem == 2) {
-    const __m256i s = _mm256_set1_epi16(int16_t(0x8000));
-    for (int k = 0; k < 2; ++k)
-      acc = _mm256_sub_epi16(acc, _mm256_cmpeq_epi16(
-                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 * k)), s));
-  } else {
-    const __m256i s = _mm256_set1_epi32(int32_t(0x80000000u));
-    for (int k = 0; k < 4; ++k)
-      acc = _mm256_sub_epi32(acc, _mm256_cmpeq_epi32(
-                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * k)), s));
-  }
-  return acc;
-}
-
-template <class T>
-ZC_AVX2 static inline uint64_t lane_total(__m256i acc) {
-  alignas(32) uint32_t v[8];
-  if constexpr (T::kItem == 2)  // 16-bit lanes: widen pairs
-    acc = _mm256_madd_epi16(acc, _mm256_set1_epi16(1));
-  _mm256_store_si256(reinterpret_cast<__m256i*>(v), acc);
-  uint64_t t = 0;
-  for (uint32_t x : v) t += x;
-  return t;
-}
-
 // ---- encode pass 1 ----
 template <class T>
 ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec) {
@@ -1202,17 +1171,22 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec) {
   alignas(32) uint8_t zbuf[kChunkElems];
   const int nb = n / 32;
   __m256i sacc = _mm256_setzero_si256(), lowacc = _mm256_setzero_si256();
-  uint64_t K = 0, nz = 0, nneg = 0;
-  __m256i negacc = _mm256_setzero_si256();
+  uint64_t K = 0, nz = 0, e0 = 0;
+  // Exponent-0 lanes (zeros of both signs, subnormals), counted per byte lane
+  // (at most kChunkElems / 32 = 128 a lane): a bound on the -0.0 count that
+  // costs one subtract per block.
+  __m256i e0acc = _mm256_setzero_si256();
   const __m256i z = _mm256_setzero_si256(), emax = _mm256_set1_epi8(char(T::kEmax));
   for (int b = 0; b < nb; ++b) {
     __m256i e8, zero;
     typename L::Raw raw;
     prefetch_ahead(w + 32 * b);
     L::fields(w + 32 * b, &e8, &zero, T::kF32 ? &raw : nullptr);
-    negacc = count_negzero<T>(w + 32 * b, negacc);
+
     if constexpr (T::kF32) lowacc = _mm256_or_si256(lowacc, L::low16_bits(raw));
-    const __m256i special = _mm256_or_si256(_mm256_cmpeq_epi8(e8, z), _mm256_cmpeq_epi8(e8, emax));
+    const __m256i ez = _mm256_cmpeq_epi8(e8, z);
+    e0acc = _mm256_sub_epi8(e0acc, ez);
+    const __m256i special = _mm256_or_si256(ez, _mm256_cmpeq_epi8(e8, emax));
     sacc = _mm256_add_epi64(sacc, _mm256_sad_epu8(_mm256_andnot_si256(special, e8), z));
     K += 32 - pop(movemask(special));
     nz += pop(movemask(zero));
@@ -1222,7 +1196,8 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec) {
   alignas(32) uint64_t s4[4];
   _mm256_store_si256(reinterpret_cast<__m256i*>(s4), sacc);
   uint64_t S = s4[0] + s4[1] + s4[2] + s4[3];
-  nneg = lane_total<T>(negacc);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(s4), _mm256_sad_epu8(e0acc, z));
+  e0 = s4[0] + s4[1] + s4[2] + s4[3];
   uint32_t low = _mm256_testz_si256(lowacc, lowacc) ? 0 : 1;
   for (int i = 32 * nb; i < n; ++i) {
     const uint32_t x = w[i], e = T::exp(x);
@@ -1230,13 +1205,14 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec) {
     S += normal ? e : 0;
     K += normal;
     nz += x == 0;
-    nneg += x == T::kSign;
+    e0 += e == 0;
     if (T::kF32) low |= x & 0xFFFFu;
     ebuf[i] = uint8_t(e);
     zbuf[i] = x == 0 ? 0xFF : 0;
   }
-  // A chunk with a -0.0 code takes the portable kernels (these code +0.0 only).
-  if ((int64_t(nneg) << (codec == kFixed3 ? kFixedZeroShift : kDenseZeroShift)) >= n)
+  // A chunk that may want a -0.0 code takes the portable kernels, which count
+  // -0.0 exactly (these code +0.0 only); e0 - nz bounds the -0.0 count.
+  if ((int64_t(e0 - nz) << (codec == kFixed3 ? kFixedZeroShift : kDenseZeroShift)) >= n)
     return analyze_chunk<T>(w, n, codec);
   Entry en{};
   en.mode = kModeCoded;
