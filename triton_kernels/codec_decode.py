@@ -20,8 +20,8 @@ Then, with no host sync until the end:
 4. One host sync reads the error word and raises.
 
 The table is validated on the device rather than with format.validate_table
-on the host: that function runs ~25 small torch ops plus a sync, over 100 us
-of host time per call where the 256 MiB decode target is ~180 us. On the
+on the host: that function runs a few dozen small torch ops plus a sync,
+host time comparable to the whole decode of a large tensor. On the
 error path the host functions are called, so the messages are the torch
 backend's.
 
@@ -41,6 +41,7 @@ from zipccl_fsdp.errors import CorruptPayloadError
 
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_TABLE, ERR_TIERS, ERR_TOTALS, FIXED3,
                             dense_codes_nbytes, kernel_constexprs, load_entry)
+from ._launch import Launcher
 from .dense_decode import dense_decode_kernel
 from .fixed3_decode import fixed3_decode_kernel
 
@@ -117,6 +118,18 @@ def _launch_plan(info: F.DTypeInfo, codec: str, C: int, setting: tuple) -> tuple
     return _KERNELS[codec], kernel_constexprs(info, C, sub), warps
 
 
+def launchers(info: F.DTypeInfo, codec: str, C: int) -> tuple:
+    """The table and decode ``Launcher`` (see codec_encode.launchers)."""
+    return _launchers(info, codec, C, SETTINGS[codec])
+
+
+@functools.lru_cache(maxsize=256)
+def _launchers(info: F.DTypeInfo, codec: str, C: int, setting: tuple) -> tuple:
+    table = Launcher(_table_kernel, dict(CODEC=F.CODEC_IDS[codec], ITEMSIZE=info.itemsize,
+                                         EXP_BITS=info.exp_bits, BLOCK=TABLE_BLOCK), 4)
+    return table, Launcher(*_launch_plan(info, codec, C, setting))
+
+
 def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor) -> torch.Tensor:
     info = F.DTYPES[header.dtype]
     if header.codec == "raw":
@@ -126,21 +139,16 @@ def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor) -> torch.
     if numel == 0:
         return out
     dev = payload.device
-    kernel, const, warps = launch_plan(info, header.codec, C)
-    table_const = dict(CODEC=F.CODEC_IDS[header.codec], ITEMSIZE=info.itemsize,
-                       EXP_BITS=info.exp_bits)
+    table, dec = launchers(info, header.codec, C)
     seg = torch.empty(4 * nch, dtype=torch.int64, device=dev)
     err = torch.zeros(1, dtype=torch.int32, device=dev)
-    _table_kernel[(triton.cdiv(nch, TABLE_BLOCK),)](
-        payload, seg, err, header.table_offset, nch, numel, C, BLOCK=TABLE_BLOCK,
-        **table_const)
+    table(triton.cdiv(nch, TABLE_BLOCK), payload, seg, err, header.table_offset, nch, numel, C)
     cum = torch.cumsum(seg, 0)  # flat: see codec_encode.py
     lens = (header.codes_nbytes, header.sm_nbytes, header.rem_nbytes, header.esc_nbytes)
     ends = [sum(lens[:s + 1]) for s in range(4)]  # from the streams' start
     words = out.reshape(-1).view(_INT_VIEW[info.itemsize])
-    kernel[(nch,)](
-        payload, seg, cum, words, err, header.table_offset, nch, numel, C,
-        header.streams_offset, *ends, num_warps=warps, **const)
+    dec(nch, payload, seg, cum, words, err, header.table_offset, nch, numel, C,
+        header.streams_offset, *ends)
     # Host sync (the only one after parse_header's): the error word.
     bits = int(err.item())
     if bits:

@@ -10,7 +10,7 @@ Two kernels per codec, one program per chunk of ``CHUNK_ELEMS`` elements
 2. One flat ``torch.cumsum`` over ``seg`` gives every segment's offset from
    the start of the streams, since the streams follow each other in that
    order in the payload. (A flat scan: torch scans dim 0 of an (n, 4) tensor
-   with one thread per column, which took 6 ms at 256 MiB on an H200.) The
+   with one thread per column, far slower on large inputs.) The
    host reads the four stream ends (the one sync: the header holds the
    lengths and the payload is allocated at its exact size).
 3. *write* reads the chunk again (cheaper than storing per-element codes
@@ -26,6 +26,7 @@ import torch
 from zipccl_fsdp import format as F
 
 from ._codec_common import kernel_constexprs
+from ._launch import Launcher
 from .dense_encode import dense_analyze_kernel, dense_write_kernel
 from .fixed3_encode import fixed3_analyze_kernel, fixed3_write_kernel
 
@@ -45,8 +46,7 @@ SETTINGS = {
 
 def launch_plan(info: F.DTypeInfo, codec: str, C: int) -> tuple:
     """(kernel, constexprs, num_warps) of the analyze and the write launch.
-    Cached (building it took ~11 us of host time per call, before the first
-    launch); the key holds the SETTINGS entry, which gpu_check.py --sweep
+    Cached: the key holds the SETTINGS entry, which gpu_check.py --sweep
     changes at run time."""
     s = SETTINGS[codec]
     return _launch_plan(info, codec, C, s["analyze"], s["write"])
@@ -58,19 +58,37 @@ def _launch_plan(info: F.DTypeInfo, codec: str, C: int, *settings: tuple) -> tup
                  for kernel, (sub, warps) in zip(_KERNELS[codec], settings))
 
 
+def pairs(kernel, const, info: F.DTypeInfo, numel: int, C: int, data_ptr: int) -> bool:
+    """Whether a kernel reads 16-bit words as int32 pairs (PAIRS): the input
+    must be 4-byte aligned; fixed3's write kernel does in its full chunks,
+    both analyze kernels (which also test them two at a time) when every
+    chunk's length is even and a chunk is one sub-block."""
+    if info.itemsize != 2 or C % 8 or data_ptr % 4:
+        return False
+    return kernel is fixed3_write_kernel or (
+        kernel in (fixed3_analyze_kernel, dense_analyze_kernel) and numel % 2 == 0
+        and const["NSUB"] == 1)
+
+
 def with_pairs(kernel, const: dict, info: F.DTypeInfo, numel: int, C: int,
                data_ptr: int) -> dict:
-    """Kernels that read 16-bit words as int32 pairs (PAIRS) when the input
-    is 4-byte aligned: fixed3's write kernel in its full chunks, both
-    analyze kernels (which also test them two at a time) when every chunk's
-    length is even and a chunk is one sub-block."""
-    if info.itemsize != 2 or C % 8 or data_ptr % 4:
-        return const
-    if kernel is fixed3_write_kernel or (
-            kernel in (fixed3_analyze_kernel, dense_analyze_kernel) and numel % 2 == 0
-            and const["NSUB"] == 1):
-        return dict(const, PAIRS=True)
-    return const
+    """``const`` with PAIRS set where ``pairs`` says so."""
+    return dict(const, PAIRS=True) if pairs(kernel, const, info, numel, C, data_ptr) else const
+
+
+def launchers(info: F.DTypeInfo, codec: str, C: int, a_pairs: bool, w_pairs: bool) -> tuple:
+    """The analyze and write ``Launcher`` (compiled kernels and their fixed
+    arguments kept per dtype, codec, chunk size and PAIRS; the size class is
+    the specialization key each Launcher keeps)."""
+    s = SETTINGS[codec]
+    return _launchers(info, codec, C, a_pairs, w_pairs, s["analyze"], s["write"])
+
+
+@functools.lru_cache(maxsize=256)
+def _launchers(info, codec, C, a_pairs, w_pairs, *settings) -> tuple:
+    return tuple(Launcher(kernel, dict(const, PAIRS=True) if p else const, warps)
+                 for (kernel, const, warps), p in zip(_launch_plan(info, codec, C, *settings),
+                                                      (a_pairs, w_pairs)))
 
 
 def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
@@ -82,11 +100,13 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
         return _encode_trivial(x, codec, info)
     nch = F.nchunks_for(numel, C)
     words = x.reshape(-1).view(_INT_VIEW[info.itemsize])
-    (analyze, a_const, a_warps), (write, w_const, w_warps) = launch_plan(info, codec, C)
+    (analyze, a_const, _), (write, w_const, _) = launch_plan(info, codec, C)
+    ptr = words.data_ptr()
+    a_launch, w_launch = launchers(info, codec, C, pairs(analyze, a_const, info, numel, C, ptr),
+                                   pairs(write, w_const, info, numel, C, ptr))
     meta = torch.empty((nch, META_COLS), dtype=torch.int32, device=dev)
     seg = torch.empty(4 * nch, dtype=torch.int32, device=dev)
-    a_const = with_pairs(analyze, a_const, info, numel, C, words.data_ptr())
-    analyze[(nch,)](words, meta, seg, numel, nch, C, num_warps=a_warps, **a_const)
+    a_launch(nch, words, meta, seg, numel, nch, C)
     cum = torch.cumsum(seg, 0, dtype=torch.int64)
     # Host sync (the only one): the header carries the stream lengths and the
     # payload is allocated at its exact size.
@@ -97,9 +117,8 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
                       esc_nb)
     out = torch.empty(header.total_nbytes, dtype=torch.uint8, device=dev)
     header.copy_into(out)
-    w_const = with_pairs(write, w_const, info, numel, C, words.data_ptr())
-    write[(nch,)](words, meta, seg, cum, out, numel, nch, C, header.table_offset,
-                  header.streams_offset, num_warps=w_warps, **w_const)
+    w_launch(nch, words, meta, seg, cum, out, numel, nch, C, header.table_offset,
+             header.streams_offset)
     return out
 
 

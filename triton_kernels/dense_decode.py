@@ -154,8 +154,8 @@ def dense_decode_kernel(p_ptr, seg_ptr, cum_ptr, out_ptr, err_ptr, table_off, nc
                     word = tl.zeros([SUB // 8, 8], tl.int32)
                     for b in tl.static_range(3):
                         at = krank * smb + b
-                        byte = tl.load(src + sm_off + at, mask=keep & (b < smb) & (at < sm_room),
-                                       other=0)
+                        byte = tl.load(src + sm_off + at, other=0,
+                                       mask=tl.where(b < smb, keep & (at < sm_room), False))
                         word = word | (byte.to(tl.int32) << (8 * b))
                     sm = tl.where(low16 != 0, word << 16, word)
                 else:

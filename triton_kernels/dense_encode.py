@@ -267,7 +267,7 @@ def dense_write_kernel(x_ptr, meta_ptr, seg_ptr, cum_ptr, out_ptr, numel, nch, C
                 smb = 3 - 2 * low16
                 for b in tl.static_range(3):
                     tl.store(sm_dst + krank * smb + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
-                             mask=keep & (b < smb))
+                             mask=tl.where(b < smb, keep, False))
             else:
                 tl.store(sm_dst + krank, (sm & 0xFF).to(tl.uint8), mask=keep)
             if IS_FP16:

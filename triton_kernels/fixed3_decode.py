@@ -63,7 +63,7 @@ def _decode_codes(src, k, n, lo, zf, codes_off, seg_codes, codes_end, esc_off, e
         past = tl.minimum(tl.maximum(n - k * SUB - 8 * r[:, None], 0), 8)
         acc = acc & ((1 << (3 * past)) - 1)
     code = (acc >> (3 * q[None, :])) & 7
-    is_zero = valid & (zf != 0) & (code == 0)
+    is_zero = tl.where(zf != 0, valid & (code == 0), False)
     esc = code == 7  # 0 past the chunk's end
     rank, e_base = escape_ranks(acc, q, e_base)
     # Escape bytes: inside the segment and the stream (esc_room bytes from esc_off).
@@ -160,7 +160,7 @@ def _decode_general(src, dst, n, lo, zf, low16, codes_off, seg_codes, codes_end,
             for b in tl.static_range(3):
                 at = krank * smb + b
                 idx = sm_off + at
-                byte = tl.load(src + idx, mask=keep & (b < smb) & (at < seg_sm) & (idx < sm_end),
+                byte = tl.load(src + idx, mask=tl.where(b < smb, keep & (at < seg_sm) & (idx < sm_end), False),
                                other=0)
                 word = word | (byte.to(tl.int32) << (8 * b))
             sm = tl.where(low16 != 0, word << 16, word)

@@ -23,9 +23,9 @@ pass, row prefix sums, 3-bit packing) are in ``_rows.py``.
 The hot path is a full chunk on that fast path with an aligned sm segment;
 a tensor's last chunk, unaligned segments, omitted zeros, 3-byte fp32 sm and
 raw chunks take noinline functions (cold code). Everything is counted in
-SASS by ``benchmarks/kernel_cost.py``: the kernels of the first H200 run
-ran at 74-94% of the issue rate their instruction counts allow, so the
-count per element is what bounds their speed.
+SASS by ``benchmarks/kernel_cost.py``: the kernels are issue-bound (measured
+on a GPU, docs/benchmarks.md), so the count per element is what bounds
+their speed.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def fixed3_codes(e, is_zero, valid, lo, width, zf):
     d = e - lo
     inside = d.to(tl.uint32) < width.to(tl.uint32)
     code = tl.where(inside, d + zf, 7)
-    code = tl.where((zf != 0) & is_zero, 0, code)
+    code = tl.where(zf != 0, tl.where(is_zero, 0, code), code)
     return tl.where(valid, code, 0)
 
 
@@ -208,7 +208,7 @@ def _write_general(x_ptr, start, n, lo, width, zf, low16, n_zero, codes_dst, sm_
         r, q, i, valid, is_zero, sm, e_base = _code_sub_block(
             x_ptr, start, n, k, lo, width, zf, codes_dst, codes_len, esc_dst, e_base,
             SUB, ITEMSIZE, EXP_BITS, MAN_BITS)
-        keep = valid & ~((zf != 0) & is_zero)
+        keep = tl.where(zf != 0, valid & ~is_zero, valid)
         kr, k_tot = row_ranks(keep.to(tl.int32), k_base)
         k_base += k_tot
         krank = kr - 1
@@ -217,7 +217,7 @@ def _write_general(x_ptr, start, n, lo, width, zf, low16, n_zero, codes_dst, sm_
             smb = 3 - 2 * low16
             for b in tl.static_range(3):
                 tl.store(sm_dst + krank * smb + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
-                         mask=keep & (b < smb))
+                         mask=tl.where(b < smb, keep, False))
         else:
             tl.store(sm_dst + krank, (sm & 0xFF).to(tl.uint8), mask=keep)
         if IS_FP16:
