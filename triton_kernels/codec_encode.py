@@ -60,7 +60,10 @@ def _launch_plan(info: F.DTypeInfo, codec: str, C: int, warps: int) -> tuple:
     kernel = _dense_kernel()
     if kernel is None:
         raise NotImplementedError("the Triton dense encoder of this build is not format v2")
-    return kernel, dict(const, C=C, T=min(32 * warps, C // 8)), warps
+    if C != 32 * 32 * warps:  # 32 elements a thread (dense_decode.py's tile)
+        raise NotImplementedError(f"the Triton dense kernels take chunks of "
+                                  f"{32 * 32 * warps} elements, not {C}")
+    return kernel, dict(const, C=C, T=32 * warps), warps
 
 
 @functools.lru_cache(maxsize=256)
