@@ -141,7 +141,7 @@ def decode_kernel(p_ptr, out_ptr, err_ptr, pay_nbytes, numel, nch, C, nsums, bod
     body_off = align16(offsets_off + 4 * nchunks)
     end = body_off + body
     total = end + 4 * nsums * (flags & 1)
-    bad = bad | ((pay_nbytes != total) & ((body_only == 0) | (pay_nbytes != end)))
+    bad = bad | (~geometry & (pay_nbytes != total) & ((body_only == 0) | (pay_nbytes != end)))
     err = tl.where(bad, ERR_HEADER, tl.where(geometry, ERR_GEOMETRY, 0))
     if c == 0:
         if err == 0:
