@@ -19,6 +19,9 @@ def _rank_main(rank: int, world: int, init_file: str, timeout_s: float, fn, args
     try:
         q.put((rank, fn(*args)))
     finally:
+        from zipccl_fsdp import background
+
+        background.stop()  # no zipccl call or Work left inside gloo when the group goes
         dist.destroy_process_group()
 
 

@@ -39,6 +39,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from zipccl_fsdp import _wire as W  # noqa: E402
 from zipccl_fsdp import collectives as C  # noqa: E402
 from zipccl_fsdp import format as F  # noqa: E402
 from zipccl_fsdp.config import ZipCCLConfig  # noqa: E402
@@ -71,8 +72,8 @@ class FlipTransport:
     """Wraps this rank's uint8 sends: when armed, the ``skip``-th next payload send
     goes out with one random bit flipped inside one payload bound for ``to``.
 
-    It patches ``zipccl_fsdp.collectives._all_gather_single`` (the all-gather
-    the collectives bound at import) and ``torch.distributed.all_to_all_single``;
+    It patches ``zipccl_fsdp._wire.all_gather_single`` (the all-gather
+    every zipccl exchange looks up) and ``torch.distributed.all_to_all_single``;
     ``restore()`` undoes both. The sender's own tensors are never modified (the
     flip is made on a copy), so only the receiver sees the damage.
     """
@@ -82,12 +83,12 @@ class FlipTransport:
         self.rng = torch.Generator().manual_seed(seed)
         self.armed = None  # (skip, to)
         self.last = None  # (offset into the payload, bit, payload nbytes)
-        self._ag, self._a2a = C._all_gather_single, dist.all_to_all_single
-        C._all_gather_single = self._all_gather
+        self._ag, self._a2a = W.all_gather_single, dist.all_to_all_single
+        W.all_gather_single = self._all_gather
         dist.all_to_all_single = self._all_to_all
 
     def restore(self) -> None:
-        C._all_gather_single, dist.all_to_all_single = self._ag, self._a2a
+        W.all_gather_single, dist.all_to_all_single = self._ag, self._a2a
 
     def arm(self, to: int, skip: int = 0) -> None:
         self.armed, self.last = (skip, to), None
@@ -150,6 +151,7 @@ def _fp32_sum(parts: list, dtype) -> torch.Tensor:
     acc = parts[0].to(torch.float32, copy=True)
     for p in parts[1:]:
         acc.add_(p)
+    acc.masked_fill_(acc.isnan(), float("nan"))  # zipccl's sums give the canonical NaN
     return acc.to(dtype)
 
 

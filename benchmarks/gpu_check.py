@@ -352,9 +352,10 @@ def breakdown(smoke: bool) -> None:
 
 
 # The host steps of a codec call whose time section (c) reports with their
-# callees: Triton launches (JITFunction.run), the syncs (tolist, item, and
-# parse_header's read of the header), torch's scan and the header upload.
-HOST_STEPS = ("jit.py:run", "'tolist'", "'item'", "format.py:parse_header", "torch.cumsum",
+# callees: Triton launches (triton_kernels/_launch.py's Launcher, and
+# JITFunction.run on a specialization's first call), the syncs (tolist, item,
+# and parse_header's read of the header), torch's scan and the header upload.
+HOST_STEPS = ("jit.py:run", "_launch.py:__call__", "'tolist'", "'item'", "format.py:parse_header", "torch.cumsum",
               "format.py:copy_into", "'pin_memory'")
 
 

@@ -2,6 +2,7 @@
 DTensor/functional-collectives override. Thin: all work is in zipccl_fsdp."""
 __zipccl_fsdp_part__ = True
 
-# Whoever imports hooks.* first must get zipccl_fsdp fully initialized first:
-# its __init__ imports hooks.registry, which imports zipccl_fsdp's modules.
+# hooks -> zipccl_fsdp, one way: zipccl_fsdp loads hooks' names only on first
+# use. The registry installs FSDPModule.register_comm_hook.
 import zipccl_fsdp  # noqa: E402,F401
+from . import registry  # noqa: E402,F401

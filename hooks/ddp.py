@@ -45,17 +45,31 @@ and, while the worker is idle, calls known to go raw (a fast link, where
 the adaptive policy sends everything raw): torch's own pending Work, which
 costs no more here than handing it over. DDP waits on every bucket's future
 at the end of backward.
+
+Failure: when a bucket's all-reduce fails (with ``verify=True``, a payload
+damaged in transit raises ``CorruptPayloadError`` on every rank of the
+call), the buckets queued behind it still run on every rank, and
+``loss.backward()`` raises the first failure of the pass, as it was raised,
+once zipccl's worker is idle: ``except CorruptPayloadError`` catches it,
+and the caller may issue collectives at once (nothing of zipccl's is left
+to interleave with them). The gradients of that step are not to be used;
+the DDP model itself trains on. (Outside backward, the hook called
+directly, the future fails with a ``RuntimeError`` whose message holds the
+original exception's type and text.)
 """
 # No ``from __future__ import annotations`` here: DDP compares the hook's
 # ``bucket`` and return annotations to ``dist.GradBucket`` and
 # ``torch.futures.Future[torch.Tensor]`` (``_check_comm_hook`` in
 # torch/nn/parallel/distributed.py); string annotations fail that check.
+import functools
+import threading
 from typing import Optional, Tuple
 
 import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.autograd import Variable
 from torch.nn.parallel import DistributedDataParallel
 
 from zipccl_fsdp import background as _background
@@ -139,10 +153,94 @@ def ddp_comm_hook(state, bucket: dist.GradBucket, *, config: Optional[ZipCCLConf
     # outside ``group`` gets None from the call: its future completes with
     # ``buffer``.
     outlook = _coll.all_reduce_outlook(buffer, group, cfg)
-    return _background.submit(
-        lambda: _coll.all_reduce(buffer, op=op, group=group, async_op=True, config=cfg,
-                                 stats=stats),
-        buffer, here=outlook == "calibrates" or (outlook == "raw" and _background.idle()))
+    try:
+        fut = _background.submit(
+            lambda: _coll.all_reduce(buffer, op=op, group=group, async_op=True, config=cfg,
+                                     stats=stats),
+            buffer, here=outlook == "calibrates" or (outlook == "raw" and _background.idle()))
+    except Exception as e:  # noqa: BLE001 - a call run here: it fails like a queued one
+        fut = torch.futures.Future()
+        fut.set_exception(e)
+    return _watched(fut, buffer)
+
+
+# --------------------------------------------------------------------------
+# A bucket that fails
+# --------------------------------------------------------------------------
+# DDP's reducer cannot carry a Python exception out of a comm hook's future:
+# it reads the future's value as a tensor (an exception object there becomes
+# "Unable to cast ... to Tensor"), and a C++ error keeps only the message. It
+# also stops waiting at the first failed bucket, with later ones still queued
+# on the worker: a collective the caller issued next would interleave with
+# theirs. So inside backward the future given to DDP always completes with
+# the bucket, and the pass's failure is raised by an autograd final callback
+# that runs after DDP's own (which waits for every bucket) once the worker is
+# idle: the engine re-raises a Python exception from a callback as it is.
+class _Pass:
+    """The zipccl futures of one backward pass (one autograd graph task)."""
+
+    __slots__ = ("task", "futures")
+
+    def __init__(self, task: int) -> None:
+        self.task, self.futures = task, []
+
+
+_passes_lock = threading.Lock()
+_open_pass: Optional[_Pass] = None
+
+
+def _watched(fut: torch.futures.Future, buffer: torch.Tensor) -> torch.futures.Future:
+    """The future to give DDP for the bucket whose all-reduce ``fut`` is."""
+    global _open_pass
+    task = torch._C._current_graph_task_id()
+    if task == -1:
+        # Not inside backward (the hook called directly): the waiter gets the
+        # failure, as a C++ error whose message names it.
+        return fut.then(_value)
+    with _passes_lock:
+        new = _open_pass is None or _open_pass.task != task
+        if new:
+            _open_pass = _Pass(task)
+        _open_pass.futures.append(fut)
+        this = _open_pass
+    if new:
+        Variable._execution_engine.queue_callback(functools.partial(_close_pass, this))
+    return fut.then(lambda _: buffer)
+
+
+def _value(fut: torch.futures.Future):
+    return fut.value()
+
+
+def _close_pass(this: _Pass) -> None:
+    """The first final callback of a pass: queued at its first bucket, it runs
+    before DDP's, which is queued once every bucket is ready; queue the check
+    behind DDP's. A bucket whose hook runs after this (DDP's static graph
+    reduces in its own callback) opens a pass of its own."""
+    global _open_pass
+    with _passes_lock:
+        if _open_pass is this:
+            _open_pass = None
+    try:
+        Variable._execution_engine.queue_callback(functools.partial(_raise_failure, this))
+    except RuntimeError:  # callbacks cannot be queued here: check now
+        _raise_failure(this)
+
+
+def _raise_failure(this: _Pass) -> None:
+    """Wait until the worker has run every call (none of them is left to
+    interleave with what the caller does next), then raise the first failure of
+    the pass, as it was raised: ``except CorruptPayloadError`` catches a
+    damaged payload."""
+    _background.drain()
+    first = None
+    for fut in this.futures:
+        try:
+            fut.wait()
+        except Exception as e:  # noqa: BLE001 - the first one is raised below
+            first = first if first is not None else e
+    if first is not None:
+        raise first
 
 
 # --------------------------------------------------------------------------

@@ -29,10 +29,9 @@ CompositeExplicitAutograd alias key and their autograd formulas in Python
 for the CPU and CUDA keys takes precedence over the composite one for those
 devices, below autograd, so it runs for forward and backward alike and
 autograd records the same graph. It runs for these ops only, on every thread
-(autograd's backward threads included). The first version of this module was
-a ``TorchDispatchMode``, which routes every op of its thread through Python:
-4.8 us more per op and 1.14x slower tensor-parallel steps with every
-collective raw (``benchmarks/dtensor_overhead.py``, docs/benchmarks.md).
+(autograd's backward threads included). A ``TorchDispatchMode`` would route
+every op of its thread through Python, which slows tensor-parallel steps
+measurably (``benchmarks/dtensor_overhead.py``, docs/benchmarks.md).
 
 Torch's own kernels stay registered underneath: a call zipccl does not take
 (integer dtypes such as MoE token counts, reduce ops other than sum/avg, odd

@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-# torch's own all-gather, the reference (torch 2.11 only has the older name).
-torch_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+# torch's own all-gather, the reference (bound here, before any test wraps it).
+from zipccl_fsdp._wire import all_gather_single as torch_all_gather_single  # noqa: E402
 INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
 
 
@@ -62,7 +62,8 @@ def gather_all(x: torch.Tensor, group=None) -> list:
 
 
 def reference_reduce(parts: list, op: str, factor: float, dtype: torch.dtype) -> torch.Tensor:
-    """fp32 sum in rank order (numpy float32), then AVG / PREMUL_SUM, then cast."""
+    """fp32 sum in rank order (numpy float32), then AVG / PREMUL_SUM, every NaN
+    made the canonical quiet NaN, then cast."""
     acc = None
     for p in parts:
         v = p.float().numpy().astype(np.float32)
@@ -71,6 +72,7 @@ def reference_reduce(parts: list, op: str, factor: float, dtype: torch.dtype) ->
         acc = v.copy() if acc is None else acc + v
     if op == "avg":
         acc = acc / np.float32(len(parts))
+    acc[np.isnan(acc)] = np.float32("nan")
     return torch.from_numpy(acc).to(dtype)
 
 

@@ -45,7 +45,19 @@ def _worker(rank: int, world: int, init_file: str, tasks, results, pg_timeout_s:
             except BaseException:  # noqa: BLE001 - reported to the parent
                 results.put((rank, False, traceback.format_exc()))
     finally:
+        _stop_worker()
         dist.destroy_process_group()
+
+
+def _stop_worker() -> None:
+    """End zipccl's worker thread (its calls run, their Works waited) before the
+    process group goes: a thread or a Work left inside gloo while the group is
+    destroyed or the process exits can end the process with SIGABRT."""
+    import sys
+
+    background = sys.modules.get("zipccl_fsdp.background")
+    if background is not None:
+        background.stop()
 
 
 class DistPoolError(AssertionError):

@@ -136,3 +136,24 @@ def test_idle_until_every_job_has_run():
             break
         deadline.wait(0.01)
     assert background.idle()
+
+
+def test_stop_runs_every_job_waits_for_its_work_and_ends_the_thread():
+    gate, ran = threading.Event(), []
+    inner = torch.futures.Future()
+    result = torch.ones(2)
+    background.submit(lambda: gate.wait(timeout=10) and None, result)
+    pending = background.submit(lambda: ran.append("work") or _work(inner), result)
+    thread = background._worker.thread
+    stopper = threading.Thread(target=lambda: ran.append(background.stop(timeout_s=20)))
+    stopper.start()
+    gate.set()
+    stopper.join(timeout=1.0)
+    assert stopper.is_alive()  # the jobs have run, but the Work the second returned is pending
+    assert ran == ["work"] and not thread.is_alive()
+    inner.set_result([result])
+    stopper.join(timeout=10)
+    assert ran == ["work", True] and pending.wait() is result
+    assert background.idle()
+    assert background.submit(lambda: None, result).wait() is result  # a new worker starts
+    assert background._worker.thread is not thread

@@ -17,6 +17,7 @@ from collective_cases import (OPS, assert_bits_equal, gather_all, make_data, mak
 from zipccl_fsdp.collectives import (all_gather_single, all_reduce, all_to_all_single,
                                      reduce_scatter_single, reset_stats, stats)
 from zipccl_fsdp.config import ZipCCLConfig
+from zipccl_fsdp.pipeline import row_width
 from zipccl_fsdp.errors import ZipCCLConfigError
 from zipccl_fsdp.stats import CommStats
 
@@ -152,10 +153,11 @@ def task_stats_and_async():
                       config=ZipCCLConfig(policy="always", check_consistency=False), stats=own)
     raw_ag = own.snapshot()["all_gather"]
     assert raw_ag["compressed_calls"] == 0 and raw_ag["wire_bytes"] == raw_ag["raw_bytes"] == 2
-    # The one-time consistency check of a new config is counted too: one int64.
+    # The one-time consistency check of a new config is counted too: one
+    # tagged vector as wide as a size row.
     own.reset()
     all_gather_single(out[:world], x[:1], config=ZipCCLConfig(policy="always"), stats=own)
-    assert own.snapshot()["all_gather"]["wire_bytes"] == 2 + 8
+    assert own.snapshot()["all_gather"]["wire_bytes"] == 2 + 8 * row_width(world)
     assert stats()["all_gather"]["calls"] == 1  # the call above went to `own`
     reset_stats()
     assert stats()["all_gather"]["calls"] == 0

@@ -41,7 +41,7 @@ GRACE_S = 5  # what the issue allows beyond the pg timeout
 def _fault_proc(rank: int, world: int, init_file: str, kind: str, mode: str, victim: int,
                 q) -> None:
     torch.set_num_threads(1)
-    from zipccl_fsdp import collectives as C
+    from zipccl_fsdp import _wire as W
     from zipccl_fsdp.config import ZipCCLConfig
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
@@ -56,7 +56,7 @@ def _fault_proc(rank: int, world: int, init_file: str, kind: str, mode: str, vic
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(3600)  # stall: the parent kills us
 
-        real_ag, real_a2a = C._all_gather_single, dist.all_to_all_single
+        real_ag, real_a2a = W.all_gather_single, dist.all_to_all_single
 
         def ag(output, input, *a, **kw):
             if input.dtype == torch.uint8:  # the payload exchange, after the sizes
@@ -68,7 +68,7 @@ def _fault_proc(rank: int, world: int, init_file: str, kind: str, mode: str, vic
                 die_or_stall()
             return real_a2a(output, input, *a, **kw)
 
-        C._all_gather_single, dist.all_to_all_single = ag, a2a
+        W.all_gather_single, dist.all_to_all_single = ag, a2a
     q.put((rank, "ready", 0.0))
     t0 = time.monotonic()
     try:

@@ -19,6 +19,7 @@ from zipccl_fsdp import policy as P
 from zipccl_fsdp.collectives import all_gather_single, all_reduce, all_to_all_single, \
     reduce_scatter_single
 from zipccl_fsdp.config import ZipCCLConfig
+from zipccl_fsdp.pipeline import row_width
 from zipccl_fsdp.errors import CorruptPayloadError
 from zipccl_fsdp.stats import CommStats
 
@@ -314,8 +315,9 @@ def test_policy_decisions_from_config(pool2):
         assert slow[kind]["pipelined_calls"] == slow[kind]["calls"] > 0
         assert slow[kind]["wire_bytes"] < 0.8 * slow[kind]["raw_bytes"]
     # The raw all-gathers of a fast link given in the config cost nothing extra:
-    # wire == raw bytes, but for the one-time 8-byte agreement check of the config.
-    assert fast["all_gather"]["wire_bytes"] == fast["all_gather"]["raw_bytes"] + 8
+    # wire == raw bytes, but for the one-time agreement check of the config (one
+    # vector as wide as a size row).
+    assert fast["all_gather"]["wire_bytes"] == fast["all_gather"]["raw_bytes"] + 8 * row_width(2)
     assert any(k[1] != "raw" and k[2] > 1 for k in slow["decisions"])
 
 
@@ -407,3 +409,81 @@ def test_config_validates_policy_fields():
         ZipCCLConfig(pipeline_pieces=-1)
     a, b = ZipCCLConfig(policy="adaptive"), ZipCCLConfig(policy="adaptive", link_gbps=1.0)
     assert a.protocol_fingerprint() != b.protocol_fingerprint()
+
+
+# --------------------------------------------------------------------------
+# Calibration traffic is booked apart from the collectives'
+# --------------------------------------------------------------------------
+def task_fsdp2_default_hook_stats(steps: int):
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    from hooks.registry import ZipCCLHook
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(3)])
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    hook = ZipCCLHook()  # the default config: adaptive, everything measured
+    model.register_comm_hook(hook)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    for _ in range(steps):
+        loss = model(torch.randn(8, 256, generator=g)).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return hook.stats()
+
+
+def test_fsdp2_default_hook_books_calibration_apart(pool2):
+    for s in pool2.run(task_fsdp2_default_hook_stats, 3, timeout_s=300):
+        for kind in ("all_gather", "reduce_scatter"):
+            k = s[kind]
+            assert k["calls"] > 0 and k["compressed_calls"] == 0, (kind, k)  # the loopback: raw
+            assert k["raw_bytes"] <= k["wire_bytes"] <= 1.01 * k["raw_bytes"], (kind, k)
+        cal = s["calibration"]
+        assert cal["calls"] > 0 and cal["wire_bytes"] > s["reduce_scatter"]["raw_bytes"], cal
+
+
+# --------------------------------------------------------------------------
+# Given speeds pin the decisions: two runs train the same bits
+# --------------------------------------------------------------------------
+def task_ddp_run_with_given_speeds(steps: int):
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from hooks.registry import ZipCCLHook, register_comm_hook
+
+    rank = dist.get_rank()
+    digests, stats = [], []
+    for _ in range(2):  # two runs of the same script, each with its own hook
+        torch.manual_seed(0)
+        model = DDP(nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 8)),
+                    bucket_cap_mb=0.01)
+        hook = ZipCCLHook(ZipCCLConfig(link_gbps=0.2, codec_gbps=2.0, min_bytes=4096))
+        register_comm_hook(model, hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        g = torch.Generator().manual_seed(100 + rank)
+        for _ in range(steps):
+            model(torch.randn(16, 512, generator=g)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        digests.append(torch.cat([p.detach().reshape(-1).view(torch.int32)
+                                  for p in model.parameters()]))
+        stats.append(hook.stats()["all_reduce"])
+    return torch.equal(digests[0], digests[1]), stats
+
+
+def test_given_speeds_make_two_runs_train_the_same_bits():
+    pool = DistPool(3)
+    try:
+        results = pool.run(task_ddp_run_with_given_speeds, 3, timeout_s=300)
+    finally:
+        pool.close()
+    for same, (first, second) in results:
+        assert same
+        assert first["compressed_calls"] > 0 and first["raw_fallback_calls"] > 0, first
+        for key in ("calls", "compressed_calls", "raw_fallback_calls", "wire_bytes"):
+            assert first[key] == second[key], (key, first, second)

@@ -31,7 +31,7 @@ HAS_CUDA = torch.cuda.is_available()
 def _interpreted() -> bool:
     from triton.runtime.interpreter import InterpretedFunction
     from triton_kernels import fixed3_encode
-    return isinstance(fixed3_encode.fixed3_write_kernel, InterpretedFunction)
+    return isinstance(fixed3_encode.fixed3_encode_kernel, InterpretedFunction)
 
 
 DEVICES = [

@@ -10,11 +10,14 @@ one).
 - fixed3, the codec for speed, keeps the shape that makes it fast: 16-byte
   input loads, 8-byte sm stores and loads, 16-byte output stores, and an
   instruction cost per element under a ceiling, and under half of dense's.
-- dense, tuned in the sixth session, keeps its cost under a ceiling too.
-- The ceilings are the sixth session's counts (bf16: fixed3 encode 50.8,
-  now 50.2, decode 35.9; dense 150.9, 112.8 with triton 3.6.0) plus ~12%
-  for compiler drift; a change that crosses one should say why in
+- dense keeps its cost under a ceiling too.
+- The ceilings are the counts with triton 3.6.0 (docs/benchmarks.md) plus
+  ~12% for compiler drift; a change that crosses one should say why in
   docs/benchmarks.md and move it.
+- ``--summary``: its lines, the host-sync instrument, and issue 17's
+  targets (an expected failure until the format v2 kernels land).
+- The cached launches (triton_kernels/_launch.py) reach the same compiled
+  kernel with the same arguments as ``kernel[grid]``.
 """
 import json
 import os
@@ -41,10 +44,13 @@ def rows(tmp_path_factory):
         pytest.skip("this triton has no bundled ptxas")
     out = tmp_path_factory.mktemp("kernel_cost") / "rows.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "kernel_cost.py"),
-                    "--json", str(out)], check=True, env=env, cwd=ROOT, timeout=600,
-                   capture_output=True)
-    return json.loads(out.read_text())
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "kernel_cost.py"),
+                        "--summary", "--json", str(out)], env=env, cwd=ROOT, timeout=1200,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    rows.append(dict(kernel="stdout", text=r.stdout))
+    return rows
 
 
 SASS = """\
@@ -82,6 +88,61 @@ def _kernel(rows, dtype, codec, name):
     return next(r for r in rows if (r["dtype"], r["codec"], r["kernel"]) == (dtype, codec, name))
 
 
+SUMMARY_KEYS = ("encode_instr", "decode_instr", "input_reads", "encode_host_syncs",
+                "decode_host_syncs_before_launch")
+
+
+def test_summary_lines(rows):
+    """--summary prints one line per dtype and codec with the issue's fields,
+    the values of the JSON rows (instructions summed over the call's
+    kernels)."""
+    text = next(r["text"] for r in rows if r["kernel"] == "stdout")
+    lines = [ln.split() for ln in text.splitlines() if ln.startswith("summary ")]
+    assert [(ln[1], ln[2]) for ln in lines] == [(d, c) for d in ("bf16", "fp16", "fp32")
+                                                for c in ("fixed3", "dense")]
+    for ln in lines:
+        fields = dict(kv.split("=") for kv in ln[3:])
+        assert tuple(fields) == SUMMARY_KEYS
+        row = _kernel(rows, ln[1], ln[2], "summary")
+        assert float(fields["encode_instr"]) == row["encode_instr"] == _kernel(
+            rows, ln[1], ln[2], "encode (all kernels)")["instr_per_elem"]
+        assert int(fields["encode_host_syncs"]) == len(row["sync_sites"]["encode"])
+
+
+def test_host_syncs_are_counted(rows):
+    """The instrument sees the reads the launchers make: encode's read of
+    the stream lengths in codec_encode.py, decode's error word in
+    codec_decode.py, parse_header's copy of the header in format.py."""
+    for dtype in ("bf16", "fp16", "fp32"):
+        for codec in ("fixed3", "dense"):
+            sites = _kernel(rows, dtype, codec, "summary")["sync_sites"]
+            assert any(s.startswith("triton_kernels/codec_encode.py:") for s in sites["encode"])
+            assert any(s.startswith("triton_kernels/codec_decode.py:") for s in sites["decode"])
+            assert any(s.startswith("zipccl_fsdp/format.py:") for s in sites["decode"])
+            assert set(sites["decode_before_launch"]) <= set(sites["decode"])
+
+
+# Issue 17's acceptance (format v2 kernels): fixed3 bf16 encode <= 32 and
+# decode <= 24 instructions per element, fp16/fp32 within 10% of bf16, dense
+# <= 80 / 60, one read of the input, one host sync in encode (the length at
+# the end) and none before decode's launch with out=.
+@pytest.mark.xfail(strict=True, reason="issue 17 item D: the v2 kernels are not written yet; "
+                   "the v1 kernels read the input twice and sync between kernels")
+def test_issue17_acceptance(rows):
+    bf = _kernel(rows, "bf16", "fixed3", "summary")
+    assert bf["encode_instr"] <= 32.0 and bf["decode_instr"] <= 24.0, bf
+    for dtype in ("bf16", "fp16", "fp32"):
+        f3 = _kernel(rows, dtype, "fixed3", "summary")
+        assert f3["encode_instr"] <= 1.1 * bf["encode_instr"], f3
+        assert f3["decode_instr"] <= 1.1 * bf["decode_instr"], f3
+        dense = _kernel(rows, dtype, "dense", "summary")
+        assert dense["encode_instr"] <= 80.0 and dense["decode_instr"] <= 60.0, dense
+        for r in (f3, dense):
+            assert r["input_reads"] == 1, r
+            assert r["encode_host_syncs"] == 1, r
+            assert r["decode_host_syncs_before_launch"] == 0, r
+
+
 def test_every_kernel_compiles_without_spills_in_loops(rows):
     kernels = [r for r in rows if "regs" in r]
     assert len(kernels) == 3 * 2 * 4
@@ -108,3 +169,18 @@ def test_instructions_per_element_under_ceiling(rows, dtype):
         dense = _kernel(rows, dtype, "dense", f"{op} (all kernels)")["instr_per_elem"]
         assert dense <= DENSE_CEILING[dtype][op], (dtype, op, dense)
         assert got < dense / 2, (dtype, op, got, dense)  # fixed3 stays the fast codec
+
+
+def test_cached_launches_match_triton():
+    """triton_kernels/_launch.py's Launcher skips triton's argument binding
+    after a specialization's first call: with a stand-in driver, every
+    launch of the four kernels, for aligned and misaligned inputs and
+    chunk counts of 1 and others, reaches the same compiled kernel with the
+    same arguments as ``kernel[grid]`` does."""
+    if not os.path.exists(offline._bin("ptxas")):
+        pytest.skip("this triton has no bundled ptxas")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "triton_launch_host.py"),
+                        "--check"], env=env, cwd=ROOT, timeout=900, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "direct launches match kernel[grid]: 32 cases" in r.stdout, r.stdout

@@ -59,6 +59,7 @@ class Launch:
     num_warps: int
     elems_per_program: int
     trip_count: int = 1
+    reads_input: int = 0  # 1: the kernel reads every element of the call's input
 
 
 @dataclass
@@ -245,11 +246,11 @@ def codec_launches(dtype, codec: str, numel: int = 128 << 20, ndim: int = 1) -> 
     return [
         Launch("encode: analyze", an,
                dict(x_ptr=word, meta_ptr="*i32", seg_ptr="*i32", numel=numel, nch=nch, C=C),
-               an_const, an_warps, C, an_const["NSUB"]),
+               an_const, an_warps, C, an_const["NSUB"], reads_input=1),
         Launch("encode: write", wr,
                dict(x_ptr=word, meta_ptr="*i32", seg_ptr="*i32", cum_ptr="*i64", out_ptr="*u8",
                     numel=numel, nch=nch, C=C, table_off=table_off, streams_off=streams_off),
-               wr_const, wr_warps, C, wr_const["NSUB"]),
+               wr_const, wr_warps, C, wr_const["NSUB"], reads_input=1),
         Launch("decode: table", D._table_kernel,
                dict(p_ptr="*u8", seg_ptr="*i64", err_ptr="*i32", table_off=table_off, nch=nch,
                     numel=numel, C=C),
@@ -260,5 +261,5 @@ def codec_launches(dtype, codec: str, numel: int = 128 << 20, ndim: int = 1) -> 
                dict(p_ptr="*u8", seg_ptr="*i64", cum_ptr="*i64", out_ptr=word, err_ptr="*i32",
                     table_off=table_off, nch=nch, numel=numel, C=C, streams_off=streams_off,
                     **ends),
-               dec_const, dec_warps, C, dec_const["NSUB"]),
+               dec_const, dec_warps, C, dec_const["NSUB"], reads_input=1),
     ]

@@ -24,13 +24,28 @@ from .tensorboard_stats import TensorBoardStats  # noqa: E402
 from .collectives import (  # noqa: E402
     all_gather_single, reduce_scatter_single, all_reduce, all_to_all_single, stats, reset_stats,
 )
-# hooks -> zipccl_fsdp: imported last, once everything above exists.
-from hooks.registry import ZipCCLHook, zipccl_hook, register_comm_hook  # noqa: E402
-from hooks.ddp import ddp_comm_hook  # noqa: E402
-from hooks.dtensor import (  # noqa: E402
-    DTensorCompression, DTensorCompressionMode, compress_dtensor_comms,
-    enable_dtensor_compression, disable_dtensor_compression,
-)
+# The integrations (hooks/) import zipccl_fsdp, never the other way at import
+# time: their names are loaded on first use, so importing the codec or the
+# format (as triton_kernels does) loads neither hooks nor FSDP.
+_LAZY = {
+    "ZipCCLHook": "hooks.registry", "zipccl_hook": "hooks.registry",
+    "register_comm_hook": "hooks.registry", "ddp_comm_hook": "hooks.ddp",
+    "DTensorCompression": "hooks.dtensor", "DTensorCompressionMode": "hooks.dtensor",
+    "compress_dtensor_comms": "hooks.dtensor", "enable_dtensor_compression": "hooks.dtensor",
+    "disable_dtensor_compression": "hooks.dtensor",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'zipccl_fsdp' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 

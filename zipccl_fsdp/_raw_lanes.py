@@ -10,18 +10,18 @@ few steps, count their stats as the general path would, and call the
 zipccl's general path and torch's Python.
 
 Why: a real call follows a blocking collective, and Python right after one
-runs 5-8 times slower than in a loop (cold caches, a vCPU back from idle).
-zipccl's general raw path then cost 80-150 us per call, 34-40% of a 1 MiB
-gloo all-to-all on the plain loopback; through a lane a raw call takes
-torch's time within 3% (``benchmarks/raw_call_overhead.py``,
-docs/benchmarks.md).
+runs several times slower than in a loop (cold caches, a vCPU back from
+idle), so zipccl's general raw path costs a large fraction of a small gloo
+call; through a lane a raw call costs what torch's own does
+(``benchmarks/raw_call_overhead.py``, docs/benchmarks.md).
 
 A lane never raises on bad input and never changes what a call does: any call
 it is not sure of returns ``MISS`` and takes the general path, with its
 checks and messages. That includes tensor subclasses and torch-function modes
 (torch's wrapper dispatches those), tensors that require grad, a running
 profiler (the general path records its ranges), torch's coalescing manager,
-invalid shapes or split sizes, and reduce ops other than SUM.
+invalid shapes or split sizes, an all-to-all whose output overlaps its input,
+and reduce ops other than SUM.
 """
 from __future__ import annotations
 
@@ -95,9 +95,9 @@ def open_lane(cfg, kind: str, pg, world: int, rank: int, stats_arg, fields: dict
 
 
 # The three lanes below repeat their checks and counting inline rather than
-# share helpers: each Python call frame costs about 5 us right after a
-# blocking collective, and two of them were 2-3% of a 1 MiB all-to-all
-# (benchmarks/raw_call_overhead.py, 3 runs side by side, docs/benchmarks.md).
+# share helpers: a Python call frame right after a blocking collective costs
+# a measurable share of a small call (benchmarks/raw_call_overhead.py,
+# docs/benchmarks.md).
 
 def all_gather(output, input, group, async_op, config, stats):
     """``collectives.all_gather_single`` through its lane, or MISS."""
@@ -146,6 +146,9 @@ def all_to_all(output, input, output_split_sizes, input_split_sizes, group, asyn
     shape_in, shape_out = input.shape, output.shape
     if not shape_in or not shape_out:  # 0-dim
         return MISS
+    start_in, start_out = input.data_ptr(), output.data_ptr()
+    if start_in < start_out + output.nbytes and start_out < start_in + input.nbytes:
+        return MISS  # overlapping: the general path reads the input from a copy
     rows_in, rows_out = shape_in[0], shape_out[0]
     if rows_in:
         row = input.numel() // rows_in

@@ -1,8 +1,13 @@
-"""The reduction of a reduce-scatter, shared by collectives.py and pipeline.py.
+"""The reduction of a reduce-scatter and of an all-reduce (``pipeline.py``).
 
-One copy, so that the one-shot and the pipelined paths give the same bits:
-the chunks are summed in fp32 in rank order 0..world-1, then AVG divides by
-the world size and the sum is cast to the output's dtype.
+The chunks are summed in fp32 in rank order 0..world-1, then AVG divides by
+the world size, every NaN becomes the canonical quiet NaN, and the sum is
+cast to the output's dtype.
+
+Why the NaNs: which NaN an add returns depends on where the element falls in
+the kernel (torch's vectorised CPU add keeps an operand's payload, its scalar
+tail and CUDA return a default NaN), so without it the bits of a NaN result
+would depend on how a call is cut into pieces and on the device.
 """
 from __future__ import annotations
 
@@ -43,12 +48,13 @@ class RankOrderSum:
             dst.add_(term)
         else:
             # Widen first: the same bits as a mixed-dtype add_ (bf16/fp16 ->
-            # fp32 is exact), 2.5x faster on a CPU (46 -> 18 ms for 16 M bf16).
+            # fp32 is exact), and faster on a CPU (docs/benchmarks.md).
             dst.add_(src.to(torch.float32))
 
     def finish(self, world: int) -> None:
         """Scale (AVG) and cast the sum into ``out``."""
         if self.op_kind == "avg":
             self.acc.div_(world)
+        self.acc.masked_fill_(self.acc.isnan(), float("nan"))
         if self.acc is not self.out:
             self.out.copy_(self.acc)

@@ -31,6 +31,7 @@ stream: ``submit`` runs the call on the caller's thread (it goes raw there,
 """
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import threading
@@ -51,17 +52,24 @@ class _Worker:
     def __init__(self) -> None:
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.pending = 0  # jobs put and not yet run (under _lock)
+        self.futures: list = []  # futures of submitted calls, not yet seen done (under _lock)
         self.thread = threading.Thread(target=self._run, name="zipccl-collectives", daemon=True)
         self.thread.start()
 
-    def put(self, job) -> None:
+    def put(self, job, fut: "torch.futures.Future | None" = None) -> None:
         with _lock:
             self.pending += 1
+            if fut is not None:
+                self.futures = [f for f in self.futures if not f.done()]
+                self.futures.append(fut)
         self.jobs.put(job)
 
     def _run(self) -> None:
         while True:
-            self.jobs.get()()  # a job never raises: _job reports into its future
+            job = self.jobs.get()
+            if job is None:  # stop(): every job before it has run
+                return
+            job()  # a job never raises: _job reports into its future
             with _lock:
                 self.pending -= 1
 
@@ -101,7 +109,7 @@ def submit(call: Callable[[], object], result: torch.Tensor, *,
     here too (nothing may leave the capturing stream)."""
     cuda = result.is_cuda
     if here or (cuda and torch.cuda.is_current_stream_capturing()):
-        _drain()
+        drain()
         work = call()
         return _done(result) if work is None else work.get_future().then(lambda _: result)
     fut = torch.futures.Future(devices=[result.device] if cuda else None)
@@ -109,7 +117,7 @@ def submit(call: Callable[[], object], result: torch.Tensor, *,
     if cuda:
         ready = torch.cuda.Event()
         ready.record(torch.cuda.current_stream(result.device))
-    _the_worker().put(lambda: _job(call, result, fut, ready))
+    _the_worker().put(lambda: _job(call, result, fut, ready), fut)
     return fut
 
 
@@ -120,14 +128,46 @@ def idle() -> bool:
         return _worker is None or _worker.pending == 0
 
 
-def _drain() -> None:
-    """Return once ``idle()``."""
+def drain() -> None:
+    """Return once ``idle()``: every job submitted so far has run."""
     worker = _worker
     if worker is None or idle():
         return
     done = threading.Event()
     worker.put(done.set)
     done.wait()
+
+
+def stop(timeout_s: float = 60.0) -> bool:
+    """Run every job submitted so far, wait for the ``Work`` each returned, and
+    end the worker thread (a later ``submit`` starts a new one); return whether
+    it ended within ``timeout_s``.
+
+    Call it before ``torch.distributed.destroy_process_group``: a thread still
+    inside a collective, or a ``Work`` still pending, while the process group
+    is torn down or the process exits is what a backend's destructors cannot
+    survive. It also runs at interpreter exit. A failure of a call belongs to
+    whoever waits on its future and is not raised here."""
+    global _worker
+    with _lock:
+        worker, _worker = _worker, None
+    if worker is None:
+        return True
+    worker.put(None)  # runs after every job before it; no job follows it
+    worker.thread.join(timeout_s)
+    if worker.thread.is_alive():  # a call is stuck: its future would never complete
+        return False
+    with _lock:
+        futures, worker.futures = worker.futures, []
+    for fut in futures:
+        try:
+            fut.wait()
+        except BaseException:  # noqa: BLE001 - the waiter's to handle
+            pass
+    return True
+
+
+atexit.register(stop)
 
 
 def _job(call, result: torch.Tensor, fut: torch.futures.Future, ready) -> None:

@@ -100,8 +100,8 @@ def _data(spec: dict, kind: str, size: int, rank: int, world: int) -> torch.Tens
 def _calls(kind: str, x: torch.Tensor, world: int, cfg, dist, zc, st):
     """(raw call, zipccl call counted in ``st``, its call site, its traffic for the model)."""
     from . import policy as P
-    ag_raw = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    rs_raw = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    from ._wire import all_gather_single as ag_raw
+    from ._wire import reduce_scatter_single as rs_raw
     numel, itemsize = x.numel(), x.element_size()
     if kind == "all_gather":
         inp = x[: numel // world].clone()

@@ -192,6 +192,10 @@ def decode(payload: torch.Tensor, *, out: torch.Tensor | None = None,
     contiguous) and ``out`` is returned; otherwise a new tensor is allocated
     on the payload's device.
     """
+    if out is not None and isinstance(payload, torch.Tensor) and out.dtype in F.DTYPES:
+        module = _backend_module(backend, payload.device)
+        if getattr(module, "DEVICE_HEADER", False):
+            return _decode_device_header(module, payload, out)
     header = F.parse_header(payload)
     if out is None:
         out = torch.empty(header.shape, dtype=header.dtype, device=payload.device)
@@ -217,6 +221,25 @@ def decode(payload: torch.Tensor, *, out: torch.Tensor | None = None,
         module.decode(body, plain, out)
         sums = _sums_bytes(chunk_sums(out))
     _check_checksums(payload, header, sums)
+    return out
+
+
+def _decode_device_header(module, payload: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """decode(payload, out=out) on a backend that checks the header on the
+    device against ``out`` (the Triton one): nothing is read back before its
+    kernel; the payload's dtype, numel and integrity are checked there, and
+    a mismatch raises here after the launch, as the host path would."""
+    if payload.dtype != torch.uint8 or payload.dim() != 1:
+        raise TypeError(f"payload must be a 1-D uint8 tensor, got {payload.dtype} "
+                        f"with shape {tuple(payload.shape)}")
+    if not out.is_contiguous():
+        raise ValueError("out must be contiguous")
+    if out.device != payload.device:
+        raise ValueError(f"out is on {out.device}, payload on {payload.device}")
+    _check_no_overlap(payload, out)
+    if module.decode_into(payload, out):  # the payload carries checksums
+        header = F.parse_header(payload)
+        _check_checksums(payload, header, _sums_bytes(chunk_sums(out)))
     return out
 
 

@@ -6,58 +6,47 @@ keyword-only ``config`` (a ``ZipCCLConfig``) and ``stats`` (a ``CommStats``;
 the module's own by default, read with ``stats()``). They know nothing of
 FSDP or DDP; ``hooks`` builds those integrations on top of them.
 
-How each one moves bytes:
+Each function checks its arguments, asks the policy for a plan
+(``policy.py``), and then either hands the call to torch (a raw call) or runs
+the one schedule of ``pipeline.py`` with it, of which a one-piece compressed
+call and zipccl's own raw reduction are cases. How each one moves bytes:
 
-* all-gather: encode the own shard, all-gather the payload sizes (one int64
-  per rank), all-gather the payloads padded to the largest, decode each slot
-  into the output. Padding keeps torch's (NCCL's ring/tree) all-gather; the
-  padding costs max - own bytes, well under 1% on model data (measured in
-  tests/test_fsdp2.py). The input may be a view into the output (FSDP2 passes
-  it so): it is read (encoded) before any output slot is written.
+* all-gather: encode the own shard, all-gather the payload sizes (a row of
+  int64 per rank), all-gather the payloads padded to the largest, decode each
+  slot into the output. Padding keeps torch's (NCCL's ring/tree) all-gather;
+  it costs max - own bytes, counted in ``pad_bytes``. The input may be a view
+  into the output (FSDP2 passes it so): it is read (encoded) before any output
+  slot is written.
 * reduce-scatter: a sum of compressed bytes is meaningless, so each rank
-  encodes the chunk meant for each peer, sizes go through an all-to-all of
-  int64, payloads through ``all_to_all_single`` with exact split sizes (no
-  padding), and each rank decodes and sums its chunk locally in fp32, in rank
-  order 0..world-1, then scales (AVG, PREMUL_SUM) and casts. The raw path
-  (below ``min_bytes`` or with compression off) is an uncompressed all-to-all
-  followed by the same sum, so the result is bitwise the same on either path
-  and with every codec backend. (One caveat across devices: a sum whose
-  operands are all NaN gives the device's NaN, 0x7FFFFFFF on CUDA and the
-  operand's quiet NaN on x86 CPUs; checked on an H200.)
+  encodes the chunk meant for each peer, payloads go through
+  ``all_to_all_single`` with exact split sizes (no padding), and each rank
+  decodes and sums its chunk locally in fp32, in rank order 0..world-1, then
+  scales (AVG, PREMUL_SUM) and casts. The raw path (below ``min_bytes`` or
+  with compression off) is an uncompressed all-to-all followed by the same
+  sum, so the result is bitwise the same on either path and with every codec
+  backend; a NaN result is the canonical quiet NaN (``_reduce.py``).
 * all-reduce: the reduce-scatter above and the all-gather above, on chunks of
   ceil/floor(numel / world) elements (any numel).
 * all-to-all: each split is encoded if it holds at least ``min_bytes`` (the
   receiver applies the same rule to its output split, so nothing marks it),
-  sizes go through an all-to-all of int64, payloads through an all-to-all with
-  exact splits.
+  payloads go through an all-to-all with exact splits. An output that
+  overlaps the input is refused on every path alike.
 
 A rank's own chunk of a reduce-scatter or all-to-all is never encoded nor sent.
 
-Every check that can fail (dtype, op, shapes) runs before the first
-communication, so a bad call raises on every rank instead of hanging some.
+Every check that can fail locally (dtype, op, shapes) runs before the first
+communication, so a bad call raises on every rank instead of hanging some;
+what only the ranks together can see (a call that differs between ranks, a
+size no slot can hold) is checked on the size rows, which every rank sees.
 ``async_op=True`` returns a ``Work``: torch's own, possibly pending, for a
 call sent raw; a completed one for a compressed call, which runs
-synchronously underneath for now (the size exchange needs the host anyway).
+synchronously underneath (the size exchange needs the host anyway).
 
 Integrity lives in ``integrity.py``: the agreement check at a group's first
 call (per-field, naming the ranks), ``ZipCCLConfig(verify=True)`` payload
 checksums, and the fallback to the raw collective on every rank when an encode
-fails (a payload size of -1 in the size exchange). The extra memory a
-compressed call allocates is described in ``memory.py``.
-
-Measured costs of the size exchange and the padding (2 cores, gloo; the
-numbers are in the report of the change that added this file):
-
-* a tiny gloo all-gather costs about 0.43 ms on 2 ranks here, against 2.5 ms
-  for a 1 MiB payload all-gather; inside FSDP2 the size exchange's time is
-  mostly the wait for the slower rank's encode, which any first collective
-  after an encode would absorb. On FSDP2 the size exchanges are 0.007% of the
-  wire bytes and the all-gather padding 0.04% (tests/test_fsdp2.py, counted in
-  ``size_bytes`` and ``pad_bytes``).
-* the alternative to padding, an all-to-all that sends each peer the exact
-  payload, ran faster on gloo for 8 MiB on 2 ranks but slower at 64 KiB and
-  on 3 ranks, and on NCCL it would give up the ring/NVLS all-gather: padding
-  it is.
+fails (a payload size of -1 in the size exchange). Measured costs of the size
+exchange, the padding and a call's memory are in docs/benchmarks.md.
 """
 from __future__ import annotations
 
@@ -70,23 +59,18 @@ from torch.distributed import ReduceOp
 
 from . import _raw_lanes
 from . import integrity as _integrity
-from ._layout import device_ints, gather_source, overlaps, same_memory, split_flat, zero_padded
-from ._reduce import RankOrderSum
 from . import pipeline as _pipeline
 from . import policy as _policy
+from ._layout import overlaps, same_memory, split_flat
+from ._wire import all_gather_single as _all_gather_single
+from ._wire import reduce_scatter_single as _reduce_scatter_single
 from .config import DEFAULT_CONFIG, ZipCCLConfig
-from .errors import CorruptPayloadError, ZipCCLConfigError  # noqa: F401
 from .stats import CommStats
 
 __all__ = ["all_gather_single", "reduce_scatter_single", "all_reduce", "all_to_all_single",
            "stats", "reset_stats", "CODED_DTYPES"]
 
 CODED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-# torch 2.13 names; torch 2.11 only has the older (since deprecated) ones.
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_single = (getattr(dist, "reduce_scatter_single", None)
-                          or dist.reduce_scatter_tensor)
 
 _STATS = CommStats()
 
@@ -169,8 +153,8 @@ def _coded(dtype: torch.dtype, cfg: ZipCCLConfig, where: str) -> bool:
 
 
 _LAST_GROUP: tuple = (None, None)
-"""(group, (group, world_size, rank)) of the last call: asking torch costs 2-3
-us per call (a tenth of a raw call's Python). Replaced whole, so a thread reads
+"""(group, (group, world_size, rank)) of the last call: asking torch costs a
+noticeable share of a raw call's Python. Replaced whole, so a thread reads
 a consistent pair; holds one reference, so a new group, or a new default group
 after re-initialisation, is a different object."""
 
@@ -229,10 +213,9 @@ def _native_all_reduce(tensor, parsed: _Op, op, group, world: int, async_op: boo
     """torch's own all-reduce, for the calls the adaptive policy sends raw:
     zipccl steps aside, numerics included (gloo sums bf16 in bf16; the
     compressed calls sum in fp32 in rank order). zipccl's own raw path
-    (all-to-all, fp32 sum, all-gather; "always" and "never" keep it) took 5
-    times as long as torch's on this machine's loopback (327 against 65 ms for
-    64 MiB of bf16) and 7% longer at 4 MiB on the 1 Gbit link
-    (docs/benchmarks.md). gloo lacks AVG and
+    (all-to-all, fp32 sum, all-gather; "always" and "never" keep it) takes
+    several times as long as torch's on a fast link (docs/benchmarks.md).
+    gloo lacks AVG and
     PREMUL_SUM: those scale each rank's tensor, then sum (as torch's DDP
     allreduce_hook divides, then sums)."""
     if _is_nccl(group) or parsed.kind == "sum":
@@ -346,7 +329,7 @@ def _admit(call: _Setup, t: torch.Tensor, kind: str, where: str) -> bool:
 
 def _no_grad_if_needed(*tensors: torch.Tensor):
     """``torch.no_grad()`` when autograd could see the call, else a no-op: the
-    lean raw paths skip the 2-10 us of entering it when nothing requires grad."""
+    lean raw paths skip the cost of entering it when nothing requires grad."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return torch.no_grad()
     return contextlib.nullcontext()
@@ -359,138 +342,6 @@ def _to_torch(st: CommStats, kind: str, wire_bytes: int, collective, *args, **kw
     st.add(kind, wire_bytes=wire_bytes)
     with st.phase(kind, "exchange"):
         return collective(*args, **kwargs)
-
-
-# --------------------------------------------------------------------------
-# Exchanges
-# --------------------------------------------------------------------------
-def _all_gather_sizes(nbytes: int, group, world: int, device, st: CommStats, kind: str) -> list:
-    with st.phase(kind, "sizes"):
-        mine = device_ints([nbytes], device)
-        every = torch.empty(world, dtype=torch.int64, device=device)
-        _all_gather_single(every, mine, group=group)
-        sizes = every.tolist()
-    st.add(kind, wire_bytes=8, size_bytes=8)
-    return sizes
-
-
-def _all_to_all_sizes(send_sizes: list, group, rank: int, device, st: CommStats,
-                      kind: str) -> list:
-    with st.phase(kind, "sizes"):
-        send = device_ints(send_sizes, device)
-        recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send, group=group)
-        sizes = recv.tolist()
-    st.add(kind, wire_bytes=8 * (len(send_sizes) - 1), size_bytes=8 * (len(send_sizes) - 1))
-    return sizes
-
-
-def _all_to_all_bytes(send: torch.Tensor, send_sizes: list, recv_sizes: list, rank: int,
-                      group, st: CommStats, kind: str) -> list:
-    """Exchange uint8 splits; return the received pieces in rank order."""
-    recv = torch.empty(sum(recv_sizes), dtype=torch.uint8, device=send.device)
-    with st.phase(kind, "exchange"):
-        dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=group)
-    st.add(kind, wire_bytes=sum(send_sizes) - send_sizes[rank])
-    pieces, offset = [], 0
-    for size in recv_sizes:
-        pieces.append(recv[offset:offset + size])
-        offset += size
-    return pieces
-
-
-# --------------------------------------------------------------------------
-# Cores shared by the public functions
-# --------------------------------------------------------------------------
-def _gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, compress: bool,
-            cfg: ZipCCLConfig, st: CommStats) -> bool:
-    """All-gather ``own`` (flat) into ``slots`` (flat views, one per rank, sizes may differ).
-    Returns whether the call fell back to raw (some rank's encode failed)."""
-    world = len(slots)
-    device = own.device
-    own = gather_source(own, slots, rank)
-    fell_back = False
-    if compress:
-        with st.phase(kind, "encode"):
-            payload = _integrity.guarded(st, kind, lambda: _integrity.encode(own, cfg))
-        sizes = _all_gather_sizes(_integrity.FELL_BACK if payload is None else payload.numel(),
-                                  group, world, device, st, kind)
-        _integrity.raise_if_aborted(sizes, kind, group)
-        fell_back = _integrity.fell_back(sizes)
-        compress = not fell_back
-    if not compress:
-        payload = own.view(torch.uint8)
-        sizes = [s.numel() * s.element_size() for s in slots]
-    width = max(sizes)
-    send = zero_padded(payload, width)
-    recv = torch.empty(world * width, dtype=torch.uint8, device=device)
-    with st.phase(kind, "exchange"):
-        _all_gather_single(recv, send, group=group)
-    st.add(kind, wire_bytes=width, pad_bytes=width - payload.numel())
-    with st.phase(kind, "decode"):
-        for r in range(world):
-            if r == rank:
-                continue
-            piece = recv[r * width:r * width + sizes[r]]
-            if compress:
-                _integrity.decode_from(piece, slots[r], cfg, kind, r, group)
-            else:
-                slots[r].view(torch.uint8).copy_(piece)
-        if not same_memory(own, slots[rank]):
-            slots[rank].copy_(own)
-    return fell_back
-
-
-def _scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.Tensor,
-                    op: _Op, group, rank: int, compress: bool, cfg: ZipCCLConfig,
-                    st: CommStats) -> bool:
-    """Reduce chunk ``rank`` of every rank's ``flat_in`` (chunks of ``counts`` elements,
-    in rank order) into the flat ``out``: fp32 sum in rank order, then scale and cast.
-    Returns whether the call fell back to raw (some rank's encode failed)."""
-    world = len(counts)
-    chunks = split_flat(flat_in, counts)
-    mine = chunks[rank]
-    n = mine.numel()
-    itemsize = flat_in.element_size()
-    pieces = None
-    fell_back = False
-    if world > 1:
-        if compress:
-            with st.phase(kind, "encode"):
-                payloads = _integrity.guarded(st, kind, lambda: [
-                    flat_in.new_empty(0, dtype=torch.uint8) if r == rank
-                    else _integrity.encode(chunks[r], cfg) for r in range(world)])
-            send_sizes = ([p.numel() for p in payloads] if payloads is not None
-                          else [_integrity.FELL_BACK] * world)
-            recv_sizes = _all_to_all_sizes(send_sizes, group, rank, flat_in.device, st, kind)
-            fell_back = _integrity.fell_back(recv_sizes)
-            compress = not fell_back
-        if compress:
-            send = torch.cat(payloads)
-        else:
-            # Send the input as it is; the own chunk goes to self (a local copy).
-            send = flat_in.view(torch.uint8)
-            send_sizes = [c * itemsize for c in counts]
-            recv_sizes = [n * itemsize] * world
-        pieces = _all_to_all_bytes(send, send_sizes, recv_sizes, rank, group, st, kind)
-
-    total = RankOrderSum(out, flat_in, op)
-    scratch = None
-    for r in range(world):
-        if r == rank:
-            src = mine
-        elif compress:
-            if scratch is None:
-                scratch = torch.empty(n, dtype=flat_in.dtype, device=flat_in.device)
-            with st.phase(kind, "decode"):
-                src = _integrity.decode_from(pieces[r], scratch, cfg, kind, r, group)
-        else:
-            src = pieces[r].view(flat_in.dtype)
-        with st.phase(kind, "reduce"):
-            total.add(src, r)
-    with st.phase(kind, "reduce"):
-        total.finish(world)
-    return fell_back
 
 
 # --------------------------------------------------------------------------
@@ -548,13 +399,9 @@ def _all_gather_coded(output_tensor, input_tensor, plan, cfg: ZipCCLConfig, st: 
     n = input_tensor.numel()
     flat_out = output_tensor.view(-1)
     slots = [flat_out[r * n:(r + 1) * n] for r in range(world)]
-    if plan.pipeline:
-        _pipelined_done(st, "all_gather", _pipeline.gather(
-            "all_gather", input_tensor.view(-1), slots, group, rank, plan, cfg, st,
-            _policy.policy_for(cfg), ("all_gather", tuple(input_tensor.shape), input_tensor.dtype)))
-        return _completed_work(async_op, output_tensor)
-    if _gather("all_gather", input_tensor.view(-1), slots, group, rank, True, cfg, st):
-        _integrity.count_fallback(st, "all_gather")
+    _pipelined_done(st, "all_gather", _pipeline.gather(
+        "all_gather", input_tensor.view(-1), slots, group, rank, plan, cfg, st,
+        _policy.policy_for(cfg), ("all_gather", tuple(input_tensor.shape), input_tensor.dtype)))
     return _completed_work(async_op, output_tensor)
 
 
@@ -593,7 +440,6 @@ def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=F
                          output, input, op=op, group=group, async_op=async_op)
     compress = world > 1 and _compresses(cfg, "reduce_scatter", unit)
     plan = _plan(cfg, "reduce_scatter", group, world, input, unit, compress, st)
-    compress = plan.compress
     st.add("reduce_scatter", calls=1, raw_bytes=(world - 1) * unit,
            **_decided(plan, world > 1))
     if not plan.compress and cfg.policy == "adaptive" and world > 1 and _is_nccl(group):
@@ -602,15 +448,10 @@ def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=F
         # fast; gloo's moves twice an all-to-all's bytes, so there zipccl's stays.
         return _to_torch(st, "reduce_scatter", (world - 1) * unit, _reduce_scatter_single,
                          output, input, op=op, group=group, async_op=async_op)
-    if plan.pipeline:
-        _pipelined_done(st, "reduce_scatter", _pipeline.scatter_reduce(
-            "reduce_scatter", input.view(-1), [n] * world, output.view(-1), parsed, group, rank,
-            plan, cfg, st, _policy.policy_for(cfg), ("reduce_scatter", tuple(input.shape),
-                                                      input.dtype)))
-        return _completed_work(async_op, output)
-    if _scatter_reduce("reduce_scatter", input.view(-1), [n] * world, output.view(-1), parsed,
-                       group, rank, compress, cfg, st):
-        _integrity.count_fallback(st, "reduce_scatter")
+    _pipelined_done(st, "reduce_scatter", _pipeline.scatter_reduce(
+        "reduce_scatter", input.view(-1), [n] * world, output.view(-1), parsed, group, rank,
+        plan, cfg, st, _policy.policy_for(cfg), ("reduce_scatter", tuple(input.shape),
+                                                  input.dtype)))
     return _completed_work(async_op, output)
 
 
@@ -657,7 +498,6 @@ def _all_reduce(tensor, op, group, async_op: bool, config: ZipCCLConfig | None,
     counts = [base + (r < extra) for r in range(world)]
     compress = world > 1 and _compresses(cfg, "all_reduce", counts[0] * itemsize)
     plan = _plan(cfg, "all_reduce", group, world, tensor, counts[0] * itemsize, compress, st)
-    compress = plan.compress
     st.add("all_reduce", calls=1, raw_bytes=numel * itemsize if world > 1 else 0,
            **_decided(plan, world > 1))
     if not plan.compress and cfg.policy == "adaptive" and world > 1:
@@ -669,29 +509,16 @@ def _all_reduce(tensor, op, group, async_op: bool, config: ZipCCLConfig | None,
     flat = tensor.view(-1)
     reduced = torch.empty(counts[rank], dtype=tensor.dtype, device=tensor.device)
     slots = split_flat(flat, counts)
-    if plan.pipeline:
-        pol, site = _policy.policy_for(cfg), ("all_reduce", tuple(tensor.shape), tensor.dtype)
-        first = _pipeline.scatter_reduce("all_reduce", flat, counts, reduced, parsed, group,
-                                         rank, plan, cfg, st, pol, site)
-        # A corrupt piece in the first half stops the second on every rank.
-        second = _pipeline.gather("all_reduce", reduced, slots, group, rank, plan, cfg, st,
-                                  pol, site, abort=first.error)
-        _pipelined_done(st, "all_reduce", first, second)
-        return _completed_work(async_op, tensor)
-    try:
-        fell_back = _scatter_reduce("all_reduce", flat, counts, reduced, parsed, group, rank,
-                                    compress, cfg, st)
-    except CorruptPayloadError:
-        if compress and world > 1:  # the peers are entering the all-gather: stop them there
-            _integrity.join_abort(group, world, tensor.device, st, "all_reduce")
-        raise
+    pol, site = _policy.policy_for(cfg), ("all_reduce", tuple(tensor.shape), tensor.dtype)
+    first = _pipeline.scatter_reduce("all_reduce", flat, counts, reduced, parsed, group, rank,
+                                     plan, cfg, st, pol, site)
     if world == 1:
         slots[0].copy_(reduced)
-    else:
-        fell_back = _gather("all_reduce", reduced, slots, group, rank, compress, cfg,
-                            st) or fell_back
-    if fell_back:
-        _integrity.count_fallback(st, "all_reduce")
+        return _completed_work(async_op, tensor)
+    # A corrupt piece in the first half stops the second on every rank.
+    second = _pipeline.gather("all_reduce", reduced, slots, group, rank, plan, cfg, st, pol,
+                              site, abort=first.error)
+    _pipelined_done(st, "all_reduce", first, second)
     return _completed_work(async_op, tensor)
 
 
@@ -784,6 +611,10 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
                          f"expects {out_rows[rank]}")
     raw = (sum(in_counts) - in_counts[rank]) * itemsize
     _ensure_consistent(cfg, group, world, input, st, "all_to_all")
+    if overlaps(input, output):
+        # Every path reads the input while it writes the output (torch's own
+        # all-to-all included), so an overlapping input is read from a copy.
+        input = input.clone()
     if not coded or not cfg.compress_all_to_all or world == 1 or _capturing(input):
         st.add("all_to_all", calls=1, raw_bytes=raw)
         return _to_torch(st, "all_to_all", raw, dist.all_to_all_single, output, input,
@@ -799,77 +630,32 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
                              output_split_sizes, input_split_sizes, group=group,
                              async_op=async_op)
     st.add("all_to_all", calls=1, raw_bytes=raw)
-    with torch.no_grad():
-        return _all_to_all_coded(output, input, cfg, st, group, world, rank, in_counts,
-                                 out_counts, itemsize, raw, output_split_sizes,
-                                 input_split_sizes, async_op, where)
-
-
-def _all_to_all_coded(output, input, cfg: ZipCCLConfig, st: CommStats, group, world: int,
-                      rank: int, in_counts: list, out_counts: list, itemsize: int, raw: int,
-                      output_split_sizes, input_split_sizes, async_op: bool, where: str):
-    """The rest of ``all_to_all_single`` for a call that may compress."""
     send_coded = [_compresses(cfg, "all_to_all", c * itemsize) for c in in_counts]
     recv_coded = [_compresses(cfg, "all_to_all", c * itemsize) for c in out_counts]
-    plan = None
-    if cfg.policy != "always" or cfg.pipeline_pieces > 1:
+    with torch.no_grad():
         # Decided before any slicing: a raw call should cost as little as possible.
         with st.phase("all_to_all", "policy"):
             plan = _all_to_all_plan(cfg, group, world, rank, input, in_counts, send_coded, st)
-        st.add("all_to_all", **_decided(plan, True))
+        decided = _decided(plan, True)
+        if not (any(send_coded) or any(recv_coded)):  # every split of this rank goes raw
+            decided["compressed_calls"] = decided["pipelined_calls"] = 0
+        st.add("all_to_all", **decided)
         if not plan.compress:
             return _to_torch(st, "all_to_all", raw, dist.all_to_all_single, output, input,
                              output_split_sizes, input_split_sizes, group=group,
                              async_op=async_op)
-    flat_in, flat_out = input.view(-1), output.view(-1)
-    if overlaps(flat_in, flat_out):
-        flat_in = flat_in.clone()
-    in_pieces = split_flat(flat_in, in_counts)
-    out_pieces = split_flat(flat_out, out_counts)
-    if plan is not None:
         _pipelined_done(st, "all_to_all", _pipeline.all_to_all(
-            "all_to_all", in_pieces, out_pieces, send_coded, recv_coded, group, rank, plan, cfg,
-            st, _policy.policy_for(cfg), ("all_to_all", tuple(input.shape[1:]), input.dtype)))
+            "all_to_all", split_flat(input.view(-1), in_counts),
+            split_flat(output.view(-1), out_counts), send_coded, recv_coded, group, rank, plan,
+            cfg, st, _policy.policy_for(cfg), ("all_to_all", tuple(input.shape[1:]),
+                                                input.dtype)))
         return _completed_work(async_op, output)
-    coded_call = any(send_coded) or any(recv_coded)
-    st.add("all_to_all", compressed_calls=int(coded_call))
-    with st.phase("all_to_all", "encode"):
-        payloads = _integrity.guarded(st, "all_to_all", lambda: [
-            flat_in.new_empty(0, dtype=torch.uint8) if r == rank
-            else _integrity.encode(in_pieces[r], cfg)
-            if send_coded[r] else in_pieces[r].view(torch.uint8)
-            for r in range(world)])
-    send_sizes = ([p.numel() for p in payloads] if payloads is not None
-                  else [_integrity.FELL_BACK] * world)
-    recv_sizes = _all_to_all_sizes(send_sizes, group, rank, input.device, st, "all_to_all")
-    if _integrity.fell_back(recv_sizes):  # some rank's encode failed: raw, on every rank
-        _integrity.count_fallback(st, "all_to_all", coded_call)
-        _to_torch(st, "all_to_all", raw, dist.all_to_all_single, flat_out, flat_in, out_counts,
-                  in_counts, group=group)
-        return _completed_work(async_op, output)
-    pieces = _all_to_all_bytes(torch.cat(payloads), send_sizes, recv_sizes, rank, group, st,
-                               "all_to_all")
-    # Checked after the exchange, which every rank joins, so no peer is left waiting.
-    for r in range(world):
-        if r != rank and not recv_coded[r] and recv_sizes[r] != out_counts[r] * itemsize:
-            raise ValueError(f"zipccl {where}: rank {r} sent {recv_sizes[r]} bytes for an "
-                             f"output split of {out_counts[r]} elements; split sizes disagree "
-                             f"between ranks")
-    with st.phase("all_to_all", "decode"):
-        for r in range(world):
-            if r == rank:
-                out_pieces[r].copy_(in_pieces[r])
-            elif recv_coded[r]:
-                _integrity.decode_from(pieces[r], out_pieces[r], cfg, "all_to_all", r, group)
-            else:
-                out_pieces[r].view(torch.uint8).copy_(pieces[r])
-    return _completed_work(async_op, output)
 
 
 def _all_to_all_plan(cfg: ZipCCLConfig, group, world: int, rank: int, t: torch.Tensor,
                      in_counts: list, send_coded: list, st: CommStats) -> _policy.Plan:
-    """The plan of an all-to-all under "adaptive", "never" or forced pieces
-    (split sizes differ between ranks: ``Policy.decide_all_to_all``)."""
+    """The plan of an all-to-all (split sizes differ between ranks:
+    ``Policy.decide_all_to_all``)."""
     if cfg.policy == "never":
         return _policy.RAW
     pol = _policy.policy_for(cfg)
@@ -881,5 +667,3 @@ def _all_to_all_plan(cfg: ZipCCLConfig, group, world: int, rank: int, t: torch.T
     coded = sum(c for r, c in enumerate(in_counts) if r != rank and send_coded[r]) * itemsize
     return pol.decide_all_to_all(group, world, tuple(t.shape[1:]), t.dtype, t.device, send,
                                  coded, st)
-
-

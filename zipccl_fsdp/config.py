@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field, fields
+from typing import Literal, get_args
 
-_CODECS = ("auto", "raw", "fixed3", "dense")
-_BACKENDS = ("auto", "torch", "cpp", "triton")
+CodecName = Literal["auto", "raw", "fixed3", "dense"]
+BackendName = Literal["auto", "torch", "cpp", "triton"]
+
+_CODECS = get_args(CodecName)
+_BACKENDS = get_args(BackendName)
 _UNSUPPORTED = ("raise", "raw")
 _POLICIES = ("always", "never", "adaptive")
 
@@ -32,18 +36,16 @@ class ZipCCLConfig:
         >>> all_gather_single(out, inp, config=cfg)
     """
 
-    codec: str = "auto"
+    codec: CodecName = "auto"
     """Exponent code for compressed payloads: "dense" (tiered prefix code),
     "fixed3" (fixed 3-bit codes: faster, larger), "raw" (framing only; for
     tests and measurement) or "auto" (the default): under
     ``policy="adaptive"``, per call whichever of fixed3 and dense the policy
-    predicts faster; under "always", the codec module's default, "dense": on
-    FSDP2 bf16 parameters it sends 0.66 of the raw bytes against 0.70 for
-    "fixed3" (tests/test_fsdp2.py). With the C++ backend on 2 CPU cores (64
-    MiB of bf16, ``zipccl bench codec``) dense encodes at about 2.3 GB/s and
-    decodes at 3.8, fixed3 at 3.1 and 6.7."""
+    predicts faster; under "always", the codec module's default, "dense",
+    which sends fewer bytes than "fixed3" on model data (ratios and speeds:
+    docs/benchmarks.md, ``zipccl bench codec``)."""
 
-    backend: str = "auto"
+    backend: BackendName = "auto"
     """Codec backend: "auto" (Triton on CUDA, C++ or torch on CPU), "torch",
     "cpp" or "triton". Payloads are byte-identical across backends."""
 
@@ -67,7 +69,7 @@ class ZipCCLConfig:
     compress_all_to_all: bool = True
     """Compress all-to-alls (MoE token dispatch)."""
 
-    unsupported_dtype: str = "raise"
+    unsupported_dtype: Literal["raise", "raw"] = "raise"
     """What to do with a dtype the codec does not handle (only bf16, fp16 and
     fp32 are): "raise" a TypeError on every rank before any communication, or
     "raw": run torch's own collective (data movement), or for reductions the
@@ -85,22 +87,18 @@ class ZipCCLConfig:
     (``encode(verify=True)``) that the receiver checks on what it decoded; a
     mismatch raises ``CorruptPayloadError`` naming the collective, the sending
     rank and the chunk (any single flipped bit is caught,
-    ``benchmarks/bitflip_transit.py``). Raw sends (below ``min_bytes``,
-    compression off, fallbacks) are not covered. Cost, 64 MiB of Gaussian
-    bf16 on this 2-core CPU (``benchmarks/verify_cost.py``, verify off and on
-    interleaved): the payload grows by 4 bytes per 4096 elements (0.07% of a
-    bf16 payload). With the cpp backend the checksums are computed in C++
-    inside the encode and decode passes, so encode+decode takes 1.15-1.4x as
-    long (dense 0.049 s -> 0.063 s, fixed3 0.031 s -> 0.041 s, 2 threads);
-    the torch and triton backends compute them with torch ops at 0.3-0.6 GB/s
-    per side (5-9x the cpp codec's time). Peak memory grows by at most 0.25x
-    the input (``memory.py``, measured before the C++ sums). Worth it to find or rule out corruption, or where the
-    link, not the codec, bounds the step."""
+    ``benchmarks/bitflip_transit.py``). What it does not cover: bytes zipccl
+    hands to torch unencoded (messages below ``min_bytes``, the policy's raw
+    calls, ``policy="never"``, fallbacks after a failed encode, and the raw
+    splits of an all-to-all): those are torch's own collectives, which carry
+    no checksum, and adding one would make every raw call cost more than
+    torch's. The payload grows by 4 bytes per 4096 elements; the cost in time
+    and memory is measured in docs/benchmarks.md (``benchmarks/verify_cost.py``)."""
 
-    policy: str = "adaptive"
+    policy: Literal["adaptive", "always", "never"] = "adaptive"
     """How each call chooses between raw and compressed (``policy.py``).
     "adaptive" by default, so that zipccl never makes a fast link slower.
-    "always": compress every message of at least ``min_bytes`` (unpipelined
+    "always": compress every message of at least ``min_bytes`` (one piece
     unless ``pipeline_pieces`` > 1): for tests, measurements and links known
     to be slow.
     "never": send everything raw (reductions still sum in fp32 in rank order,
@@ -111,19 +109,21 @@ class ZipCCLConfig:
     (``link_gbps``, else measured at the first call on a process group) and the
     codec's speed (``codec_gbps``, else measured). Measured speeds are agreed
     across the group (the slowest rank's) and ratios come from the size
-    exchanges every rank sees, so all ranks take the same decision. Compression
-    must win by 10% in the model, so a fast link stays raw: on an unthrottled
-    loopback every call goes raw (docs/benchmarks.md). Numerics: under
-    "adaptive" an all-reduce sent raw is torch's own (gloo sums bf16 in bf16),
-    a compressed one sums in fp32 in rank order; a reduce-scatter sums in fp32
-    in rank order either way; "always" and "never" never use torch's
+    exchanges every rank sees, so all ranks take the same decision; with
+    ``link_gbps`` and ``codec_gbps`` given nothing is timed, and the decisions
+    depend only on the calls and their data. Compression must win by 10% in
+    the model, so a fast link stays raw. Numerics: under "adaptive" an
+    all-reduce sent raw is torch's own, a compressed one sums in fp32 in rank
+    order; a reduce-scatter sums in fp32 in rank order either way (NCCL's own
+    when it goes raw on NCCL); "always" and "never" never use torch's
     reductions, so their results do not depend on any decision."""
 
     link_gbps: float | None = None
     """Link bandwidth for the adaptive policy, in Gbit/s that one rank gets
     while every rank of the group sends at once (its share of a shared link).
-    None: measured at the first adaptive call on each process group (5 tiny
-    and 3 all-gathers of 2 MiB per rank, the slowest rank's times)."""
+    None: measured at the first adaptive call on each process group (a few
+    all-gathers, the slowest rank's times; counted under
+    ``stats()["calibration"]``)."""
 
     link_latency_us: float | None = None
     """Latency of one small collective for the adaptive policy, in
@@ -134,7 +134,7 @@ class ZipCCLConfig:
     """Encode and decode speed for the adaptive policy, in GB/s of tensor
     bytes, for both codecs and every dtype. None: measured on 1 MiB of
     Gaussian data at the first adaptive call per process group and dtype (the
-    slowest rank's, about 20 ms on a CPU)."""
+    slowest rank's; counted under ``stats()["calibration"]``)."""
 
     pipeline_pieces: int = 0
     """Pieces a compressed message is cut into, so that encoding one piece,

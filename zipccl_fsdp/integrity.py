@@ -4,7 +4,7 @@ and the fallback to raw when an encode fails.
 The collectives in ``collectives.py`` call in here at three points.
 
 * **Agreement** (``check_agreement``): at the first call of a config on a
-  process group every rank all-gathers one int64, a hash of what it will put
+  process group every rank all-gathers a tagged int64, a hash of what it will put
   on the wire: the payload format version, the codec set of its build and
   ``ZipCCLConfig.protocol_fields()`` (``min_bytes``, the ``compress_*``
   switches, ``unsupported_dtype``, ``verify``). When the hashes differ, every
@@ -14,7 +14,11 @@ The collectives in ``collectives.py`` call in here at three points.
   the ranks on each side. Both exchanges are plain collectives all ranks join
   at the same point, so a mismatch raises everywhere, never hangs; a rank that
   never arrives makes the others fail at the process group's timeout. The
-  happy path costs 8 bytes per rank, once per (config, group).
+  fingerprint travels in a vector as wide as a size row of the schedule
+  (``pipeline.row_width``), behind ``AGREE_TAG``: a rank that skips the check
+  (``check_consistency`` differing between ranks) meets it with a size row,
+  and both sides raise ``ZipCCLConfigError``. The happy path costs one such
+  vector per rank, once per (config, group).
 * **Verify** (``encode`` / ``decode_from``): with ``ZipCCLConfig(verify=True)``
   payloads carry the per-4096-element checksums of ``encode(verify=True)``;
   the receiver's decode checks them, and a failure is re-raised as
@@ -25,7 +29,9 @@ The collectives in ``collectives.py`` call in here at three points.
   group stays in step: the sender returns normally and may go on. The one
   exception is all-reduce, whose all-gather half follows the reduce-scatter
   half: a rank that finds a corrupt piece in the first half joins the second
-  half's size exchange with ``ABORT`` and every rank raises there.
+  half's size exchange with ``ABORT`` and every rank raises there. Raw sends
+  (below ``min_bytes``, the policy's raw calls, fallbacks) are torch's own
+  collectives and carry no checksum.
 * **Fallback** (``guarded`` / ``fell_back``): an exception from the encoder
   (a codec bug, a failed C++ build, out of memory) must not leave the ranks in
   different collectives. The failing rank sends ``FELL_BACK`` (-1) instead of
@@ -35,8 +41,8 @@ The collectives in ``collectives.py`` call in here at three points.
   ``compressed_calls``) and the first one per stats owner is logged as a
   warning with the traceback, later ones at debug level.
 
-Measured costs are in ``ZipCCLConfig.verify``'s docstring and in
-``benchmarks/verify_cost.py``; catch rates in ``benchmarks/bitflip_transit.py``.
+Costs are measured by ``benchmarks/verify_cost.py`` and catch rates by
+``benchmarks/bitflip_transit.py`` (docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -48,20 +54,23 @@ import torch.distributed as dist
 
 from . import codec as _codec
 from . import format as F
-from ._layout import device_ints
+from ._wire import gather_ints, group_key
 from .errors import CorruptPayloadError, ZipCCLConfigError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FELL_BACK", "ABORT", "PROTOCOL_SLOTS", "protocol_fields", "check_agreement",
-           "encode", "guarded", "fell_back", "count_fallback", "decode_from",
-           "raise_if_aborted", "join_abort"]
+__all__ = ["FELL_BACK", "ABORT", "AGREE_TAG", "PROTOCOL_SLOTS", "protocol_fields",
+           "check_agreement", "guarded", "count_fallback", "decode_from", "raise_if_aborted",
+           "rank_names"]
 
 FELL_BACK = -1
 """A payload size that means: this rank's encode failed, the call goes raw on every rank."""
 
 ABORT = -2
 """A payload size that means: this rank found a corrupt payload earlier in this call."""
+
+AGREE_TAG = 0x5A43_4147_5231
+"""First entry of the agreement vector ("ZCAGR1"); size rows start with ``pipeline.ROW_TAG``."""
 
 PROTOCOL_SLOTS = 32
 """Slots of the per-field agreement vector: slot 0 hashes the field names, one
@@ -70,9 +79,6 @@ slot per field after it (room for 31 fields; the build has 9)."""
 # Integers below this travel as themselves (so errors can print them); other
 # values (strings, tuples, big ints) as a hash with this bit set.
 _HASHED = 1 << 62
-
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
 
 # --------------------------------------------------------------------------
 # Agreement
@@ -84,14 +90,15 @@ def protocol_fields(cfg) -> dict:
             **cfg.protocol_fields()}
 
 
-def _hash62(text: str) -> int:
+def hash62(text: str) -> int:
+    """A 62-bit hash of ``text``, the same on every rank and in every process."""
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 2
 
 
 def _slot(value) -> int:
     if isinstance(value, (bool, int)) and 0 <= int(value) < _HASHED:
         return int(value)
-    return _HASHED | _hash62(repr(value))
+    return _HASHED | hash62(repr(value))
 
 
 def field_vector(fields: dict) -> list:
@@ -99,20 +106,11 @@ def field_vector(fields: dict) -> list:
     if len(fields) >= PROTOCOL_SLOTS:
         raise AssertionError(f"{len(fields)} protocol fields do not fit in "
                              f"{PROTOCOL_SLOTS - 1} slots; raise PROTOCOL_SLOTS")
-    vec = [_HASHED | _hash62(repr(tuple(fields)))] + [_slot(v) for v in fields.values()]
+    vec = [_HASHED | hash62(repr(tuple(fields)))] + [_slot(v) for v in fields.values()]
     return vec + [0] * (PROTOCOL_SLOTS - len(vec))
 
 
-def _gather_ints(values: list, group, world: int, device) -> list:
-    """All-gather a list of int64s of the same length on every rank; rows in rank order."""
-    mine = device_ints(values, device)
-    every = torch.empty(world * len(values), dtype=torch.int64, device=device)
-    _all_gather_single(every, mine, group=group)
-    flat = every.tolist()
-    return [flat[r * len(values):(r + 1) * len(values)] for r in range(world)]
-
-
-def _rank_names(ranks: list, group) -> str:
+def rank_names(ranks: list, group) -> str:
     """``[0, 2]``, or ``3`` for one rank; with the global ranks for a subgroup."""
     one = len(ranks) == 1
     text = str(ranks[0] if one else ranks)
@@ -143,7 +141,7 @@ def _describe(fields: dict, table: list, rank: int, group) -> list:
             else:
                 shown = "another value"
             who, verb = ("rank", "has") if len(ranks) == 1 else ("ranks", "have")
-            parts.append(f"{who} {_rank_names(ranks, group)} {verb} {shown}")
+            parts.append(f"{who} {rank_names(ranks, group)} {verb} {shown}")
         lines.append(f"{name}: " + "; ".join(parts))
         if slot == 0:  # different field lists: the per-field slots don't line up
             break
@@ -155,20 +153,35 @@ def check_agreement(cfg, group, world: int, device, st, kind: str) -> None:
     all ranks agree on ``protocol_fields(cfg)`` (see the module docstring)."""
     if not cfg.check_consistency or world == 1:
         return
-    key = getattr(group, "group_name", None) or id(group)
+    key = group_key(group)
     if key in cfg._checked_groups:
         return
+    from .pipeline import is_size_row, row_width
+
     fields = protocol_fields(cfg)
     vec = field_vector(fields)
+    width = row_width(world)
     with st.phase(kind, "sizes"):
-        prints = [row[0] for row in _gather_ints([_hash62(repr(vec))], group, world, device)]
-    st.add(kind, wire_bytes=8, size_bytes=8)
+        rows = gather_ints([AGREE_TAG, hash62(repr(vec))] + [0] * (width - 2), group, world,
+                           device)
+    st.add(kind, wire_bytes=8 * width, size_bytes=8 * width)
+    tags = [row[0] for row in rows]
+    if any(t != AGREE_TAG for t in tags):
+        rows_ = [r for r, t in enumerate(tags) if is_size_row(t)]
+        mine = [r for r, t in enumerate(tags) if t == AGREE_TAG]
+        why = (f"rank {rank_names(mine, group)} checked the config's agreement "
+               f"(check_consistency=True) where rank {rank_names(rows_, group)} did not: "
+               f"check_consistency must be equal on every rank") if rows_ else (
+            "some rank sent something other than zipccl's agreement vector: the ranks are not "
+            "in the same collective")
+        raise ZipCCLConfigError(f"zipccl {kind}: {why}")
+    prints = [row[1] for row in rows]
     if len(set(prints)) == 1:
         cfg._checked_groups.add(key)
         return
     # Every rank saw the same fingerprints, so every rank joins this second exchange.
     with st.phase(kind, "sizes"):
-        table = _gather_ints(vec, group, world, device)
+        table = gather_ints(vec, group, world, device)
     st.add(kind, wire_bytes=8 * PROTOCOL_SLOTS, size_bytes=8 * PROTOCOL_SLOTS)
     rank = dist.get_rank(group)
     lines = _describe(fields, table, rank, group) or [f"fingerprints {prints}"]
@@ -179,13 +192,8 @@ def check_agreement(cfg, group, world: int, device, st, kind: str) -> None:
 
 
 # --------------------------------------------------------------------------
-# Encode with fallback
+# Encode fallback
 # --------------------------------------------------------------------------
-def encode(x: torch.Tensor, cfg) -> torch.Tensor:
-    """``codec.encode`` with the config's codec, backend and ``verify``."""
-    return _codec.encode(x, codec=cfg.codec, backend=cfg.backend, verify=cfg.verify)
-
-
 def guarded(st, kind: str, fn):
     """``fn()``, or None when it raises: the caller then sends ``FELL_BACK``."""
     try:
@@ -197,12 +205,6 @@ def guarded(st, kind: str, fn):
             "(counted in fallback_calls%s)", kind,
             "; later failures are logged at debug level" if first else "", exc_info=True)
         return None
-
-
-def fell_back(sizes: list) -> bool:
-    """Whether any rank sent ``FELL_BACK`` in a size exchange (``sizes`` holds
-    every rank's value, this rank's own included)."""
-    return FELL_BACK in sizes
 
 
 def count_fallback(st, kind: str, was_compressed: bool = True) -> None:
@@ -230,7 +232,7 @@ def decode_from(piece: torch.Tensor, out: torch.Tensor, cfg, kind: str, peer: in
         where = f"chunk {chunk}" if chunk is not None else "header or chunk table"
         raise _corrupt(kind, peer, group, e,
                        f"zipccl {kind}: the payload received from rank "
-                       f"{_rank_names([peer], group)} is corrupt ({where}): {e}") from e
+                       f"{rank_names([peer], group)} is corrupt ({where}): {e}") from e
 
 
 def raise_if_aborted(sizes: list, kind: str, group) -> None:
@@ -238,12 +240,6 @@ def raise_if_aborted(sizes: list, kind: str, group) -> None:
     if ABORT in sizes:
         peer = sizes.index(ABORT)
         raise _corrupt(kind, peer, group, None,
-                       f"zipccl {kind}: rank {_rank_names([peer], group)} received a corrupt "
+                       f"zipccl {kind}: rank {rank_names([peer], group)} received a corrupt "
                        f"payload earlier in this call and stopped it on every rank")
 
-
-def join_abort(group, world: int, device, st, kind: str) -> None:
-    """Join the size exchange of the next phase of this call with ``ABORT``."""
-    with st.phase(kind, "sizes"):
-        _gather_ints([ABORT], group, world, device)
-    st.add(kind, wire_bytes=8, size_bytes=8)

@@ -1,27 +1,37 @@
-"""Pipelined compressed collectives: encode piece i+1, move piece i, decode piece i-1.
+"""The schedule every collective runs: encode piece i+1, move piece i, decode piece i-1.
 
-``collectives.py`` calls these when the policy (``policy.py``) picks
-compression under ``policy="adaptive"``, or when ``pipeline_pieces`` > 1.
-A message is cut into ``plan.pieces`` pieces: piece i of a slot (an
-all-gather shard, a reduce-scatter chunk, an all-to-all split) of ``c``
-elements is elements ``[c i // P, c (i + 1) // P)``, which every rank computes
-alike. Per piece:
+Each collective of ``collectives.py`` describes its call (``Desc``: what it
+sends each rank and expects from each) and hands this module a ``Plan``
+(``policy.py``): raw, or compressed with a codec in ``plan.pieces`` pieces.
+A one-piece compressed call is the ``pieces == 1`` case of the same schedule,
+and zipccl's own raw reduction (an all-to-all then an fp32 sum in rank order)
+is the case with no rows. Piece i of a slot (an all-gather shard, a
+reduce-scatter chunk, an all-to-all split) of ``c`` elements is elements
+``[c i // P, c (i + 1) // P)``, which every rank computes alike. Per piece:
 
 1. encode this rank's part of the piece (the rank's thread; on CUDA a side
    stream);
-2. all-gather a *row* of int64 per rank: the payload size for each receiver,
-   then the raw and payload bytes this rank coded (so every rank learns the
-   call's global ratio, which the policy's per-site estimate needs to stay
-   equal on every rank);
+2. all-gather a *row* of int64 per rank (``row_width``): a tag, the call's
+   collective, dtype and reduce op, the payload size for each receiver, the
+   elements this rank sends each rank and expects from each, then the raw
+   and payload bytes it coded (so every rank learns the call's global ratio,
+   which the policy's per-site estimate needs to stay equal on every rank);
 3. exchange the payloads with an async collective (``async_op=True``: gloo
    moves them in its own threads, NCCL on its stream): the all-gather padded
    to the piece's largest payload, or an all-to-all with exact splits;
 4. decode (and for reductions, add in fp32 in rank order) the piece before.
 
-Steps 1 and 4 of neighbouring pieces run while step 3 is in flight. One
-piece behaves as the one-shot collectives of ``collectives.py`` do, with a
-different row; results are bitwise the same for every piece count, since
-every element is decoded from its own bytes and reduced in rank order 0..w-1.
+Steps 1 and 4 of neighbouring pieces run while step 3 is in flight. Results
+are bitwise the same for every piece count, since every element is decoded
+from its own bytes and reduced in rank order 0..w-1.
+
+Every rank sees every row, so every check of a row raises the same error on
+every rank before anything is allocated from it (``_check_rows``): a row
+that is not a size row (``ZipCCLConfigError``: the ranks are in different
+steps of the protocol, such as a ``check_consistency`` that differs), ranks
+that disagree on the call (``ValueError``: collective, dtype, op, or the
+elements one sends and the other expects), or a payload size larger than
+``max_encoded_nbytes`` of its slot (``CorruptPayloadError``).
 
 Integrity (``integrity.py``): a rank whose encode fails sends ``FELL_BACK`` in
 its row; every rank then sends that piece and all later ones raw (the
@@ -32,6 +42,7 @@ stays in step; an all-reduce whose reduce-scatter half found one sends
 """
 from __future__ import annotations
 
+import struct
 from contextlib import nullcontext
 from typing import NamedTuple
 
@@ -39,35 +50,93 @@ import torch
 import torch.distributed as dist
 
 from . import codec as _codec
+from . import format as F
 from . import integrity as _integrity
-from ._layout import (device_ints, gather_source, same_memory, split_flat, stream_per_device,
-                      zero_padded)
+from ._layout import gather_source, same_memory, split_flat, stream_per_device, zero_padded
 from ._reduce import RankOrderSum
-from .errors import CorruptPayloadError
+from . import _wire
+from ._wire import gather_ints
+from .errors import CorruptPayloadError, ZipCCLConfigError
+from .stats import KINDS
 
-__all__ = ["Outcome", "gather", "scatter_reduce", "all_to_all"]
+__all__ = ["Outcome", "Desc", "describe", "row_width", "ROW_TAG", "gather", "scatter_reduce",
+           "all_to_all"]
 
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+ROW_TAG = 0x5A43_5257
+"""Top 32 bits of a size row's first entry ("ZCRW"); its low 32 bits hold the
+call's collective, dtype and reduce op (``_pack_head``)."""
 
-_TAIL = 2
-"""Row entries after the per-receiver sizes: raw bytes coded, payload bytes."""
+_HEAD = 2
+"""Row entries before the sizes: tag with collective, dtype and op; op factor."""
+_TAIL = 3
+"""Row entries after the element counts: a hash of the counts this rank
+expects from each rank, raw bytes coded, payload bytes."""
+
+_DTYPE_IDS = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 3}
+_OP_IDS = {None: 0, "sum": 1, "avg": 2, "premul_sum": 3}
+
+
+def row_width(world: int) -> int:
+    """Entries of a size row on a group of ``world`` ranks (the agreement
+    check sends its fingerprint in a vector of the same width). A row carries
+    the elements this rank sends each rank in full and the ones it expects
+    only as a hash: every rank can rebuild each rank's expected column from
+    the others' rows, so a hash is enough to check it, and small calls (a
+    tensor-parallel all-reduce of a few KB) keep their rows short."""
+    return _HEAD + 2 * world + _TAIL
+
+
+def is_size_row(first: int) -> bool:
+    """Whether ``first``, a row's first entry, starts a size row."""
+    return first >> 32 == ROW_TAG
+
+
+def _pack_head(kind: int, dtype: int, op: int) -> int:
+    return ROW_TAG << 32 | kind << 16 | dtype << 8 | op
+
+
+def _unpack_head(first: int) -> tuple:
+    return (first >> 16) & 0xFFFF, (first >> 8) & 0xFF, first & 0xFF
+
+
+def _counts_hash(counts) -> int:
+    """A 62-bit hash of a list of element counts, the same on every rank."""
+    return _integrity.hash62(repr(tuple(int(c) for c in counts)))
+
+
+class Desc(NamedTuple):
+    """What a call sends and expects, which every rank checks against every other's."""
+
+    head: tuple
+    """(collective, dtype, op, factor) as ints."""
+    elems_to: list
+    """Elements this rank sends to each rank."""
+    elems_from: list
+    """Elements this rank expects from each rank."""
+
+
+def describe(kind: str, dtype: torch.dtype, op, elems_to: list, elems_from: list) -> Desc:
+    """The ``Desc`` of a call of ``kind`` (``op`` a parsed reduce op or None)."""
+    factor = 0
+    if op is not None and isinstance(op.factor, (int, float)):
+        factor = struct.unpack("<q", struct.pack("<d", float(op.factor)))[0]
+    head = (KINDS.index(kind), _DTYPE_IDS.get(dtype, 0),
+            _OP_IDS[op.kind if op is not None else None], factor)
+    return Desc(head, list(elems_to), list(elems_from))
 
 
 class Outcome(NamedTuple):
-    """How a pipelined call went; the caller counts it and raises ``error``."""
+    """How a call went; the caller counts it and raises ``error``."""
 
     fell_back: bool
     """Some rank's encode failed, so some pieces went raw on every rank."""
     coded: bool
     """At least one piece went compressed."""
     error: Exception | None
-    """The first corrupt or mismatched payload this rank received (raised by
-    the caller after every exchange of the call)."""
+    """The first corrupt payload this rank received (raised by the caller
+    after every exchange of the call)."""
 
 
-# --------------------------------------------------------------------------
-# Helpers
-# --------------------------------------------------------------------------
 def _bounds(count: int, pieces: int) -> list:
     return [count * i // pieces for i in range(pieces + 1)]
 
@@ -114,35 +183,59 @@ class _Streams:
             self.main.wait_stream(self.side)
 
 
-class _Call:
-    """Bookkeeping shared by the three collectives: rows, fallback, ratio, errors,
-    and the schedule that overlaps their pieces (``run``)."""
+def _who(ranks: list, group) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + _integrity.rank_names(ranks, group)
 
-    def __init__(self, kind, group, world, rank, plan, cfg, st, device) -> None:
+
+def _sides(column: list, group, show=repr) -> str:
+    """``rank 0 has X; ranks [1, 2] have Y`` for one row column."""
+    sides: dict = {}
+    for r, v in enumerate(column):
+        sides.setdefault(v, []).append(r)
+    return "; ".join(f"{_who(ranks, group)} {'has' if len(ranks) == 1 else 'have'} {show(v)}"
+                     for v, ranks in sides.items())
+
+
+_HEAD_NAMES = ("collective", "dtype", "reduce op", "reduce op's factor")
+_HEAD_SHOW = (lambda v: KINDS[v] if 0 <= v < len(KINDS) else repr(v),
+              lambda v: {i: str(d) for d, i in _DTYPE_IDS.items()}.get(v, repr(v)),
+              lambda v: {i: str(o).upper() for o, i in _OP_IDS.items()}.get(v, repr(v)),
+              lambda v: repr(struct.unpack("<d", struct.pack("<q", v))[0]))
+
+
+class _Call:
+    """One call of a collective: its rows, fallback, ratio and errors, and the
+    schedule that overlaps its pieces (``run``)."""
+
+    def __init__(self, kind, group, world, rank, plan, cfg, st, device, desc: Desc,
+                 dtype: torch.dtype) -> None:
         self.kind, self.group, self.world, self.rank = kind, group, world, rank
         self.plan, self.cfg, self.st, self.device = plan, cfg, st, device
+        self.desc, self.dtype = desc, dtype
         self.streams = _Streams(device)
         self.empty = torch.empty(0, dtype=torch.uint8, device=device)  # what a rank sends itself
-        self.raw_mode = False       # sticky after a FELL_BACK
+        self.raw_mode = not plan.compress  # sticky after a FELL_BACK
         self.fell = False
         self.coded = False
         self.error: Exception | None = None
         self.coded_raw = 0          # global raw bytes of coded pieces
         self.coded_payload = 0      # and their payload bytes
+        self._bound: dict = {}
 
     def run(self, raw, encode, exchange, drain) -> None:
         """Move every piece: encode piece i+1 while piece i is in flight, then
         decode piece i-1.
 
         ``raw(i)``: what piece i sends raw; ``encode(i)``: its payload(s) and
-        this rank's row; ``exchange(i, payloads, rows)``: launch its exchange
-        (``rows`` is None when the piece goes raw) and return the work and a
-        tuple for ``drain``, called with that tuple once the work is done."""
+        this rank's sizes for each receiver; ``exchange(i, payloads, rows)``:
+        launch its exchange (``rows`` is None when the piece goes raw) and
+        return the work and a tuple for ``drain``, called with that tuple once
+        the work is done."""
         def begin(i):
             if self.raw_mode:
                 return raw(i), None
-            payloads, row = encode(i)
-            return payloads, self.launch_row(row)
+            payloads, sizes, tail = encode(i)
+            return payloads, self.launch_row(sizes, tail)
 
         pieces = self.plan.pieces
         started = begin(0)
@@ -151,7 +244,7 @@ class _Call:
             payloads, launched = started
             started = rows = None
             if launched is not None:
-                rows = self.rows(launched)
+                rows = self.rows(launched, i)
                 if self.raw_mode:
                     payloads, rows = raw(i), None
             in_flight.append(exchange(i, payloads, rows))
@@ -174,9 +267,9 @@ class _Call:
         return [self.empty if r == self.rank else part(r, i).view(torch.uint8)
                 for r in range(self.world)]
 
-    def fell_back_row(self) -> list:
-        """The row of a rank whose encode failed: ``FELL_BACK`` for every peer."""
-        return [0 if r == self.rank else _integrity.FELL_BACK for r in range(self.world)] + [0, 0]
+    def fell_back_sizes(self) -> list:
+        """The sizes of a rank whose encode failed: ``FELL_BACK`` for every peer."""
+        return [0 if r == self.rank else _integrity.FELL_BACK for r in range(self.world)]
 
     def launch_all_to_all(self, i: int, payloads: list, recv_sizes: list, coded: bool):
         """Start piece ``i``'s async all-to-all of ``payloads`` (one per peer);
@@ -196,33 +289,86 @@ class _Call:
         cfg, plan = self.cfg, self.plan
         with self.st.phase(self.kind, "encode"), self.streams.codec():
             return _integrity.guarded(self.st, self.kind, lambda: _codec.encode(
-                x, codec=plan.codec, backend=cfg.backend, verify=getattr(cfg, "verify", False)))
+                x, codec=plan.codec, backend=cfg.backend, verify=cfg.verify))
 
-    def launch_row(self, row: list):
-        mine = device_ints(row, self.device)
-        every = torch.empty(self.world * len(row), dtype=torch.int64, device=self.device)
-        work = _all_gather_single(every, mine, group=self.group, async_op=True)
+    def launch_row(self, sizes: list, tail: list):
+        d = self.desc
+        row = [_pack_head(*d.head[:3]), d.head[3], *sizes, *d.elems_to,
+               _counts_hash(d.elems_from), *tail]
+        wait = gather_ints(row, self.group, self.world, self.device, async_op=True)
         self.st.add(self.kind, wire_bytes=8 * len(row), size_bytes=8 * len(row))
-        return work, every, len(row)
+        return wait
 
-    def rows(self, launched) -> list:
-        """Wait for a row exchange; return every rank's row. Marks a fallback
-        (all later pieces go raw) and counts the coded bytes."""
-        work, every, width = launched
+    def rows(self, wait, i: int) -> list:
+        """Wait for piece ``i``'s row exchange and check it (``_check_rows``);
+        return every rank's sizes for each receiver. Marks a fallback (all
+        later pieces go raw) and counts the coded bytes."""
         with self.st.phase(self.kind, "sizes"):
-            work.wait()
-            flat = every.tolist()
-        rows = [flat[r * width:(r + 1) * width] for r in range(self.world)]
-        sizes = [v for row in rows for v in row[:-_TAIL]]
-        if _integrity.ABORT in sizes:
-            return rows
-        if _integrity.FELL_BACK in sizes:
+            rows = wait()
+        self._check_rows(rows, i)
+        w = self.world
+        sizes = [row[_HEAD:_HEAD + w] for row in rows]
+        flat = [v for row in sizes for v in row]
+        if _integrity.ABORT in flat:
+            return sizes
+        if _integrity.FELL_BACK in flat:
             self.raw_mode = self.fell = True
         else:
             self.coded = True
             self.coded_raw += sum(row[-2] for row in rows)
             self.coded_payload += sum(row[-1] for row in rows)
-        return rows
+        return sizes
+
+    def _check_rows(self, rows: list, i: int) -> None:
+        """Raise the same error on every rank when the rows show that the ranks
+        are not in the same call, or announce more bytes than a slot can hold."""
+        kind, group, w = self.kind, self.group, self.world
+        tags = [row[0] for row in rows]
+        if not all(is_size_row(t) for t in tags):
+            agree = [r for r, t in enumerate(tags) if t == _integrity.AGREE_TAG]
+            other = [r for r, t in enumerate(tags) if not is_size_row(t)]
+            rest = [r for r in range(w) if r not in agree]
+            why = (f"{_who(agree, group)} checked the config's agreement "
+                   f"(check_consistency=True) where {_who(rest, group)} "
+                   f"did not: check_consistency must be equal on every rank") if agree else (
+                f"{_who(other, group)} sent something other than zipccl's size row: the ranks "
+                f"are not in the same collective")
+            raise ZipCCLConfigError(f"zipccl {kind}: {why}")
+        heads = [(*_unpack_head(row[0]), row[1]) for row in rows]
+        for slot, (name, show) in enumerate(zip(_HEAD_NAMES, _HEAD_SHOW)):
+            column = [head[slot] for head in heads]
+            if len(set(column)) > 1:
+                raise ValueError(f"zipccl {kind}: the ranks disagree on the call's {name}: "
+                                 f"{_sides(column, group, show)}")
+        to = _HEAD + w
+        for s in range(w):
+            sent = [rows[r][to + s] for r in range(w)]
+            if _counts_hash(sent) != rows[s][-_TAIL]:
+                mine = "" if s != self.rank else (
+                    f", where it expects {list(self.desc.elems_from)}")
+                raise ValueError(
+                    f"zipccl {kind}: the ranks disagree on the call's sizes: "
+                    f"{_who([s], group)} expects other element counts than the ranks send it "
+                    f"(they send {sent}, rank by rank{mine})")
+        for r in range(w):
+            for s in range(w):
+                size = rows[r][_HEAD + s]
+                if s == r or size in (_integrity.FELL_BACK, _integrity.ABORT):
+                    continue
+                count = rows[r][to + s]
+                elems = count * (i + 1) // self.plan.pieces - count * i // self.plan.pieces
+                if not 0 <= size <= self._max_bytes(elems):
+                    raise CorruptPayloadError(
+                        f"zipccl {kind}: {_who([r], group)} announced a payload of {size} bytes "
+                        f"for {elems} elements to {_who([s], group)}; at most "
+                        f"{self._max_bytes(elems)} are possible")
+
+    def _max_bytes(self, elems: int) -> int:
+        bound = self._bound.get(elems)
+        if bound is None:
+            bound = self._bound[elems] = (F.max_encoded_nbytes(elems, self.dtype, 1, True)
+                                          if self.dtype in _DTYPE_IDS else 0)
+        return bound
 
     def decode(self, piece: torch.Tensor, out: torch.Tensor, peer: int) -> None:
         if self.error is not None:
@@ -239,12 +385,12 @@ class _Call:
         return Outcome(self.fell, self.coded, self.error)
 
 
-def _aborted(rows: list, call: _Call, abort) -> None:
-    sizes = [row[0] for row in rows]
-    if _integrity.ABORT in sizes:
+def _aborted(sizes: list, call: _Call, abort) -> None:
+    first = [row[0] for row in sizes]
+    if _integrity.ABORT in first:
         if abort is not None:
             raise abort
-        _integrity.raise_if_aborted(sizes, call.kind, call.group)
+        _integrity.raise_if_aborted(first, call.kind, call.group)
 
 
 # --------------------------------------------------------------------------
@@ -253,13 +399,15 @@ def _aborted(rows: list, call: _Call, abort) -> None:
 def gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, plan, cfg, st,
            policy=None, site: tuple = (), abort: Exception | None = None) -> Outcome:
     """All-gather ``own`` (flat) into ``slots`` (flat views, one per rank; their
-    sizes may differ, as all-reduce's do) in ``plan.pieces`` pieces. With
-    ``abort`` (an all-reduce whose first half failed) every rank raises at the
-    first row: this one ``abort``, the others ``CorruptPayloadError``."""
+    sizes may differ, as all-reduce's do) in ``plan.pieces`` pieces, raw when
+    ``plan`` is. With ``abort`` (an all-reduce whose first half failed) every
+    rank raises at the first row: this one ``abort``, the others
+    ``CorruptPayloadError``."""
     world = len(slots)
     device = own.device
     own = gather_source(own, slots, rank)
-    call = _Call(kind, group, world, rank, plan, cfg, st, device)
+    desc = describe(kind, own.dtype, None, [own.numel()] * world, [s.numel() for s in slots])
+    call = _Call(kind, group, world, rank, plan, cfg, st, device, desc, own.dtype)
     itemsize = own.element_size()
     bounds = [_bounds(s.numel(), plan.pieces) for s in slots]
 
@@ -271,11 +419,11 @@ def gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, plan, cf
 
     def encode(i):
         if abort is not None:
-            return None, [_integrity.ABORT, 0, 0]
+            return None, [_integrity.ABORT] * world, [0, 0]
         x = mine(i)
         payload = call.encode(x)
         size = _integrity.FELL_BACK if payload is None else payload.numel()
-        return payload, [size, x.nbytes, max(size, 0)]
+        return payload, [size] * world, [x.nbytes, max(size, 0)]
 
     def exchange(i, payload, rows):
         if rows is None:
@@ -287,7 +435,7 @@ def gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, plan, cf
         call.streams.before_launch()
         send = zero_padded(payload, width)
         recv = torch.empty(world * width, dtype=torch.uint8, device=device)
-        work = _all_gather_single(recv, send, group=group, async_op=True)
+        work = _wire.all_gather_single(recv, send, group=group, async_op=True)
         st.add(kind, wire_bytes=width, pad_bytes=width - payload.numel())
         return work, (i, recv, width, sizes, rows is not None, (send, payload))
 
@@ -316,8 +464,9 @@ def scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.Te
                    group, rank: int, plan, cfg, st, policy=None, site: tuple = ()) -> Outcome:
     """Reduce chunk ``rank`` of every rank's ``flat_in`` (chunks of ``counts``
     elements, rank order) into ``out``: fp32 sum in rank order, then scale and
-    cast, in ``plan.pieces`` pieces. A decode error is returned in the outcome,
-    not raised, so that an all-reduce can stop its second half on every rank."""
+    cast, in ``plan.pieces`` pieces; raw (an all-to-all, then the same sum)
+    when ``plan`` is. A decode error is returned in the outcome, not raised,
+    so that an all-reduce can stop its second half on every rank."""
     world = len(counts)
     device = flat_in.device
     itemsize = flat_in.element_size()
@@ -328,8 +477,9 @@ def scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.Te
     # stream (a PREMUL_SUM factor cast to fp32), and it waits for that stream
     # once, when the call is made.
     total = RankOrderSum(out, flat_in, op)
-    scratch = torch.empty(n, dtype=flat_in.dtype, device=device)
-    call = _Call(kind, group, world, rank, plan, cfg, st, device)
+    scratch = torch.empty(n, dtype=flat_in.dtype, device=device) if plan.compress else None
+    desc = describe(kind, flat_in.dtype, op, counts, [n] * world)
+    call = _Call(kind, group, world, rank, plan, cfg, st, device, desc, flat_in.dtype)
     bounds = [_bounds(c, plan.pieces) for c in counts]
 
     def part(r, i):
@@ -348,10 +498,10 @@ def scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.Te
             failed = failed or p is None
             payloads.append(p)
         if failed:
-            return payloads, call.fell_back_row()
+            return payloads, call.fell_back_sizes(), [0, 0]
         sizes = [p.numel() for p in payloads]
         raw_bytes = sum(part(r, i).nbytes for r in range(world) if r != rank)
-        return payloads, sizes + [raw_bytes, sum(sizes)]
+        return payloads, sizes, [raw_bytes, sum(sizes)]
 
     def exchange(i, payloads, rows):
         if rows is None:
@@ -379,7 +529,10 @@ def scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.Te
                 with st.phase(kind, "reduce"), call.streams.codec():
                     total.add(src, r, a, b)
 
-    call.run(raw, encode, exchange, drain)
+    if world > 1:
+        call.run(raw, encode, exchange, drain)
+    else:
+        total.add(mine, 0)
     with st.phase(kind, "reduce"), call.streams.codec():
         total.finish(world)
     return call.finish(policy, site)
@@ -392,12 +545,14 @@ def all_to_all(kind: str, in_parts: list, out_parts: list, send_coded: list, rec
                group, rank: int, plan, cfg, st, policy=None, site: tuple = ()) -> Outcome:
     """Send ``in_parts[r]`` to rank r and receive ``out_parts[r]`` from it (flat
     views), encoding the splits marked coded, in ``plan.pieces`` pieces. A
-    received split that is corrupt or whose size disagrees with ``out_parts``
-    is the outcome's error."""
+    received split that is corrupt is the outcome's error."""
     world = len(in_parts)
     device = in_parts[rank].device
+    dtype = in_parts[rank].dtype
     itemsize = in_parts[rank].element_size()
-    call = _Call(kind, group, world, rank, plan, cfg, st, device)
+    desc = describe(kind, dtype, None, [x.numel() for x in in_parts],
+                    [x.numel() for x in out_parts])
+    call = _Call(kind, group, world, rank, plan, cfg, st, device, desc, dtype)
     b_in = [_bounds(x.numel(), plan.pieces) for x in in_parts]
     b_out = [_bounds(x.numel(), plan.pieces) for x in out_parts]
 
@@ -423,8 +578,8 @@ def all_to_all(kind: str, in_parts: list, out_parts: list, send_coded: list, rec
             else:
                 payloads.append(x.view(torch.uint8))
         if failed:
-            return payloads, call.fell_back_row()
-        return payloads, [p.numel() for p in payloads] + [raw_bytes, coded_bytes]
+            return payloads, call.fell_back_sizes(), [0, 0]
+        return payloads, [p.numel() for p in payloads], [raw_bytes, coded_bytes]
 
     def exchange(i, payloads, rows):
         if rows is None:
@@ -445,14 +600,12 @@ def all_to_all(kind: str, in_parts: list, out_parts: list, send_coded: list, rec
                 out = out_parts[r][b_out[r][i]:b_out[r][i + 1]]
                 if coded and recv_coded[r]:
                     call.decode(got, out, r)
-                elif got.numel() != out.nbytes:
-                    if call.error is None:
-                        call.error = ValueError(
-                            f"zipccl {kind}: rank {r} sent {got.numel()} bytes for "
-                            f"{out.numel()} elements of an output split; split sizes "
-                            f"disagree between ranks")
-                else:
+                elif got.numel() == out.nbytes:
                     out.view(torch.uint8).copy_(got)
+                elif call.error is None:  # a raw split whose size the row check allowed
+                    call.error = CorruptPayloadError(
+                        f"zipccl {kind}: {_who([r], group)} sent {got.numel()} bytes for a raw "
+                        f"split of {out.numel()} elements")
 
     call.run(raw, encode, exchange, drain)
     out_parts[rank].copy_(in_parts[rank])

@@ -33,19 +33,21 @@ piece sending at least ``MIN_PIECE_BYTES``.
 Where the numbers come from, and why every rank decides the same:
 
 * ``L``, ``B``: ``link_gbps`` / ``link_latency_us`` from the config, else
-  measured at the first adaptive call on the process group (5 tiny all-gathers
-  and 3 of 2 MiB per rank); every rank's minimum times are all-reduced with
+  measured at the first adaptive call on the process group (a few tiny
+  all-gathers and a few of ``LINK_PROBE_BYTES`` per rank); every rank's minimum times are all-reduced with
   MAX, so all ranks hold the same, slowest-rank, figures.
 * ``E``, ``D``, ``c``: ``codec_gbps`` from the config, else measured per
   (dtype, device type, codec) on 1 MiB of seeded Gaussian data and on 2 KiB
   (for ``c``), once per process, then agreed per group the same way (MAX of
   the times). When the link is measured too, one in-situ A/B follows
   (``Policy._in_situ``): a raw and a pipelined compressed all-gather of about
-  40 ms; the raw one refines ``B``, the compressed one says how much slower
+  ``PROBE_SECONDS``; the raw one refines ``B``, the compressed one says how much slower
   the codec runs inside a collective than alone, and ``E``, ``D``, ``c`` are
-  corrected by that factor. On this 2-core machine's unthrottled loopback,
-  where moving bytes is itself CPU work competing with the codec, that
-  factor is what keeps the policy raw (docs/benchmarks.md).
+  corrected by that factor. On a loopback, where moving bytes is itself CPU
+  work competing with the codec, that factor is what keeps the policy raw
+  (docs/benchmarks.md). The calibration's collectives are counted under
+  ``stats()["calibration"]``, never under the kind of the call that
+  triggered it.
 * ``f``: per call site (group, kind, shape, dtype), a running mean of the
   *global* wire fraction of its compressed calls: the pipelined collectives
   (``pipeline.py``) all-gather each piece's payload sizes together with the
@@ -78,7 +80,9 @@ import torch
 import torch.distributed as dist
 
 from . import codec as _codec
-from ._layout import device_ints
+from .stats import CALIBRATION
+from ._wire import all_gather_single as _all_gather
+from ._wire import gather_ints, group_key as _group_key
 
 logger = logging.getLogger(__name__)
 
@@ -96,11 +100,9 @@ MIN_PIECE_BYTES = 256 * 1024
 
 PIECE_OVERHEAD_S = 300e-6
 """Host cost of one more piece beyond its two latencies and its codec calls
-(tensor set-up, async launches and waits handed between threads): a
-pipelined all-gather of 128 KiB per rank took 1.9-2.2 ms in 1 piece and
-17-21 ms in 16 on this 2-core machine's unthrottled loopback, about 1 ms per
-extra piece, of which two tiny-collective latencies (0.3 ms each) and two
-codec calls (0.04 ms each) are counted separately."""
+(tensor set-up, async launches and waits handed between threads); tuned on
+pipelined all-gathers of 1 to 16 pieces, see docs/benchmarks.md, section
+"The adaptive policy"."""
 
 DEFAULT_LATENCY_US = 100.0
 """Latency assumed when ``link_gbps`` is given without ``link_latency_us``."""
@@ -131,18 +133,16 @@ PROBE_SECONDS = 0.04
 """Raw duration the in-situ A/B aims for (``Policy._in_situ``)."""
 
 AB_ROUNDS = 8
-"""Timed rounds of the in-situ A/B (best of). With 2, the loopback's noise
-opened the gate now and then; with 4, six calibrations at 1 Gbit/s put the
-codec slowdown k anywhere in 1.0-8.05 and one kept a 1 MiB reduce-scatter
-raw; with 8, 1.0-3.4 and every one compressed it (docs/benchmarks.md). Each
-round costs a raw and a compressed all-gather of about PROBE_SECONDS, once
-per (group, dtype)."""
+"""Timed rounds of the in-situ A/B (best of): fewer let the loopback's noise
+spread the fitted codec slowdown widely enough to flip decisions between
+calibrations (docs/benchmarks.md, section "The adaptive policy"). Each round
+costs a raw and a compressed all-gather of about PROBE_SECONDS, once per
+(group, dtype)."""
 
 PROBE_K_RANGE = (1.0, 64.0)
 """Bounds of the in-situ codec slowdown factor: a codec does not run faster
-inside a collective than alone; a smaller fitted factor (seen: 0.3 for fp32 on
-the 1 Gbit link) means the short probe's transfer beat the model (the tbf
-burst), not the codec."""
+inside a collective than alone; a smaller fitted factor means the short
+probe's transfer beat the model (a shaper's burst), not the codec."""
 
 LINK_PROBE_BYTES = 2 << 20
 CODEC_PROBE_BYTES = 1 << 20
@@ -159,9 +159,6 @@ class Plan:
     compress: bool
     codec: str = "raw"
     pieces: int = 1
-    pipeline: bool = False
-    """Run the pipelined collectives of ``pipeline.py`` (adaptive calls and
-    forced piece counts) rather than the one-shot ones of ``collectives.py``."""
     reason: str = ""
 
 
@@ -242,16 +239,13 @@ def best_plan(parts: tuple, link: LinkSpeed, speeds: dict, fractions: dict,
         for n in counts:
             t = predict(parts, link, speed, fractions[codec], n)
             if t < best_s:
-                best, best_s = Plan(True, codec, n, True, "model"), t
+                best, best_s = Plan(True, codec, n, "model"), t
     return best, (best_s if best.compress else raw_s), raw_s
 
 
 # --------------------------------------------------------------------------
 # Measurements
 # --------------------------------------------------------------------------
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -391,7 +385,7 @@ class Policy:
                 tiny, big = _agree_max(measure_link_local(group, world, device), group, device)
                 if st is not None:
                     sent = 6 * 8 + 4 * LINK_PROBE_BYTES + 8 * 2  # warm-ups included
-                    st.add(kind, wire_bytes=sent, size_bytes=sent)
+                    st.add(CALIBRATION, calls=1, wire_bytes=sent, size_bytes=sent)
                 lat = tiny if cfg.link_latency_us is None else cfg.link_latency_us * 1e-6
                 bw = (world - 1) * LINK_PROBE_BYTES / max(big - tiny, 1e-9)
                 self._links[key] = LinkSpeed(lat, bw)
@@ -416,7 +410,8 @@ class Policy:
                     local += self._local_codec[lk]
                 agreed = _agree_max(local, group, device)
                 if st is not None:
-                    st.add(kind, wire_bytes=8 * len(local), size_bytes=8 * len(local))
+                    st.add(CALIBRATION, calls=1, wire_bytes=8 * len(local),
+                           size_bytes=8 * len(local))
                 speeds = {}
                 for i, c in enumerate(self.codecs()):
                     enc, dec, small = agreed[3 * i:3 * i + 3]
@@ -454,12 +449,12 @@ class Policy:
                                 for c in speeds for n in PIECE_COUNTS
                                 if n == 1 or numel * itemsize / n >= MIN_PIECE_BYTES),
                                key=lambda t: t[2])
-        plan = Plan(True, codec, pieces, True, "probe")
+        plan = Plan(True, codec, pieces, "probe")
         t_raw, t_zip, sent = measure_ab_local(group, world, rank, x, plan, self.cfg)
         t_raw, t_zip = _agree_max([t_raw, t_zip], group, device)
         if st is not None:
             sent += 8 * (len(speeds) + 2)
-            st.add(kind, wire_bytes=sent, size_bytes=sent)
+            st.add(CALIBRATION, calls=1, wire_bytes=sent, size_bytes=sent)
         bw = (world - 1) * numel * itemsize / max(t_raw - link.latency_s, 1e-9)
         self._links[key] = link = LinkSpeed(link.latency_s, bw)
 
@@ -548,7 +543,7 @@ class Policy:
             return RAW
         if cfg.policy == "always":
             pieces = cfg.pipeline_pieces or 1
-            return Plan(True, cfg.codec, pieces, pieces > 1, "always")
+            return Plan(True, cfg.codec, pieces, "always")
         if not self.could_compress(group, world, dtype, device, st, kind):
             return LINK_RAW
         link = self.link(group, world, device)
@@ -574,10 +569,10 @@ class Policy:
             # gradient codes to 0.86 of its bytes, the bf16-cast layer gradients
             # beside it to 0.35), and a site kept raw would be probed only once
             # in REPROBE_EVERY calls.
-            return Plan(True, hope.codec, hope.pieces, True, "first")
+            return Plan(True, hope.codec, hope.pieces, "first")
         state.raw_streak += 1
         if state.raw_streak % REPROBE_EVERY == 0:
-            return Plan(True, hope.codec, hope.pieces, True, "probe")
+            return Plan(True, hope.codec, hope.pieces, "probe")
         return Plan(False, reason="ratio")
 
     def decide_all_to_all(self, group, world: int, row_shape: tuple, dtype: torch.dtype,
@@ -596,10 +591,7 @@ class Policy:
         if state.a2a_raw >= A2A_SKIP_AFTER and state.a2a_raw % REPROBE_EVERY:
             state.a2a_raw += 1
             return self._count(kind, Plan(False, reason="streak"))
-        mine = device_ints([send, coded], device)
-        both = torch.empty(2 * world, dtype=torch.int64, device=device)
-        _all_gather(both, mine, group=group)
-        flat = both.tolist()
+        flat = [v for row in gather_ints([send, coded], group, world, device) for v in row]
         if st is not None:
             st.add(kind, wire_bytes=16, size_bytes=16)
         most, most_coded = max(flat[0::2]), max(flat[1::2])
@@ -666,10 +658,6 @@ class Policy:
             best = {c: BEST_FRACTION.get(dtype, 1.0) for c in speeds}
             self._gates[key] = best_plan(huge, link, speeds, best)[0].compress
         return self._gates[key]
-
-
-def _group_key(group):
-    return getattr(group, "group_name", None) or id(group)
 
 
 def policy_for(cfg) -> Policy:

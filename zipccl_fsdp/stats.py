@@ -26,6 +26,11 @@ from torch._C._autograd import _profiler_enabled
 from torch.profiler import record_function
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+"""The collectives zipccl implements: the one definition every module reads."""
+CALIBRATION = "calibration"
+"""The key of the adaptive policy's own measurements (``policy.py``): their
+collectives are counted here, never in a collective's kind, so that a kind's
+``wire_bytes`` / ``raw_bytes`` is what that collective's calls cost."""
 COUNTS = ("calls", "compressed_calls", "raw_bytes", "wire_bytes", "size_bytes", "pad_bytes",
           "fallback_calls", "pipelined_calls", "raw_fallback_calls")
 TIMES = ("encode_s", "decode_s", "comm_s", "size_exchange_s", "reduce_s", "policy_s")
@@ -66,8 +71,9 @@ class CommStats:
     ``raw_fallback_calls`` are calls of a dtype the codec handles that the
     policy (or ``min_bytes``) sent raw; ``compressed_fraction`` in a snapshot
     is compressed_calls / calls. ``policy_s`` is the time spent deciding,
-    the one-time calibrations included (their collectives are in
-    ``wire_bytes`` and ``size_bytes`` too).
+    the one-time calibrations included; the calibrations' collectives are
+    counted under their own key, ``"calibration"`` (``calls``: measurements,
+    ``wire_bytes``, ``size_bytes``), never in a collective's kind.
     """
 
     def __init__(self) -> None:
@@ -76,7 +82,7 @@ class CommStats:
 
     def reset(self) -> None:
         """Zero every counter (in place: ``fields`` dicts stay valid)."""
-        for kind in KINDS:
+        for kind in KINDS + (CALIBRATION,):
             self._data.setdefault(kind, {}).update(
                 {**{k: 0 for k in COUNTS}, **{k: 0.0 for k in TIMES}})
 
@@ -105,19 +111,17 @@ class CommStats:
         """Time a phase and mark it ``zipccl::<kind>::<phase>`` in the profiler.
 
         The profiler range is opened only while a profiler runs: an open
-        ``record_function`` around a gloo collective cost about 0.1-0.3 ms of
-        latency per call on this 2-core machine (a 1 KiB all-gather: 0.31 ms
-        bare, 0.64 ms inside a phase; docs/benchmarks.md), which is most of a
-        small raw call. A profiler that records every thread
-        (``experimental_config=_ExperimentalConfig(profile_all_threads=True)``)
+        ``record_function`` around a gloo collective adds latency comparable
+        to a small raw call (docs/benchmarks.md). A profiler that records
+        every thread (``experimental_config=_ExperimentalConfig(profile_all_threads=True)``)
         also shows the ranges of the DDP hook's calls, which run on zipccl's
         worker thread (``background.py``)."""
         return _Phase(self._data[kind], kind, phase)
 
 
 class _Phase:
-    """``CommStats.phase``: a plain class, not a generator context manager (2.5
-    against 0.8 us per use; every call enters two or more)."""
+    """``CommStats.phase``: a plain class, not a generator context manager,
+    which costs several times as much per use (every call enters two or more)."""
 
     __slots__ = ("fields", "kind", "phase", "rf", "start")
 

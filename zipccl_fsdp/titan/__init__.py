@@ -30,6 +30,10 @@ Config functions (``--config``):
     256, 6 layers, 8 routed + 2 shared experts, top 3), with zipccl comms;
     expert parallelism is set by the recipe
     (``recipes/deepseek_v3_debug_ep.toml``).
+``deepseek_v3_tiny``
+    the same MoE scaled down for CPU runs (dim 64, 2 layers of which one
+    MoE, 4 routed + 1 shared experts, top 2; seq 256, local batch 8):
+    ``recipes/deepseek_v3_tiny_ep_cpu.toml`` (expert parallel 2 x FSDP 2).
 
 All of them: TensorBoard on (``<dump_folder>/tb/<time>/``, every step but
 ``llama3_8b``, which keeps torchtitan's ``log_freq``), zipccl's profiler
@@ -112,9 +116,21 @@ def deepseek_v3_debugmodel() -> Trainer.Config:
     return _finish(config, compress=True)
 
 
+def deepseek_v3_tiny() -> Trainer.Config:
+    """A tiny DeepSeek-V3 MoE (dim 64, 4 experts) with zipccl comms, for CPU runs."""
+    return _tiny_cpu(_deepseek_v3_registry.deepseek_v3_debugmodel(),
+                     _models.deepseek_v3_tiny_spec(), compress=True)
+
+
 def _tiny(*, compress: bool) -> Trainer.Config:
-    config = _llama3_registry.llama3_debugmodel()
-    config.model_spec = _models.llama3_tiny_spec()
+    return _tiny_cpu(_llama3_registry.llama3_debugmodel(), _models.llama3_tiny_spec(),
+                     compress=compress)
+
+
+def _tiny_cpu(config: Trainer.Config, model_spec, *, compress: bool) -> Trainer.Config:
+    """``config`` with ``model_spec`` and the loss, optimizer and batch of the
+    tiny CPU runs."""
+    config.model_spec = model_spec
     config.loss = ChunkedLossWrapper.Config(
         loss_fn=CrossEntropyLoss.Config(
             global_vocab_size=decoder_vocab_size(config.model_spec)

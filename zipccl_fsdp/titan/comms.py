@@ -25,12 +25,17 @@ with telemetry and without capture. With it:
   token dispatch with expert parallelism) also go through zipccl, with
   ``zipccl_fsdp.enable_dtensor_compression(config)`` (process-wide);
 - ``telemetry`` false: no ``zipccl/<kind>/...`` tags;
-- ``capture`` N: the inputs of the first N all-gathers and reduce-scatters of
+- ``capture`` N: the inputs of the first N calls of each collective kind of
   each rank are saved to ``<capture_dir>/capture_rank<R>.safetensors``
   (:class:`zipccl_fsdp.capture.Capture`; step = torchtitan's training step),
-  rewritten after each optimizer step that added to it. The recording wraps
-  the hook's FSDP2 comm objects before they are installed, so neither the
-  hook nor FSDP2 changes.
+  rewritten after each optimizer step that added to it; with
+  ``capture_steps``, the first N of each kind at each of those steps, one
+  file per step (``capture_rank<R>_step<S>.safetensors``). Kinds: FSDP2's
+  ``all_gather``, ``reduce_scatter`` and HSDP's replicate ``all_reduce``
+  (the recording wraps the hook's comm objects before they are installed,
+  so neither the hook nor FSDP2 changes), and ``dtensor_<kind>`` for the
+  functional collectives of tensor parallelism and MoE token dispatch
+  (``dtensor = true``).
 
 gloo and PREMUL_SUM: torchtitan sets a gradient divide factor of 1.0 on every
 FSDP module (it normalises the loss by the global token count itself), and
@@ -66,6 +71,7 @@ import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
+from ..stats import KINDS
 from ..tensorboard_stats import StepDeltas
 from .metrics import attach_scalar_source
 
@@ -75,7 +81,7 @@ logger = logging.getLogger(__name__)
 SETTINGS_ENV = "ZIPCCL_TITAN_SETTINGS"
 """Environment variable holding :class:`RunSettings` as JSON."""
 
-COMM_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+COMM_KINDS = KINDS
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,9 @@ class RunSettings:
     """Record the inputs of the first N collectives of each kind."""
     capture_dir: str = "."
     """Folder of ``capture_rank<R>.safetensors``."""
+    capture_steps: tuple = ()
+    """Training steps to capture at (N of each kind per step, one file per step:
+    ``capture_rank<R>_step<S>.safetensors``); empty: the first N of the run."""
 
     def to_env(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -104,7 +113,9 @@ class RunSettings:
         text = os.environ.get(SETTINGS_ENV)
         if not text:
             return None
-        return cls(**json.loads(text))
+        fields = json.loads(text)
+        fields["capture_steps"] = tuple(fields.get("capture_steps", ()))
+        return cls(**fields)
 
     def zipccl_config(self):
         from zipccl_fsdp.config import ZipCCLConfig
@@ -171,10 +182,16 @@ def _install_zipccl(
         hook_cls = getattr(zipccl_fsdp, "ZipCCLHook", None) or type(zipccl_fsdp.zipccl_hook)
         hook = hook_cls(config)
     stats_fns = []
-    hook_fsdp = config is None or config.compress_all_gather or config.compress_reduce_scatter
+    # The FSDP2 hook carries all-gathers, reduce-scatters and (HSDP) the
+    # replicate all-reduce.
+    hook_fsdp = config is None or (config.compress_all_gather or config.compress_reduce_scatter
+                                   or config.compress_all_reduce)
+    recorder = None
+    if settings is not None and settings.capture:
+        recorder = _CaptureRecorder.for_run(settings, optimizers)
     if hook_fsdp:
-        if settings is not None and settings.capture:
-            _record_fsdp_comms(hook, settings, optimizers)
+        if recorder is not None:
+            _record_fsdp_comms(hook, recorder)
         for part in model_parts:
             hook = register(part, hook)
         if callable(getattr(hook, "stats", None)):
@@ -189,7 +206,7 @@ def _install_zipccl(
         else:
             # Process-wide (zipccl's kernels for the functional collectives);
             # the trainer never disables it.
-            stats_fns.append(enable(config).stats)
+            stats_fns.append(_enable_dtensor(enable, config, recorder).stats)
     if stats_fns and (settings is None or settings.telemetry):
         stats = functools.partial(_summed_stats, stats_fns)
         sources = [(kind, StepDeltas(stats, kind)) for kind in COMM_KINDS]
@@ -213,30 +230,66 @@ def _summed_stats(stats_fns: Sequence[Callable[[], Mapping]]) -> dict[str, dict[
 
 
 class _CaptureRecorder:
-    """Feeds a ``Capture`` from the comms and saves it after optimizer steps."""
+    """Feeds ``Capture`` objects from the comms and saves them after optimizer steps.
 
-    def __init__(self, per_kind: int, path: str) -> None:
+    Without ``steps``: one capture of the first ``per_kind`` tensors of each
+    kind, in ``path``. With ``steps``: one capture per listed training step,
+    of the first ``per_kind`` tensors of each kind of that step, in
+    ``path`` with ``_step<S>`` before the suffix.
+    """
+
+    def __init__(self, per_kind: int, path: str, steps: Sequence[int] = ()) -> None:
         from torchtitan.observability import structured_logger
 
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.per_kind = per_kind
+        self.path = path
+        self.steps = frozenset(steps)
+        self._step = structured_logger.get_step
+        self._captures: dict = {}  # step (or None) -> Capture
+        self._saved: dict = {}
+
+    @classmethod
+    def for_run(cls, settings: RunSettings, optimizers: Any) -> "_CaptureRecorder":
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        path = os.path.join(settings.capture_dir, f"capture_rank{rank}.safetensors")
+        recorder = cls(settings.capture, path, settings.capture_steps)
+        # torchtitan's OptimizersContainer is a torch Optimizer: its step hooks
+        # run once per training step, after the step's last collective.
+        optimizers.register_step_post_hook(recorder.save_if_grown)
+        return recorder
+
+    def _capture_for(self, step: int):
         from zipccl_fsdp.capture import Capture
 
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        self.capture = Capture(per_kind, rank=rank)
-        self.path = path
-        self._step = structured_logger.get_step
-        self._saved = 0
+        key = step if self.steps else None
+        if self.steps and step not in self.steps:
+            return None
+        if key not in self._captures:
+            self._captures[key] = Capture(self.per_kind, rank=self.rank)
+        return self._captures[key]
 
     def record(self, kind: str, tensor: torch.Tensor) -> None:
-        if self.capture.wants(kind):
-            self.capture.step = self._step() or 0
-            self.capture.record(kind, tensor)
+        step = self._step() or 0
+        capture = self._capture_for(step)
+        if capture is not None and capture.wants(kind):
+            capture.step = step
+            capture.record(kind, tensor)
+
+    def file_for(self, key) -> str:
+        if key is None:
+            return self.path
+        stem, ext = os.path.splitext(self.path)
+        return f"{stem}_step{key}{ext}"
 
     def save_if_grown(self, *_: Any) -> None:
-        if len(self.capture) > self._saved:
-            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-            self.capture.save(self.path)
-            self._saved = len(self.capture)
-            logger.info(f"zipccl capture: {self._saved} tensors in {self.path}")
+        for key, capture in self._captures.items():
+            if len(capture) > self._saved.get(key, 0):
+                path = self.file_for(key)
+                os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+                capture.save(path)
+                self._saved[key] = len(capture)
+                logger.info(f"zipccl capture: {len(capture)} tensors in {path}")
 
 
 class _RecordingAllGather(AllGather):
@@ -244,6 +297,7 @@ class _RecordingAllGather(AllGather):
 
     def __init__(self, comm: AllGather, recorder: _CaptureRecorder) -> None:
         self.comm, self.recorder = comm, recorder
+        self.hook = getattr(comm, "hook", None)  # whose comm this is (hooks/fsdp2.py)
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return self.comm.allocate(size, dtype=dtype, device=device)
@@ -259,6 +313,7 @@ class _RecordingReduceScatter(ReduceScatter):
 
     def __init__(self, comm: ReduceScatter, recorder: _CaptureRecorder) -> None:
         self.comm, self.recorder = comm, recorder
+        self.hook = getattr(comm, "hook", None)
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return self.comm.allocate(size, dtype=dtype, device=device)
@@ -269,16 +324,39 @@ class _RecordingReduceScatter(ReduceScatter):
                          group=group, op=op, async_op=async_op)
 
 
-def _record_fsdp_comms(hook: Any, settings: RunSettings, optimizers: Any) -> None:
-    """Make ``hook``'s FSDP2 comms record their inputs (before it is installed)."""
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    path = os.path.join(settings.capture_dir, f"capture_rank{rank}.safetensors")
-    recorder = _CaptureRecorder(settings.capture, path)
+def _record_fsdp_comms(hook: Any, recorder: _CaptureRecorder) -> None:
+    """Make ``hook``'s FSDP2 comms (and its HSDP replicate all-reduce) record
+    their inputs (before it is installed)."""
     hook.all_gather_comm = _RecordingAllGather(hook.all_gather_comm, recorder)
     hook.reduce_scatter_comm = _RecordingReduceScatter(hook.reduce_scatter_comm, recorder)
-    # torchtitan's OptimizersContainer is a torch Optimizer: its step hooks run
-    # once per training step, after the step's last collective.
-    optimizers.register_step_post_hook(recorder.save_if_grown)
+    # Read by hooks/hsdp.py's ReplicateAllReduce before each all-reduce.
+    hook.capture_tap = recorder.record
+
+
+_DTENSOR_KINDS = {"_all_gather": "all_gather", "_reduce_scatter": "reduce_scatter",
+                  "_all_reduce": "all_reduce", "_all_reduce_": "all_reduce",
+                  "_all_to_all": "all_to_all", "_shard_dim_alltoall": "all_to_all"}
+"""DTensorCompression's handler of each functional collective -> the kind it
+records under (prefixed ``dtensor_``: tensor-parallel and MoE traffic apart
+from FSDP2's)."""
+
+
+def _enable_dtensor(enable: Callable, config: Any, recorder: _CaptureRecorder | None):
+    """``enable(config)``, or with a recorder, the same compression recording
+    the first input of every functional collective it handles."""
+    if recorder is None:
+        return enable(config)
+    from hooks.dtensor import DTensorCompression
+
+    class RecordingDTensorCompression(DTensorCompression):
+        def _call(self, op, method, args, kwargs):
+            kind = _DTENSOR_KINDS.get(method)
+            if kind is not None and isinstance(args[0], torch.Tensor):
+                recorder.record(f"dtensor_{kind}", args[0])
+            return super()._call(op, method, args, kwargs)
+
+    # Process-wide like enable_dtensor_compression; the trainer never exits it.
+    return RecordingDTensorCompression(config).__enter__()
 
 
 def _backend_lacks_premul_sum() -> bool:

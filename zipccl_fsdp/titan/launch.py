@@ -159,7 +159,7 @@ def _flatten(table: dict, prefix: str, out: dict) -> None:
 
 
 def run_settings(recipe: Recipe, *, compress: bool = True, capture: int = 0,
-                 capture_dir: str = "."):
+                 capture_dir: str = ".", capture_steps: tuple = ()):
     """The ``RunSettings`` the ranks get: the [zipccl] table plus the options."""
     from zipccl_fsdp.config import ZipCCLConfig
 
@@ -180,7 +180,7 @@ def run_settings(recipe: Recipe, *, compress: bool = True, capture: int = 0,
         raise RecipeError(f"{recipe.path}: [zipccl]: {e}") from None
     return RunSettings(compress=compress, config=config, dtensor=table.get("dtensor", False),
                        telemetry=table.get("telemetry", True), capture=capture,
-                       capture_dir=capture_dir)
+                       capture_dir=capture_dir, capture_steps=tuple(capture_steps))
 
 
 def load_titan_config(recipe: Recipe) -> Any:
@@ -285,11 +285,14 @@ def prepare(args: argparse.Namespace) -> Launch:
                          "combined with --no-compress")
     if args.capture < 0:
         raise ValueError(f"--capture must be >= 0, got {args.capture}")
+    capture_steps = parse_capture_steps(getattr(args, "capture_steps", None))
+    if capture_steps and not args.capture:
+        raise ValueError("--capture-steps needs --capture N (tensors of each kind per step)")
     if args.nproc is not None and args.nproc < 1:
         raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
     nproc = args.nproc or recipe.nproc
     run = run_settings(recipe, compress=not args.no_compress, capture=args.capture,
-                       capture_dir=str(dump.resolve()))
+                       capture_dir=str(dump.resolve()), capture_steps=capture_steps)
     config = load_titan_config(recipe)
     check_settings(recipe, config, settings)
     options: dict[str, Any] = {}
@@ -323,6 +326,20 @@ def prepare(args: argparse.Namespace) -> Launch:
     return Launch(cmd=cmd, env=env, dump_folder=dump, settings=run)
 
 
+def parse_capture_steps(text: str | None) -> tuple:
+    """``"1,50,100"`` -> (1, 50, 100); None or "" -> ()."""
+    if not text:
+        return ()
+    try:
+        steps = tuple(sorted({int(part) for part in text.split(",")}))
+    except ValueError:
+        raise ValueError(f"--capture-steps takes step numbers separated by commas, "
+                         f"e.g. 1,50,100; got {text!r}") from None
+    if steps[0] < 1:
+        raise ValueError(f"--capture-steps: steps start at 1, got {text!r}")
+    return steps
+
+
 def _check_with_torchtitan(recipe: Recipe, titan_args: list[str]) -> None:
     """Let torchtitan's parser check every value now, not after the ranks start."""
     from torchtitan.config.manager import ConfigManager
@@ -351,9 +368,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="baseline: FSDP2's own uncompressed comms, same recipe otherwise "
                         "(default dump folder gets a _baseline suffix)")
     p.add_argument("--capture", type=int, default=0, metavar="N",
-                   help="save the inputs of the first N all-gathers and N reduce-scatters of "
+                   help="save the inputs of the first N calls of each collective kind "
+                        "(all_gather, reduce_scatter, HSDP's all_reduce, dtensor_<kind>) of "
                         "each rank to <dump folder>/capture_rank<R>.safetensors, for "
                         "'zipccl bench codec --input' and 'zipccl inspect'")
+    p.add_argument("--capture-steps", metavar="STEPS",
+                   help="with --capture N: capture the first N of each kind at each of these "
+                        "training steps instead (e.g. 1,50,100), one file per step: "
+                        "<dump folder>/capture_rank<R>_step<S>.safetensors")
     p.add_argument("--profile", metavar="STEPS",
                    help="trace these training steps with the torch profiler, e.g. 3, 3-5 or "
                         "2,7; TensorBoard traces (zipccl::<kind>::<phase> ranges included) in "

@@ -73,3 +73,78 @@ def llama3_tiny_spec() -> ModelSpec:
     """Return a llama3 ``ModelSpec`` (flavor ``"tiny"``) for the tiny model."""
     spec = model_registry("debugmodel")
     return dataclasses.replace(spec, flavor="tiny", model=llama3_tiny_config())
+
+
+DSV3_TINY_DIM = 64
+DSV3_TINY_LAYERS = 2
+"""One dense layer, then one MoE layer."""
+DSV3_TINY_EXPERTS = 4
+DSV3_TINY_VOCAB = 2048
+
+
+def deepseek_v3_tiny_config(attn_backend: str = "flex") -> "DeepSeekV3Model.Config":
+    """Return a tiny DeepSeek-V3 MoE config: torchtitan's ``debugmodel`` scaled
+    down (dim 64, 2 layers of which 1 MoE, 4 routed + 1 shared experts, top 2,
+    multi-head latent attention with 4 heads; about 0.5 M parameters), built with
+    the same private helpers (``torchtitan.models.deepseek_v3``, pinned 0.3.0)."""
+    from torchtitan.models.deepseek_v3 import (
+        _EMBEDDING_INIT as DSV3_EMBEDDING_INIT,
+        _NORM_INIT as DSV3_NORM_INIT,
+        _build_dsv3_layers,
+        _output_linear_init as dsv3_output_linear_init,
+        DeepSeekV3Model,
+    )
+
+    dim, vocab, rope_dim = DSV3_TINY_DIM, DSV3_TINY_VOCAB, 16
+    layers = _build_dsv3_layers(
+        n_layers=DSV3_TINY_LAYERS,
+        n_dense_layers=1,
+        dim=dim,
+        n_heads=4,
+        q_lora_rank=0,
+        kv_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=rope_dim,
+        v_head_dim=16,
+        mscale=0.70,
+        dense_hidden_dim=128,
+        moe_hidden_dim=64,
+        num_experts=DSV3_TINY_EXPERTS,
+        num_shared_experts=1,
+        router_top_k=2,
+        router_score_func="softmax",
+        attn_backend=attn_backend,
+        moe_comm_backend="standard",
+        non_blocking_capacity_factor=None,
+        rope=ComplexRoPE.Config(
+            dim=rope_dim,
+            max_seq_len=TINY_MAX_SEQ_LEN,
+            theta=10000.0,
+            scaling="yarn",
+            rope_factor=40.0,
+            beta_fast=32.0,
+            beta_slow=1.0,
+            original_seq_len=TINY_MAX_SEQ_LEN,
+        ),
+    )
+    return DeepSeekV3Model.Config(
+        vocab_size=vocab,
+        dim=dim,
+        tok_embeddings=Embedding.Config(
+            num_embeddings=vocab, embedding_dim=dim, param_init=DSV3_EMBEDDING_INIT
+        ),
+        norm=RMSNorm.Config(normalized_shape=dim, param_init=DSV3_NORM_INIT),
+        lm_head=Linear.Config(
+            in_features=dim, out_features=vocab, param_init=dsv3_output_linear_init(dim)
+        ),
+        layers=layers,
+        mtp_layers=[],
+    )
+
+
+def deepseek_v3_tiny_spec() -> ModelSpec:
+    """Return a DeepSeek-V3 ``ModelSpec`` (flavor ``"tiny"``) for the tiny MoE."""
+    from torchtitan.models.deepseek_v3 import model_registry as dsv3_registry
+
+    spec = dsv3_registry("debugmodel")
+    return dataclasses.replace(spec, flavor="tiny", model=deepseek_v3_tiny_config())

@@ -1,0 +1,130 @@
+"""Process exit under load: many runs of 2 gloo ranks that create and destroy
+their process group, counting the runs a rank did not end with status 0.
+
+Each run spawns ``--world`` processes (spawn: each exits through the full
+interpreter shutdown, as the package's tests and scripts do). Each rank
+creates a gloo process group, trains two steps of a small DDP model with the
+zipccl hook (its calls run on zipccl's worker thread; with the raw policy
+they return torch's pending Work) and runs one compressed all-reduce, then
+shuts down the way ``tests/dist_utils.py`` does: ``background.stop()`` (the
+worker's calls run and their Works waited) and ``destroy_process_group()``.
+``--no-stop`` leaves the worker out of the shutdown, for contrast.
+
+``--load`` starts one spinning process per core for the whole soak, so that
+the ranks run on a machine whose cores are all busy.
+
+Usage::
+
+    python benchmarks/exit_soak.py --runs 200 --load
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import os
+import signal
+import sys
+import tempfile
+import time
+
+import torch.multiprocessing as mp
+
+PG_TIMEOUT_S = 20
+RUN_LIMIT_S = 600  # a run that takes longer is counted as hung and killed
+
+
+def _rank(rank: int, world: int, init_file: str, stop: bool) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import zipccl_fsdp as Z
+    from zipccl_fsdp import background
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+    for policy in ("always", "never"):  # "never": the worker hands back torch's pending Work
+        model = DDP(net, bucket_cap_mb=0.005)
+        model.register_comm_hook(None, Z.ZipCCLHook(Z.ZipCCLConfig(policy=policy, min_bytes=0)))
+        for _ in range(2):
+            model(torch.randn(8, 32)).square().mean().backward()
+    x = torch.randn(3000)
+    Z.all_reduce(x, config=Z.ZipCCLConfig(policy="always", min_bytes=0))
+    if stop and hasattr(background, "stop"):  # (older checkouts have no stop())
+        background.stop()
+    dist.destroy_process_group()
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+def one_run(ctx, world: int, stop: bool) -> list:
+    """The ranks' exit codes (None: still running at the limit, then killed)."""
+    with tempfile.TemporaryDirectory(prefix="zipccl_exit_") as d:
+        procs = [ctx.Process(target=_rank, args=(r, world, os.path.join(d, "rdv"), stop))
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + RUN_LIMIT_S
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        codes = [p.exitcode for p in procs]
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    return codes
+
+
+def _describe(code) -> str:
+    if code is None:
+        return "hung"
+    if code < 0:
+        return signal.Signals(-code).name
+    return f"exit {code}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--load", action="store_true", help="keep every core busy meanwhile")
+    ap.add_argument("--no-stop", action="store_true", help="leave the worker out of shutdown")
+    args = ap.parse_args(argv)
+    ctx = mp.get_context("spawn")
+    burners = []
+    if args.load:
+        burners = [ctx.Process(target=_spin, daemon=True) for _ in range(os.cpu_count() or 1)]
+        for b in burners:
+            b.start()
+    bad = collections.Counter()
+    t0 = time.monotonic()
+    try:
+        for i in range(args.runs):
+            codes = one_run(ctx, args.world, not args.no_stop)
+            for rank, code in enumerate(codes):
+                if code != 0:
+                    bad[_describe(code)] += 1
+                    print(f"run {i}: rank {rank} {_describe(code)}", flush=True)
+            if (i + 1) % 10 == 0:
+                print(f"{i + 1} runs, {time.monotonic() - t0:.0f} s, bad exits: {dict(bad)}",
+                      flush=True)
+    finally:
+        for b in burners:
+            b.kill()
+            b.join(5)
+    how = "without" if args.no_stop else "with"
+    print(f"exit_soak: {args.runs} runs of {args.world} ranks ({how} background.stop(); load: {len(burners)} spinning processes), "
+          f"{time.monotonic() - t0:.0f} s; rank exits other than 0: {dict(bad) or 'none'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

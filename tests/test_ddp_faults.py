@@ -1,0 +1,151 @@
+"""DDP with the zipccl hook when a bucket's collective fails (issue 20, case 1).
+
+A payload damaged in transit under ``verify=True`` makes that bucket's
+all-reduce raise ``CorruptPayloadError`` on every rank (the all-reduce's abort
+exchange). What the caller of ``loss.backward()`` must then see, on every
+rank, within seconds:
+
+* the ``CorruptPayloadError`` itself (``except CorruptPayloadError`` catches
+  it), not a ``RuntimeError`` that lost the type on its way through DDP;
+* zipccl's worker thread idle: every bucket queued behind the failed one has
+  run, so a collective the caller issues next (an error handler's
+  ``dist.all_reduce``, a new DDP model) does not interleave with the
+  worker's, which would leave both ranks waiting for the process group's
+  timeout;
+* a DDP model that trains on: the next step runs and leaves the same
+  parameters on every rank.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from dist_utils import DistPool
+from hooks.registry import ZipCCLHook
+from zipccl_fsdp import background
+from zipccl_fsdp import _wire as C
+from zipccl_fsdp.config import ZipCCLConfig
+from zipccl_fsdp.errors import CorruptPayloadError
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+from bitflip_transit import payload_nbytes  # noqa: E402
+
+PG_TIMEOUT_S = 20  # the issue allows at most 30
+RAISE_WITHIN_S = 10
+VERIFY = ZipCCLConfig(policy="always", min_bytes=0, verify=True)
+
+
+@pytest.fixture(scope="module")
+def pool2f():
+    pool = DistPool(2, pg_timeout_s=PG_TIMEOUT_S)
+    yield pool
+    pool.close()
+
+
+class DamageOnce:
+    """Damages the next uint8 payload this rank sends to rank ``to``: the last
+    byte of the payload (its last chunk's checksum) gets one bit flipped, on a
+    copy, so only the receiver sees it. Patches the two sends the collectives
+    use (``_wire.all_gather_single``, ``dist.all_to_all_single``)."""
+
+    def __init__(self, to: int) -> None:
+        self.to, self.armed, self.fired = to, True, 0
+        self._ag, self._a2a = C.all_gather_single, dist.all_to_all_single
+        C.all_gather_single, dist.all_to_all_single = self._all_gather, self._all_to_all
+
+    def restore(self) -> None:
+        C.all_gather_single, dist.all_to_all_single = self._ag, self._a2a
+
+    def _damage(self, t: torch.Tensor, start: int, nbytes: int) -> torch.Tensor:
+        self.armed, self.fired = False, self.fired + 1
+        t = t.clone()
+        t[start + nbytes - 1] ^= 1
+        return t
+
+    def _all_gather(self, output, input, group=None, async_op=False):
+        if self.armed and input.dtype == torch.uint8 and input.numel():
+            input = self._damage(input, 0, payload_nbytes(input))
+        return self._ag(output, input, group=group, async_op=async_op)
+
+    def _all_to_all(self, output, input, output_split_sizes=None, input_split_sizes=None,
+                    group=None, async_op=False):
+        if (self.armed and input.dtype == torch.uint8 and input_split_sizes
+                and input_split_sizes[self.to]):
+            start = sum(input_split_sizes[:self.to])
+            piece = input[start:start + input_split_sizes[self.to]]
+            input = self._damage(input, start, payload_nbytes(piece))
+        return self._a2a(output, input, output_split_sizes, input_split_sizes, group=group,
+                         async_op=async_op)
+
+
+def _model() -> DDP:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(32, 96), nn.ReLU(), nn.Linear(96, 96), nn.ReLU(),
+                        nn.Linear(96, 8))
+    return DDP(net, bucket_cap_mb=0.01)  # several buckets: some queue behind the damaged one
+
+
+def _step(model: DDP, opt, g: torch.Generator) -> None:
+    x, y = torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g)
+    opt.zero_grad(set_to_none=True)
+    (model(x) - y).square().mean().backward()
+    opt.step()
+
+
+def backward_after_damage() -> dict:
+    """One clean step, one whose first bucket arrives damaged at rank 0, then
+    what the caller does next: a plain all-reduce and another step."""
+    rank = dist.get_rank()
+    model = _model()
+    model.register_comm_hook(None, ZipCCLHook(VERIFY))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(7 + rank)
+    _step(model, opt, g)  # buckets rebuilt, agreement check done
+    dist.barrier()
+    damage = DamageOnce(to=0) if rank == 1 else None
+    x, y = torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g)
+    opt.zero_grad(set_to_none=True)
+    loss = (model(x) - y).square().mean()
+    t0 = time.monotonic()
+    caught = cause = message = None
+    try:
+        loss.backward()
+    except CorruptPayloadError as e:
+        caught, message = "CorruptPayloadError", str(e)
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        caught, message = type(e).__name__, str(e)
+        cause = type(e.__cause__).__name__ if e.__cause__ is not None else None
+    elapsed = time.monotonic() - t0
+    idle = background.idle()  # before anything else can let the worker catch up
+    if damage is not None:
+        damage.restore()
+    probe = torch.full((4,), float(rank + 1))
+    t1 = time.monotonic()
+    dist.all_reduce(probe)  # the caller's own collective, right after the failure
+    probe_s = time.monotonic() - t1
+    _step(model, opt, g)  # the same model trains on
+    return {"caught": caught, "cause": cause, "message": message, "elapsed": elapsed,
+            "idle": idle, "probe": probe.tolist(), "probe_s": probe_s,
+            "fired": damage.fired if damage is not None else None,
+            "params": [p.detach().clone().view(torch.int32) for p in model.parameters()]}
+
+
+def test_failed_bucket_raises_corrupt_payload_error_on_every_rank(pool2f):
+    results = pool2f.run(backward_after_damage, timeout_s=3 * PG_TIMEOUT_S + 30)
+    assert results[1]["fired"] == 1, "the damage was not injected"
+    for rank, r in enumerate(results):
+        assert r["caught"] == "CorruptPayloadError", (rank, r["caught"], r["cause"], r["message"])
+        assert "corrupt" in r["message"], (rank, r["message"])
+        assert r["elapsed"] < RAISE_WITHIN_S, (rank, r["elapsed"])
+        assert r["idle"], f"rank {rank}: buckets still queued on the worker when backward raised"
+        assert r["probe"] == [3.0] * 4, (rank, r["probe"])
+        assert r["probe_s"] < RAISE_WITHIN_S, (rank, r["probe_s"])
+    for a, b in zip(results[0]["params"], results[1]["params"]):
+        assert torch.equal(a, b), "the step after the failure left ranks apart"

@@ -1,0 +1,86 @@
+"""Imports point one way: the kernels and the format load neither the hooks
+nor FSDP, and no module of the package imports, at import time, a module
+that imports it back."""
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGES = ("zipccl_fsdp", "hooks", "triton_kernels")
+
+
+def test_kernels_and_format_load_neither_hooks_nor_fsdp():
+    code = ("import triton_kernels.codec_encode, zipccl_fsdp.format, sys; "
+            "assert 'hooks' not in sys.modules, 'hooks'; "
+            "assert 'torch.distributed.fsdp' not in sys.modules, 'fsdp'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def _modules() -> dict:
+    """module name -> path, for every .py file of the three packages."""
+    out = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = path
+    return out
+
+
+def _top_level_imports(name: str, path: pathlib.Path, known: dict) -> set:
+    """Project modules ``name`` imports when it is imported (not inside functions)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    edges = set()
+
+    def visit(body):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            if isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name in known)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                for a in node.names:
+                    if f"{base}.{a.name}" in known:
+                        edges.add(f"{base}.{a.name}")
+                    elif base in known:
+                        edges.add(base)
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                inner = getattr(node, field, None)
+                if isinstance(inner, list) and not isinstance(node, ast.ClassDef):
+                    visit(inner)
+
+    visit(ast.parse(path.read_text()).body)
+    # Importing a module of another top-level package runs that package's
+    # __init__ first (a package importing its own modules is not a cycle).
+    top = name.split(".")[0]
+    edges |= {e.split(".")[0] for e in edges if e.split(".")[0] != top}
+    edges.discard(name)
+    return edges
+
+
+def test_no_import_cycle():
+    known = _modules()
+    graph = {name: _top_level_imports(name, path, known) for name, path in known.items()}
+    state: dict = {}
+    cycles = []
+
+    def walk(node, stack):
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                walk(nxt, stack + [nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            walk(name, [name])
+    assert not cycles, cycles

@@ -1,0 +1,138 @@
+"""``zipccl titan`` trains the three layout recipes on 4 gloo CPU ranks, 3 steps each.
+
+- ``recipes/llama3_tiny_hsdp_cpu.toml``: HSDP, replicate 2 x shard 2;
+- ``recipes/llama3_tiny_tp_fsdp_cpu.toml``: tensor parallel 2 x FSDP 2;
+- ``recipes/deepseek_v3_tiny_ep_cpu.toml``: MoE, expert parallel 2 x FSDP 2.
+
+Each compressed run (the recipe as written: ``policy = "always"``, with
+``--capture 1``) is compared with a reference, from torchtitan's TensorBoard
+event files: every logged loss, max loss and gradient norm bitwise equal.
+The reference of HSDP and TP is ``--no-compress`` (every sum there has two
+terms, so summation order cannot change a bit). The MoE model's dense
+parameters are FSDP-sharded over all 4 ranks: their gradient sums have four
+terms, which zipccl adds in rank order and gloo in an order of its own; its
+reference is the same recipe with ``policy = "never"``: zipccl's comms sending
+every byte raw, summing in the same rank order. Also checked per step: a
+``zipccl/<kind>/*`` tag for every kind the recipe lists as compressed, with
+fewer bytes on the wire than raw; and the capture holds every collective
+kind of the layout.
+"""
+from __future__ import annotations
+
+import math
+import struct
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torchtitan")
+pytest.importorskip("tokenizers")
+
+from test_titan_recipes import RECIPES, _env, _scalars, _zipccl  # noqa: E402
+
+STEPS = 3
+RUN_TIMEOUT_S = 420
+LAYOUTS = {
+    # recipe: (reference, kinds the capture must hold)
+    "llama3_tiny_hsdp_cpu": ("no-compress", {"all_gather", "reduce_scatter", "all_reduce"}),
+    "llama3_tiny_tp_fsdp_cpu": ("no-compress", {"all_gather", "reduce_scatter",
+                                                "dtensor_all_gather", "dtensor_reduce_scatter"}),
+    "deepseek_v3_tiny_ep_cpu": ("never", {"all_gather", "reduce_scatter", "dtensor_all_to_all"}),
+}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ZIPCCL_FSDP_CACHE_DIR", str(path))
+        yield path
+
+
+def _run(recipe: Path, dump: Path, env: dict, *extra) -> dict:
+    proc = _zipccl(["titan", "--recipe", recipe, "--steps", STEPS, "--dump-folder", dump,
+                    *extra], env, timeout=RUN_TIMEOUT_S)
+    if proc.returncode != 0:
+        pytest.fail(f"zipccl titan {recipe.name} {extra} exited {proc.returncode}:\n"
+                    f"{proc.stdout[-6000:]}")
+    return _scalars(dump)
+
+
+@pytest.fixture(scope="module", params=sorted(LAYOUTS))
+def layout(request, tmp_path_factory, cache):
+    from zipccl_fsdp.titan import launch
+
+    name = request.param
+    recipe = RECIPES / f"{name}.toml"
+    env = _env(cache)
+    reference_kind, _ = LAYOUTS[name]
+    dump = tmp_path_factory.mktemp(name)
+    compressed = _run(recipe, dump, env, "--capture", "1")
+    if reference_kind == "no-compress":
+        reference = _run(recipe, tmp_path_factory.mktemp(name + "_ref"), env, "--no-compress")
+    else:
+        text = recipe.read_text()
+        assert 'policy = "always"' in text
+        ref_recipe = tmp_path_factory.mktemp(name + "_recipe") / recipe.name
+        ref_recipe.write_text(text.replace('policy = "always"', 'policy = "never"'))
+        reference = _run(ref_recipe, tmp_path_factory.mktemp(name + "_ref"), env)
+    kinds = launch.load_recipe(recipe).zipccl["collectives"]
+    return {"name": name, "compressed": compressed, "reference": reference, "dump": dump,
+            "kinds": kinds}
+
+
+def _bits(values: dict) -> list:
+    return [(step, struct.pack("<f", v).hex()) for step, v in sorted(values.items())]
+
+
+def test_losses_bitwise_equal_to_reference(layout):
+    for tag in ("loss_metrics/global_avg_loss", "loss_metrics/global_max_loss", "grad_norm"):
+        ref, zc = layout["reference"][tag], layout["compressed"][tag]
+        assert sorted(zc) == list(range(1, STEPS + 1)), tag
+        assert all(math.isfinite(v) for v in zc.values()), (tag, zc)
+        assert _bits(zc) == _bits(ref), (layout["name"], tag, zc, ref)
+    assert len(set(layout["compressed"]["loss_metrics/global_avg_loss"].values())) > 1
+
+
+def test_every_listed_kind_is_compressed_every_step(layout):
+    scalars = layout["compressed"]
+    assert set(scalars["zipccl/config/compressed"].values()) == {1.0}
+    for kind in layout["kinds"]:
+        raw, wire = scalars[f"zipccl/{kind}/raw_MB"], scalars[f"zipccl/{kind}/wire_MB"]
+        assert sorted(raw) == list(range(1, STEPS + 1)), kind
+        for step in raw:
+            assert 0 < wire[step] < raw[step], (layout["name"], kind, step, raw, wire)
+        assert all(v > 0 for v in scalars[f"zipccl/{kind}/compressed_calls"].values()), kind
+
+
+def test_capture_holds_every_kind_of_the_layout(layout):
+    from zipccl_fsdp.capture import read_capture_metadata
+
+    _, expected = LAYOUTS[layout["name"]]
+    for rank in range(4):
+        meta = read_capture_metadata(str(layout["dump"] / f"capture_rank{rank}.safetensors"))
+        kinds = {record["kind"] for record in meta.values()}
+        assert expected <= kinds, (layout["name"], rank, sorted(kinds))
+        assert all(record["rank"] == rank for record in meta.values())
+
+
+def test_capture_steps_option_is_checked():
+    import argparse
+
+    from zipccl_fsdp.titan import launch
+
+    assert launch.parse_capture_steps("50,1,100,50") == (1, 50, 100)
+    assert launch.parse_capture_steps(None) == ()
+    for bad in ("1,x", "0,5"):
+        with pytest.raises(ValueError, match="--capture-steps"):
+            launch.parse_capture_steps(bad)
+    p = argparse.ArgumentParser()
+    launch.add_arguments(p)
+    args = p.parse_args(["--recipe", str(RECIPES / "llama3_tiny_hsdp_cpu.toml"),
+                         "--capture-steps", "1,3"])
+    with pytest.raises(ValueError, match="needs --capture"):
+        launch.prepare(args)
+    args = p.parse_args(["--recipe", str(RECIPES / "llama3_tiny_hsdp_cpu.toml"),
+                         "--capture", "2", "--capture-steps", "3,1", "--dump-folder", "x"])
+    settings = launch.prepare(args).settings
+    assert settings.capture == 2 and settings.capture_steps == (1, 3)

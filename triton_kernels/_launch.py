@@ -1,0 +1,88 @@
+"""Launch a compiled kernel without triton's per-call argument binding.
+
+``kernel[grid](*args, **constexprs)`` binds every argument by name, computes
+triton's specialization key (each pointer's 16-byte alignment, each int's
+width, divisibility by 16 and equality to 1), looks the compiled kernel up,
+builds launch metadata and only then calls the driver's launcher. For a
+codec call of a few launches that host work is larger than the kernels of a
+few-MB shard. ``Launcher`` fixes a kernel's constexprs and warps once, keeps
+the compiled kernel per specialization it has seen, and on later calls
+computes the same key from the positional arguments and calls the
+compiled kernel's launcher directly (the call ``JITFunction.run`` ends with).
+
+The first call with a new specialization goes through ``kernel[grid]``, so
+compiling, triton's caches and its checks stay triton's. Under the
+interpreter (``TRITON_INTERPRET=1``, CPU tensors) and when a launch hook is
+installed (profilers such as proton read launch metadata) every call takes
+that path too.
+"""
+from __future__ import annotations
+
+from triton import knobs
+from triton.runtime.driver import driver
+from triton.runtime.jit import JITFunction
+
+_I32 = (-(1 << 31), 1 << 31)
+# False: every call through kernel[grid] (benchmarks/triton_launch_host.py
+# times both ways side by side).
+DIRECT = True
+
+
+def _hooked(rt=knobs.runtime) -> bool:
+    """Whether a launch hook is installed (triton keeps empty hook chains)."""
+    enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
+    return bool((enter is not None and getattr(enter, "calls", True))
+                or (leave is not None and getattr(leave, "calls", True)))
+
+
+def _key(device: int, args: tuple) -> tuple:
+    """What triton specializes the runtime arguments on (see the module
+    docstring): a tensor's dtype and 16-byte alignment; an int's equality
+    to 1, divisibility by 16 and 32-bit range."""
+    key = [device]
+    for a in args:
+        if type(a) is int:
+            key.append(1 if a == 1 else (a % 16 == 0, _I32[0] <= a < _I32[1]))
+        else:
+            key.append((a.dtype, a.data_ptr() % 16 == 0))
+    return tuple(key)
+
+
+class Launcher:
+    """``kernel`` with fixed constexprs and warps: ``launcher(grid, *args)``
+    launches ``grid`` programs (1-D) with the runtime arguments in the
+    kernel's order: tensors and Python ints."""
+
+    def __init__(self, kernel, constexprs, num_warps: int):
+        self.kernel = kernel
+        self.constexprs = dict(constexprs)
+        self.num_warps = num_warps
+        self.compiled_path = isinstance(kernel, JITFunction)
+        if self.compiled_path:
+            # The launcher takes every parameter, constexprs included, in order;
+            # the runtime arguments come first in this package's kernels.
+            params = kernel.params
+            first = next((i for i, p in enumerate(params) if p.is_constexpr), len(params))
+            assert all(p.is_constexpr for p in params[first:]), kernel
+            self.n_runtime = first
+            self.tail = tuple(self.constexprs[p.name] if p.name in self.constexprs
+                              else p.default for p in params[first:])
+        self._compiled: dict = {}
+
+    def __call__(self, grid: int, *args) -> None:
+        if not (self.compiled_path and DIRECT) or _hooked():
+            self.kernel[(grid,)](*args, num_warps=self.num_warps, **self.constexprs)
+            return
+        device = driver.active.get_current_device()
+        key = _key(device, args)
+        hit = self._compiled.get(key)
+        if hit is None:
+            assert len(args) == self.n_runtime, (self.kernel, len(args))
+            compiled = self.kernel[(grid,)](*args, num_warps=self.num_warps, **self.constexprs)
+            if hasattr(compiled, "result"):  # an async compile's future
+                compiled = compiled.result()
+            self._compiled[key] = (compiled.run, compiled.function, compiled.packed_metadata)
+            return
+        run, function, packed = hit
+        run(grid, 1, 1, driver.active.get_current_stream(device), function, packed, None,
+            None, None, *args, *self.tail)
