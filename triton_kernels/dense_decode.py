@@ -25,21 +25,9 @@ from zipccl_fsdp import format as F
 
 from .dense_encode import layout, sum3, thread_excl, tile3
 
-# Error bits of the decoder's device word.
-ERR_TABLE = tl.constexpr(1)  # a chunk-table entry no encoder writes
-ERR_OFFSETS = tl.constexpr(2)  # offsets disagree with the table, or leave the body
-ERR_TIERS = tl.constexpr(4)  # decoded tier-open counts disagree with the table
-ERR_COUNTS = tl.constexpr(8)  # decoded escape / zero counts disagree with the table
-ERR_EXPONENT = tl.constexpr(16)  # a code decodes to an exponent outside the dtype
-ERR_PADDING = tl.constexpr(32)  # a padding byte is not zero
-MESSAGES = {
-    1: "the chunk table is invalid",
-    2: "segment offsets disagree with the chunk table",
-    4: "dense tier open counts disagree with the table",
-    8: "decoded escape/zero counts disagree with the chunk table",
-    16: "a code decodes to an exponent outside the dtype",
-    32: "a padding byte is not zero",
-}
+# Error bits: the decoders' shared word (_codec_common.py).
+from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING,  # noqa: E402
+                            ERR_TABLE, ERR_TIERS)
 
 
 def _sym_lut(zp: int, zn: int, phase: int) -> int:
@@ -111,22 +99,21 @@ def _decode_raw(src, dst, n, ITEMSIZE: tl.constexpr, C: tl.constexpr, T: tl.cons
     G: tl.constexpr = C // (8 * T)
     i = tile3(G, T)
     valid = i < n
-    w = tl.load(src.to(dst.dtype) + i, mask=valid, other=0)
+    w = tl.load(src.to(dst.dtype) + i, mask=valid, other=0)  # inside the segment: checked
     tl.store(dst + i, w, mask=valid)
 
 
 @triton.jit
-def dense_decode_kernel(p_ptr, out_ptr, err_ptr, numel, nch, table_off, offsets_off, body_off,
-                        body_units, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
-                        MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr):
-    G: tl.constexpr = C // (8 * T)
-    tl.static_assert(G == 4, "tier 0 of a thread is one 8-byte word")
+def dense_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off, body_nbytes,
+                       ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
+                       CP: tl.constexpr, T: tl.constexpr):
+    """Decode dense chunk c (n elements) of a payload whose header was
+    checked, into ``dst`` (the chunk's first output word); returns the
+    ERR_* bits it found. A ``[T, G, 8]`` tile of CP elements, G = CP / 8T."""
+    G: tl.constexpr = CP // (8 * T)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
-    c = tl.program_id(0)
-    start = c.to(tl.int64) * C
-    n = tl.minimum(numel - start, C).to(tl.int32)
-
+    body_units = body_nbytes >> 4
     # --- the entry and the offsets ---
     ent = p_ptr.to(tl.pointer_type(tl.int32)) + (table_off >> 2) + 4 * c.to(tl.int64)
     e0 = tl.load(ent)
@@ -160,18 +147,14 @@ def dense_decode_kernel(p_ptr, out_ptr, err_ptr, numel, nch, table_off, offsets_
         n, coded, low16, nz, nesc, o1, o2, o3, o4, ITEMSIZE, IS_FP16)
     units = (seg >> 4).to(tl.int64)
     # format.validate_offsets, chained: offset[0] = 0, offset[c + 1] = offset[c] + units.
-    bad_off = (nxt != off + units) | (off + units > body_units)
+    bad_off = (nxt != off + units) | (off + units > body_units)  # the segment inside the body
     bad_off = bad_off | ((c == 0) & (off != 0))
     src = p_ptr + body_off + 16 * off
     err = tl.where(bad, ERR_TABLE, 0) | tl.where(bad_off, ERR_OFFSETS, 0)
-    if c == 0:
-        gap = offsets_off + 4 * nch
-        err = err | tl.where(_pad_bad(p_ptr, gap, body_off) != 0, ERR_PADDING, 0)
-    dst = out_ptr + start
 
     if (err & (ERR_TABLE | ERR_OFFSETS)) == 0:
         if mode == 0:
-            _decode_raw(src, dst, n, ITEMSIZE, C, T)
+            _decode_raw(src, dst, n, ITEMSIZE, CP, T)
             nb = n * ITEMSIZE
             err = err | tl.where(_pad_bad(src, nb, seg) != 0, ERR_PADDING, 0)
         else:
@@ -183,12 +166,13 @@ def dense_decode_kernel(p_ptr, out_ptr, err_ptr, numel, nch, table_off, offsets_
             vi = valid.to(tl.int32)
             codes64 = src.to(tl.pointer_type(tl.int64))
             nwords = a_sm >> 3
-            # Tier 0: a thread's 2-bit digits are its 8G bytes at byte 2G * t.
-            tt = tl.arange(0, T)
-            w0 = tl.load(codes64 + tt * (G // 4), mask=tt * (G // 4) < nwords, other=0)
-            w0 = w0.to(tl.uint64, bitcast=True)
-            rank = ((w0[:, None, None] >> (2 * (i & (8 * G - 1))).to(tl.uint64)) & 3).to(
-                tl.int32) * vi
+            # Tier 0: a row's eight 2-bit digits are the 16-bit word 2 * row.
+            # The [T, G, 1] load, broadcast, fixes the layout every later step
+            # inherits: a thread's elements in its own registers.
+            rows = tl.arange(0, T)[:, None, None] * G + tl.arange(0, G)[None, :, None]
+            w0 = tl.load(src.to(tl.pointer_type(tl.int16)) + rows, mask=2 * rows < a_sm,
+                         other=0).to(tl.int32)
+            rank = ((w0 >> (2 * (i & 7))) & 3) * vi
             opened = ((rank + 13) >> 4) * vi  # digit 3 continues
             len0 = (2 * n + 7) >> 3
             b1 = len0
@@ -250,6 +234,20 @@ def dense_decode_kernel(p_ptr, out_ptr, err_ptr, numel, nch, table_off, offsets_
             else:
                 tl.store(dst + i, w, mask=valid)
             err = err | tl.where(padbad != 0, ERR_PADDING, 0)
+    return err
+
+
+@triton.jit
+def dense_decode_kernel(p_ptr, out_ptr, err_ptr, numel, nch, table_off, offsets_off, body_off,
+                        body_nbytes, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                        MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr):
+    """The chunks of a dense payload whose header the host parsed (codec_decode.py's
+    decode_kernel checks the header on the device and calls dense_decode_chunk too)."""
+    c = tl.program_id(0)
+    start = c.to(tl.int64) * C
+    n = tl.minimum(numel - start, C).to(tl.int32)
+    err = dense_decode_chunk(p_ptr, out_ptr + start, c, n, nch, table_off, offsets_off, body_off,
+                             body_nbytes, ITEMSIZE, EXP_BITS, MAN_BITS, C, T)
     tl.atomic_or(err_ptr, err, mask=err != 0)
 
 
@@ -260,6 +258,6 @@ def decode_launch(payload, words, err, numel: int, nch: int, table_off: int, off
     be zero and gets the OR of the ERR_* bits. No host sync."""
     assert F.CHUNK_ELEMS % (8 * 32 * num_warps) == 0
     dense_decode_kernel[(nch,)](
-        payload, words, err, numel, nch, table_off, offsets_off, body_off, body_nbytes // 16,
+        payload, words, err, numel, nch, table_off, offsets_off, body_off, body_nbytes,
         ITEMSIZE=info.itemsize, EXP_BITS=info.exp_bits, MAN_BITS=info.man_bits,
         C=F.CHUNK_ELEMS, T=32 * num_warps, num_warps=num_warps)

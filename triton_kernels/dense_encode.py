@@ -33,6 +33,8 @@ import triton.language as tl
 
 from zipccl_fsdp import format as F
 
+from ._lookback import chunk_offset, ticket
+
 # The shape of the format this kernel is written for (fails loudly if it changes).
 assert F.TIER_BITS == (2, 1, 1, 2, 2) and F.TIER_START == (0, 3, 4, 5, 8)
 assert F.DENSE_SLOTS == 11 and F.DENSE_ESC == 11 and F.REM_BITS == 3
@@ -252,24 +254,6 @@ def _pack_run128(d, pos, BITS: tl.constexpr):
 
 
 # ---------------------------------------------------------------------------
-# The look-back (replaced by _lookback.chunk_offset once it lands)
-# ---------------------------------------------------------------------------
-@triton.jit
-def _chunk_offset_chain(status_ptr, c, nunits):
-    """Exclusive prefix of nunits over chunks < c: waits for chunk c - 1's
-    inclusive value (flag bit 62) and publishes c's."""
-    FLAG: tl.constexpr = 1 << 62
-    prev = tl.zeros([], tl.int64)
-    if c > 0:
-        v = tl.atomic_add(status_ptr + c - 1, 0, sem="acquire")
-        while (v & FLAG) == 0:
-            v = tl.atomic_add(status_ptr + c - 1, 0, sem="acquire")
-        prev = v & (FLAG - 1)
-    tl.atomic_xchg(status_ptr + c, (prev + nunits) | FLAG, sem="release")
-    return prev
-
-
-# ---------------------------------------------------------------------------
 # The kernel
 # ---------------------------------------------------------------------------
 @triton.jit(noinline=True)
@@ -376,7 +360,7 @@ def _encode_general(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off
     raw_seg = (n * ITEMSIZE + 15) & -16
     coded = seg_c < raw_seg
     units = (tl.where(coded, seg_c, raw_seg) >> 4).to(tl.int64)
-    off = _chunk_offset_chain(status_ptr, c, units)
+    off = chunk_offset(status_ptr, c, units)
     tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + (offsets_off >> 2) + c, off.to(tl.int32))
     if c == nch - 1:
         tl.store(total_ptr, off + units)
@@ -512,9 +496,8 @@ def _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, o
     r3 = tl.sum((dv >> 2) << ((fpre >> 16) & 0xFF), axis=2)
     r4 = tl.sum((ev & 3) << (fpre >> 24), axis=2)
     rpre = tl.cumsum(frow, axis=1) - frow  # a thread's fields stay below 65
-    ttot = tl.sum(frow, axis=1)  # [T]
     gq = tl.arange(0, G)[None, :]
-    run0 = tl.sum(r0.to(tl.uint64) << (16 * gq).to(tl.uint64), axis=1)
+    ttot = tl.sum(frow, axis=1)  # [T]
     run1 = tl.sum(r1.to(tl.uint64) << (rpre & 0xFF).to(tl.uint64), axis=1)
     run2 = tl.sum(r2.to(tl.uint64) << ((rpre >> 8) & 0xFF).to(tl.uint64), axis=1)
     run3 = tl.sum(r3.to(tl.uint64) << ((rpre >> 16) & 0xFF).to(tl.uint64), axis=1)
@@ -544,7 +527,7 @@ def _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, o
     units = (tl.where(coded, seg_c, raw_seg) >> 4).to(tl.int64)
     off = tl.zeros([], tl.int64)
     if fast:
-        off = _chunk_offset_chain(status_ptr, c, units)
+        off = chunk_offset(status_ptr, c, units)
         tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + (offsets_off >> 2) + c,
                  off.to(tl.int32))
         if c == nch - 1:
@@ -562,9 +545,9 @@ def _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, o
         _write_raw(x_ptr, start, C, dst, ITEMSIZE, C, T)
     wc = fast & coded
     cz = wc.to(tl.int32)
-    # Tier 0: a thread's 2-bit digits are its 8 bytes at byte 8t.
-    tt = tl.arange(0, T)
-    tl.store(dst.to(tl.pointer_type(tl.uint64)) + tt, run0, mask=tt < T * cz)
+    # Tier 0: a row's eight 2-bit digits are the 16-bit word 2 * row.
+    rows = tl.arange(0, T)[:, None] * G + gq
+    tl.store(dst.to(tl.pointer_type(tl.int16)) + rows, r0.to(tl.int16), mask=rows < (C // 8) * cz)
     p1 = (ex4 & 0xFFFF).to(tl.int32)
     p2 = ((ex4 >> 16) & 0xFFFF).to(tl.int32)
     p3 = ((ex4 >> 32) & 0xFFFF).to(tl.int32)
@@ -612,7 +595,7 @@ def dense_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, numel
                         MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr):
     # Chunk ids in the order programs start, so the look-back only waits on
     # programs that run.
-    c = tl.atomic_add(ticket_ptr, 1)
+    c = ticket(ticket_ptr)
     done = False
     if (c.to(tl.int64) + 1) * C <= numel:
         done = _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off,
