@@ -7,7 +7,7 @@ its padded segment size in 16-byte units, gets its segment offset from the
 decoupled look-back (``_lookback.chunk_offset``), writes ``offsets[c]`` and
 then its whole segment, padding included (format.py, "Body").
 
-Layout. The chunk is a ``[G, T, 8]`` tile: T = 32 * num_warps threads, and
+Layout. The chunk is a ``[T, G, 8]`` tile: T = 32 * num_warps threads, and
 thread t holds the 8 * G consecutive elements ``t * 8G + g * 8 + q`` (its G
 rows of 8 are one 16-byte load each for 16-bit words). Everything about a
 thread's elements is computed inside the thread; what crosses threads is one
@@ -32,6 +32,8 @@ import triton
 import triton.language as tl
 
 from zipccl_fsdp import format as F
+
+from ._lookback import chunk_offset, ticket
 
 # The shape of the format this kernel is written for (fails loudly if it changes).
 assert F.TIER_BITS == (2, 1, 1, 2, 2) and F.TIER_START == (0, 3, 4, 5, 8)
@@ -81,6 +83,41 @@ ORD_HI0, ORD_HI1, ORD_HI2, ORD_HI3 = ORD_HI
 ZERO_LAST = tl.constexpr(F.DENSE_SLOTS - 1)  # rank of +0.0 with neither zero flag
 
 
+def _signed64(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _hot_rank(order, idx: int) -> int:
+    """Rank of exponent offset idx - 8 in a chunk without zero flags."""
+    d = idx - 8
+    return order.index(d) if d in order else F.DENSE_ESC
+
+
+def _hot_luts(order):
+    """Per exponent offset index 0..15 (nibble idx of an int64), for a chunk
+    without zero flags: M = the tiers it opens (bit t-1: rank >= start of
+    tier t), D = tier-0 digit | tier-3 digit << 2, E = tier-4 digit | ESC << 2."""
+    m = d = e = 0
+    for idx in range(16):
+        r = _hot_rank(order, idx)
+        mv = sum(1 << (t - 1) for t, st in enumerate(F.TIER_START) if t and r >= st)
+        dv = min(r, 3) | ((min(r - 5, 3) if r >= 5 else 0) << 2)
+        ev = (r - 8 if r >= 8 else 0) | ((r == F.DENSE_ESC) << 2)
+        m |= mv << (4 * idx)
+        d |= dv << (4 * idx)
+        e |= ev << (4 * idx)
+    return _signed64(m), _signed64(d), _signed64(e)
+
+
+_HOT = [_hot_luts(o) for o in F.DENSE_ORDER]
+HM0, HM1, HM2, HM3 = (tl.constexpr(h[0]) for h in _HOT)
+HD0, HD1, HD2, HD3 = (tl.constexpr(h[1]) for h in _HOT)
+HE0, HE1, HE2, HE3 = (tl.constexpr(h[2]) for h in _HOT)
+# Offsets 0 and 15 (exponent offsets -8 and 7) must be absent: out-of-range
+# offsets are clamped onto them.
+assert all(-8 not in o and 7 not in o for o in F.DENSE_ORDER)
+
+
 # ---------------------------------------------------------------------------
 # Helpers shared with dense_decode.py
 # ---------------------------------------------------------------------------
@@ -92,26 +129,26 @@ def pick4(i, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr, D: tl.constexpr)
 
 @triton.jit
 def tile3(G: tl.constexpr, T: tl.constexpr):
-    """Element index of the [G, T, 8] chunk tile: thread t holds t*8G .. t*8G + 8G - 1."""
-    g = tl.arange(0, G)[:, None, None]
-    t = tl.arange(0, T)[None, :, None]
+    """Element index of the [T, G, 8] chunk tile: thread t holds t*8G .. t*8G + 8G - 1."""
+    t = tl.arange(0, T)[:, None, None]
+    g = tl.arange(0, G)[None, :, None]
     q = tl.arange(0, 8)[None, None, :]
     return t * (8 * G) + g * 8 + q
 
 
 @triton.jit
 def sum3(x):
-    """Sum of a [G, T, 8] tile: in-thread over g and q, then across threads."""
-    return tl.sum(tl.sum(tl.sum(x, axis=2), axis=0), axis=0)
+    """Sum of a [T, G, 8] tile: in-thread over g and q, then across threads."""
+    return tl.sum(tl.sum(tl.sum(x, axis=2), axis=1), axis=0)
 
 
 @triton.jit
 def thread_excl(f):
-    """In-thread exclusive prefix sums (element order) of a [G, T, 8] tile of
+    """In-thread exclusive prefix sums (element order) of a [T, G, 8] tile of
     packed counters, and each thread's total ([T])."""
     row = tl.sum(f, axis=2)
-    pre = (tl.cumsum(row, axis=0) - row)[:, :, None] + tl.cumsum(f, axis=2) - f
-    return pre, tl.sum(row, axis=0)
+    pre = (tl.cumsum(row, axis=1) - row)[:, :, None] + tl.cumsum(f, axis=2) - f
+    return pre, tl.sum(row, axis=1)
 
 
 @triton.jit
@@ -202,7 +239,7 @@ def write_run(dst, P, L, lo, hi, total, HAS_HI: tl.constexpr, MAXB: tl.constexpr
 def _pack_run(d, pos, BITS: tl.constexpr):
     """A thread's run: digits d (0 where closed) at bit BITS * pos, as uint64 [T]."""
     v = d.to(tl.uint64) << (BITS * pos).to(tl.uint64)
-    return tl.sum(tl.sum(v, axis=2), axis=0)
+    return tl.sum(tl.sum(v, axis=2), axis=1)
 
 
 @triton.jit
@@ -213,25 +250,7 @@ def _pack_run128(d, pos, BITS: tl.constexpr):
     lo = tl.where(s < 64, du << tl.minimum(s, 63).to(tl.uint64), 0)
     hi = tl.where(s >= 64, du << tl.maximum(s - 64, 0).to(tl.uint64),
                   (du >> 1) >> (63 - tl.minimum(s, 63)).to(tl.uint64))
-    return (tl.sum(tl.sum(lo, axis=2), axis=0), tl.sum(tl.sum(hi, axis=2), axis=0))
-
-
-# ---------------------------------------------------------------------------
-# The look-back (replaced by _lookback.chunk_offset once it lands)
-# ---------------------------------------------------------------------------
-@triton.jit
-def _chunk_offset_chain(status_ptr, c, nunits):
-    """Exclusive prefix of nunits over chunks < c: waits for chunk c - 1's
-    inclusive value (flag bit 62) and publishes c's."""
-    FLAG: tl.constexpr = 1 << 62
-    prev = tl.zeros([], tl.int64)
-    if c > 0:
-        v = tl.atomic_add(status_ptr + c - 1, 0, sem="acquire")
-        while (v & FLAG) == 0:
-            v = tl.atomic_add(status_ptr + c - 1, 0, sem="acquire")
-        prev = v & (FLAG - 1)
-    tl.atomic_xchg(status_ptr + c, (prev + nunits) | FLAG, sem="release")
-    return prev
+    return (tl.sum(tl.sum(lo, axis=2), axis=1), tl.sum(tl.sum(hi, axis=2), axis=1))
 
 
 # ---------------------------------------------------------------------------
@@ -250,16 +269,17 @@ def _write_raw(x_ptr, start, n, dst, ITEMSIZE: tl.constexpr, C: tl.constexpr,
     zero_pad(dst, nb, (nb + 15) & -16)
 
 
-@triton.jit
-def dense_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, numel, nch,
-                        table_off, offsets_off, body_off,
-                        ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
-                        MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr):
+@triton.jit(noinline=True)
+def _encode_general(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
+                    body_off, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                    MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr):
+    """Any chunk: the ragged last one, chunks with flagged zeros (omitted
+    from sm), RAW chunks. Cold code: the kernel's hot path takes full chunks
+    without flagged zeros."""
     G: tl.constexpr = C // (8 * T)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     SIGN_SHIFT: tl.constexpr = MAN_BITS + EXP_BITS
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
-    c = tl.atomic_add(ticket_ptr, 1)
     start = c.to(tl.int64) * C
     n = tl.minimum(numel - start, C).to(tl.int32)
 
@@ -340,7 +360,7 @@ def dense_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, numel
     raw_seg = (n * ITEMSIZE + 15) & -16
     coded = seg_c < raw_seg
     units = (tl.where(coded, seg_c, raw_seg) >> 4).to(tl.int64)
-    off = _chunk_offset_chain(status_ptr, c, units)
+    off = chunk_offset(status_ptr, c, units)
     tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + (offsets_off >> 2) + c, off.to(tl.int32))
     if c == nch - 1:
         tl.store(total_ptr, off + units)
@@ -357,58 +377,232 @@ def dense_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, numel
 
     if seg_c >= raw_seg:
         _write_raw(x_ptr, start, n, dst, ITEMSIZE, C, T)
+    # The coded writes, predicated on ``coded`` rather than branched around
+    # (tensors used inside an ``if`` region trip a layout pass of triton).
+    codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, _ = layout(
+        n, True, low16, nz, n_esc, n1, n2, n3, n4, ITEMSIZE, IS_FP16)
+    cz = coded.to(tl.int32)
+    # Tier 0: every element's 2-bit digit at bit 2i: a thread's 8G bytes.
+    d0 = tl.minimum(rank, 3).to(tl.uint64) << (2 * (i & (8 * G - 1))).to(tl.uint64)
+    run0 = tl.sum(tl.sum(d0, axis=2), axis=1)
+    len0 = ((2 * n + 7) >> 3) * cz
+    tt = tl.arange(0, T)
+    for b in tl.static_range(2 * G):
+        at = tt * (2 * G) + b
+        tl.store(dst + at, ((run0 >> (8 * b)) & 0xFF).to(tl.uint8), mask=at < len0)
+    # Tiers 1..4.
+    p1 = (ex4 & 0xFFFF).to(tl.int32)
+    p2 = ((ex4 >> 16) & 0xFFFF).to(tl.int32)
+    p3 = ((ex4 >> 32) & 0xFFFF).to(tl.int32)
+    p4 = ((ex4 >> 48) & 0xFFFF).to(tl.int32)
+    b1 = (2 * n + 7) >> 3
+    b2 = b1 + ((n1 + 7) >> 3)
+    b3 = b2 + ((n2 + 7) >> 3)
+    b4 = b3 + ((2 * n3 + 7) >> 3)
+    zero64 = tl.zeros([T], tl.uint64)
+    r1 = _pack_run(o2, tpre & 0xFF, 1)
+    write_run(dst + b1, p1, c1 * cz, r1, zero64, n1, False, G + 1)
+    r2 = _pack_run(o3, (tpre >> 8) & 0xFF, 1)
+    write_run(dst + b2, p2, c2 * cz, r2, zero64, n2, False, G + 1)
+    r3 = _pack_run(tl.where(o3 != 0, tl.minimum(rank - 5, 3), 0), (tpre >> 16) & 0xFF, 2)
+    write_run(dst + b3, 2 * p3, 2 * c3 * cz, r3, zero64, 2 * n3, False, 2 * G + 1)
+    r4 = _pack_run(tl.where(o4 != 0, rank - 8, 0), (tpre >> 24) & 0xFF, 2)
+    write_run(dst + b4, 2 * p4, 2 * c4 * cz, r4, zero64, 2 * n4, False, 2 * G + 1)
+    zero_pad(dst, codes_nb, a_sm * cz)
+    # sm: the kept elements' sign+mantissa bytes, in order.
+    krank = (kex & 0xFFFF)[:, None, None] + (kpre & 0xFFFF)
+    sm_dst = dst + a_sm
+    kc = keep & coded
+    if ITEMSIZE == 4:
+        smv = tl.where(low16 != 0, sm >> 16, sm)
+        smb = 3 - 2 * low16
+        for b in tl.static_range(3):
+            tl.store(sm_dst + krank * smb + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
+                     mask=tl.where(b < smb, kc, False))
     else:
-        codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, _ = layout(
-            n, True, low16, nz, n_esc, n1, n2, n3, n4, ITEMSIZE, IS_FP16)
-        # Tier 0: every element's 2-bit digit at bit 2i: a thread's 8G bytes.
-        d0 = tl.minimum(rank, 3).to(tl.uint64) << (2 * (i & (8 * G - 1))).to(tl.uint64)
-        run0 = tl.sum(tl.sum(d0, axis=2), axis=0)
-        len0 = (2 * n + 7) >> 3
-        tt = tl.arange(0, T)
-        for b in tl.static_range(2 * G):
-            at = tt * (2 * G) + b
-            tl.store(dst + at, ((run0 >> (8 * b)) & 0xFF).to(tl.uint8), mask=at < len0)
-        # Tiers 1..4.
-        p1 = (ex4 & 0xFFFF).to(tl.int32)
-        p2 = ((ex4 >> 16) & 0xFFFF).to(tl.int32)
-        p3 = ((ex4 >> 32) & 0xFFFF).to(tl.int32)
-        p4 = ((ex4 >> 48) & 0xFFFF).to(tl.int32)
-        b1 = len0
-        b2 = b1 + ((n1 + 7) >> 3)
-        b3 = b2 + ((n2 + 7) >> 3)
-        b4 = b3 + ((2 * n3 + 7) >> 3)
-        zero64 = tl.zeros([T], tl.uint64)
-        r1 = _pack_run(o2, tpre & 0xFF, 1)
-        write_run(dst + b1, p1, c1, r1, zero64, n1, False, G + 1)
-        r2 = _pack_run(o3, (tpre >> 8) & 0xFF, 1)
-        write_run(dst + b2, p2, c2, r2, zero64, n2, False, G + 1)
-        r3 = _pack_run(tl.where(o3 != 0, tl.minimum(rank - 5, 3), 0), (tpre >> 16) & 0xFF, 2)
-        write_run(dst + b3, 2 * p3, 2 * c3, r3, zero64, 2 * n3, False, 2 * G + 1)
-        r4 = _pack_run(tl.where(o4 != 0, rank - 8, 0), (tpre >> 24) & 0xFF, 2)
-        write_run(dst + b4, 2 * p4, 2 * c4, r4, zero64, 2 * n4, False, 2 * G + 1)
-        zero_pad(dst, codes_nb, a_sm)
-        # sm: the kept elements' sign+mantissa bytes, in order.
-        krank = (kex & 0xFFFF)[None, :, None] + (kpre & 0xFFFF)
-        sm_dst = dst + a_sm
-        if ITEMSIZE == 4:
-            smv = tl.where(low16 != 0, sm >> 16, sm)
-            smb = 3 - 2 * low16
-            for b in tl.static_range(3):
-                tl.store(sm_dst + krank * smb + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
-                         mask=tl.where(b < smb, keep, False))
-        else:
-            tl.store(sm_dst + krank, (sm & 0xFF).to(tl.uint8), mask=keep)
-        zero_pad(sm_dst, sm_nb, a_rem - a_sm)
-        if IS_FP16:
-            # rem: the kept elements' top 3 sm bits, 3 bits each.
-            rlo, rhi = _pack_run128(tl.where(keep, sm >> 8, 0), kpre & 0xFFFF, 3)
-            write_run(dst + a_rem, 3 * (kex & 0xFFFF), 3 * (ktot & 0xFFFF), rlo, rhi,
-                      3 * kept, True, 3 * G + 1)
-            zero_pad(dst + a_rem, rem_nb, a_esc - a_rem)
-        # esc: the escaped elements' exponent bytes, in order.
-        erank = (kex >> 16)[None, :, None] + (kpre >> 16)
-        tl.store(dst + a_esc + erank, e.to(tl.uint8), mask=esc)
-        zero_pad(dst + a_esc, esc_nb, (esc_nb + 15) & -16)
+        tl.store(sm_dst + krank, (sm & 0xFF).to(tl.uint8), mask=kc)
+    zero_pad(sm_dst, sm_nb, (a_rem - a_sm) * cz)
+    if IS_FP16:
+        # rem: the kept elements' top 3 sm bits, 3 bits each.
+        rlo, rhi = _pack_run128(tl.where(keep, sm >> 8, 0), kpre & 0xFFFF, 3)
+        write_run(dst + a_rem, 3 * (kex & 0xFFFF), 3 * (ktot & 0xFFFF) * cz, rlo, rhi,
+                  3 * kept, True, 3 * G + 1)
+        zero_pad(dst + a_rem, rem_nb, (a_esc - a_rem) * cz)
+    # esc: the escaped elements' exponent bytes, in order.
+    erank = (kex >> 16)[:, None, None] + (kpre >> 16)
+    tl.store(dst + a_esc + erank, e.to(tl.uint8), mask=esc & coded)
+    zero_pad(dst + a_esc, esc_nb, ((esc_nb + 15) & -16) * cz)
+
+
+@triton.jit
+def _pick64(i, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr, D: tl.constexpr):
+    return tl.where(i == 0, tl.full([], A, tl.int64),
+                    tl.where(i == 1, tl.full([], B, tl.int64),
+                             tl.where(i == 2, tl.full([], C, tl.int64), tl.full([], D, tl.int64))))
+
+
+@triton.jit
+def _nib(lut, sh):
+    return ((lut >> sh) & 15).to(tl.int32)
+
+
+@triton.jit
+def _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
+                 body_off, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                 MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr):
+    """A full chunk: the hot path, when it has no flagged zeros (nothing
+    omitted, ZPOS = ZNEG = 0). Returns 0 without a side effect otherwise."""
+    G: tl.constexpr = C // (8 * T)
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    SIGN_SHIFT: tl.constexpr = MAN_BITS + EXP_BITS
+    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
+    start = c.to(tl.int64) * C
+    i = tile3(G, T)
+    w = tl.load(x_ptr + start + i).to(tl.int32)
+    if ITEMSIZE == 2:
+        w = w & 0xFFFF
+        is_neg = w == 0x8000
+    else:
+        is_neg = (w != 0) & ((w & 0x7FFFFFFF) == 0)
+    e = (w >> MAN_BITS) & EMAX
+    normal = (e - 1).to(tl.uint32) < EMAX - 1
+    s_sum = sum3(tl.where(normal, e, 0))
+    cnt = sum3(normal.to(tl.int32) | ((w == 0).to(tl.int32) << 16))
+    k_norm = cnt & 0xFFFF
+    npos = cnt >> 16
+    nneg = sum3(is_neg.to(tl.int32))
+    fast = (npos == 0) & ((nneg << 4) < C)
+    qq = tl.where(k_norm > 0, (4 * s_sum) // tl.maximum(k_norm, 1), 0)
+    base = qq >> 2
+    phase = qq & 3
+    low16 = 0
+    if ITEMSIZE == 4:
+        low16 = (sum3(w & 0xFFFF) == 0).to(tl.int32)
+
+    # Symbols straight from the exponent offset (_hot_luts).
+    sh = (4 * tl.minimum(tl.maximum(e - base + 8, 0), 15)).to(tl.int64)
+    m = _nib(_pick64(phase, HM0, HM1, HM2, HM3), sh)
+    dv = _nib(_pick64(phase, HD0, HD1, HD2, HD3), sh)
+    ev = _nib(_pick64(phase, HE0, HE1, HE2, HE3), sh)
+    # Open flags of tiers 1..4 in byte fields, the 2-bit tiers' counted twice
+    # (bit positions): one multiply spreads m's bits (no carries: 0, 7, 15, 22).
+    f = (m * 0x408081) & 0x02020101
+    fpre = tl.cumsum(f, axis=2) - f
+    frow = tl.sum(f, axis=2)  # [T, G]
+    q = tl.arange(0, 8)[None, None, :]
+    r0 = tl.sum((dv & 3) << (2 * q), axis=2)
+    r1 = tl.sum(((m >> 1) & 1) << (fpre & 0xFF), axis=2)
+    r2 = tl.sum(((m >> 2) & 1) << ((fpre >> 8) & 0xFF), axis=2)
+    r3 = tl.sum((dv >> 2) << ((fpre >> 16) & 0xFF), axis=2)
+    r4 = tl.sum((ev & 3) << (fpre >> 24), axis=2)
+    rpre = tl.cumsum(frow, axis=1) - frow  # a thread's fields stay below 65
+    gq = tl.arange(0, G)[None, :]
+    ttot = tl.sum(frow, axis=1)  # [T]
+    run1 = tl.sum(r1.to(tl.uint64) << (rpre & 0xFF).to(tl.uint64), axis=1)
+    run2 = tl.sum(r2.to(tl.uint64) << ((rpre >> 8) & 0xFF).to(tl.uint64), axis=1)
+    run3 = tl.sum(r3.to(tl.uint64) << ((rpre >> 16) & 0xFF).to(tl.uint64), axis=1)
+    run4 = tl.sum(r4.to(tl.uint64) << (rpre >> 24).to(tl.uint64), axis=1)
+    # Escapes: in-thread ranks.
+    ex = ev >> 2
+    epre, etot = thread_excl(ex)
+    L1 = ttot & 0xFF
+    L2 = (ttot >> 8) & 0xFF
+    L3 = (ttot >> 16) & 0xFF
+    L4 = ttot >> 24
+    cnt4 = L1.to(tl.int64) | (L2.to(tl.int64) << 16) | (L3.to(tl.int64) << 32) | (
+        L4.to(tl.int64) << 48)
+    ex4 = tl.cumsum(cnt4, axis=0) - cnt4
+    tot4 = tl.sum(cnt4, axis=0)
+    eex = tl.cumsum(etot, axis=0) - etot
+    n_esc = tl.sum(etot, axis=0)
+    n1 = (tot4 & 0xFFFF).to(tl.int32)
+    n2 = ((tot4 >> 16) & 0xFFFF).to(tl.int32)
+    n3 = ((tot4 >> 33) & 0x7FFF).to(tl.int32)
+    n4 = ((tot4 >> 49) & 0x7FFF).to(tl.int32)
+
+    codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg_c = layout(
+        C, True, low16, 0, n_esc, n1, n2, n3, n4, ITEMSIZE, IS_FP16)
+    raw_seg: tl.constexpr = C * ITEMSIZE
+    coded = seg_c < raw_seg
+    units = (tl.where(coded, seg_c, raw_seg) >> 4).to(tl.int64)
+    off = tl.zeros([], tl.int64)
+    if fast:
+        off = chunk_offset(status_ptr, c, units)
+        tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + (offsets_off >> 2) + c,
+                 off.to(tl.int32))
+        if c == nch - 1:
+            tl.store(total_ptr, off + units)
+            gap = offsets_off + 4 * nch
+            zero_pad(out_ptr, gap, (gap + 15) & -16)
+        ent = out_ptr.to(tl.pointer_type(tl.int32)) + (table_off >> 2) + 4 * c.to(tl.int64)
+        ci = coded.to(tl.int32)
+        tl.store(ent, ci * (1 | (low16 << 8) | (base << 16) | (phase << 24)))
+        tl.store(ent + 1, ci * (n_esc << 16))
+        tl.store(ent + 2, ci * (n1 | (n2 << 16)))
+        tl.store(ent + 3, ci * (n3 | (n4 << 16)))
+    dst = out_ptr + body_off + 16 * off
+    if fast & (seg_c >= raw_seg):
+        _write_raw(x_ptr, start, C, dst, ITEMSIZE, C, T)
+    wc = fast & coded
+    cz = wc.to(tl.int32)
+    # Tier 0: a row's eight 2-bit digits are the 16-bit word 2 * row.
+    rows = tl.arange(0, T)[:, None] * G + gq
+    tl.store(dst.to(tl.pointer_type(tl.int16)) + rows, r0.to(tl.int16), mask=rows < (C // 8) * cz)
+    p1 = (ex4 & 0xFFFF).to(tl.int32)
+    p2 = ((ex4 >> 16) & 0xFFFF).to(tl.int32)
+    p3 = ((ex4 >> 32) & 0xFFFF).to(tl.int32)
+    p4 = ((ex4 >> 48) & 0xFFFF).to(tl.int32)
+    b1 = (2 * C) // 8
+    b2 = b1 + ((n1 + 7) >> 3)
+    b3 = b2 + ((n2 + 7) >> 3)
+    b4 = b3 + ((2 * n3 + 7) >> 3)
+    zero64 = tl.zeros([T], tl.uint64)
+    write_run(dst + b1, p1, L1 * cz, run1, zero64, n1, False, G + 1)
+    write_run(dst + b2, p2, L2 * cz, run2, zero64, n2, False, G + 1)
+    write_run(dst + b3, p3, L3 * cz, run3, zero64, 2 * n3, False, 2 * G + 1)
+    write_run(dst + b4, p4, L4 * cz, run4, zero64, 2 * n4, False, 2 * G + 1)
+    zero_pad(dst, codes_nb, a_sm * cz)
+    # sm: every element's sign+mantissa, in place (nothing omitted).
+    smv = (((w >> SIGN_SHIFT) & 1) << MAN_BITS) | (w & ((1 << MAN_BITS) - 1))
+    sm_dst = dst + a_sm
+    if ITEMSIZE == 4:
+        smb = 3 - 2 * low16
+        smv = tl.where(low16 != 0, smv >> 16, smv)
+        for b in tl.static_range(3):
+            tl.store(sm_dst + i * smb + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
+                     mask=(i < C * cz) & (b < smb))
+    else:
+        tl.store(sm_dst + i, (smv & 0xFF).to(tl.uint8), mask=i < C * cz)
+    zero_pad(sm_dst, sm_nb, (a_rem - a_sm) * cz)
+    if IS_FP16:
+        # rem: 3 bits an element in place: a row's 24 bits at byte 12t + 3g.
+        rr = tl.sum((smv >> 8) << (3 * q), axis=2)  # [T, G]
+        at = tl.arange(0, T)[:, None] * (3 * G) + 3 * gq
+        for b in tl.static_range(3):
+            tl.store(dst + a_rem + at + b, ((rr >> (8 * b)) & 0xFF).to(tl.uint8),
+                     mask=at < C * cz)
+        zero_pad(dst + a_rem, rem_nb, (a_esc - a_rem) * cz)
+    erank = eex[:, None, None] + epre
+    tl.store(dst + a_esc + erank, e.to(tl.uint8), mask=(ex != 0) & wc)
+    zero_pad(dst + a_esc, esc_nb, ((esc_nb + 15) & -16) * cz)
+    return fast
+
+
+@triton.jit
+def dense_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, numel, nch,
+                        table_off, offsets_off, body_off,
+                        ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                        MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr):
+    # Chunk ids in the order programs start, so the look-back only waits on
+    # programs that run.
+    c = ticket(ticket_ptr)
+    done = False
+    if (c.to(tl.int64) + 1) * C <= numel:
+        done = _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off,
+                            offsets_off, body_off, c, ITEMSIZE, EXP_BITS, MAN_BITS, C, T)
+    if not done:
+        _encode_general(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off,
+                        offsets_off, body_off, c, ITEMSIZE, EXP_BITS, MAN_BITS, C, T)
 
 
 def encode_launch(words, out, ticket, status, total, numel: int, nch: int, table_off: int,
