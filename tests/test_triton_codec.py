@@ -252,7 +252,8 @@ def test_random_exponent_spreads_agree_with_torch(device, monkeypatch):
     """Random sizes, chunk sizes, dtypes, exponent spreads (one exponent
     to far wider than a chunk's code) and zero fractions, some inputs at an
     odd address: every payload byte-identical to the torch backend's and
-    decoded bit for bit. (A throwaway version of this ran 680 cases in the
+    decoded bit for bit (dense at 4096-element chunks, the one size its
+    kernels take). (A throwaway version of this ran 680 cases in the
     sixth session without a mismatch.)"""
     g = _gen(6)
     for case in range(16):
@@ -265,7 +266,8 @@ def test_random_exponent_spreads_agree_with_torch(device, monkeypatch):
         zeros = (0.0, 0.05, 0.3, 0.9)[pick[4] % 4]
         x = _exponent_spread(n + 1, dtype, g, spread, zeros)
         x = x[1:] if pick[5] % 2 else x[:n]  # odd address, or aligned
-        for codec in CODED:
+        # The dense kernels take 4096-element chunks only (test_other_chunk_sizes).
+        for codec in CODED if chunk == 4096 else ("fixed3",):
             _check_against_torch(x.to(device), codec)
 
 

@@ -18,6 +18,10 @@ failed, and every load is masked to the payload, so no payload, however
 corrupt, reads out of bounds; a payload whose header is valid but whose
 body is not may leave ``out`` partially written before the error is raised.
 
+``DENSE`` and ``FIXED3`` say which codecs' branches the kernel is compiled
+with: both, as launched; offline.py compiles one at a time to count each
+codec's hot path (the header check plus its branch).
+
 The error path is not hot: it reads the header on the host
 (``format.parse_header``) and runs the torch reference's checks, so the
 messages are the torch backend's.
@@ -109,7 +113,7 @@ def _header_rest(p_ptr, ndim, numel, pay_nbytes, table_off, gap, body_off, crc):
 def decode_kernel(p_ptr, out_ptr, err_ptr, pay_nbytes, numel, nch, C, nsums, body_only,
                   DTYPE_CODE: tl.constexpr, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
                   MAN_BITS: tl.constexpr, CP: tl.constexpr, T: tl.constexpr,
-                  DENSE: tl.constexpr):
+                  DENSE: tl.constexpr, FIXED3: tl.constexpr = True):
     c = tl.program_id(0)
     numel = numel + tl.zeros([], tl.int64)  # int64 products below (numel may be a constexpr 1)
     # --- the header, checked against the payload and the caller ---
@@ -157,16 +161,18 @@ def decode_kernel(p_ptr, out_ptr, err_ptr, pay_nbytes, numel, nch, C, nsums, bod
         if is_raw:
             decode_raw_words(p_ptr + body_off + start * ITEMSIZE, dst, n, n * ITEMSIZE,
                              ITEMSIZE, CP, T)
-        elif codec == 1:
+        elif (codec == 1) & FIXED3:
             err = err | fixed3_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off,
                                             body_off, body, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
-        else:
+        elif codec == 2:
             if DENSE:
                 err = err | dense_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off,
                                                body_off, body, ITEMSIZE, EXP_BITS, MAN_BITS,
                                                CP, T)
             else:
                 err = err | ERR_CODEC
+        else:
+            err = err | ERR_CODEC
     tl.atomic_or(err_ptr, err, mask=err != 0)
 
 

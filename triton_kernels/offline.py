@@ -250,5 +250,7 @@ def codec_launches(dtype, codec: str, numel: int = 128 << 20, ndim: int = 1) -> 
                dict(p_ptr="*u8", out_ptr=word, err_ptr="*i32",
                     pay_nbytes=header.body_offset + numel * info.itemsize * 3 // 4 + 16,
                     numel=numel, nch=nch, C=C, nsums=F.nchunks_for(numel), body_only=0),
-               dict(dec.constexprs), dec.num_warps, C, reads_input=1),
+               # The branch of this codec only: its hot path (codec_decode.py).
+               dict(dec.constexprs, DENSE=codec == "dense" and dec.constexprs["DENSE"],
+                    FIXED3=codec == "fixed3"), dec.num_warps, C, reads_input=1),
     ]
