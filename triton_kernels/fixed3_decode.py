@@ -133,7 +133,7 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
     z = zp + zn
     lo, width = fixed_window(base, phase, z, EMAX)
     is_zero = valid & (code < z)
-    neg = is_zero & (zn != 0) & (code == zp)
+    neg = tl.where(zn != 0, is_zero & (code == zp), False)
     esc = valid & (code == 7)
     keep = valid & ~is_zero
     pre, tot = tile_excl(keep.to(tl.int32) | (esc.to(tl.int32) << 16))

@@ -79,8 +79,8 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     lo, width = fixed_window(base, phase, z, EMAX)
     d = e - lo
     code = tl.where(d.to(tl.uint32) < width.to(tl.uint32), d + z, 7)
-    zpos_c = is_pos & (zp != 0)
-    zneg_c = is_neg & (zn != 0)
+    zpos_c = tl.where(zp != 0, is_pos, False)  # not & with a scalar: triton 3.9
+    zneg_c = tl.where(zn != 0, is_neg, False)
     code = tl.where(zpos_c, 0, code)
     code = tl.where(zneg_c, cneg, code)
     code = tl.where(valid, code, 0)
@@ -187,8 +187,8 @@ def _write_omitting(x_ptr, start, n, dst, lo, z, zp, zn, low16, sm_nb, rem_nb, e
     is_pos = valid & (w == 0)
     d = e - lo
     esc = valid & ~(d.to(tl.uint32) < (7 - z).to(tl.uint32))
-    zpos_c = is_pos & (zp != 0)
-    zneg_c = is_neg & (zn != 0)
+    zpos_c = tl.where(zp != 0, is_pos, False)  # not & with a scalar: triton 3.9
+    zneg_c = tl.where(zn != 0, is_neg, False)
     esc = esc & ~zpos_c & ~zneg_c
     keep = valid & ~(zpos_c | zneg_c)
     pre, tot = tile_excl(keep.to(tl.int32) | (esc.to(tl.int32) << 16))
@@ -199,7 +199,7 @@ def _write_omitting(x_ptr, start, n, dst, lo, z, zp, zn, low16, sm_nb, rem_nb, e
         smb = 3 - 2 * low16
         for b in tl.static_range(3):
             tl.store(sm_dst + smb * krank + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
-                     mask=keep & (b < smb))
+                     mask=tl.where(b < smb, keep, False))
     else:
         tl.store(sm_dst + krank, (sm & 0xFF).to(tl.uint8), mask=keep)
     zero_pad(sm_dst, sm_nb, a_rem - a_sm)
