@@ -72,25 +72,27 @@ def _pad_bad(ptr, start, end):
 
 
 @triton.jit
-def _tier(codes64, nwords, part_bit, rank, opened, valid, BITS: tl.constexpr,
-          CAP: tl.constexpr):
+def _tier(codes64, nwords, part_bit, rank, opened, BITS: tl.constexpr, CAP: tl.constexpr):
     """Decode one tier: the open elements' digits, in order, from the tier's
     bit stream at bit ``part_bit`` of the codes sub-stream (``nwords`` 8-byte
-    words, padding included). Returns the new rank, the elements still open,
-    and the tier's open count."""
-    pre, cnt = thread_excl(opened)
-    P = part_bit + BITS * (tl.cumsum(cnt, axis=0) - cnt)  # [T] first bit of each thread's run
+    words, padding included). ``opened`` is 0/1 (int32). Returns the new
+    rank, the elements still open, and the tier's open count."""
+    pre, bits = thread_excl(opened * BITS)  # bit positions inside the thread's run
+    P = part_bit + tl.cumsum(bits, axis=0) - bits  # [T] first bit of each thread's run
     wi = P >> 6
     s = (P & 63).to(tl.uint64)
     w0 = tl.load(codes64 + wi, mask=wi < nwords, other=0).to(tl.uint64, bitcast=True)
     w1 = tl.load(codes64 + wi + 1, mask=wi + 1 < nwords, other=0).to(tl.uint64, bitcast=True)
     run = (w0 >> s) | ((w1 << 1) << (63 - s))
-    digit = ((run[:, None, None] >> (BITS * pre).to(tl.uint64)) & CAP).to(tl.int32) * opened
-    if BITS == 1:
+    if BITS == 1:  # a thread's run is <= 32 bits: 32-bit shifts
+        run32 = run.to(tl.uint32)[:, None, None]
+        digit = ((run32 >> pre.to(tl.uint32)) & opened.to(tl.uint32)).to(tl.int32)
         still = digit
     else:
-        still = (digit >> 1) & digit
-    return rank + digit, still, tl.sum(cnt, axis=0)
+        digit = (run[:, None, None] >> pre.to(tl.uint64)).to(tl.uint32).to(tl.int32)
+        digit = digit & (opened * CAP)
+        still = (digit == CAP).to(tl.int32)
+    return rank + digit, still, tl.sum(bits, axis=0) // BITS
 
 
 @triton.jit(noinline=True)
@@ -101,6 +103,145 @@ def _decode_raw(src, dst, n, ITEMSIZE: tl.constexpr, C: tl.constexpr, T: tl.cons
     valid = i < n
     w = tl.load(src.to(dst.dtype) + i, mask=valid, other=0)  # inside the segment: checked
     tl.store(dst + i, w, mask=valid)
+
+
+@triton.jit
+def _decode_coded(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
+                  ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
+                  CP: tl.constexpr, T: tl.constexpr, HOT: tl.constexpr):
+    """A CODED chunk whose entry and offset were checked; returns ERR_* bits.
+    HOT: the chunk is full and nothing is omitted (n_zero = 0, no zero
+    flag), so sm sits in place and no element decodes to a zero."""
+    G: tl.constexpr = CP // (8 * T)
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
+    low16 = flags & 1
+    codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = layout(
+        n, True, low16, nz, nesc, o1, o2, o3, o4, ITEMSIZE, IS_FP16)
+    err = tl.zeros([], tl.int32)
+    padbad = _pad_bad(src, codes_nb, a_sm) | _pad_bad(src, a_sm + sm_nb, a_rem)
+    padbad = padbad | _pad_bad(src, a_rem + rem_nb, a_esc) | _pad_bad(src, a_esc + esc_nb,
+                                                                     seg)
+    i = tile3(G, T)
+    if HOT:
+        valid = None
+        vi = 1
+    else:
+        valid = i < n
+        vi = valid.to(tl.int32)
+    codes64 = src.to(tl.pointer_type(tl.int64))
+    nwords = a_sm >> 3
+    # Tier 0: a row's eight 2-bit digits are the 16-bit word 2 * row.
+    # The [T, G, 1] load, broadcast, fixes the layout every later step
+    # inherits: a thread's elements in its own registers.
+    rows = tl.arange(0, T)[:, None, None] * G + tl.arange(0, G)[None, :, None]
+    if HOT:  # a full chunk's tier 0 fills the codes' first 2 * CP / 8 bytes
+        w0 = tl.load(src.to(tl.pointer_type(tl.int16)) + rows).to(tl.int32)
+    else:
+        w0 = tl.load(src.to(tl.pointer_type(tl.int16)) + rows, mask=2 * rows < a_sm,
+                     other=0).to(tl.int32)
+    rank = ((w0 >> (2 * (i & 7))) & 3) * vi
+    opened = ((rank + 13) >> 4) * vi  # digit 3 continues
+    len0 = (2 * n + 7) >> 3
+    b1 = len0
+    b2 = b1 + ((o1 + 7) >> 3)
+    b3 = b2 + ((o2 + 7) >> 3)
+    b4 = b3 + ((2 * o3 + 7) >> 3)
+    rank, opened, g1 = _tier(codes64, nwords, 8 * b1, rank, opened, 1, 1)
+    rank, opened, g2 = _tier(codes64, nwords, 8 * b2, rank, opened, 1, 1)
+    rank, opened, g3 = _tier(codes64, nwords, 8 * b3, rank, opened, 2, 3)
+    rank, opened, g4 = _tier(codes64, nwords, 8 * b4, rank, opened, 2, 3)
+    esc = opened
+    err = err | tl.where((g1 != o1) | (g2 != o2) | (g3 != o3) | (g4 != o4), ERR_TIERS, 0)
+    zp = (flags >> 1) & 1
+    zn = (flags >> 2) & 1
+    lut = _sym_table(zp, zn, phase)
+    if HOT:  # nothing omitted: every element in place; rank 10 (+0.0) is an error
+        nib = ((lut >> (4 * rank).to(tl.int64)) & 15).to(tl.int32)  # (rank 11: ESC)
+        epre, etot = thread_excl(esc)
+        erank = (tl.cumsum(etot, axis=0) - etot)[:, None, None] + epre
+        nesc_got = tl.sum(etot, axis=0)
+        nzero = sum3((rank == 10).to(tl.int32))
+        keep = 1
+        krank = i
+    else:
+        nib = ((lut >> (4 * tl.minimum(rank, 10)).to(tl.int64)) & 15).to(tl.int32)
+        zero = ((nib >> 1) == 7).to(tl.int32) * (1 - esc) * vi  # 14 or 15
+        neg = zero & (1 - (nib & 1))
+        keep = vi - zero
+        epre, etot = thread_excl(esc | (keep << 16))
+        eex = tl.cumsum(etot, axis=0) - etot
+        erank = (eex & 0xFFFF)[:, None, None] + (epre & 0xFFFF)
+        krank = (eex >> 16)[:, None, None] + (epre >> 16)
+        tot = tl.sum(etot, axis=0)
+        nesc_got = tot & 0xFFFF
+        nzero = n - (tot >> 16)
+    # With the escape count right, every escape's rank is inside the esc sub-stream.
+    esc_ok = (nesc_got == nesc).to(tl.int32)
+    ebyte = tl.load(src + a_esc + erank, mask=esc * esc_ok != 0, other=0)
+    e = tl.where(esc != 0, ebyte.to(tl.int32), base + nib - 8)
+    err = err | tl.where((nesc_got != nesc) | (nzero != nz), ERR_COUNTS, 0)
+    badexp = sum3(keep * (e.to(tl.uint32) > EMAX).to(tl.int32))
+    err = err | tl.where(badexp != 0, ERR_EXPONENT, 0)
+    sm_src = src + a_sm
+    kmask = keep != 0
+    if HOT:
+        if ITEMSIZE == 4:
+            smb = 3 - 2 * low16
+            word = tl.zeros([T, G, 8], tl.int32)
+            for b in tl.static_range(3):
+                byte = tl.load(sm_src + i * smb + b, mask=(b < smb) | (i < 0), other=0)
+                word = word | (byte.to(tl.int32) << (8 * b))
+            sm = tl.where(low16 != 0, word << 16, word)
+        else:
+            sm = tl.load(sm_src + i).to(tl.int32) & 0xFF
+        if IS_FP16:  # in place: a row's 24 rem bits at byte 12t + 3g
+            rr = tl.zeros([T, G, 1], tl.int32)
+            for b in tl.static_range(3):
+                rr = rr | (tl.load(src + a_rem + 3 * rows + b).to(tl.int32) & 0xFF) << (8 * b)
+            sm = sm | (((rr >> (3 * (i & 7))) & 7) << 8)
+    elif ITEMSIZE == 4:
+        smb = 3 - 2 * low16
+        word = tl.zeros([T, G, 8], tl.int32)
+        for b in tl.static_range(3):
+            at = krank * smb + b
+            byte = tl.load(sm_src + at, other=0,
+                           mask=tl.where(b < smb, kmask & (at < sm_nb), False))
+            word = word | (byte.to(tl.int32) << (8 * b))
+        sm = tl.where(low16 != 0, word << 16, word)
+    else:
+        sm = tl.load(sm_src + krank, mask=kmask & (krank < sm_nb), other=0).to(tl.int32)
+        sm = sm & 0xFF
+    if IS_FP16 and not HOT:
+        bit = 3 * krank
+        at = bit >> 3
+        rsrc = src + a_rem + at
+        lo_b = tl.load(rsrc, mask=kmask & (at < rem_nb), other=0).to(tl.int32) & 0xFF
+        hi_b = tl.load(rsrc + 1, mask=kmask & (at + 1 < rem_nb), other=0).to(tl.int32)
+        two = lo_b | ((hi_b & 0xFF) << 8)
+        sm = sm | (((two >> (bit & 7)) & 7) << 8)
+    if HOT:  # (an exponent out of range is an error: the word does not matter)
+        ec = e
+    else:
+        ec = tl.minimum(tl.maximum(e, 0), EMAX)
+    w = ((sm & (1 << MAN_BITS)) << EXP_BITS) | (ec << MAN_BITS) | (sm & ((1 << MAN_BITS) - 1))
+    if not HOT:
+        w = tl.where(zero != 0, neg << (MAN_BITS + EXP_BITS), w)
+    if ITEMSIZE == 2:
+        tl.store(dst + i, w.to(tl.int16), mask=valid)
+    else:
+        tl.store(dst + i, w, mask=valid)
+    err = err | tl.where(padbad != 0, ERR_PADDING, 0)
+    return err
+
+
+@triton.jit(noinline=True)
+def _decode_general(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
+                    ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
+                    CP: tl.constexpr, T: tl.constexpr):
+    """Cold code: a ragged chunk, or one with omitted zeros."""
+    return _decode_coded(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4, ITEMSIZE,
+                         EXP_BITS, MAN_BITS, CP, T, False)
 
 
 @triton.jit
@@ -158,82 +299,12 @@ def dense_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off, 
             nb = n * ITEMSIZE
             err = err | tl.where(_pad_bad(src, nb, seg) != 0, ERR_PADDING, 0)
         else:
-            padbad = _pad_bad(src, codes_nb, a_sm) | _pad_bad(src, a_sm + sm_nb, a_rem)
-            padbad = padbad | _pad_bad(src, a_rem + rem_nb, a_esc) | _pad_bad(src, a_esc + esc_nb,
-                                                                             seg)
-            i = tile3(G, T)
-            valid = i < n
-            vi = valid.to(tl.int32)
-            codes64 = src.to(tl.pointer_type(tl.int64))
-            nwords = a_sm >> 3
-            # Tier 0: a row's eight 2-bit digits are the 16-bit word 2 * row.
-            # The [T, G, 1] load, broadcast, fixes the layout every later step
-            # inherits: a thread's elements in its own registers.
-            rows = tl.arange(0, T)[:, None, None] * G + tl.arange(0, G)[None, :, None]
-            w0 = tl.load(src.to(tl.pointer_type(tl.int16)) + rows, mask=2 * rows < a_sm,
-                         other=0).to(tl.int32)
-            rank = ((w0 >> (2 * (i & 7))) & 3) * vi
-            opened = ((rank + 13) >> 4) * vi  # digit 3 continues
-            len0 = (2 * n + 7) >> 3
-            b1 = len0
-            b2 = b1 + ((o1 + 7) >> 3)
-            b3 = b2 + ((o2 + 7) >> 3)
-            b4 = b3 + ((2 * o3 + 7) >> 3)
-            rank, opened, g1 = _tier(codes64, nwords, 8 * b1, rank, opened, valid, 1, 1)
-            rank, opened, g2 = _tier(codes64, nwords, 8 * b2, rank, opened, valid, 1, 1)
-            rank, opened, g3 = _tier(codes64, nwords, 8 * b3, rank, opened, valid, 2, 3)
-            rank, opened, g4 = _tier(codes64, nwords, 8 * b4, rank, opened, valid, 2, 3)
-            esc = opened
-            err = err | tl.where((g1 != o1) | (g2 != o2) | (g3 != o3) | (g4 != o4), ERR_TIERS, 0)
-            zp = (flags >> 1) & 1
-            zn = (flags >> 2) & 1
-            lut = _sym_table(zp, zn, phase)
-            nib = ((lut >> (4 * tl.minimum(rank, 10)).to(tl.int64)) & 15).to(tl.int32)
-            zero = ((nib >> 1) == 7).to(tl.int32) * (1 - esc) * vi  # 14 or 15
-            neg = zero & (1 - (nib & 1))
-            keep = vi - zero
-            epre, etot = thread_excl(esc | (keep << 16))
-            eex = tl.cumsum(etot, axis=0) - etot
-            erank = (eex & 0xFFFF)[:, None, None] + (epre & 0xFFFF)
-            krank = (eex >> 16)[:, None, None] + (epre >> 16)
-            tot = tl.sum(etot, axis=0)
-            ebyte = tl.load(src + a_esc + erank, mask=(esc != 0) & (erank < nesc), other=0)
-            e = tl.where(esc != 0, ebyte.to(tl.int32), base + nib - 8)
-            nzero = n - (tot >> 16)
-            err = err | tl.where(((tot & 0xFFFF) != nesc) | (nzero != nz), ERR_COUNTS, 0)
-            badexp = sum3(keep * ((e < 0) | (e > EMAX)).to(tl.int32))
-            err = err | tl.where(badexp != 0, ERR_EXPONENT, 0)
-            sm_src = src + a_sm
-            kmask = keep != 0
-            if ITEMSIZE == 4:
-                smb = 3 - 2 * low16
-                word = tl.zeros([T, G, 8], tl.int32)
-                for b in tl.static_range(3):
-                    at = krank * smb + b
-                    byte = tl.load(sm_src + at, other=0,
-                                   mask=tl.where(b < smb, kmask & (at < sm_nb), False))
-                    word = word | (byte.to(tl.int32) << (8 * b))
-                sm = tl.where(low16 != 0, word << 16, word)
+            if (n == CP) & (nz == 0) & ((flags & 6) == 0):
+                err = err | _decode_coded(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3,
+                                          o4, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T, True)
             else:
-                sm = tl.load(sm_src + krank, mask=kmask & (krank < sm_nb), other=0).to(tl.int32)
-                sm = sm & 0xFF
-            if IS_FP16:
-                bit = 3 * krank
-                at = bit >> 3
-                rsrc = src + a_rem + at
-                lo_b = tl.load(rsrc, mask=kmask & (at < rem_nb), other=0).to(tl.int32) & 0xFF
-                hi_b = tl.load(rsrc + 1, mask=kmask & (at + 1 < rem_nb), other=0).to(tl.int32)
-                two = lo_b | ((hi_b & 0xFF) << 8)
-                sm = sm | (((two >> (bit & 7)) & 7) << 8)
-            sign = (sm >> MAN_BITS) & 1
-            ec = tl.minimum(tl.maximum(e, 0), EMAX)
-            w = (sign << (MAN_BITS + EXP_BITS)) | (ec << MAN_BITS) | (sm & ((1 << MAN_BITS) - 1))
-            w = tl.where(zero != 0, neg << (MAN_BITS + EXP_BITS), w)
-            if ITEMSIZE == 2:
-                tl.store(dst + i, w.to(tl.int16), mask=valid)
-            else:
-                tl.store(dst + i, w, mask=valid)
-            err = err | tl.where(padbad != 0, ERR_PADDING, 0)
+                err = err | _decode_general(src, dst, n, flags, base, phase, nz, nesc, o1, o2,
+                                            o3, o4, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
     return err
 
 

@@ -236,6 +236,62 @@ def write_run(dst, P, L, lo, hi, total, HAS_HI: tl.constexpr, MAXB: tl.constexpr
 
 
 @triton.jit
+def _own_window(L, lo):
+    """A run's last 8 bits at the top of a byte (L <= 64 bits in lo)."""
+    x = lo >> tl.maximum(L - 8, 0).to(tl.uint64)
+    own = tl.where(L >= 8, x, lo << tl.maximum(8 - L, 0).to(tl.uint64))
+    return (own & 0xFF).to(tl.int32)
+
+
+@triton.jit
+def _win4_combine(la1, wa1, la2, wa2, la3, wa3, la4, wa4, lb1, wb1, lb2, wb2, lb3, wb3, lb4, wb4):
+    """_win_combine for four streams at once."""
+    l1, w1 = _win_combine(la1, wa1, lb1, wb1)
+    l2, w2 = _win_combine(la2, wa2, lb2, wb2)
+    l3, w3 = _win_combine(la3, wa3, lb3, wb3)
+    l4, w4 = _win_combine(la4, wa4, lb4, wb4)
+    return l1, w1, l2, w2, l3, w3, l4, w4
+
+
+@triton.jit
+def _store_run(dst, P, L, lo, prev, total, MAXB: tl.constexpr):
+    """The stores of write_run for a run of <= 64 bits, given the previous
+    thread's inclusive window ``prev``."""
+    h = P & 7
+    hu = h.to(tl.uint64)
+    xlo = (prev >> (8 - h)).to(tl.uint64) | (lo << hu)
+    xhi = (lo >> 1) >> (63 - hu)
+    nb = (h + L) >> 3
+    end = P + L
+    tail = (L > 0) & (end == total) & ((end & 7) != 0)
+    at = dst + (P >> 3)
+    for k in tl.static_range(MAXB):
+        if k < 8:
+            byte = (xlo >> (8 * k)) & 0xFF
+        else:
+            byte = (xhi >> (8 * (k - 8))) & 0xFF
+        tl.store(at + k, byte.to(tl.uint8), mask=(k < nb) | (tail & (k == nb)))
+
+
+@triton.jit
+def write_runs4(dst1, P1, L1, v1, t1, dst2, P2, L2, v2, t2, dst3, P3, L3, v3, t3,
+                dst4, P4, L4, v4, t4, G: tl.constexpr):
+    """write_run for the four tier streams with one scan and one gather:
+    tiers 1 and 2 hold <= 8G bits a thread, tiers 3 and 4 <= 16G."""
+    _, w1, _, w2, _, w3, _, w4 = tl.associative_scan(
+        (L1, _own_window(L1, v1), L2, _own_window(L2, v2), L3, _own_window(L3, v3), L4,
+         _own_window(L4, v4)), 0, _win4_combine)
+    t = tl.arange(0, L1.shape[0])
+    both = w1 | (w2 << 8) | (w3 << 16) | (w4 << 24)
+    prev = tl.gather(both, tl.maximum(t - 1, 0), 0)
+    prev = tl.where(t > 0, prev, 0)
+    _store_run(dst1, P1, L1, v1, prev & 0xFF, t1, G + 1)
+    _store_run(dst2, P2, L2, v2, (prev >> 8) & 0xFF, t2, G + 1)
+    _store_run(dst3, P3, L3, v3, (prev >> 16) & 0xFF, t3, 2 * G + 1)
+    _store_run(dst4, P4, L4, v4, (prev >> 24) & 0xFF, t4, 2 * G + 1)
+
+
+@triton.jit
 def _pack_run(d, pos, BITS: tl.constexpr):
     """A thread's run: digits d (0 where closed) at bit BITS * pos, as uint64 [T]."""
     v = d.to(tl.uint64) << (BITS * pos).to(tl.uint64)
@@ -412,13 +468,13 @@ def _encode_general(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off
     # sm: the kept elements' sign+mantissa bytes, in order.
     krank = (kex & 0xFFFF)[:, None, None] + (kpre & 0xFFFF)
     sm_dst = dst + a_sm
-    kc = keep & coded
+    kc = keep.to(tl.int32) * cz != 0  # (a tensor & scalar mask: not under triton 3.9's interpreter)
     if ITEMSIZE == 4:
         smv = tl.where(low16 != 0, sm >> 16, sm)
         smb = 3 - 2 * low16
         for b in tl.static_range(3):
             tl.store(sm_dst + krank * smb + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
-                     mask=tl.where(b < smb, kc, False))
+                     mask=kc & (b < smb + 0 * krank))
     else:
         tl.store(sm_dst + krank, (sm & 0xFF).to(tl.uint8), mask=kc)
     zero_pad(sm_dst, sm_nb, (a_rem - a_sm) * cz)
@@ -430,7 +486,7 @@ def _encode_general(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off
         zero_pad(dst + a_rem, rem_nb, (a_esc - a_rem) * cz)
     # esc: the escaped elements' exponent bytes, in order.
     erank = (kex >> 16)[:, None, None] + (kpre >> 16)
-    tl.store(dst + a_esc + erank, e.to(tl.uint8), mask=esc & coded)
+    tl.store(dst + a_esc + erank, e.to(tl.uint8), mask=esc.to(tl.int32) * cz != 0)
     zero_pad(dst + a_esc, esc_nb, ((esc_nb + 15) & -16) * cz)
 
 
@@ -486,18 +542,18 @@ def _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, o
     ev = _nib(_pick64(phase, HE0, HE1, HE2, HE3), sh)
     # Open flags of tiers 1..4 in byte fields, the 2-bit tiers' counted twice
     # (bit positions): one multiply spreads m's bits (no carries: 0, 7, 15, 22).
-    f = (m * 0x408081) & 0x02020101
+    f = ((m * 0x408081) & 0x02020101).to(tl.uint32)
     fpre = tl.cumsum(f, axis=2) - f
     frow = tl.sum(f, axis=2)  # [T, G]
     q = tl.arange(0, 8)[None, None, :]
     r0 = tl.sum((dv & 3) << (2 * q), axis=2)
-    r1 = tl.sum(((m >> 1) & 1) << (fpre & 0xFF), axis=2)
-    r2 = tl.sum(((m >> 2) & 1) << ((fpre >> 8) & 0xFF), axis=2)
-    r3 = tl.sum((dv >> 2) << ((fpre >> 16) & 0xFF), axis=2)
-    r4 = tl.sum((ev & 3) << (fpre >> 24), axis=2)
+    r1 = tl.sum(((m >> 1) & 1).to(tl.uint32) << (fpre & 0xFF), axis=2)
+    r2 = tl.sum(((m >> 2) & 1).to(tl.uint32) << ((fpre >> 8) & 0xFF), axis=2)
+    r3 = tl.sum((dv >> 2).to(tl.uint32) << ((fpre >> 16) & 0xFF), axis=2)
+    r4 = tl.sum((ev & 3).to(tl.uint32) << (fpre >> 24), axis=2)
     rpre = tl.cumsum(frow, axis=1) - frow  # a thread's fields stay below 65
     gq = tl.arange(0, G)[None, :]
-    ttot = tl.sum(frow, axis=1)  # [T]
+    ttot = tl.sum(frow, axis=1).to(tl.int32)  # [T]
     run1 = tl.sum(r1.to(tl.uint64) << (rpre & 0xFF).to(tl.uint64), axis=1)
     run2 = tl.sum(r2.to(tl.uint64) << ((rpre >> 8) & 0xFF).to(tl.uint64), axis=1)
     run3 = tl.sum(r3.to(tl.uint64) << ((rpre >> 16) & 0xFF).to(tl.uint64), axis=1)
@@ -547,7 +603,8 @@ def _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, o
     cz = wc.to(tl.int32)
     # Tier 0: a row's eight 2-bit digits are the 16-bit word 2 * row.
     rows = tl.arange(0, T)[:, None] * G + gq
-    tl.store(dst.to(tl.pointer_type(tl.int16)) + rows, r0.to(tl.int16), mask=rows < (C // 8) * cz)
+    tl.store(dst.to(tl.pointer_type(tl.int16)) + rows, r0.to(tl.int16),
+             mask=tl.broadcast_to(wc, rows.shape))
     p1 = (ex4 & 0xFFFF).to(tl.int32)
     p2 = ((ex4 >> 16) & 0xFFFF).to(tl.int32)
     p3 = ((ex4 >> 32) & 0xFFFF).to(tl.int32)
@@ -556,11 +613,8 @@ def _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, o
     b2 = b1 + ((n1 + 7) >> 3)
     b3 = b2 + ((n2 + 7) >> 3)
     b4 = b3 + ((2 * n3 + 7) >> 3)
-    zero64 = tl.zeros([T], tl.uint64)
-    write_run(dst + b1, p1, L1 * cz, run1, zero64, n1, False, G + 1)
-    write_run(dst + b2, p2, L2 * cz, run2, zero64, n2, False, G + 1)
-    write_run(dst + b3, p3, L3 * cz, run3, zero64, 2 * n3, False, 2 * G + 1)
-    write_run(dst + b4, p4, L4 * cz, run4, zero64, 2 * n4, False, 2 * G + 1)
+    write_runs4(dst + b1, p1, L1 * cz, run1, n1, dst + b2, p2, L2 * cz, run2, n2,
+                dst + b3, p3, L3 * cz, run3, 2 * n3, dst + b4, p4, L4 * cz, run4, 2 * n4, G)
     zero_pad(dst, codes_nb, a_sm * cz)
     # sm: every element's sign+mantissa, in place (nothing omitted).
     smv = (((w >> SIGN_SHIFT) & 1) << MAN_BITS) | (w & ((1 << MAN_BITS) - 1))
@@ -570,9 +624,9 @@ def _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, o
         smv = tl.where(low16 != 0, smv >> 16, smv)
         for b in tl.static_range(3):
             tl.store(sm_dst + i * smb + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
-                     mask=(i < C * cz) & (b < smb))
+                     mask=i < C * cz * (b < smb).to(tl.int32))
     else:
-        tl.store(sm_dst + i, (smv & 0xFF).to(tl.uint8), mask=i < C * cz)
+        tl.store(sm_dst + i, (smv & 0xFF).to(tl.uint8), mask=tl.broadcast_to(wc, i.shape))
     zero_pad(sm_dst, sm_nb, (a_rem - a_sm) * cz)
     if IS_FP16:
         # rem: 3 bits an element in place: a row's 24 bits at byte 12t + 3g.
@@ -580,10 +634,10 @@ def _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, o
         at = tl.arange(0, T)[:, None] * (3 * G) + 3 * gq
         for b in tl.static_range(3):
             tl.store(dst + a_rem + at + b, ((rr >> (8 * b)) & 0xFF).to(tl.uint8),
-                     mask=at < C * cz)
+                     mask=tl.broadcast_to(wc, at.shape))
         zero_pad(dst + a_rem, rem_nb, (a_esc - a_rem) * cz)
     erank = eex[:, None, None] + epre
-    tl.store(dst + a_esc + erank, e.to(tl.uint8), mask=(ex != 0) & wc)
+    tl.store(dst + a_esc + erank, e.to(tl.uint8), mask=ex * cz != 0)
     zero_pad(dst + a_esc, esc_nb, ((esc_nb + 15) & -16) * cz)
     return fast
 
