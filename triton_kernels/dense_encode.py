@@ -604,7 +604,7 @@ def _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, o
     # Tier 0: a row's eight 2-bit digits are the 16-bit word 2 * row.
     rows = tl.arange(0, T)[:, None] * G + gq
     tl.store(dst.to(tl.pointer_type(tl.int16)) + rows, r0.to(tl.int16),
-             mask=tl.broadcast_to(wc, rows.shape))
+             mask=tl.where(wc, rows >= 0, False))  # triton 3.9: no broadcast scalar mask
     p1 = (ex4 & 0xFFFF).to(tl.int32)
     p2 = ((ex4 >> 16) & 0xFFFF).to(tl.int32)
     p3 = ((ex4 >> 32) & 0xFFFF).to(tl.int32)
@@ -626,7 +626,7 @@ def _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, o
             tl.store(sm_dst + i * smb + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
                      mask=i < C * cz * (b < smb).to(tl.int32))
     else:
-        tl.store(sm_dst + i, (smv & 0xFF).to(tl.uint8), mask=tl.broadcast_to(wc, i.shape))
+        tl.store(sm_dst + i, (smv & 0xFF).to(tl.uint8), mask=tl.where(wc, i >= 0, False))
     zero_pad(sm_dst, sm_nb, (a_rem - a_sm) * cz)
     if IS_FP16:
         # rem: 3 bits an element in place: a row's 24 bits at byte 12t + 3g.
@@ -634,7 +634,7 @@ def _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, o
         at = tl.arange(0, T)[:, None] * (3 * G) + 3 * gq
         for b in tl.static_range(3):
             tl.store(dst + a_rem + at + b, ((rr >> (8 * b)) & 0xFF).to(tl.uint8),
-                     mask=tl.broadcast_to(wc, at.shape))
+                     mask=tl.where(wc, at >= 0, False))
         zero_pad(dst + a_rem, rem_nb, (a_esc - a_rem) * cz)
     erank = eex[:, None, None] + epre
     tl.store(dst + a_esc + erank, e.to(tl.uint8), mask=ex * cz != 0)
