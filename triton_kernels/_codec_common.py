@@ -42,16 +42,16 @@ def _nibbles(values) -> int:
 FIXED_LO_LUT = tl.constexpr(_nibbles([v + 8 for lo in F.FIXED_LO_BY_ZEROS for v in lo]))
 FIXED_ZERO_SHIFT = tl.constexpr(F.FIXED_ZERO_SLOT_SHIFT)
 
-# Bits of the decoders' error word.
-ERR_HEADER = tl.constexpr(1)     # a header field disagrees with the payload or the caller
-ERR_TABLE = tl.constexpr(2)      # a chunk-table entry no encoder writes
-ERR_OFFSETS = tl.constexpr(4)    # segment offsets disagree with the table / body length
+# Bits of the decoders' error word (the low six are dense_decode.py's too).
+ERR_TABLE = tl.constexpr(1)      # a chunk-table entry no encoder writes
+ERR_OFFSETS = tl.constexpr(2)    # segment offsets disagree with the table / body length
+ERR_TIERS = tl.constexpr(4)      # dense: tier open counts disagree with the table
 ERR_COUNTS = tl.constexpr(8)     # decoded escape/zero counts disagree with the table
 ERR_EXPONENT = tl.constexpr(16)  # an escape names no exponent of the dtype
 ERR_PADDING = tl.constexpr(32)   # a padding byte is not zero
-ERR_TIERS = tl.constexpr(64)     # dense: tier open counts disagree with the table
+ERR_HEADER = tl.constexpr(64)    # a header field disagrees with the payload or the caller
 ERR_GEOMETRY = tl.constexpr(128)  # chunk_elems is not the launch's: relaunch from the header
-ERR_CODEC = tl.constexpr(256)    # a codec this build's kernel was not given
+ERR_CODEC = tl.constexpr(256)    # a payload this build's kernel has no decoder for
 INFO_SUMS = tl.constexpr(1 << 16)  # not an error: the payload carries checksums
 ERROR_MASK = (1 << 16) - 1
 

@@ -18,6 +18,10 @@ failed, and every load is masked to the payload, so no payload, however
 corrupt, reads out of bounds; a payload whose header is valid but whose
 body is not may leave ``out`` partially written before the error is raised.
 
+``DENSE`` and ``FIXED3`` say which codecs' branches the kernel is compiled
+with: both, as launched; offline.py compiles one at a time to count each
+codec's hot path (the header check plus its branch).
+
 The error path is not hot: it reads the header on the host
 (``format.parse_header``) and runs the torch reference's checks, so the
 messages are the torch backend's.
@@ -94,28 +98,42 @@ def _dims_bad(p_ptr, ndim, numel, pay_nbytes):
     return tl.where(numel == 0, ~zero, over | (prod != numel))
 
 
+@triton.jit(noinline=True)
+def _header_rest(p_ptr, ndim, numel, pay_nbytes, table_off, gap, body_off, crc):
+    """Program 0's part of the header check (cold code: once per call): the
+    CRC-32, the dims, the zero padding after the dims and after the offsets."""
+    hdr = (_crc32(p_ptr, 60 + 8 * ndim, pay_nbytes) != crc) | _dims_bad(p_ptr, ndim, numel,
+                                                                          pay_nbytes)
+    padbad = pad_nonzero(p_ptr, 64 + 8 * ndim, table_off, pay_nbytes)
+    padbad = padbad | pad_nonzero(p_ptr, gap, body_off, pay_nbytes)
+    return tl.where(hdr, ERR_HEADER, 0) | tl.where(padbad, ERR_PADDING, 0)
+
+
 @triton.jit
 def decode_kernel(p_ptr, out_ptr, err_ptr, pay_nbytes, numel, nch, C, nsums, body_only,
                   DTYPE_CODE: tl.constexpr, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
                   MAN_BITS: tl.constexpr, CP: tl.constexpr, T: tl.constexpr,
-                  DENSE: tl.constexpr):
-    G: tl.constexpr = CP // (8 * T)
+                  DENSE: tl.constexpr, FIXED3: tl.constexpr = True):
     c = tl.program_id(0)
     numel = numel + tl.zeros([], tl.int64)  # int64 products below (numel may be a constexpr 1)
     # --- the header, checked against the payload and the caller ---
-    k = tl.arange(0, 64)
-    h = tl.load(p_ptr + k, mask=k < pay_nbytes, other=0)
-    codec = byte_field(h, k, 5, 1).to(tl.int32)
-    ndim = byte_field(h, k, 7, 1).to(tl.int32)
-    ce = byte_field(h, k, 16, 4)
-    hnch = byte_field(h, k, 20, 4)
-    body = byte_field(h, k, 24, 8)
-    flags = byte_field(h, k, 56, 4)
-    bad = (pay_nbytes < 64) | (byte_field(h, k, 0, 4) != MAGIC_U32)
-    bad = bad | (byte_field(h, k, 4, 1) != 2) | (codec > 2) | (ndim > 16)
-    bad = bad | (byte_field(h, k, 6, 1) != DTYPE_CODE) | (byte_field(h, k, 8, 8) != numel)
-    bad = bad | ((byte_field(h, k, 32, 8) | byte_field(h, k, 40, 8) | byte_field(h, k, 48, 8)) != 0)
-    bad = bad | ((flags & ~1) != 0)
+    # The payload is 16-byte aligned (_aligned): words, not bytes.
+    w32 = p_ptr.to(tl.pointer_type(tl.int32))
+    w64 = p_ptr.to(tl.pointer_type(tl.int64))
+    m = pay_nbytes >= 64
+    word1 = tl.load(w32 + 1, mask=m, other=0)
+    codec = (word1 >> 8) & 0xFF
+    ndim = (word1 >> 24) & 0xFF
+    ce = tl.load(w32 + 4, mask=m, other=0).to(tl.int64) & 0xFFFFFFFF
+    hnch = tl.load(w32 + 5, mask=m, other=0).to(tl.int64) & 0xFFFFFFFF
+    body = tl.load(w64 + 3, mask=m, other=0)
+    flags = tl.load(w32 + 14, mask=m, other=0)
+    reserved = tl.load(w64 + 4, mask=m, other=0) | tl.load(w64 + 5, mask=m, other=0) | tl.load(
+        w64 + 6, mask=m, other=0)
+    bad = ~m | (tl.load(w32, mask=m, other=0) != MAGIC_U32)
+    bad = bad | ((word1 & 0xFF) != 2) | (codec > 2) | (ndim > 16)
+    bad = bad | (((word1 >> 16) & 0xFF) != DTYPE_CODE) | (tl.load(w64 + 1, mask=m, other=0) != numel)
+    bad = bad | (reserved != 0) | ((flags & ~1) != 0)
     is_raw = codec == 0
     bad = bad | (is_raw & ((ce != 0) | (hnch != 0) | (body != numel * ITEMSIZE)))
     geometry = ~is_raw & (ce != C)
@@ -127,18 +145,12 @@ def decode_kernel(p_ptr, out_ptr, err_ptr, pay_nbytes, numel, nch, C, nsums, bod
     body_off = align16(offsets_off + 4 * nchunks)
     end = body_off + body
     total = end + 4 * nsums * (flags & 1)
-    bad = bad | ((pay_nbytes != total) & ((body_only == 0) | (pay_nbytes != end)))
+    bad = bad | (~geometry & (pay_nbytes != total) & ((body_only == 0) | (pay_nbytes != end)))
     err = tl.where(bad, ERR_HEADER, tl.where(geometry, ERR_GEOMETRY, 0))
     if c == 0:
         if err == 0:
-            hdr = (_crc32(p_ptr, 60 + 8 * ndim, pay_nbytes) != byte_field(h, k, 60, 4))
-            hdr = hdr | _dims_bad(p_ptr, ndim, numel, pay_nbytes)
-            err = tl.where(hdr, ERR_HEADER, 0)
-            dims_end = 64 + 8 * ndim
-            gap = offsets_off + 4 * nchunks
-            padbad = pad_nonzero(p_ptr, dims_end, table_off, pay_nbytes)
-            padbad = padbad | pad_nonzero(p_ptr, gap, body_off, pay_nbytes)
-            err = err | tl.where(padbad, ERR_PADDING, 0)
+            err = _header_rest(p_ptr, ndim, numel, pay_nbytes, table_off, offsets_off + 4 * nchunks,
+                               body_off, tl.load(w32 + 15).to(tl.int64) & 0xFFFFFFFF)
         err = err | tl.where((flags & 1) != 0, INFO_SUMS, 0)
 
     # --- the chunk ---
@@ -147,20 +159,20 @@ def decode_kernel(p_ptr, out_ptr, err_ptr, pay_nbytes, numel, nch, C, nsums, bod
     dst = out_ptr + start
     if (err & (ERR_HEADER | ERR_GEOMETRY)) == 0:
         if is_raw:
-            i = tl.arange(0, T)[None, :, None] * (8 * G) + tl.arange(0, G)[:, None, None] * 8 + (
-                tl.arange(0, 8)[None, None, :])
-            decode_raw_words(p_ptr + body_off + start * ITEMSIZE, dst, i, i < n, n * ITEMSIZE,
-                             ITEMSIZE)
-        elif codec == 1:
+            decode_raw_words(p_ptr + body_off + start * ITEMSIZE, dst, n, n * ITEMSIZE,
+                             ITEMSIZE, CP, T)
+        elif (codec == 1) & FIXED3:
             err = err | fixed3_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off,
                                             body_off, body, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
-        else:
+        elif codec == 2:
             if DENSE:
                 err = err | dense_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off,
                                                body_off, body, ITEMSIZE, EXP_BITS, MAN_BITS,
                                                CP, T)
             else:
                 err = err | ERR_CODEC
+        else:
+            err = err | ERR_CODEC
     tl.atomic_or(err_ptr, err, mask=err != 0)
 
 
@@ -172,10 +184,23 @@ def launcher(info: F.DTypeInfo, C: int) -> Launcher:
     cp, t = tile_shape(C, NUM_WARPS)
     return Launcher(decode_kernel, dict(DTYPE_CODE=info.code, ITEMSIZE=info.itemsize,
                                         EXP_BITS=info.exp_bits, MAN_BITS=info.man_bits, CP=cp,
-                                        T=t, DENSE=dense_decode_chunk is not None), NUM_WARPS)
+                                        T=t, DENSE=dense_geometry(cp, t)), NUM_WARPS)
+
+
+def dense_geometry(cp: int, t: int) -> bool:
+    """Whether the dense chunk decoder takes this tile (it holds 32 elements a
+    thread: 4 rows of 8, tier 0 in one 8-byte word)."""
+    return dense_decode_chunk is not None and cp == 32 * t
+
+
+def _aligned(payload: torch.Tensor) -> torch.Tensor:
+    """The payload, or a copy at a 16-byte aligned address (a device copy, no
+    sync): the dense decoder reads the table and codes in 4- and 8-byte words."""
+    return payload if payload.data_ptr() % 16 == 0 else payload.clone()
 
 
 def _launch(payload, out, info, numel, C, body_only) -> torch.Tensor:
+    payload = _aligned(payload)
     nch = F.nchunks_for(numel, C)
     err = torch.zeros(1, dtype=torch.int32, device=payload.device)
     words = out.reshape(-1).view(_INT_VIEW[info.itemsize])
@@ -246,7 +271,7 @@ def _raise(payload: torch.Tensor, out: torch.Tensor, bits: int):
     codec_torch.decode(body, plain, torch.empty_like(out))  # raises with the torch message
     if bits & ERR_CODEC.value:
         raise NotImplementedError(f"the Triton decoder of this build has no {header.codec} "
-                                  f"kernel")
+                                  f"kernel for chunks of {header.chunk_elems} elements")
     raise CorruptPayloadError(f"corrupt payload (error bits {bits:#x})")
 
 

@@ -60,7 +60,10 @@ def _launch_plan(info: F.DTypeInfo, codec: str, C: int, warps: int) -> tuple:
     kernel = _dense_kernel()
     if kernel is None:
         raise NotImplementedError("the Triton dense encoder of this build is not format v2")
-    return kernel, dict(const, C=C, T=min(32 * warps, C // 8)), warps
+    if C != 32 * 32 * warps:  # 32 elements a thread (dense_decode.py's tile)
+        raise NotImplementedError(f"the Triton dense kernels take chunks of "
+                                  f"{32 * 32 * warps} elements, not {C}")
+    return kernel, dict(const, C=C, T=32 * warps), warps
 
 
 @functools.lru_cache(maxsize=256)
@@ -112,7 +115,10 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
     C = F.CHUNK_ELEMS
     nch = F.nchunks_for(numel, C)
     header = F.Header(codec, x.dtype, tuple(x.shape), numel, C, nch, 0)
-    out = torch.empty(F.max_encoded_nbytes(numel, x.dtype, x.dim()), dtype=torch.uint8,
+    # The bound of format.max_encoded_nbytes, for this chunk size: a chunk
+    # never takes more than its raw bytes rounded up to 16, and C * itemsize
+    # is a multiple of 16 (C % 8 == 0).
+    out = torch.empty(header.body_offset + F.align16(numel * info.itemsize), dtype=torch.uint8,
                       device=x.device)
     scratch = torch.zeros(nch + 2, dtype=torch.int64, device=x.device)
     words = x.reshape(-1).view(_INT_VIEW[info.itemsize])

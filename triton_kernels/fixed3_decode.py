@@ -37,10 +37,15 @@ def load_u32(ptr, mask):
     return v
 
 
-@triton.jit
-def decode_raw_words(src, dst, i, valid, lim, ITEMSIZE: tl.constexpr):
-    """A RAW chunk's words, little-endian bytes at src (bytes at or past lim
-    read as 0), stored at dst."""
+@triton.jit(noinline=True)
+def decode_raw_words(src, dst, n, lim, ITEMSIZE: tl.constexpr, CP: tl.constexpr,
+                     T: tl.constexpr):
+    """A RAW chunk's n words, little-endian bytes at src (bytes at or past
+    lim read as 0), stored at dst (cold code)."""
+    G: tl.constexpr = CP // (8 * T)
+    i = tl.arange(0, T)[None, :, None] * (8 * G) + tl.arange(0, G)[:, None, None] * 8 + (
+        tl.arange(0, 8)[None, None, :])
+    valid = i < n
     w = tl.zeros(i.shape, tl.int32)
     for b in tl.static_range(ITEMSIZE):
         at = i * ITEMSIZE + b
@@ -58,15 +63,17 @@ def fixed3_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off,
     SIGN: tl.constexpr = 1 << (MAN_BITS + EXP_BITS)
 
     # --- the entry, the offsets, the layout ---
-    k16 = tl.arange(0, 16)
-    ent = tl.load(p_ptr + table_off + 16 * c.to(tl.int64) + k16)
-    mode = byte_field(ent, k16, 0, 1).to(tl.int32)
-    flags = byte_field(ent, k16, 1, 1).to(tl.int32)
-    base = byte_field(ent, k16, 2, 1).to(tl.int32)
-    phase = byte_field(ent, k16, 3, 1).to(tl.int32)
-    nz = byte_field(ent, k16, 4, 2).to(tl.int32)
-    nesc = byte_field(ent, k16, 6, 2).to(tl.int32)
-    opens = byte_field(ent, k16, 8, 8)
+    # The payload is 16-byte aligned (codec_decode._aligned): the entry is 4 words.
+    ent = p_ptr.to(tl.pointer_type(tl.int32)) + (table_off >> 2) + 4 * c.to(tl.int64)
+    e0 = tl.load(ent)
+    e1 = tl.load(ent + 1)
+    opens = tl.load(ent + 2) | tl.load(ent + 3)
+    mode = e0 & 0xFF
+    flags = (e0 >> 8) & 0xFF
+    base = (e0 >> 16) & 0xFF
+    phase = (e0 >> 24) & 0xFF
+    nz = e1 & 0xFFFF
+    nesc = (e1 >> 16) & 0xFFFF
     bad = (mode > 1) | (phase > 3) | (base > EMAX) | ((flags & ~7) != 0)
     if ITEMSIZE != 4:
         bad = bad | ((flags & 1) != 0)
@@ -76,23 +83,24 @@ def fixed3_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off,
     low16 = flags & 1
     codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = fixed3_layout(
         n, coded, low16, nz, nesc, ITEMSIZE, IS_FP16)
-    off = load_u32(p_ptr + offsets_off + 4 * c.to(tl.int64), c >= 0)
+    offs = p_ptr.to(tl.pointer_type(tl.int32)) + (offsets_off >> 2)
+    off = tl.load(offs + c).to(tl.int64) & 0xFFFFFFFF
     is_last = c == nch - 1
-    nxt = load_u32(p_ptr + offsets_off + 4 * (c + 1).to(tl.int64), ~is_last)
+    nxt = tl.load(offs + c + 1, mask=~is_last, other=0).to(tl.int64) & 0xFFFFFFFF
     nxt = tl.where(is_last, body_nbytes >> 4, nxt)
     bad_off = (off + (seg >> 4) != nxt) | ((c == 0) & (off != 0))
     err = tl.where(bad, ERR_TABLE, tl.where(bad_off, ERR_OFFSETS, 0))
     if err == 0:
         src = p_ptr + body_off + 16 * off
         lim = body_nbytes - 16 * off  # body bytes from the segment's start (>= seg: checked)
-        i = tl.arange(0, T)[None, :, None] * (8 * G) + tl.arange(0, G)[:, None, None] * 8 + (
-            tl.arange(0, 8)[None, None, :])
-        valid = i < n
         if mode == 0:
-            decode_raw_words(src, dst, i, valid, lim, ITEMSIZE)
+            decode_raw_words(src, dst, n, lim, ITEMSIZE, CP, T)
             nb = n * ITEMSIZE
             err = tl.where(pad_nonzero(src, nb, align16(nb), lim), ERR_PADDING, 0)
         else:
+            i = tl.arange(0, T)[None, :, None] * (8 * G) + tl.arange(0, G)[:, None, None] * 8 + (
+                tl.arange(0, 8)[None, None, :])
+            valid = i < n
             err = _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low16,
                                 codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg,
                                 ITEMSIZE, EXP_BITS, MAN_BITS, G, T)
@@ -125,7 +133,7 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
     z = zp + zn
     lo, width = fixed_window(base, phase, z, EMAX)
     is_zero = valid & (code < z)
-    neg = is_zero & (zn != 0) & (code == zp)
+    neg = tl.where(zn != 0, is_zero & (code == zp), False)
     esc = valid & (code == 7)
     keep = valid & ~is_zero
     pre, tot = tile_excl(keep.to(tl.int32) | (esc.to(tl.int32) << 16))

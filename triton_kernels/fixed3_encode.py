@@ -48,6 +48,7 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     # --- load and analyze (the input's only read) ---
     i = tile3(G, T)
     valid = i < n
+    row_live = (tl.arange(0, T)[None, :, None] * (8 * G) + tl.arange(0, G)[:, None, None] * 8) < n
     w = tl.load(x_ptr + start + i, mask=valid, other=0).to(tl.int32)
     if ITEMSIZE == 2:
         w = w & 0xFFFF
@@ -78,8 +79,8 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     lo, width = fixed_window(base, phase, z, EMAX)
     d = e - lo
     code = tl.where(d.to(tl.uint32) < width.to(tl.uint32), d + z, 7)
-    zpos_c = is_pos & (zp != 0)
-    zneg_c = is_neg & (zn != 0)
+    zpos_c = tl.where(zp != 0, is_pos, False)  # not & with a scalar: triton 3.9
+    zneg_c = tl.where(zn != 0, is_neg, False)
     code = tl.where(zpos_c, 0, code)
     code = tl.where(zneg_c, cneg, code)
     code = tl.where(valid, code, 0)
@@ -111,9 +112,7 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     dst = out_ptr + body_off + 16 * off
 
     if seg_c >= raw_seg:
-        # A RAW chunk: its words, then zeros up to the segment's end.
-        tl.store(dst.to(x_ptr.dtype) + i, w.to(x_ptr.dtype.element_ty), mask=valid)
-        zero_pad(dst, n * ITEMSIZE, raw_seg)
+        _write_raw(x_ptr, start, n, dst, ITEMSIZE, CP, T)
     else:
         codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, _ = fixed3_layout(
             n, True, low16, nz, n_esc, ITEMSIZE, IS_FP16)
@@ -121,34 +120,95 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
         r = tl.arange(0, T)[None, :] * G + tl.arange(0, G)[:, None]  # row index, [G, T]
         store_rows3(dst, tl.sum(code << (3 * q), axis=2), r, codes_nb)
         zero_pad(dst, codes_nb, a_sm)
-        krank = pre & 0xFFFF
-        sm_dst = dst + tl.multiple_of(a_sm, 16)
-        if ITEMSIZE == 4:
-            smv = tl.where(low16 != 0, sm >> 16, sm)
-        else:
-            smv = sm
-        if (ITEMSIZE == 2) | (low16 != 0):
-            byte = (smv & 0xFF).to(tl.uint8)
-            if nz == 0:
-                tl.store(sm_dst + i, byte, mask=valid)
+        if nz == 0:
+            # Element i's sm at position i (i's rank among the kept elements).
+            sm_dst = dst + tl.multiple_of(a_sm, 16)
+            if ITEMSIZE == 4:
+                smv = tl.where(low16 != 0, sm >> 16, sm)
             else:
-                tl.store(sm_dst + krank, byte, mask=keep)
-        else:
-            for b in tl.static_range(3):
-                tl.store(sm_dst + 3 * krank + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
-                         mask=keep)
-        zero_pad(sm_dst, sm_nb, a_rem - a_sm)
-        if IS_FP16:
-            rem_dst = dst + tl.multiple_of(a_rem, 16)
-            r3 = tl.where(keep, (sm >> 8) & 7, 0)
-            if nz == 0:
-                store_rows3(rem_dst, tl.sum(r3 << (3 * q), axis=2), r, rem_nb)
+                smv = sm
+            if (ITEMSIZE == 2) | (low16 != 0):
+                # Masked by row: a row that starts inside the chunk ends inside
+                # its padded sm segment, and the tile holds zeros past n, so
+                # the mask is constant along a row and the row is one store.
+                tl.store(sm_dst + i, (smv & 0xFF).to(tl.uint8), mask=row_live)
+            else:
+                for b in tl.static_range(3):
+                    tl.store(sm_dst + 3 * i + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
+                             mask=valid)
+            zero_pad(sm_dst, sm_nb, a_rem - a_sm)
+            if IS_FP16:
+                rem_dst = dst + tl.multiple_of(a_rem, 16)
+                store_rows3(rem_dst, tl.sum(((sm >> 8) & 7) << (3 * q), axis=2), r, rem_nb)
                 zero_pad(rem_dst, rem_nb, a_esc - a_rem)
-            else:
-                _rem_scatter(rem_dst, r3, krank, keep, a_esc - a_rem, i, CP)
-        esc_dst = dst + tl.multiple_of(a_esc, 16)
-        tl.store(esc_dst + ((pre >> 16) & 0xFFFF), e.to(tl.uint8), mask=esc)
-        zero_pad(esc_dst, esc_nb, align16(esc_nb))
+            esc_dst = dst + tl.multiple_of(a_esc, 16)
+            tl.store(esc_dst + ((pre >> 16) & 0xFFFF), e.to(tl.uint8), mask=esc)
+            zero_pad(esc_dst, esc_nb, align16(esc_nb))
+        else:
+            _write_omitting(x_ptr, start, n, dst, lo, z, zp, zn, low16, sm_nb, rem_nb, esc_nb,
+                            a_sm, a_rem, a_esc, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
+
+
+@triton.jit(noinline=True)
+def _write_raw(x_ptr, start, n, dst, ITEMSIZE: tl.constexpr, CP: tl.constexpr,
+               T: tl.constexpr):
+    """A RAW chunk: its words, then zeros up to the segment's end (cold code:
+    it reads the chunk again, from L2)."""
+    G: tl.constexpr = CP // (8 * T)
+    i = tile3(G, T)
+    valid = i < n
+    w = tl.load(x_ptr + start + i, mask=valid, other=0)
+    tl.store(dst.to(x_ptr.dtype) + i, w, mask=valid)
+    nb = n * ITEMSIZE
+    zero_pad(dst, nb, align16(nb))
+
+
+@triton.jit(noinline=True)
+def _write_omitting(x_ptr, start, n, dst, lo, z, zp, zn, low16, sm_nb, rem_nb, esc_nb, a_sm,
+                    a_rem, a_esc, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                    MAN_BITS: tl.constexpr, CP: tl.constexpr, T: tl.constexpr):
+    """sm, rem and esc of a coded chunk with zeros omitted (cold code: it
+    reads the chunk again, from L2, and recomputes its codes): each kept
+    element's sm bytes and rem bits at its rank among the kept elements."""
+    G: tl.constexpr = CP // (8 * T)
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    SIGN_SHIFT: tl.constexpr = MAN_BITS + EXP_BITS
+    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
+    i = tile3(G, T)
+    valid = i < n
+    w = tl.load(x_ptr + start + i, mask=valid, other=0).to(tl.int32)
+    if ITEMSIZE == 2:
+        w = w & 0xFFFF
+        is_neg = w == 0x8000
+    else:
+        is_neg = (w != 0) & ((w & 0x7FFFFFFF) == 0)
+    e = (w >> MAN_BITS) & EMAX
+    sm = (((w >> SIGN_SHIFT) & 1) << MAN_BITS) | (w & ((1 << MAN_BITS) - 1))
+    is_pos = valid & (w == 0)
+    d = e - lo
+    esc = valid & ~(d.to(tl.uint32) < (7 - z).to(tl.uint32))
+    zpos_c = tl.where(zp != 0, is_pos, False)  # not & with a scalar: triton 3.9
+    zneg_c = tl.where(zn != 0, is_neg, False)
+    esc = esc & ~zpos_c & ~zneg_c
+    keep = valid & ~(zpos_c | zneg_c)
+    pre, tot = tile_excl(keep.to(tl.int32) | (esc.to(tl.int32) << 16))
+    krank = pre & 0xFFFF
+    sm_dst = dst + a_sm
+    if ITEMSIZE == 4:
+        smv = tl.where(low16 != 0, sm >> 16, sm)
+        smb = 3 - 2 * low16
+        for b in tl.static_range(3):
+            tl.store(sm_dst + smb * krank + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
+                     mask=tl.where(b < smb, keep, False))
+    else:
+        tl.store(sm_dst + krank, (sm & 0xFF).to(tl.uint8), mask=keep)
+    zero_pad(sm_dst, sm_nb, a_rem - a_sm)
+    if IS_FP16:
+        _rem_scatter(dst + a_rem, tl.where(keep, (sm >> 8) & 7, 0), krank, keep, a_esc - a_rem, i,
+                     CP)
+    esc_dst = dst + a_esc
+    tl.store(esc_dst + ((pre >> 16) & 0xFFFF), e.to(tl.uint8), mask=esc)
+    zero_pad(esc_dst, esc_nb, align16(esc_nb))
 
 
 @triton.jit
