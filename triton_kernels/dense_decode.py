@@ -190,7 +190,8 @@ def _decode_coded(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
             smb = 3 - 2 * low16
             word = tl.zeros([T, G, 8], tl.int32)
             for b in tl.static_range(3):
-                byte = tl.load(sm_src + i * smb + b, mask=(b < smb) | (i < 0), other=0)
+                byte = tl.load(sm_src + i * smb + b, mask=i * 0 + (b < smb).to(tl.int32) != 0,
+                               other=0)
                 word = word | (byte.to(tl.int32) << (8 * b))
             sm = tl.where(low16 != 0, word << 16, word)
         else:
@@ -229,6 +230,10 @@ def _decode_coded(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
         w = tl.where(zero != 0, neg << (MAN_BITS + EXP_BITS), w)
     if ITEMSIZE == 2:
         tl.store(dst + i, w.to(tl.int16), mask=valid)
+    elif HOT:  # a row of 8 words is two 16-byte stores: [T, 2G, 4]
+        i4 = tl.arange(0, T)[:, None, None] * (8 * G) + tl.arange(0, 2 * G)[None, :, None] * 4 + (
+            tl.arange(0, 4)[None, None, :])
+        tl.store(dst + i4, tl.reshape(w, (T, 2 * G, 4)))
     else:
         tl.store(dst + i, w, mask=valid)
     err = err | tl.where(padbad != 0, ERR_PADDING, 0)

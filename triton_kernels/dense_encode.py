@@ -514,7 +514,12 @@ def _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, o
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     start = c.to(tl.int64) * C
     i = tile3(G, T)
-    w = tl.load(x_ptr + start + i).to(tl.int32)
+    if ITEMSIZE == 4:  # a row of 8 words is two 16-byte loads: [T, 2G, 4], reshaped
+        i4 = tl.arange(0, T)[:, None, None] * (8 * G) + tl.arange(0, 2 * G)[None, :, None] * 4 + (
+            tl.arange(0, 4)[None, None, :])
+        w = tl.reshape(tl.load(x_ptr + start + i4), (T, G, 8))
+    else:
+        w = tl.load(x_ptr + start + i).to(tl.int32)
     if ITEMSIZE == 2:
         w = w & 0xFFFF
         is_neg = w == 0x8000
@@ -599,12 +604,13 @@ def _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, o
     dst = out_ptr + body_off + 16 * off
     if fast & (seg_c >= raw_seg):
         _write_raw(x_ptr, start, C, dst, ITEMSIZE, C, T)
-    wc = fast & coded
-    cz = wc.to(tl.int32)
+    # 0/1 int, not a bool: triton 3.9's interpreter takes no scalar bool in a
+    # mask; ``x * 0 + cz != 0`` is a uniform mask the compiler folds.
+    cz = fast.to(tl.int32) * coded.to(tl.int32)
     # Tier 0: a row's eight 2-bit digits are the 16-bit word 2 * row.
     rows = tl.arange(0, T)[:, None] * G + gq
     tl.store(dst.to(tl.pointer_type(tl.int16)) + rows, r0.to(tl.int16),
-             mask=tl.where(wc, rows >= 0, False))  # triton 3.9: no broadcast scalar mask
+             mask=rows * 0 + cz != 0)
     p1 = (ex4 & 0xFFFF).to(tl.int32)
     p2 = ((ex4 >> 16) & 0xFFFF).to(tl.int32)
     p3 = ((ex4 >> 32) & 0xFFFF).to(tl.int32)
@@ -626,7 +632,7 @@ def _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, o
             tl.store(sm_dst + i * smb + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
                      mask=i < C * cz * (b < smb).to(tl.int32))
     else:
-        tl.store(sm_dst + i, (smv & 0xFF).to(tl.uint8), mask=tl.where(wc, i >= 0, False))
+        tl.store(sm_dst + i, (smv & 0xFF).to(tl.uint8), mask=i * 0 + cz != 0)
     zero_pad(sm_dst, sm_nb, (a_rem - a_sm) * cz)
     if IS_FP16:
         # rem: 3 bits an element in place: a row's 24 bits at byte 12t + 3g.
@@ -634,7 +640,7 @@ def _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, o
         at = tl.arange(0, T)[:, None] * (3 * G) + 3 * gq
         for b in tl.static_range(3):
             tl.store(dst + a_rem + at + b, ((rr >> (8 * b)) & 0xFF).to(tl.uint8),
-                     mask=tl.where(wc, at >= 0, False))
+                     mask=at * 0 + cz != 0)
         zero_pad(dst + a_rem, rem_nb, (a_esc - a_rem) * cz)
     erank = eex[:, None, None] + epre
     tl.store(dst + a_esc + erank, e.to(tl.uint8), mask=ex * cz != 0)
