@@ -44,6 +44,7 @@ def base_payloads(verify: bool, backend: str, seed: int = 0) -> list:
                 x = torch.randn(n, generator=g).to(dtype)
                 if n > 10:
                     x[: n // 4] = 0
+                    x[n // 4: n // 2] = -0.0  # both zero codes (ZPOS and ZNEG chunks)
                     x[5] = float("nan")
                     x[6] = float("-inf")
                 if dtype == torch.float32 and n == 9000:
@@ -78,10 +79,12 @@ def mutate(p: bytes, kind: str, rng: torch.Generator) -> bytes:
         off = r(F.HEADER_NBYTES - 4)
         b[off] = r(256)
         _fix_crc(b)
-    elif kind == "table_field":  # chunk table bytes, header left intact
-        start = F.HEADER_NBYTES + 8 * b[7]
+    elif kind == "table_field":  # chunk table and offsets bytes, header left intact
+        start = F.align16(F.HEADER_NBYTES + 8 * b[7])
+        nch = struct.unpack_from("<I", b, 20)[0]
+        end = min(len(b), start + (F.CHUNK_ENTRY_NBYTES + F.OFFSET_NBYTES) * nch)
         for _ in range(1 + r(3)):
-            i = start + r(max(len(b) - start, 1))
+            i = start + r(max(end - start, 1))
             if i < len(b):
                 b[i] = r(256)
     elif kind == "random_bytes":

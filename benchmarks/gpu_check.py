@@ -167,20 +167,26 @@ def corrupt_checks() -> None:
         h = F.parse_header(p)
         cases = {
             "table mode byte": lambda b: b.__setitem__(h.table_offset, 7),
-            "codes stream bytes": lambda b: b.__setitem__(
-                slice(h.streams_offset, h.streams_offset + 64), 0xFF),
+            "body bytes": lambda b: b.__setitem__(slice(h.body_offset, h.body_offset + 64), 0xFF),
             "esc count": lambda b: b.__setitem__(h.table_offset + 6, b[h.table_offset + 6] ^ 1),
+            "segment offset": lambda b: b.__setitem__(h.offsets_offset + 4,
+                                                      b[h.offsets_offset + 4] ^ 1),
+            "header numel": lambda b: b.__setitem__(9, b[9] ^ 1),
         }
         for what, mutate in cases.items():
-            b = p.clone()
-            mutate(b)
-            try:
-                z.decode(b, backend="triton")
-                check(f"corrupt {codec} {what}", False, "did not raise")
-            except z.CorruptPayloadError as e:
-                check(f"corrupt {codec} {what}", True, f"raised: {e}")
-            except Exception as e:
-                check(f"corrupt {codec} {what}", False, f"raised {type(e).__name__}: {e}")
+            for how, dec in (("", lambda b: z.decode(b, backend="triton")),
+                             (" out=", lambda b: z.decode(b, out=torch.empty_like(x),
+                                                          backend="triton"))):
+                b = p.clone()
+                mutate(b)
+                try:
+                    dec(b)
+                    check(f"corrupt {codec} {what}{how}", False, "did not raise")
+                except z.CorruptPayloadError as e:
+                    check(f"corrupt {codec} {what}{how}", True, f"raised: {e}")
+                except Exception as e:
+                    check(f"corrupt {codec} {what}{how}", False,
+                          f"raised {type(e).__name__}: {e}")
 
 
 # --------------------------------------------------------------------------
@@ -278,38 +284,32 @@ def throughput(smoke: bool) -> None:
 
 
 def sweep(smoke: bool) -> None:
-    """Time a few kernel settings (codec_encode/codec_decode.SETTINGS); the
-    tables are restored after."""
-    saved = (copy.deepcopy(codec_encode.SETTINGS), copy.deepcopy(codec_decode.SETTINGS))
+    """Time the encode kernels at a few warp counts (codec_encode.SETTINGS;
+    the decode kernel's is codec_decode.NUM_WARPS, both codecs in one kernel);
+    the settings are restored after. The dense kernels take 4 warps only
+    (32 elements a thread of a 4096-element chunk)."""
+    saved = copy.deepcopy(codec_encode.SETTINGS)
+    saved_dec = codec_decode.NUM_WARPS
     n = (16 * 1024 + 6) if smoke else 128 * MiB  # bf16 elements: 256 MiB
     x = torch.randn(n, generator=torch.Generator(device=DEV).manual_seed(0), device=DEV).bfloat16()
-    print("(sweep) write and decode sub-block elements x num_warps, analyze "
-          f"elements x num_warps, by codec, at {n * 2 / MiB:g} MiB bf16", flush=True)
-    # The default first; then fewer warps (cheaper scans, fewer warps in
-    # flight), more, and the analyze kernel's chunk split or widened. dense:
-    # (4096, 2) analyze has the lowest static count but twice the registers.
-    settings = {"fixed3": [(512, 2, 4096, 4), (256, 1, 4096, 4), (512, 1, 4096, 4),
-                           (1024, 2, 4096, 4), (1024, 4, 4096, 4), (512, 2, 2048, 4),
-                           (512, 2, 4096, 8)],
-                "dense": [(256, 1, 4096, 4), (512, 2, 4096, 4), (256, 1, 4096, 2),
-                          (512, 1, 4096, 4), (256, 1, 1024, 1)]}
-    for codec, rows in settings.items():
-        for sub, warps, a_sub, a_warps in rows:
-            codec_encode.SETTINGS[codec] = {"analyze": (a_sub, a_warps), "write": (sub, warps)}
-            codec_decode.SETTINGS[codec] = (sub, warps)
-            bench_tensor(f"sweep {codec} sub={sub} warps={warps} analyze={a_sub}x{a_warps}", x,
-                         codecs=(codec,), reps=1 if smoke else 5)
-        codec_encode.SETTINGS, codec_decode.SETTINGS = (copy.deepcopy(saved[0]),
-                                                        copy.deepcopy(saved[1]))
-    codec_encode.SETTINGS, codec_decode.SETTINGS = saved
+    print(f"(sweep) encode/decode num_warps at {n * 2 / MiB:g} MiB bf16", flush=True)
+    for warps in (4, 8, 2):
+        codec_encode.SETTINGS["fixed3"] = warps
+        codec_decode.NUM_WARPS = warps
+        codec_decode.launcher.cache_clear()
+        bench_tensor(f"sweep fixed3 warps={warps}", x, codecs=("fixed3",),
+                     reps=1 if smoke else 5)
+    codec_encode.SETTINGS.clear()
+    codec_encode.SETTINGS.update(saved)
+    codec_decode.NUM_WARPS = saved_dec
+    codec_decode.launcher.cache_clear()
 
 
 def breakdown(smoke: bool) -> None:
     """Where a fixed3 call's time goes: the wall time (as in the table) beside
     the device time of each kernel and copy it launches (torch.profiler). The
     difference is time the GPU waits on the host: launches, the header, and
-    the syncs (encode reads the stream lengths, decode the header and the
-    error word). The first H200 run suggested ~0.4 ms of it per 256 MiB call
+    the syncs (encode reads the body length; decode(out=) the error word). The first H200 run suggested ~0.4 ms of it per 256 MiB call
     (the 256 MiB and 1 GiB rows do not scale by 4); this measures it."""
     from torch.profiler import ProfilerActivity, profile
     cuda = DEV.type == "cuda"
@@ -354,9 +354,9 @@ def breakdown(smoke: bool) -> None:
 # The host steps of a codec call whose time section (c) reports with their
 # callees: Triton launches (triton_kernels/_launch.py's Launcher, and
 # JITFunction.run on a specialization's first call), the syncs (tolist, item,
-# and parse_header's read of the header), torch's scan and the header upload.
-HOST_STEPS = ("jit.py:run", "_launch.py:__call__", "'tolist'", "'item'", "format.py:parse_header", "torch.cumsum",
-              "format.py:copy_into", "'pin_memory'")
+# and parse_header's read of the header), the header upload.
+HOST_STEPS = ("jit.py:run", "_launch.py:__call__", "'tolist'", "'item'", "format.py:parse_header",
+              "format.py:copy_into", "'pin_memory'", "codec_encode.py:_read_units")
 
 
 def host_profile(op: str, fn, reps: int, n: int) -> None:

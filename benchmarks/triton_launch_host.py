@@ -8,14 +8,15 @@ machine, is not included). The kernels are compiled for sm_90 on first use
 
 Two tables, each with both launch paths side by side in one run:
 
-- per launch: each kernel of a 256 MiB bf16 encode and decode, through
-  ``kernel[grid](...)`` (triton's binding, what the launchers did before
-  ``triton_kernels/_launch.py``) and through the cached ``Launcher``;
-- per call: ``encode`` then ``decode(out=)`` of 1 MiB (bf16 fixed3 and
-  dense) with CPU tensors, i.e. the launchers' whole host path, torch ops
+- per launch: the kernel of a 256 MiB bf16 encode and of its decode
+  (format v2: one each), through ``kernel[grid](...)`` (triton's binding)
+  and through the cached ``Launcher`` (``triton_kernels/_launch.py``);
+- per call: ``encode`` then ``decode_into`` (``decode(out=)``: no header
+  read on the host) of 1 MiB (bf16, each codec whose v2 kernels this build
+  has) with CPU tensors, i.e. the launchers' whole host path, torch ops
   included (on CPU, not CUDA: a CUDA op's host cost is not measured here).
-  The stand-in analyze launch zeroes its segment lengths so the call goes
-  on as for an empty payload.
+  The stand-in launch leaves the body length 0, so the call goes on as for
+  an empty body.
 
 Medians of 5 runs of N calls after a warm-up, for 3 rounds::
 
@@ -59,10 +60,6 @@ def _noop(*args):
     return None
 
 
-def _zero_seg(*args):
-    args[N_LEAD + 2].zero_()  # (x, meta, seg, ...): the segment lengths
-
-
 class _NoLaunchDriver:
     """The parts of triton's CUDA driver that a launch reads, for sm_90."""
     utils = _Utils()
@@ -78,7 +75,7 @@ class _NoLaunchDriver:
 
     @staticmethod
     def launcher_cls(src, metadata):
-        fn = _zero_seg if "analyze" in src.name else _noop
+        fn = _noop
         tag = len(_COMPILED)  # which compiled kernel a launch went to
         _COMPILED.append(src.name)
 
@@ -100,6 +97,30 @@ def _plain(record):
                                     else a for a in args)
 
 
+def _codecs() -> tuple:
+    """The codecs whose v2 encode kernel this build has."""
+    from triton_kernels import codec_encode as E
+    return ("fixed3",) + (("dense",) if E._dense_kernel() is not None else ())
+
+
+def _runs(codec: str, x, numel: int) -> list:
+    """The encode and decode launches of ``numel`` elements read from ``x``."""
+    from triton_kernels import codec_decode as D
+    from triton_kernels import codec_encode as E
+    info = F.dtype_info(torch.bfloat16)
+    C = F.CHUNK_ELEMS
+    nch = F.nchunks_for(numel, C)
+    header = F.Header(codec, torch.bfloat16, (numel,), numel, C, nch, 0)
+    out = torch.zeros(1 << 16, dtype=torch.uint8)
+    scratch = torch.zeros(nch + 2, dtype=torch.int64)
+    err = torch.zeros(1, dtype=torch.int32)
+    enc = E.launcher(info, codec, C)
+    dec = D.launcher(info, C)
+    args = E.launch_args(enc.kernel, x, out, scratch, numel, nch, C, header)
+    return [lambda: enc(nch, *args),
+            lambda: dec(nch, out, x, err, 4096 + 16 * nch, numel, nch, C, F.nchunks_for(numel), 0)]
+
+
 def check_direct_launch() -> None:
     """The cached Launcher hands the driver's launcher exactly what
     ``kernel[grid]`` does, the same compiled kernel included, for aligned
@@ -107,30 +128,12 @@ def check_direct_launch() -> None:
     specializes an int 1 as a constant) or not a multiple of 16."""
     global _RECORD
     from triton_kernels import _launch
-    from triton_kernels import codec_decode as D
-    from triton_kernels import codec_encode as E
-    info = F.dtype_info(torch.bfloat16)
     C = F.CHUNK_ELEMS
     buf = torch.zeros(1 << 16, dtype=torch.int16)
-    meta = torch.zeros((16, E.META_COLS), dtype=torch.int32)
-    seg = torch.zeros(64, dtype=torch.int32)
-    cum = torch.zeros(64, dtype=torch.int64)
-    out = torch.zeros(1 << 16, dtype=torch.uint8)
-    err = torch.zeros(1, dtype=torch.int32)
     checked = 0
-    for codec in ("fixed3", "dense"):
-        table, dec = D.launchers(info, codec, C)
+    for codec in _codecs():
         for x, numel in ((buf, 3 * C + 5), (buf[1:], 20 * C), (buf, 100), (buf[1:], C + 1)):
-            nch = F.nchunks_for(numel, C)
-            (an, a_const, _), (wr, w_const, _) = E.launch_plan(info, codec, C)
-            a, w = E.launchers(info, codec, C, E.pairs(an, a_const, info, numel, C, x.data_ptr()),
-                               E.pairs(wr, w_const, info, numel, C, x.data_ptr()))
-            for run in (lambda: a(nch, x, meta, seg, numel, nch, C),
-                        lambda: w(nch, x, meta, seg, cum, out, numel, nch, C, 96, 4096 + nch),
-                        lambda: table(triton.cdiv(nch, D.TABLE_BLOCK), out, cum, err, 96, nch,
-                                      numel, C),
-                        lambda: dec(nch, out, cum, cum, x, err, 96, nch, numel, C, 4096,
-                                    2, 3, 5, 7)):
+            for run in _runs(codec, x, numel):
                 got = []
                 for direct in (False, True, True):  # triton's path; a miss; a hit
                     _launch.DIRECT = direct
@@ -147,32 +150,11 @@ def check_direct_launch() -> None:
 
 
 def launches(codec: str = "fixed3") -> dict:
-    """The four launches of a 256 MiB bf16 encode and decode, with the
+    """The encode and the decode launch of 256 MiB of bf16, with the
     launchers' own Launchers (the tensors are small: a launch reads their
     addresses, not their sizes)."""
-    from triton_kernels import codec_decode as D
-    from triton_kernels import codec_encode as E
-    C, numel = F.CHUNK_ELEMS, 128 << 20
-    nch = F.nchunks_for(numel, C)
-    info = F.dtype_info(torch.bfloat16)
-    x = torch.zeros(1 << 16, dtype=torch.int16)
-    meta = torch.zeros((16, E.META_COLS), dtype=torch.int32)
-    seg = torch.zeros(64, dtype=torch.int32)
-    cum = torch.zeros(64, dtype=torch.int64)
-    out = torch.zeros(1 << 16, dtype=torch.uint8)
-    err = torch.zeros(1, dtype=torch.int32)
-    (an, a_const, _), (wr, w_const, _) = E.launch_plan(info, codec, C)
-    a, w = E.launchers(info, codec, C, E.pairs(an, a_const, info, numel, C, x.data_ptr()),
-                       E.pairs(wr, w_const, info, numel, C, x.data_ptr()))
-    table, dec = D.launchers(info, codec, C)
-    return {
-        "encode: analyze": lambda: a(nch, x, meta, seg, numel, nch, C),
-        "encode: write": lambda: w(nch, x, meta, seg, cum, out, numel, nch, C, 96, 4096),
-        "decode: table": lambda: table(triton.cdiv(nch, D.TABLE_BLOCK), out, cum, err, 96, nch,
-                                       numel, C),
-        "decode: decode": lambda: dec(nch, out, cum, cum, x, err, 96, nch, numel, C, 4096,
-                                      2, 3, 5, 7),
-    }
+    enc, dec = _runs(codec, torch.zeros(1 << 16, dtype=torch.int16), 128 << 20)
+    return {"encode": enc, "decode": dec}
 
 
 def calls() -> dict:
@@ -183,13 +165,9 @@ def calls() -> dict:
     out = torch.empty_like(x)
 
     def call(codec):
-        p = E.encode(x, codec)
-        D.decode(p, F.parse_header(p), out)
+        D.decode_into(E.encode(x, codec), out)
 
-    # parse_header is the caller's (every collective parses the header it
-    # received before decoding); it is timed here too.
-    return {f"1 MiB {codec} encode+decode": (lambda c=codec: call(c))
-            for codec in ("fixed3", "dense")}
+    return {f"1 MiB {c} encode+decode(out=)": (lambda c=c: call(c)) for c in _codecs()}
 
 
 def _median_us(fn, n: int) -> float:

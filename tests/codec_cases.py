@@ -61,6 +61,17 @@ def case(name: str, n: int, dtype, seed: int = 0) -> torch.Tensor:
         return x
     if name == "all_zero":
         return torch.zeros(n, dtype=dtype)
+    if name == "masked_mul":  # x * mask: -0.0 where x < 0, +0.0 where x > 0, NaN payloads kept
+        x = torch.randn(n, generator=g).to(dtype)
+        x = x * (torch.rand(n, generator=g) >= 0.3).to(dtype)
+        sp = from_bits(signed(special_words(dtype)[:4], itemsize), dtype)
+        if n:
+            x[torch.randint(0, n, (min(n, 8),), generator=g)] = sp.repeat(2)[:min(n, 8)]
+        return x
+    if name == "neg_zero_heavy":
+        x = torch.randn(n, generator=g).to(dtype)
+        x[torch.rand(n, generator=g) < 0.6] = -0.0
+        return x
     if name == "bf16_casts":
         return torch.randn(n, generator=g).bfloat16().to(dtype)
     if name == "subnormal":
@@ -70,4 +81,4 @@ def case(name: str, n: int, dtype, seed: int = 0) -> torch.Tensor:
 
 
 CASES = ("gauss", "tiny_sigma", "special", "random_bits", "zero_heavy", "all_zero",
-         "bf16_casts", "subnormal")
+         "bf16_casts", "subnormal", "masked_mul", "neg_zero_heavy")

@@ -8,7 +8,8 @@ from hypothesis import given, settings, strategies as st
 
 import zipccl_fsdp as z
 from zipccl_fsdp import format as F
-from codec_cases import CASES, DTYPES, SIZES, INT_VIEW, bits, case
+from codec_cases import (CASES, DTYPES, SIZES, INT_VIEW, bits, case, from_bits, signed,
+                         special_words)
 
 CODED = ("fixed3", "dense")
 
@@ -66,18 +67,24 @@ def test_bad_arguments_name_what_is_wrong():
 def test_golden_header_bytes():
     x = torch.tensor([[1.0, -2.0, 0.0]], dtype=torch.bfloat16)
     p = z.encode(x, codec="raw", backend="torch")
-    head = bytes(p[:F.HEADER_NBYTES + 16].tolist())
-    fields = (b"ZCCL" + bytes([1, 0, 1, 2]) + struct.pack("<QII", 3, 0, 0)
-              + struct.pack("<4Q", 0, 6, 0, 0) + struct.pack("<I", 0))
+    fields = (b"ZCCL" + bytes([2, 0, 1, 2]) + struct.pack("<QIIQ", 3, 0, 0, 6) + bytes(24)
+              + struct.pack("<I", 0))
     dims = struct.pack("<2Q", 1, 3)
-    assert head == fields + struct.pack("<I", zlib.crc32(fields + dims)) + dims
-    assert bytes(p[-6:].tolist()) == bytes(x.view(torch.uint8).flatten().tolist())
-    # A coded payload: the header names codec, dtype, chunking and stream lengths.
+    head = fields + struct.pack("<I", zlib.crc32(fields + dims)) + dims  # 80 B: 16-aligned
+    assert bytes(p.tolist()) == head + bytes(x.view(torch.uint8).flatten().tolist())
+    # A coded payload, every byte: header, entry, offset, padding, one segment.
     q = z.encode(torch.ones(10, dtype=torch.float32), codec="fixed3", backend="torch")
-    assert bytes(q[:24].tolist()) == (b"ZCCL" + bytes([1, 1, 3, 1])
-                                      + struct.pack("<QII", 10, 4096, 1))
+    fields = (b"ZCCL" + bytes([2, 1, 3, 1]) + struct.pack("<QIIQ", 10, 4096, 1, 32) + bytes(24)
+              + struct.pack("<I", 0))
+    dims = struct.pack("<Q", 10)
+    head = fields + struct.pack("<I", zlib.crc32(fields + dims)) + dims + bytes(8)
+    entry = bytes([F.MODE_CODED, F.FLAG_LOW16, 127, 0]) + bytes(12)  # base 127: 1.0
+    offsets = struct.pack("<I", 0) + bytes(12)  # body at align16(96 + 4) = 112
+    codes = (sum(4 << (3 * i) for i in range(10))).to_bytes(4, "little")  # lo = 123: code 4
+    segment = codes + bytes(12) + bytes(10) + bytes(6)  # LOW16 sm bytes of 1.0 are 0
+    assert bytes(q.tolist()) == head + entry + offsets + segment
     h = F.parse_header(q)
-    assert (h.codes_nbytes, h.sm_nbytes, h.rem_nbytes, h.esc_nbytes) == (4, 10, 0, 0)
+    assert (h.table_offset, h.offsets_offset, h.body_offset, h.body_nbytes) == (80, 96, 112, 32)
 
 
 def _edit_header(p, offset, value, fix_crc=True):
@@ -95,7 +102,8 @@ def _edit_header(p, offset, value, fix_crc=True):
 def test_corrupt_headers_are_refused():
     p = z.encode(torch.randn(5000).bfloat16(), codec="dense", backend="torch")
     for offset, value, fix, msg in [
-        (4, 2, True, "unknown format version 2"),
+        (4, 1, True, "format version 1; this build reads version 2"),
+        (40, 1, True, "reserved header bytes"),
         (0, ord("X"), True, "bad magic"),
         (5, 9, True, "unknown codec id"),
         (6, 7, True, "unknown dtype code"),
@@ -139,13 +147,19 @@ def test_huge_header_fields_do_not_allocate():
 @settings(max_examples=60, deadline=None)
 @given(st.sampled_from(DTYPES), st.sampled_from(z.CODECS),
        st.lists(st.integers(0, (1 << 32) - 1), min_size=0, max_size=300),
-       st.integers(0, 2))
+       st.integers(0, 3))
 def test_hypothesis_round_trip(dtype, codec, words, mode):
     itemsize = torch.empty(0, dtype=dtype).element_size()
     mask = (1 << (8 * itemsize)) - 1
     w = [v & mask for v in words]
     if mode == 1:  # mostly +0.0, as in pruned or padded data
         w = [v if i % 5 == 0 else 0 for i, v in enumerate(w)]
+    if mode == 3:  # both signed zeros mixed with NaNs of several payloads
+        sign, nan = 1 << (8 * itemsize - 1), (0x7F80 if itemsize == 2 else 0x7F800000)
+        if dtype == torch.float16:
+            nan = 0x7C00
+        w = [(0, sign, nan | (v & 0xFF) | 1, (nan | sign | (v >> 9)) | 1, v)[v % 5]
+             for v in w]
     if mode == 2:  # a narrow exponent band around one value
         w = [(v & (mask >> 4)) | (0x3F80 if itemsize == 2 else 0x3F800000) for v in w]
     lim = 1 << (8 * itemsize)
@@ -153,3 +167,134 @@ def test_hypothesis_round_trip(dtype, codec, words, mode):
                      dtype=torch.int64).to(INT_VIEW[itemsize]).view(dtype)
     y = z.decode(z.encode(x, codec=codec, backend="torch"), backend="torch")
     assert torch.equal(bits(y), bits(x))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(DTYPES), st.sampled_from(("fixed3", "dense")),
+       st.integers(1, 3 * 4096 + 33), st.floats(0.0, 1.0), st.floats(0.0, 1.0),
+       st.integers(0, 2 ** 31))
+def test_hypothesis_signed_zeros_and_nan_payloads(dtype, codec, n, zero_frac, neg_share, seed):
+    # Chunks whose -0.0 and +0.0 shares straddle the ZPOS / ZNEG thresholds,
+    # with NaNs of several payloads (a quiet, a signalling and a negative one).
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g).to(dtype)
+    u = torch.rand(n, generator=g)
+    x[u < zero_frac * neg_share] = -0.0
+    x[(u >= zero_frac * neg_share) & (u < zero_frac)] = 0.0
+    itemsize = x.element_size()
+    nan = from_bits(signed(special_words(dtype)[:3], itemsize), dtype)
+    x[torch.randint(0, n, (3,), generator=g)] = nan
+    p = z.encode(x, codec=codec, backend="torch")
+    assert torch.equal(bits(z.decode(p, backend="torch")), bits(x))
+
+
+def test_signed_zeros_cost_no_sm_byte():
+    # 30% zeros from x * mask (both signs): every one is coded without its sm byte.
+    x = case("masked_mul", 4 * 4096, torch.bfloat16)
+    for codec in CODED:
+        p = z.encode(x, codec=codec, backend="torch")
+        h = F.parse_header(p)
+        table, _ = F.read_table(p, h)
+        zeros = (bits(x).view(-1, 4096) & 0x7FFF) == 0
+        assert torch.equal(table.n_zero, zeros.sum(1)), codec
+        assert bool(((table.flags & F.FLAG_ZNEG) != 0).all()), codec
+
+
+@pytest.mark.parametrize("numel", [4097, 262244, 1000003, (1 << 20) + 3])
+def test_every_chunk_takes_the_aligned_hot_path(numel):
+    for dtype in DTYPES:
+        x = case("masked_mul", numel, dtype, seed=numel % 7)
+        for codec in CODED:
+            p = z.encode(x, codec=codec, backend="torch")
+            h = F.parse_header(p)
+            table, offsets = F.read_table(p, h)
+            hot = F.hot_path_chunks(h, table, offsets)
+            assert hot.shape == (h.nchunks,) and bool(hot.all()), (numel, dtype, codec)
+            starts = F.stream_starts(h, table, offsets)
+            assert int(starts[-1, 0]) == h.body_offset + 16 * int(offsets[-1])
+            assert h.body_offset % 16 == 0 and h.sums_offset % 16 == 0
+
+
+def test_the_hot_path_at_2_24_plus_5_elements():
+    # Too large for the torch reference in a unit test: the C++ backend writes
+    # the same bytes (tests/test_cpp_codec.py); "auto" falls back to torch.
+    x = case("masked_mul", (1 << 24) + 5, torch.bfloat16, seed=5)
+    for codec in CODED:
+        p = z.encode(x, codec=codec)
+        h = F.parse_header(p)
+        table, offsets = F.read_table(p, h)
+        assert bool(F.hot_path_chunks(h, table, offsets).all()), codec
+
+
+def test_v1_payload_is_refused_naming_both_versions():
+    p = z.encode(torch.randn(100).bfloat16(), codec="dense", backend="torch")
+    v1 = _edit_header(p, 4, 1)
+    with pytest.raises(z.CorruptPayloadError, match="version 1.*version 2"):
+        z.decode(v1, backend="torch")
+
+
+def _forge(numel, dtype_code, nbytes, body):
+    """A header with a valid CRC, numel consistent with its shape and nchunks."""
+    nch = -(-numel // 4096)
+    fields = (b"ZCCL" + bytes([2, 2, dtype_code, 1]) + struct.pack("<QIIQ", numel, 4096, nch, body)
+              + bytes(24) + struct.pack("<I", 0))
+    dims = struct.pack("<Q", numel)
+    head = fields + struct.pack("<I", zlib.crc32(fields + dims)) + dims
+    return torch.cat([torch.frombuffer(bytearray(head), dtype=torch.uint8),
+                      torch.zeros(nbytes - len(head), dtype=torch.uint8)])
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+def test_forged_header_is_refused_before_allocating(backend):
+    # Issue 20 case 7: 29.3 GiB of fp32 claimed by a 2 MiB payload.
+    numel = 29.3 * 2 ** 30 // 4
+    numel = int(numel) // 4096 * 4096
+    for body in (0, 2 ** 21 - 128, 16 * (numel // 4096)):
+        p = _forge(numel, 3, 2 ** 21, body)
+        with pytest.raises(z.CorruptPayloadError):
+            z.decode(p, backend=backend)
+    # The least body the numel needs is checked even when the table fits.
+    numel = 1 << 20
+    nch = numel // 4096
+    small = align_up(64 + 8, 16) + align_up(20 * nch, 16) + 16 * nch
+    with pytest.raises(z.CorruptPayloadError, match="too short"):
+        z.decode(_forge(numel, 3, small, 16 * nch), backend=backend)
+
+
+def align_up(x, a):
+    return (x + a - 1) // a * a
+
+
+def test_max_encoded_nbytes_holds_for_every_ndim_and_refuses_nonsense():
+    # Issue 20 case 8: an incompressible (4, 4, 4096) bf16 tensor.
+    x = case("random_bits", 4 * 4 * 4096, torch.bfloat16).view(4, 4, 4096)
+    for codec in z.CODECS:
+        for verify in (False, True):
+            p = z.encode(x, codec=codec, backend="torch", verify=verify)
+            assert p.numel() <= z.max_encoded_nbytes(x.numel(), x.dtype, codec, verify=verify)
+            assert p.numel() <= z.max_encoded_nbytes(x.numel(), x.dtype, codec, ndim=3,
+                                                     verify=verify)
+    one = torch.randint(-2 ** 15, 2 ** 15, (5,) * 1, dtype=torch.int16).view(torch.bfloat16)
+    many = one.view(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 5)
+    assert z.encode(many, codec="raw").numel() <= z.max_encoded_nbytes(5, torch.bfloat16)
+    for bad in (dict(numel=-1), dict(numel=1.5), dict(numel=True), dict(numel=8, ndim=17),
+                dict(numel=8, ndim=-1)):
+        with pytest.raises(ValueError):
+            z.max_encoded_nbytes(bad.pop("numel"), torch.bfloat16, **bad)
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+def test_decode_into_an_out_overlapping_the_payload_is_refused(backend):
+    # Issue 20 case 9: the same clear error on every backend.
+    x = case("gauss", 3 * 4096, torch.bfloat16)
+    p = z.encode(x, codec="fixed3", backend="torch")
+    buf = torch.zeros(p.numel() + x.numel() * 2, dtype=torch.uint8)
+    for at in (0, 16, p.numel() - 2):
+        buf[at:at + p.numel()] = p
+        out = buf[:x.numel() * 2].view(torch.bfloat16)
+        with pytest.raises(ValueError, match="overlaps the payload"):
+            z.decode(buf[at:at + p.numel()], out=out, backend=backend)
+    buf[:p.numel()] = p
+    out = buf[p.numel():p.numel() + 2 * x.numel()].view(torch.bfloat16)
+    z.decode(buf[:p.numel()], out=out, backend=backend)  # adjacent, not overlapping
+    assert torch.equal(bits(out), bits(x))

@@ -104,7 +104,7 @@ def test_fp32_bf16_casts_set_low16_and_match(isa):
     for c in CODED:
         p = assert_same_as_torch(x, c)
         h = F.parse_header(p)
-        table = F.ChunkTable.from_bytes(p[h.table_offset:h.streams_offset], h.nchunks)
+        table, _ = F.read_table(p, h)
         assert bool(((table.flags & F.FLAG_LOW16) != 0).all())
 
 
@@ -149,11 +149,9 @@ def damage_one_element(p: torch.Tensor) -> tuple:
     """A copy of the verified payload p with one sm byte of its middle chunk changed
     (a value changes, the structure does not); and that chunk."""
     h = F.parse_header(p)
-    table = F.ChunkTable.from_bytes(p[h.table_offset:h.streams_offset], h.nchunks)
-    n = F.chunk_lengths(h.numel, h.nchunks, h.chunk_elems, "cpu")
-    sm_len = F.segment_nbytes(h.codec, F.DTYPES[h.dtype], n, table)[1]
+    table, offsets = F.read_table(p, h)
     c = h.nchunks // 2
-    at = h.streams_offset + h.codes_nbytes + int(sm_len[:c].sum()) + 5
+    at = int(F.stream_starts(h, table, offsets)[c, 1]) + 5
     q = p.clone()
     q[at] ^= 0x10
     return q, c
@@ -273,7 +271,7 @@ def payloads():
 def test_truncated_payloads_are_refused(isa):
     for what, p in payloads():
         h = F.parse_header(p)
-        cuts = {0, 10, 63, h.table_offset, h.streams_offset, h.streams_offset + 1,
+        cuts = {0, 10, 63, h.table_offset, h.body_offset, h.body_offset + 1,
                 p.numel() // 2, p.numel() - 1}
         for cut in sorted(cuts):
             with pytest.raises(z.CorruptPayloadError):
@@ -287,7 +285,7 @@ def test_flipped_table_bytes_match_the_reference(isa):
         h = F.parse_header(p)
         for _ in range(12):
             q = p.clone()
-            i = int(torch.randint(h.table_offset, h.streams_offset, (1,), generator=g))
+            i = int(torch.randint(h.table_offset, h.body_offset, (1,), generator=g))
             q[i] ^= 1 << int(torch.randint(0, 8, (1,), generator=g))
             refused += assert_same_outcome(q, (what, i)) == "corrupt"
     assert refused > 0
@@ -299,7 +297,7 @@ def test_random_bytes_after_a_valid_header_match_the_reference(isa):
         h = F.parse_header(p)
         for k in range(6):
             q = p.clone()
-            start = h.table_offset if k % 2 == 0 else h.streams_offset
+            start = h.table_offset if k % 2 == 0 else h.body_offset
             q[start:] = torch.randint(0, 256, (q.numel() - start,), generator=g, dtype=torch.uint8)
             assert_same_outcome(q, (what, k))
 
@@ -310,7 +308,7 @@ def test_flipped_stream_bytes_match_the_reference(isa):
         h = F.parse_header(p)
         for _ in range(4):
             q = p.clone()
-            idx = torch.randint(h.streams_offset, q.numel(), (3,), generator=g)
+            idx = torch.randint(h.body_offset, q.numel(), (3,), generator=g)
             q[idx] ^= torch.randint(1, 256, (3,), generator=g, dtype=torch.uint8)
             assert_same_outcome(q, what)
 
@@ -344,24 +342,33 @@ def test_table_checks_match_validate_table():
             elif rand(4) == 0:
                 rows.append([0] * 10)  # RAW
             else:  # an entry an encoder could write, with counts the codes may contradict
-                zf = rand(1)
+                zflags = pick(0, F.FLAG_ZPOS, F.FLAG_ZNEG, F.FLAG_ZPOS | F.FLAG_ZNEG)
                 low16 = F.FLAG_LOW16 if dtype == torch.float32 and rand(1) else 0
                 chain = sorted((rand(nc) for _ in range(5)), reverse=True)
                 opens, n_esc = (chain[:4], chain[4]) if codec_name == "dense" else ([0] * 4, rand(nc))
-                n_zero = rand(nc) if (zf or codec_name == "dense") else 0
-                rows.append([1, low16 | (F.FLAG_ZERO if zf else 0), rand(info.emax), rand(3),
-                             n_zero, n_esc] + opens)
+                n_zero = rand(nc) if (zflags or codec_name == "dense") else 0
+                rows.append([1, low16 | zflags, rand(info.emax), rand(3), n_zero, n_esc] + opens)
         t = torch.tensor(rows, dtype=torch.int64)
         table = F.ChunkTable(t[:, 0], t[:, 1], t[:, 2], t[:, 3], t[:, 4], t[:, 5], t[:, 6:])
-        seg = F.segment_nbytes(codec_name, info, n, table)
-        lens = [max(0, int(s.sum())) for s in seg]
-        h = F.Header(codec_name, dtype, (numel,), numel, C, nch, *lens)
+        starts, seg = F.segment_layout(codec_name, info, n, table)
+        seg = seg.clamp(min=0)
+        lens = F.segment_nbytes(codec_name, info, n, table)
+        h = F.Header(codec_name, dtype, (numel,), numel, C, nch, int(seg.sum()))
+        body = torch.randint(0, 256, (int(seg.sum()),), generator=g, dtype=torch.uint8)
+        offsets = F.segment_offsets(seg)
+        for c in range(nch):  # zero padding: this test is about the table
+            for k in range(4):
+                ln = int(lens[k][c])
+                if ln >= 0:
+                    at = 16 * int(offsets[c]) + int(starts[c, k])
+                    body[at + ln:at + F.align16(ln)] = 0
+        gap = torch.zeros(h.body_offset - h.offsets_offset - 4 * nch, dtype=torch.uint8)
         p = torch.cat([torch.frombuffer(bytearray(h.pack()), dtype=torch.uint8), table.to_bytes(),
-                       torch.randint(0, 256, (sum(lens),), generator=g, dtype=torch.uint8)])
+                       F.offsets_to_bytes(offsets), gap, body])
         try:
             z.decode(p, backend="torch")
         except z.CorruptPayloadError as e:
-            if "table entry" in str(e) or "stream length" in str(e):
+            if "table entry" in str(e) or "body of" in str(e):
                 with pytest.raises(z.CorruptPayloadError) as got:
                     cpp_decode(p)
                 assert str(got.value) == str(e)
@@ -379,16 +386,19 @@ def test_inconsistent_counts_are_refused(isa):
     x[:7] = torch.tensor(1e30)  # escapes in fixed3
     p = codec_cpp.encode(x, "fixed3")
     h = F.parse_header(p)
-    t = F.ChunkTable.from_bytes(p[h.table_offset:h.streams_offset].clone(), 1)
-    assert int(t.n_esc[0]) >= 7
-    for delta in (-1, 1):
+    t, _ = F.read_table(p, h)
+    n_esc = int(t.n_esc[0])
+    assert n_esc >= 7
+    at = int(F.stream_starts(h, t, torch.zeros(1, dtype=torch.int64))[0, 3])
+    for delta in (-1, 1, 16):  # 16: the padded esc part grows
         t2 = F.ChunkTable(t.mode, t.flags, t.base, t.phase, t.n_zero, t.n_esc + delta, t.n_open)
-        h2 = F.Header(h.codec, h.dtype, h.shape, h.numel, h.chunk_elems, h.nchunks,
-                      h.codes_nbytes, h.sm_nbytes, h.rem_nbytes, h.esc_nbytes + delta)
-        streams = p[h.streams_offset:]
-        streams = streams[:-1] if delta < 0 else torch.cat([streams, streams[-1:]])
+        esc = p[at:at + n_esc]
+        esc = esc[:n_esc + delta] if delta < 0 else torch.cat([esc, esc[-1:].repeat(delta)])
+        esc = torch.cat([esc, torch.zeros(F.align16(esc.numel()) - esc.numel(), dtype=torch.uint8)])
+        body = torch.cat([p[h.body_offset:at], esc])
+        h2 = F.Header(h.codec, h.dtype, h.shape, h.numel, h.chunk_elems, h.nchunks, body.numel())
         q = torch.cat([torch.frombuffer(bytearray(h2.pack()), dtype=torch.uint8), t2.to_bytes(),
-                       streams])
+                       p[h.offsets_offset:h.body_offset], body])
         assert assert_same_outcome(q, delta) == "corrupt"
 
 
@@ -482,14 +492,16 @@ def test_structural_errors_name_their_chunk(codec_name):
     x = torch.randn(3 * 4096 + 17, generator=g).half()
     x[-40:-30] = float("inf")  # escapes (e = emax is outside every window)
     p = z.encode(x, codec=codec_name, backend="cpp")
-    p[-1] = 200  # the last escape byte: an exponent no fp16 has
+    h = F.parse_header(p)
+    table, offsets = F.read_table(p, h)
+    c = int(table.n_esc.nonzero().max())
+    # the chunk's last escape byte: an exponent no fp16 has
+    p[int(F.stream_starts(h, table, offsets)[c, 3]) + int(table.n_esc[c]) - 1] = 200
     with pytest.raises(z.CorruptPayloadError, match="outside the dtype") as e:
         z.decode(p, backend="cpp")
     with pytest.raises(z.CorruptPayloadError, match="outside the dtype") as want:
         z.decode(p, backend="torch")
     assert str(want.value) in str(e.value)  # the same refusal; cpp also names the chunk
-    h = F.parse_header(p)
-    table = F.ChunkTable.from_bytes(p[h.table_offset:h.table_offset + 16 * h.nchunks], h.nchunks)
     last_with_escapes = int(table.n_esc.nonzero().max())
     assert e.value.chunk == last_with_escapes, (e.value.chunk, table.n_esc.tolist())
     assert str(e.value).endswith(f"(chunk {last_with_escapes})")

@@ -10,10 +10,12 @@ from zipccl_fsdp import format as F
 
 
 def test_pinned_tables_follow_from_the_gaussian_model():
-    order, lo7, lo6 = F.derive_tables()
+    order, lo7, lo6, lo5 = F.derive_tables()
     assert order == F.DENSE_ORDER
     assert lo7 == F.FIXED_LO
     assert lo6 == F.FIXED_LO_ZERO
+    assert lo5 == F.FIXED_LO_ZERO2
+    assert F.FIXED_LO_BY_ZEROS == (F.FIXED_LO, F.FIXED_LO_ZERO, F.FIXED_LO_ZERO2)
 
 
 def test_dense_code_is_a_complete_prefix_code():
@@ -21,10 +23,40 @@ def test_dense_code_is_a_complete_prefix_code():
     paths = [F.rank_tiers(r) for r in range(F.DENSE_SLOTS + 1)]
     assert len({tuple(p) for p in paths}) == len(paths)
     assert all(d == cap for t, d in paths[F.DENSE_ESC] for cap in [F.TIER_SYMBOLS[t]])
-    for zf in (False, True):
-        for ph in range(4):
-            syms = F.dense_symbol_table(zf, ph)
-            assert len(syms) == F.DENSE_SLOTS and len(set(syms)) == len(syms)
+    for zp in (False, True):
+        for zn in (False, True):
+            for ph in range(4):
+                syms = F.dense_symbol_table(zp, zn, ph)
+                assert len(syms) == F.DENSE_SLOTS and len(set(syms)) == len(syms)
+                # flagged zeros first (+0.0 before -0.0), then the exponent order
+                first = [F.ZERO_SYMBOL] * zp + [F.NEG_ZERO_SYMBOL] * zn
+                assert list(syms[:len(first)]) == first
+                assert syms[len(first)] == F.DENSE_ORDER[ph][0]
+                assert (F.ZERO_SYMBOL in syms) == (zp or not zn)
+                assert (F.NEG_ZERO_SYMBOL in syms) == zn
+
+
+def test_fixed3_zero_codes():
+    assert F.fixed_zero_codes(0) == (0, -1, -1)
+    assert F.fixed_zero_codes(F.FLAG_ZPOS) == (1, 0, -1)
+    assert F.fixed_zero_codes(F.FLAG_ZNEG) == (1, -1, 0)
+    assert F.fixed_zero_codes(F.FLAG_ZPOS | F.FLAG_ZNEG | F.FLAG_LOW16) == (2, 0, 1)
+    z, cp, cn = F.fixed_zero_codes(torch.tensor([0, 2, 4, 6]))
+    assert z.tolist() == [0, 1, 1, 2] and cp.tolist() == [-1, 0, -1, 0]
+    assert cn.tolist() == [-1, -1, 0, 1]
+
+
+def test_layout_is_aligned_and_offsets_are_a_prefix_sum():
+    n = torch.tensor([4096, 4096, 77])
+    t = F.ChunkTable(torch.tensor([1, 0, 1]), torch.tensor([0, 0, 2]), torch.tensor([120, 0, 120]),
+                     torch.tensor([1, 0, 3]), torch.tensor([0, 0, 5]), torch.tensor([17, 0, 2]),
+                     torch.zeros(3, 4, dtype=torch.int64))
+    starts, size = F.segment_layout("fixed3", F.DTYPES[torch.bfloat16], n, t)
+    assert starts.tolist() == [[0, 1536, 1536 + 4096, 1536 + 4096], [0, 0, 8192, 8192],
+                               [0, 32, 32 + 80, 32 + 80]]
+    assert size.tolist() == [1536 + 4096 + 32, 8192, 32 + 80 + 16]
+    assert F.segment_offsets(size).tolist() == [0, (1536 + 4096 + 32) // 16,
+                                                (1536 + 4096 + 32 + 8192) // 16]
 
 
 def test_chunk_table_bytes_round_trip():

@@ -33,6 +33,16 @@ def test_zero_heavy_bf16(gen):
     assert ratio(x, "dense") >= 1.65
 
 
+def test_masked_by_multiplication_bf16(gen):
+    # x * mask (dropout, ReLU backward, routing masks): -0.0 where x < 0, so
+    # 30% zeros of both signs; each sign has its own zero code.
+    x = torch.randn(N, generator=gen).bfloat16()
+    x = x * (torch.rand(N, generator=gen) >= 0.3).bfloat16()
+    assert int((x.view(torch.int16) == -0x8000).sum()) > 0.14 * N
+    assert ratio(x, "dense") >= 1.75
+    assert ratio(x, "fixed3") >= 1.70
+
+
 def test_fp32_bf16_casts(gen):
     x = torch.randn(N, generator=gen).bfloat16().float()
     assert ratio(x, "dense") >= 2.9

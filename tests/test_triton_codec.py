@@ -31,7 +31,7 @@ HAS_CUDA = torch.cuda.is_available()
 def _interpreted() -> bool:
     from triton.runtime.interpreter import InterpretedFunction
     from triton_kernels import fixed3_encode
-    return isinstance(fixed3_encode.fixed3_write_kernel, InterpretedFunction)
+    return isinstance(fixed3_encode.fixed3_encode_kernel, InterpretedFunction)
 
 
 DEVICES = [
@@ -125,93 +125,108 @@ def test_fp32_bf16_casts_and_zeros(device):
 
 
 def _fixed3_paths(payload: torch.Tensor) -> tuple:
-    """Which paths the fixed3 kernels take for the payload's coded chunks
-    (the conditions in fixed3_write_kernel and fixed3_decode_kernel): counts
-    of (fast and unmasked with 8-byte sm accesses: a full chunk with an
-    aligned sm segment; fast with masks and byte accesses; general)."""
+    """Which branches the fixed3 kernels take for the payload's chunks (the
+    conditions in fixed3_encode_kernel and fixed3_decode_chunk): counts of
+    (coded, no zero omitted, one sm byte an element: sm at element order;
+    coded with zeros omitted: sm at kept rank; coded fp32 with 3 sm bytes;
+    raw)."""
     h = F.parse_header(payload)
-    info = F.DTYPES[h.dtype]
-    table = F.ChunkTable.from_bytes(payload[h.table_offset:h.streams_offset], h.nchunks)
-    n = F.chunk_lengths(h.numel, h.nchunks, h.chunk_elems, payload.device)
-    _, sm, _, _ = F.segment_nbytes(h.codec, info, n, table)
-    sm_at = h.streams_offset + h.codes_nbytes + torch.cumsum(sm, 0) - sm
+    table, offsets = F.read_table(payload, h)
     coded = table.mode == F.MODE_CODED
-    zf = (table.flags & F.FLAG_ZERO) != 0
-    one_byte = (table.flags & F.FLAG_LOW16) != 0 if info.itemsize == 4 else torch.ones_like(zf)
-    fast = coded & ~zf & one_byte
-    hot = fast & (sm_at % 8 == 0) & (n == h.chunk_elems)  # SUB divides CHUNK_ELEMS
-    return (int(hot.sum()), int((fast & ~hot).sum()), int((coded & ~fast).sum()))
+    one_byte = (table.flags & F.FLAG_LOW16) != 0 if h.dtype == torch.float32 else coded
+    omitted = table.n_zero > 0
+    return (int((coded & one_byte & ~omitted).sum()), int((coded & omitted).sum()),
+            int((coded & ~one_byte).sum()), int((~coded).sum()))
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_fixed3_fast_and_general_paths(device, dtype):
-    """A Gaussian chunk; one with omitted zeros (general path) and an odd
-    count kept, which leaves the next chunks' sm segments unaligned (fast
-    path, byte accesses); fp32 also without LOW16 (general path). Each path
-    is checked to occur. The payload is also decoded from an odd address."""
+def test_fixed3_branches_and_aligned_segments(device, dtype):
+    """A Gaussian chunk (sm in element order); one with +0.0 omitted and an
+    odd count kept, one with -0.0 omitted (sm at kept rank; fp16 rem by
+    atomics); random bits (raw); fp32 also without LOW16 (3 sm bytes). Each
+    branch occurs, every chunk's sub-streams start 16-byte aligned
+    (format.hot_path_chunks), and the payload decodes from an odd address."""
     g = _gen(21)
-    x = torch.randn(4 * C + 64, generator=g)  # 64: the sm stream starts 8-byte aligned
+    x = torch.randn(5 * C + 64, generator=g)
     if dtype == torch.float32:
         x[:3 * C] = x[:3 * C].bfloat16().float()  # LOW16: one sm byte per element
     x = x.to(dtype)
     x[C + 3:2 * C] = 0  # 3 kept: an odd sm segment
-    _check_against_torch(x.to(device), "fixed3")
-    p = z.encode(x.to(device), codec="fixed3", backend="torch")
+    neg = x[2 * C:3 * C]
+    neg[torch.rand(C, generator=g) < 0.3] = -0.0
+    size = x.element_size()
+    lim = 1 << (8 * size - 1)
+    x[3 * C:4 * C] = torch.randint(-lim, lim, (C,), generator=g).to(INT_VIEW[size]).view(dtype)
+    x = x.to(device)
+    _check_against_torch(x, "fixed3")
+    p = z.encode(x, codec="fixed3", backend="torch")
     paths = _fixed3_paths(p)
-    assert min(paths) >= 1, paths
+    want = (1, 1, 0 if dtype != torch.float32 else 1, 1)
+    assert all(got >= w for got, w in zip(paths, want)) and paths[1] >= 2, paths
+    h = F.parse_header(p)
+    table, offsets = F.read_table(p, h)
+    assert bool(F.hot_path_chunks(h, table, offsets).all())
     buf = torch.zeros(p.numel() + 1, dtype=torch.uint8, device=device)
     buf[1:] = p
-    assert torch.equal(bits(z.decode(buf[1:], backend="triton")), bits(x.to(device)))
+    assert torch.equal(bits(z.decode(buf[1:], backend="triton")), bits(x))
+    out = torch.empty_like(x)
+    z.decode(buf[1:], out=out, backend="triton")
+    assert torch.equal(bits(out), bits(x))
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("codec", CODED)
-@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=str)
-def test_16bit_words_read_two_at_a_time(device, dtype, codec):
-    """Both analyze kernels and fixed3's write kernel read 16-bit words as
-    int32 pairs when the input is 4-byte aligned (analyze also tests them
-    two at a time, when the length is even): special values, a raw chunk,
-    omitted zeros, subnormals, a padded last chunk. The same values at an
-    address 2 bytes off take the one-word paths. Both must write the torch
-    payload."""
-    from triton_kernels import codec_encode as E
-    x = mixed(3 * C + 64, dtype, seed=4).to(device)  # + 64: an 8-byte aligned sm stream
-    buf = torch.empty(x.numel() + 1, dtype=dtype, device=device)
-    buf[1:] = x
-    shifted = buf[1:]
-    info = F.dtype_info(dtype)
-    for step, (kernel, const, _) in zip(("analyze", "write"), E.launch_plan(info, codec, C)):
-        pairs = codec == "fixed3" or step == "analyze"
-        assert E.with_pairs(kernel, const, info, x.numel(), C, x.data_ptr()).get("PAIRS") == (
-            True if pairs else None), (codec, step)
-        assert not E.with_pairs(kernel, const, info, x.numel(), C,
-                                shifted.data_ptr()).get("PAIRS")
-    if codec == "fixed3":
-        assert _fixed3_paths(z.encode(x, codec=codec, backend="torch"))[0] >= 1  # the hot path
-    _check_against_torch(x, codec)
-    _check_against_torch(shifted, codec)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_signed_zeros_from_a_mask(device, dtype, codec):
+    """x * mask: -0.0 wherever x was negative, +0.0 elsewhere (both zero
+    flags set), mixed with NaN payloads, +-inf and subnormals; also each
+    sign alone. Byte-identical to torch, decoded bit for bit."""
+    g = _gen(31)
+    x = torch.randn(3 * C + 17, generator=g)
+    mask = (torch.rand(x.numel(), generator=g) > 0.3).float()
+    x = (x * mask).to(dtype)
+    sp = _specials(dtype)
+    x[torch.randint(0, x.numel(), (sp.numel(),), generator=g)] = sp
+    x[C:2 * C] = x[C:2 * C].abs()  # +0.0 only
+    x[2 * C:3 * C] = -x[2 * C:3 * C].abs()  # -0.0 only (and negative NaNs)
+    h = F.parse_header(z.encode(x, codec=codec, backend="torch"))
+    assert h.nchunks == 4
+    _check_against_torch(x.to(device), codec)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("chunk_elems, codecs, n, zeros", [
-    (1000, CODED, 2500, True),           # not a power of 2: masked sub-blocks
-    (8, CODED, 21, True),                # the smallest chunk the header allows
-    (65528, ("fixed3",), 70000, False),  # near the u16 limit: many sub-blocks per chunk
-    (10000, ("dense",), 20005, True),    # dense analyze over several sub-blocks
+@pytest.mark.parametrize("chunk_elems, n, zeros", [
+    (1000, 2500, True),     # not a power of 2: a masked tile
+    (8, 21, True),          # the smallest chunk the header allows
+    (65528, 70000, False),  # near the u16 limit
+    (10000, 20005, True),
 ])
-def test_other_chunk_sizes(device, chunk_elems, codecs, n, zeros, monkeypatch):
-    """Both backends read F.CHUNK_ELEMS when encoding; decode takes the header's.
-    (The big chunk has no zeros: compacting fp16 rem bits takes the interpreter
-    minutes at that size.)"""
+def test_other_chunk_sizes(device, chunk_elems, n, zeros, monkeypatch):
+    """Both backends read F.CHUNK_ELEMS when encoding; decode takes the
+    header's (with out=, the kernel finds it is not the launch's and the
+    host launches again with the header's). The dense kernels take 4096 only
+    and say so, on encode and on decode. (The big chunk has no zeros:
+    compacting fp16 rem bits takes the interpreter minutes at that size.)"""
     monkeypatch.setattr(F, "CHUNK_ELEMS", chunk_elems)
     x = torch.randn(n, generator=_gen(5)).to(torch.float16)
     if zeros:
         x[::7] = 0
     x[3] = float("nan")
-    for codec in codecs:
-        _check_against_torch(x.to(device), codec)
-        assert F.parse_header(z.encode(x, codec=codec, backend="torch")).chunk_elems == chunk_elems
+    _check_against_torch(x.to(device), "fixed3")
+    assert F.parse_header(z.encode(x, codec="fixed3", backend="torch")).chunk_elems == chunk_elems
+    monkeypatch.setattr(F, "CHUNK_ELEMS", 4096)
+    out = torch.empty_like(x).to(device)
+    p = z.encode(x[:C + 3].to(device), codec="fixed3", backend="torch")
+    monkeypatch.setattr(F, "CHUNK_ELEMS", chunk_elems)
+    z.decode(p, out=out[:C + 3], backend="triton")  # a 4096 payload, CHUNK_ELEMS patched
+    assert torch.equal(bits(out[:C + 3]), bits(x[:C + 3].to(device)))
+    if n < 30000:  # the interpreter runs the torch encode of dense slowly
+        with pytest.raises(NotImplementedError, match="dense kernels take chunks of 4096"):
+            z.encode(x.to(device), codec="dense", backend="triton")
+        pd = z.encode(x.to(device), codec="dense", backend="torch")
+        with pytest.raises(NotImplementedError, match="no dense kernel"):
+            z.decode(pd, out=torch.empty_like(x).to(device), backend="triton")
 
 
 def _exponent_spread(n: int, dtype, g, spread: int, zeros: float) -> torch.Tensor:
@@ -237,7 +252,8 @@ def test_random_exponent_spreads_agree_with_torch(device, monkeypatch):
     """Random sizes, chunk sizes, dtypes, exponent spreads (one exponent
     to far wider than a chunk's code) and zero fractions, some inputs at an
     odd address: every payload byte-identical to the torch backend's and
-    decoded bit for bit. (A throwaway version of this ran 680 cases in the
+    decoded bit for bit (dense at 4096-element chunks, the one size its
+    kernels take). (A throwaway version of this ran 680 cases in the
     sixth session without a mismatch.)"""
     g = _gen(6)
     for case in range(16):
@@ -250,7 +266,8 @@ def test_random_exponent_spreads_agree_with_torch(device, monkeypatch):
         zeros = (0.0, 0.05, 0.3, 0.9)[pick[4] % 4]
         x = _exponent_spread(n + 1, dtype, g, spread, zeros)
         x = x[1:] if pick[5] % 2 else x[:n]  # odd address, or aligned
-        for codec in CODED:
+        # The dense kernels take 4096-element chunks only (test_other_chunk_sizes).
+        for codec in CODED if chunk == 4096 else ("fixed3",):
             _check_against_torch(x.to(device), codec)
 
 
@@ -274,26 +291,80 @@ def _set_u16(b, at, v):
     b[at], b[at + 1] = v & 0xFF, v >> 8
 
 
+def _raises_like_torch(b: torch.Tensor, x: torch.Tensor, match: str) -> None:
+    """torch and triton refuse ``b`` with the same error, decoding with and
+    without out= (with out=, triton checks the header on the device)."""
+    with pytest.raises((z.CorruptPayloadError, ValueError), match=match) as want:
+        z.decode(b, backend="torch")
+    with pytest.raises(type(want.value)) as got:
+        z.decode(b, backend="triton")
+    assert str(got.value) == str(want.value)
+    with pytest.raises(type(want.value)) as got:
+        z.decode(b, out=torch.empty_like(x).to(b.device), backend="triton")
+    assert str(got.value) == str(want.value)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("codec", CODED)
 def test_corrupt_payloads_raise(device, codec):
     x, p, h = _payload(device, codec)
+    body = h.body_offset
     cases = [
         (lambda b: b.__setitem__(_entry(h, 0, 0), 7), "chunk table entry 0 is invalid"),
         (lambda b: b.__setitem__(_entry(h, 1, 3), 9), "chunk table entry 1 is invalid"),
-        (lambda b: _set_u16(b, _entry(h, 0, 6), _get_u16(b, _entry(h, 0, 6)) - 1),
-         "stream lengths"),  # one escape fewer: a valid entry, but the lengths disagree
-        (lambda b: b.__setitem__(slice(h.streams_offset, h.streams_offset + 40), 0xFF),
-         "disagree with"),
-        (lambda b: b.__setitem__(-1, 200), "exponent outside the dtype"),  # last esc byte
+        (lambda b: _set_u16(b, _entry(h, 0, 6), _get_u16(b, _entry(h, 0, 6)) + 16),
+         "disagrees"),  # 16 escapes more: a valid entry whose segment is longer
+        (lambda b: b.__setitem__(h.offsets_offset + 4, int(b[h.offsets_offset + 4]) + 1),
+         "segment offset of chunk 1"),
+        (lambda b: b.__setitem__(slice(body, body + 40), 0xFF), "disagree with"),
+        (lambda b: b.__setitem__(-1, 200), "padding"),  # the esc segment's last pad byte
+        (lambda b: b.__setitem__(h.offsets_offset + 4 * h.nchunks, 1), "padding after the "),
+        (lambda b: b.__setitem__(0, ord("X")), "bad magic"),
+        (lambda b: b.__setitem__(4, 1), "format version 1"),
+        (lambda b: b.__setitem__(9, int(b[9]) ^ 1), "header checksum"),  # numel
+        (lambda b: b.__setitem__(64, int(b[64]) ^ 2), "header checksum"),  # a dim
+        (lambda b: b.__setitem__(61, int(b[61]) ^ 0x80), "header checksum"),  # the CRC
     ]
     for mutate, msg in cases:
         b = p.clone()
         mutate(b)
-        with pytest.raises(z.CorruptPayloadError, match=msg):
-            z.decode(b, backend="torch")
-        with pytest.raises(z.CorruptPayloadError, match=msg):
-            z.decode(b, backend="triton")
+        _raises_like_torch(b, x, msg)
+    for cut in (1, 16, p.numel() - 40):  # truncated payloads
+        _raises_like_torch(p[:-cut].clone(), x, "")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_out_that_does_not_fit_is_refused(device):
+    """decode(out=) with the header checked on the device: a payload of
+    another dtype or numel raises the host path's ValueError after the
+    launch, and writes nothing outside out."""
+    x, p, h = _payload(device, "fixed3")
+    for out in (torch.empty(x.numel(), dtype=torch.bfloat16, device=device),
+                torch.empty(x.numel() - 1, dtype=x.dtype, device=device),
+                torch.empty(x.numel() + 4096, dtype=x.dtype, device=device)):
+        with pytest.raises(ValueError, match="payload holds"):
+            z.decode(p, out=out, backend="triton")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_checksummed_payloads(device):
+    """verify=True payloads from triton: decode(out=) learns from the
+    device word that sums follow and checks them; a changed sm byte that
+    decodes to another value is caught by its chunk's sum."""
+    x = torch.randn(C + 100, generator=_gen(8)).bfloat16().to(device)
+    p = z.encode(x, codec="fixed3", backend="triton", verify=True)
+    assert torch.equal(p, z.encode(x, codec="fixed3", backend="torch", verify=True))
+    out = torch.empty_like(x)
+    z.decode(p, out=out, backend="triton")
+    assert torch.equal(bits(out), bits(x))
+    h = F.parse_header(p)
+    table, offsets = F.read_table(p, h)
+    starts = F.stream_starts(h, table, offsets)
+    b = p.clone()
+    at = int(starts[1, 1])  # chunk 1's first sm byte
+    b[at] ^= 1
+    with pytest.raises(z.CorruptPayloadError, match="checksum mismatch in chunk 1"):
+        z.decode(b, out=out, backend="triton")
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -308,13 +379,17 @@ def test_random_corruption_agrees_with_torch(device, codec):
         k = int(torch.randint(1, 4, (1,), generator=g))
         at = torch.randint(h.table_offset, p.numel(), (k,), generator=g).to(device)
         b[at] = torch.randint(0, 256, (k,), generator=g, dtype=torch.uint8).to(device)
+        out = torch.empty_like(x).to(device)
         try:
             want = z.decode(b, backend="torch")
         except z.CorruptPayloadError:
             with pytest.raises(z.CorruptPayloadError):
                 z.decode(b, backend="triton")
+            with pytest.raises(z.CorruptPayloadError):
+                z.decode(b, out=out, backend="triton")
             continue
         assert torch.equal(bits(z.decode(b, backend="triton")), bits(want))
+        assert torch.equal(bits(z.decode(b, out=out, backend="triton")), bits(want))
 
 
 def test_package_imports_without_triton():

@@ -1,35 +1,41 @@
-"""Decode: ``decode(payload, header, out) -> out`` for any valid payload, from
-any backend; ``CorruptPayloadError`` for anything else.
+"""Decode (format v2): one kernel, one program per chunk, no host read
+before it when the caller holds the output.
 
-The header is parsed on the host (``format.parse_header``, by the caller).
-Then, with no host sync until the end:
+``decode_into(payload, out)`` (every collective's call: ``out`` given)
+launches ``decode_kernel`` on what the host already holds: the payload's
+length and ``out``'s dtype and numel; the chunk count follows from numel and
+``format.CHUNK_ELEMS``. Every program checks the header on the device
+(magic, version, codec, dtype and numel against ``out``, chunk geometry,
+body length, flags, reserved bytes, and the total length against the
+payload's); program 0 also checks the header's CRC-32 (a bitwise loop over
+its 60 + 8 ndim bytes: a few microseconds in one program, beside the
+others' chunks), the dims (their product is numel) and the zero padding
+after the dims and after the offsets. Then each program decodes its chunk
+(fixed3_decode.py, dense_decode.py; RAW payloads are copied) and ORs what it
+found wrong into one error word, which the host reads once, at the end (the
+call's one sync). Nothing is decoded by a program whose header check
+failed, and every load is masked to the payload, so no payload, however
+corrupt, reads out of bounds; a payload whose header is valid but whose
+body is not may leave ``out`` partially written before the error is raised.
 
-1. ``_table_kernel`` checks every chunk-table entry with the rules of
-   ``format.validate_table`` and computes each chunk's segment lengths
-   (``format.segment_nbytes``), stream by stream: ``seg[s * nchunks + c]``;
-   a bad entry sets bit ERR_TABLE of an error word.
-2. One flat ``torch.cumsum`` of ``seg`` gives every segment's offset from the
-   start of the streams (see codec_encode.py for why it is flat).
-3. The codec's decode kernel (fixed3_decode.py, dense_decode.py), one
-   program per chunk, checks the stream ends against the header (program
-   0), decodes the codes, checks the decoded (tier-open,) escape and zero
-   counts against the table and the exponent range, and writes the words.
-   Every load is masked to its chunk's segment and to its stream's end in
-   the header, so no payload, however corrupt, reads out of bounds; nothing
-   is decoded when the table is invalid.
-4. One host sync reads the error word and raises.
+``DENSE`` and ``FIXED3`` say which codecs' branches the kernel is compiled
+with: both, as launched; offline.py compiles one at a time to count each
+codec's hot path (the header check plus its branch).
 
-The table is validated on the device rather than with format.validate_table
-on the host: that function runs a few dozen small torch ops plus a sync,
-host time comparable to the whole decode of a large tensor. On the
-error path the host functions are called, so the messages are the torch
-backend's.
+The error path is not hot: it reads the header on the host
+(``format.parse_header``) and runs the torch reference's checks, so the
+messages are the torch backend's.
 
-A payload whose table is valid but whose codes are corrupt may leave ``out``
-partially written before the error is raised.
+A payload whose chunk size is not ``format.CHUNK_ELEMS`` (no encoder of
+this build writes one unless the constant is patched) sets ERR_GEOMETRY and
+nothing is decoded; the host then reads the header and launches again with
+its chunk size. ``decode(payload, header, out)``, for a header the caller
+has parsed (``zipccl_fsdp.decode`` without ``out``: it reads the header
+once to allocate), launches with the header's geometry directly.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -39,135 +45,235 @@ import triton.language as tl
 from zipccl_fsdp import format as F
 from zipccl_fsdp.errors import CorruptPayloadError
 
-from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_TABLE, ERR_TIERS, ERR_TOTALS, FIXED3,
-                            dense_codes_nbytes, kernel_constexprs, load_entry)
+from . import _codec_common as K
+from ._codec_common import (ERR_CODEC, ERR_GEOMETRY, ERR_HEADER, ERR_PADDING, INFO_SUMS, align16,
+                            byte_field, pad_nonzero, tile_shape)
 from ._launch import Launcher
-from .dense_decode import dense_decode_kernel
-from .fixed3_decode import fixed3_decode_kernel
+from .fixed3_decode import decode_raw_words, fixed3_decode_chunk
+
+try:  # the dense v2 chunk decoder (dense_decode.py), when this build has it
+    from .dense_decode import dense_decode_chunk
+except ImportError:  # pragma: no cover - depends on the dense kernels' state
+    dense_decode_chunk = None
 
 _INT_VIEW = {2: torch.int16, 4: torch.int32}
-# (elements per sub-block, warps) of the decode kernel, by codec (see
-# SETTINGS in codec_encode.py).
-SETTINGS = {"fixed3": (512, 2), "dense": (256, 1)}
-_KERNELS = {"fixed3": fixed3_decode_kernel, "dense": dense_decode_kernel}
-TABLE_BLOCK = 256  # chunk-table entries per program of _table_kernel; the table is tiny
+NUM_WARPS = 4
+MAGIC_U32 = tl.constexpr(int.from_bytes(F.MAGIC, "little"))
+CRC_POLY = tl.constexpr(0xEDB88320)  # zlib's CRC-32, reflected
+assert F.CODEC_IDS == {"raw": 0, "fixed3": 1, "dense": 2}
 
 
 @triton.jit
-def _table_kernel(p_ptr, seg_ptr, err_ptr, table_off, nch, numel, C,
-                  CODEC: tl.constexpr, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
-                  BLOCK: tl.constexpr):
-    cid = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    live = cid < nch
-    mode, flags, base, phase, nz, nesc, o1, o2, o3, o4 = load_entry(
-        p_ptr + table_off + cid.to(tl.int64) * 16, live)
-    n = tl.minimum(numel - cid.to(tl.int64) * C, C).to(tl.int32)
-    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
-    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
-
-    # format.validate_table, entry by entry.
-    bad = (mode > 1) | (phase > 3) | (base > EMAX) | ((flags & ~3) != 0)
-    if ITEMSIZE != 4:
-        bad = bad | ((flags & 1) != 0)
-    bad = bad | (nz > n) | (nesc > n)
-    is_raw = mode == 0
-    bad = bad | (is_raw & ((base | phase | flags | nz | nesc | o1 | o2 | o3 | o4) != 0))
-    if CODEC == FIXED3:
-        bad = bad | ((o1 | o2 | o3 | o4) != 0) | (((flags & 2) == 0) & (nz != 0))
-    else:
-        bad = bad | (o1 > n) | (o2 > o1) | (o3 > o2) | (o4 > o3) | (nesc > o4)
-    bad = bad & live
-    tl.atomic_or(err_ptr, 1, mask=tl.max(bad.to(tl.int32), axis=0) != 0)
-
-    # format.segment_nbytes (clamped at 0 so offsets stay monotone for bad entries).
-    coded = mode == 1
-    kept = tl.maximum(n - nz, 0)
-    if CODEC == FIXED3:
-        codes_nb = (3 * n + 7) >> 3
-    else:
-        codes_nb = dense_codes_nbytes(n, o1, o2, o3, o4)
-    smb = 1
-    if ITEMSIZE == 4:
-        smb = tl.where((flags & 1) != 0, 1, 3)
-    sm_nb = tl.where(coded, kept * smb, n * ITEMSIZE)
-    rem_nb = 0
-    if IS_FP16:
-        rem_nb = (3 * kept + 7) >> 3
-    tl.store(seg_ptr + cid, tl.where(coded, codes_nb, 0).to(tl.int64), mask=live)
-    tl.store(seg_ptr + nch + cid, tl.maximum(sm_nb, 0).to(tl.int64), mask=live)
-    tl.store(seg_ptr + 2 * nch + cid, tl.where(coded, rem_nb, 0).to(tl.int64), mask=live)
-    tl.store(seg_ptr + 3 * nch + cid, tl.where(coded, nesc, 0).to(tl.int64), mask=live)
+def _crc32(p_ptr, nbytes, pay_nbytes):
+    """zlib.crc32 of the header's first 60 bytes and the dims that follow its
+    CRC field (``nbytes`` = 60 + 8 ndim of them), bit by bit."""
+    crc = tl.full([], 0xFFFFFFFF, tl.int64)
+    # A constant trip count with a branch: the interpreter takes no reduced
+    # value as a loop bound.
+    for k in range(0, 60 + 8 * 16):
+        if k < nbytes:
+            at = tl.where(k < 60, k, k + 4)
+            crc = crc ^ tl.load(p_ptr + at, mask=at < pay_nbytes, other=0).to(tl.int64)
+            for _ in tl.static_range(8):
+                crc = (crc >> 1) ^ (CRC_POLY & (0 - (crc & 1)))
+    return crc ^ 0xFFFFFFFF
 
 
-_MESSAGES = {
-    ERR_TIERS.value: "dense tier open counts disagree with the table",
-    ERR_COUNTS.value: "decoded escape/zero counts disagree with the chunk table",
-    ERR_EXPONENT.value: "a code decodes to an exponent outside the dtype",
-}
+@triton.jit
+def _dims_bad(p_ptr, ndim, numel, pay_nbytes):
+    """Whether the dims' product is not numel (format.parse_header), without
+    overflow: with numel 0 some dim must be 0; else each partial product
+    stays at most numel."""
+    k = tl.arange(0, 128)
+    v = tl.load(p_ptr + 64 + k, mask=(k < 8 * ndim) & (64 + k < pay_nbytes), other=0)
+    prod = tl.full([], 1, tl.int64)
+    over = prod == 0
+    zero = prod == 0
+    for j in tl.static_range(16):
+        d = byte_field(v, k, 8 * j, 8)
+        live = j < ndim
+        zero = zero | (live & (d == 0))
+        over = over | (live & ((d < 0) | ((d != 0) & (prod > numel // tl.maximum(d, 1)))))
+        prod = tl.where(live & ~over, prod * d, prod)
+    return tl.where(numel == 0, ~zero, over | (prod != numel))
 
 
-def launch_plan(info: F.DTypeInfo, codec: str, C: int) -> tuple:
-    """(kernel, constexprs, num_warps) of the decode launch; cached like
-    codec_encode.launch_plan."""
-    return _launch_plan(info, codec, C, SETTINGS[codec])
+@triton.jit(noinline=True)
+def _header_rest(p_ptr, ndim, numel, pay_nbytes, table_off, gap, body_off, crc):
+    """Program 0's part of the header check (cold code: once per call): the
+    CRC-32, the dims, the zero padding after the dims and after the offsets."""
+    hdr = (_crc32(p_ptr, 60 + 8 * ndim, pay_nbytes) != crc) | _dims_bad(p_ptr, ndim, numel,
+                                                                          pay_nbytes)
+    padbad = pad_nonzero(p_ptr, 64 + 8 * ndim, table_off, pay_nbytes)
+    padbad = padbad | pad_nonzero(p_ptr, gap, body_off, pay_nbytes)
+    return tl.where(hdr, ERR_HEADER, 0) | tl.where(padbad, ERR_PADDING, 0)
 
 
-@functools.lru_cache(maxsize=256)
-def _launch_plan(info: F.DTypeInfo, codec: str, C: int, setting: tuple) -> tuple:
-    sub, warps = setting
-    return _KERNELS[codec], kernel_constexprs(info, C, sub), warps
+@triton.jit
+def decode_kernel(p_ptr, out_ptr, err_ptr, pay_nbytes, numel, nch, C, nsums, body_only,
+                  DTYPE_CODE: tl.constexpr, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                  MAN_BITS: tl.constexpr, CP: tl.constexpr, T: tl.constexpr,
+                  DENSE: tl.constexpr, FIXED3: tl.constexpr = True):
+    c = tl.program_id(0)
+    numel = numel + tl.zeros([], tl.int64)  # int64 products below (numel may be a constexpr 1)
+    # --- the header, checked against the payload and the caller ---
+    # The payload is 16-byte aligned (_aligned): words, not bytes.
+    w32 = p_ptr.to(tl.pointer_type(tl.int32))
+    w64 = p_ptr.to(tl.pointer_type(tl.int64))
+    m = pay_nbytes >= 64
+    word1 = tl.load(w32 + 1, mask=m, other=0)
+    codec = (word1 >> 8) & 0xFF
+    ndim = (word1 >> 24) & 0xFF
+    ce = tl.load(w32 + 4, mask=m, other=0).to(tl.int64) & 0xFFFFFFFF
+    hnch = tl.load(w32 + 5, mask=m, other=0).to(tl.int64) & 0xFFFFFFFF
+    body = tl.load(w64 + 3, mask=m, other=0)
+    flags = tl.load(w32 + 14, mask=m, other=0)
+    reserved = tl.load(w64 + 4, mask=m, other=0) | tl.load(w64 + 5, mask=m, other=0) | tl.load(
+        w64 + 6, mask=m, other=0)
+    bad = ~m | (tl.load(w32, mask=m, other=0) != MAGIC_U32)
+    bad = bad | ((word1 & 0xFF) != 2) | (codec > 2) | (ndim > 16)
+    bad = bad | (((word1 >> 16) & 0xFF) != DTYPE_CODE) | (tl.load(w64 + 1, mask=m, other=0) != numel)
+    bad = bad | (reserved != 0) | ((flags & ~1) != 0)
+    is_raw = codec == 0
+    bad = bad | (is_raw & ((ce != 0) | (hnch != 0) | (body != numel * ITEMSIZE)))
+    geometry = ~is_raw & (ce != C)
+    bad = bad | (~is_raw & ~geometry & ((hnch != nch) | ((body & 15) != 0) | (body < 0)
+                                        | (body > align16(numel * ITEMSIZE) + 16 * nch)))
+    table_off = align16(64 + 8 * ndim)
+    nchunks = tl.where(is_raw, 0, nch)
+    offsets_off = table_off + 16 * nchunks
+    body_off = align16(offsets_off + 4 * nchunks)
+    end = body_off + body
+    total = end + 4 * nsums * (flags & 1)
+    bad = bad | (~geometry & (pay_nbytes != total) & ((body_only == 0) | (pay_nbytes != end)))
+    err = tl.where(bad, ERR_HEADER, tl.where(geometry, ERR_GEOMETRY, 0))
+    if c == 0:
+        if err == 0:
+            err = _header_rest(p_ptr, ndim, numel, pay_nbytes, table_off, offsets_off + 4 * nchunks,
+                               body_off, tl.load(w32 + 15).to(tl.int64) & 0xFFFFFFFF)
+        err = err | tl.where((flags & 1) != 0, INFO_SUMS, 0)
+
+    # --- the chunk ---
+    start = c.to(tl.int64) * C
+    n = tl.minimum(numel - start, C).to(tl.int32)
+    dst = out_ptr + start
+    if (err & (ERR_HEADER | ERR_GEOMETRY)) == 0:
+        if is_raw:
+            decode_raw_words(p_ptr + body_off + start * ITEMSIZE, dst, n, n * ITEMSIZE,
+                             ITEMSIZE, CP, T)
+        elif (codec == 1) & FIXED3:
+            err = err | fixed3_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off,
+                                            body_off, body, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
+        elif codec == 2:
+            if DENSE:
+                err = err | dense_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off,
+                                               body_off, body, ITEMSIZE, EXP_BITS, MAN_BITS,
+                                               CP, T)
+            else:
+                err = err | ERR_CODEC
+        else:
+            err = err | ERR_CODEC
+    tl.atomic_or(err_ptr, err, mask=err != 0)
 
 
-def launchers(info: F.DTypeInfo, codec: str, C: int) -> tuple:
-    """The table and decode ``Launcher`` (see codec_encode.launchers)."""
-    return _launchers(info, codec, C, SETTINGS[codec])
+@functools.lru_cache(maxsize=64)
+def launcher(info: F.DTypeInfo, C: int) -> Launcher:
+    """The decode ``Launcher`` for chunks of C elements (compiled kernels and
+    fixed arguments kept per dtype and chunk size; the size class is the
+    specialization key each Launcher keeps)."""
+    cp, t = tile_shape(C, NUM_WARPS)
+    return Launcher(decode_kernel, dict(DTYPE_CODE=info.code, ITEMSIZE=info.itemsize,
+                                        EXP_BITS=info.exp_bits, MAN_BITS=info.man_bits, CP=cp,
+                                        T=t, DENSE=dense_geometry(cp, t)), NUM_WARPS)
 
 
-@functools.lru_cache(maxsize=256)
-def _launchers(info: F.DTypeInfo, codec: str, C: int, setting: tuple) -> tuple:
-    table = Launcher(_table_kernel, dict(CODEC=F.CODEC_IDS[codec], ITEMSIZE=info.itemsize,
-                                         EXP_BITS=info.exp_bits, BLOCK=TABLE_BLOCK), 4)
-    return table, Launcher(*_launch_plan(info, codec, C, setting))
+def dense_geometry(cp: int, t: int) -> bool:
+    """Whether the dense chunk decoder takes this tile (it holds 32 elements a
+    thread: 4 rows of 8, tier 0 in one 8-byte word)."""
+    return dense_decode_chunk is not None and cp == 32 * t
+
+
+def _aligned(payload: torch.Tensor) -> torch.Tensor:
+    """The payload, or a copy at a 16-byte aligned address (a device copy, no
+    sync): the dense decoder reads the table and codes in 4- and 8-byte words."""
+    return payload if payload.data_ptr() % 16 == 0 else payload.clone()
+
+
+def _launch(payload, out, info, numel, C, body_only) -> torch.Tensor:
+    payload = _aligned(payload)
+    nch = F.nchunks_for(numel, C)
+    err = torch.zeros(1, dtype=torch.int32, device=payload.device)
+    words = out.reshape(-1).view(_INT_VIEW[info.itemsize])
+    if nch:
+        launcher(info, C)(nch, payload, words, err, payload.numel(), numel, nch, C,
+                          F.nchunks_for(numel), body_only)
+    return err
+
+
+def _read_error(err: torch.Tensor) -> int:
+    """The error word: the call's one device-to-host read."""
+    return int(err.item())
+
+
+def decode_into(payload: torch.Tensor, out: torch.Tensor) -> bool:
+    """Decode into ``out`` (contiguous, on the payload's device, a dtype of the
+    format), reading nothing before the launch; CorruptPayloadError (or the
+    ValueError of a payload that holds another dtype or numel) after it.
+    Returns whether the payload carries checksums (the caller checks them)."""
+    info = F.dtype_info(out.dtype)
+    numel = out.numel()
+    if numel == 0:  # no chunk, no program: the host checks the header
+        return _decode_empty(payload, out)
+    err = _launch(payload, out, info, numel, F.CHUNK_ELEMS, 0)
+    bits = _read_error(err)
+    if bits & ERR_GEOMETRY.value and not bits & ERR_HEADER.value:
+        header = F.parse_header(payload)
+        err = _launch(payload, out, info, numel, header.chunk_elems, 0)
+        bits = _read_error(err)
+    if bits & K.ERROR_MASK:
+        _raise(payload, out, bits)
+    return bool(bits & INFO_SUMS.value)
+
+
+def _decode_empty(payload, out) -> bool:
+    header = F.parse_header(payload)
+    _check_out(header, out)
+    return bool(header.flags & F.HEADER_FLAG_CHECKSUM)
 
 
 def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor) -> torch.Tensor:
+    """Decode a payload whose header the caller parsed (``payload`` may stop
+    at the sums, as zipccl_fsdp.decode passes it)."""
     info = F.DTYPES[header.dtype]
-    if header.codec == "raw":
-        out.reshape(-1).view(torch.uint8).copy_(payload[header.streams_offset:])
+    if header.numel == 0:
         return out
-    numel, C, nch = header.numel, header.chunk_elems, header.nchunks
-    if numel == 0:
-        return out
-    dev = payload.device
-    table, dec = launchers(info, header.codec, C)
-    seg = torch.empty(4 * nch, dtype=torch.int64, device=dev)
-    err = torch.zeros(1, dtype=torch.int32, device=dev)
-    table(triton.cdiv(nch, TABLE_BLOCK), payload, seg, err, header.table_offset, nch, numel, C)
-    cum = torch.cumsum(seg, 0)  # flat: see codec_encode.py
-    lens = (header.codes_nbytes, header.sm_nbytes, header.rem_nbytes, header.esc_nbytes)
-    ends = [sum(lens[:s + 1]) for s in range(4)]  # from the streams' start
-    words = out.reshape(-1).view(_INT_VIEW[info.itemsize])
-    dec(nch, payload, seg, cum, words, err, header.table_offset, nch, numel, C,
-        header.streams_offset, *ends)
-    # Host sync (the only one after parse_header's): the error word.
-    bits = int(err.item())
-    if bits:
-        _raise(bits, payload, header, info, seg, lens)
+    C = header.chunk_elems or F.CHUNK_ELEMS
+    bits = _read_error(_launch(payload, out, info, header.numel, C, 1))
+    if bits & K.ERROR_MASK:
+        _raise(payload, out, bits)
     return out
 
 
-def _raise(bits: int, payload, header, info, seg, lens):
-    """The torch backend's message for the first failed check, in its order."""
-    if bits & ERR_TABLE.value:
-        table = F.ChunkTable.from_bytes(payload[header.table_offset:header.streams_offset],
-                                        header.nchunks)
-        n = F.chunk_lengths(header.numel, header.nchunks, header.chunk_elems, payload.device)
-        F.validate_table(header.codec, info, n, table)  # raises with the entry's index
-        raise CorruptPayloadError("the chunk table is invalid")
-    if bits & ERR_TOTALS.value:
-        got = tuple(seg.view(4, -1).sum(1).tolist())
-        raise CorruptPayloadError(f"stream lengths {lens} disagree with the chunk table {got}")
-    for bit in sorted(_MESSAGES):
-        if bits & bit:
-            raise CorruptPayloadError(_MESSAGES[bit])
+def _check_out(header: F.Header, out: torch.Tensor) -> None:
+    if out.dtype != header.dtype or out.numel() != header.numel:
+        raise ValueError(f"out is {out.dtype}[{out.numel()}], payload holds "
+                         f"{header.dtype}[{header.numel}]")
+
+
+def _raise(payload: torch.Tensor, out: torch.Tensor, bits: int):
+    """The error path: the torch backend's checks, for its message."""
+    from zipccl_fsdp import codec_torch
+    header = F.parse_header(payload)  # raises for a damaged header
+    _check_out(header, out)
+    body, plain = payload, header
+    if header.flags & F.HEADER_FLAG_CHECKSUM:
+        body, plain = payload[:header.sums_offset], dataclasses.replace(header, flags=0)
+    codec_torch.decode(body, plain, torch.empty_like(out))  # raises with the torch message
+    if bits & ERR_CODEC.value:
+        raise NotImplementedError(f"the Triton decoder of this build has no {header.codec} "
+                                  f"kernel for chunks of {header.chunk_elems} elements")
     raise CorruptPayloadError(f"corrupt payload (error bits {bits:#x})")
+
+
+__all__ = ["decode", "decode_into", "decode_kernel", "launcher"]
+_ = ERR_PADDING  # re-exported for tests

@@ -1,21 +1,25 @@
-"""Encode: ``encode(x, codec) -> payload``, byte-identical to codec_torch.encode.
+"""Encode (format v2): ``encode(x, codec) -> payload``, byte-identical to
+codec_torch.encode, in one kernel per call and one host sync.
 
-Two kernels per codec, one program per chunk of ``CHUNK_ELEMS`` elements
-(fixed3_encode.py, dense_encode.py):
+The codec's kernel (fixed3_encode.py, dense_encode.py) runs one program per
+chunk: each reads its chunk once, writes its table entry, places its segment
+by the decoupled look-back over ``status`` (_lookback.py: no prefix sum in
+a kernel of its own, no host read between kernels) and writes it, padding
+included; the last chunk's program stores the body length. The payload is
+allocated at its bound (``format.max_encoded_nbytes`` for x's ndim) before
+the launch, so nothing the kernel computes is needed to allocate.
 
-1. *analyze* reads the chunk, computes its locator, flags, counts and
-   raw-or-coded decision into a ``(nchunks, 16)`` int32 ``meta`` row, and the
-   byte length of its segment in each stream (``format.segment_nbytes``)
-   into ``seg``, laid out stream by stream: ``seg[s * nchunks + c]``.
-2. One flat ``torch.cumsum`` over ``seg`` gives every segment's offset from
-   the start of the streams, since the streams follow each other in that
-   order in the payload. (A flat scan: torch scans dim 0 of an (n, 4) tensor
-   with one thread per column, far slower on large inputs.) The
-   host reads the four stream ends (the one sync: the header holds the
-   lengths and the payload is allocated at its exact size).
-3. *write* reads the chunk again (cheaper than storing per-element codes
-   between the passes), recomputes its codes from ``meta`` and writes its
-   table entry and its segments.
+Host syncs: one. The body length is the value the host needs (the payload's
+size, and the header's ``body_nbytes``): it is read once, after the kernel,
+through pinned memory (``_read_units``). The header, which holds that length
+and a CRC-32 over it, is then written by a stream-ordered copy from pinned
+memory (``Header.copy_into``) rather than on the device: the host has the
+length anyway, and a device-side CRC would put a serial loop of some
+hundreds of steps, or a per-ndim table upload, at the end of every encode.
+Work queued after ``encode`` on the stream sees the header.
+
+Scratch: one zeroed int64 buffer per call (the ticket counter, the body
+length, one look-back status word per chunk): one memset.
 """
 from __future__ import annotations
 
@@ -25,101 +29,104 @@ import torch
 
 from zipccl_fsdp import format as F
 
-from ._codec_common import kernel_constexprs
+from ._codec_common import tile_shape
 from ._launch import Launcher
-from .dense_encode import dense_analyze_kernel, dense_write_kernel
-from .fixed3_encode import fixed3_analyze_kernel, fixed3_write_kernel
+from .fixed3_encode import fixed3_encode_kernel
 
 _INT_VIEW = {2: torch.int16, 4: torch.int32}
-META_COLS = 16  # mode flags base phase n_zero n_esc open1..4, then 6 unused (a power of 2)
-_KERNELS = {"fixed3": (fixed3_analyze_kernel, fixed3_write_kernel),
-            "dense": (dense_analyze_kernel, dense_write_kernel)}
-# (elements per sub-block, warps) of each kernel, by codec. fixed3's analyze
-# holds a whole 4096-element chunk in registers so its second pass reads no
-# memory. Static costs: benchmarks/kernel_cost.py; gpu_check.py --sweep times
-# alternatives on a GPU (it overrides this table).
-SETTINGS = {
-    "fixed3": {"analyze": (4096, 4), "write": (512, 2)},
-    "dense": {"analyze": (4096, 4), "write": (256, 1)},
-}
+# Warps per program, by codec (gpu_check.py --sweep may change it at run time).
+SETTINGS = {"fixed3": 4, "dense": 4}
+
+
+def _dense_kernel():
+    """The dense v2 encode kernel (dense_encode.py), or None when this build
+    has only an older one."""
+    from . import dense_encode
+    k = getattr(dense_encode, "dense_encode_kernel", None)
+    return k if k is not None and "ticket_ptr" in getattr(k, "arg_names", ()) else None
 
 
 def launch_plan(info: F.DTypeInfo, codec: str, C: int) -> tuple:
-    """(kernel, constexprs, num_warps) of the analyze and the write launch.
-    Cached: the key holds the SETTINGS entry, which gpu_check.py --sweep
-    changes at run time."""
-    s = SETTINGS[codec]
-    return _launch_plan(info, codec, C, s["analyze"], s["write"])
+    """(kernel, constexprs, num_warps) of the encode launch."""
+    return _launch_plan(info, codec, C, SETTINGS[codec])
 
 
 @functools.lru_cache(maxsize=256)
-def _launch_plan(info: F.DTypeInfo, codec: str, C: int, *settings: tuple) -> tuple:
-    return tuple((kernel, kernel_constexprs(info, C, sub), warps)
-                 for kernel, (sub, warps) in zip(_KERNELS[codec], settings))
-
-
-def pairs(kernel, const, info: F.DTypeInfo, numel: int, C: int, data_ptr: int) -> bool:
-    """Whether a kernel reads 16-bit words as int32 pairs (PAIRS): the input
-    must be 4-byte aligned; fixed3's write kernel does in its full chunks,
-    both analyze kernels (which also test them two at a time) when every
-    chunk's length is even and a chunk is one sub-block."""
-    if info.itemsize != 2 or C % 8 or data_ptr % 4:
-        return False
-    return kernel is fixed3_write_kernel or (
-        kernel in (fixed3_analyze_kernel, dense_analyze_kernel) and numel % 2 == 0
-        and const["NSUB"] == 1)
-
-
-def with_pairs(kernel, const: dict, info: F.DTypeInfo, numel: int, C: int,
-               data_ptr: int) -> dict:
-    """``const`` with PAIRS set where ``pairs`` says so."""
-    return dict(const, PAIRS=True) if pairs(kernel, const, info, numel, C, data_ptr) else const
-
-
-def launchers(info: F.DTypeInfo, codec: str, C: int, a_pairs: bool, w_pairs: bool) -> tuple:
-    """The analyze and write ``Launcher`` (compiled kernels and their fixed
-    arguments kept per dtype, codec, chunk size and PAIRS; the size class is
-    the specialization key each Launcher keeps)."""
-    s = SETTINGS[codec]
-    return _launchers(info, codec, C, a_pairs, w_pairs, s["analyze"], s["write"])
+def _launch_plan(info: F.DTypeInfo, codec: str, C: int, warps: int) -> tuple:
+    cp, t = tile_shape(C, warps)
+    const = dict(ITEMSIZE=info.itemsize, EXP_BITS=info.exp_bits, MAN_BITS=info.man_bits)
+    if codec == "fixed3":
+        return fixed3_encode_kernel, dict(const, CP=cp, T=t), warps
+    kernel = _dense_kernel()
+    if kernel is None:
+        raise NotImplementedError("the Triton dense encoder of this build is not format v2")
+    if C != 32 * 32 * warps:  # 32 elements a thread (dense_decode.py's tile)
+        raise NotImplementedError(f"the Triton dense kernels take chunks of "
+                                  f"{32 * 32 * warps} elements, not {C}")
+    return kernel, dict(const, C=C, T=32 * warps), warps
 
 
 @functools.lru_cache(maxsize=256)
-def _launchers(info, codec, C, a_pairs, w_pairs, *settings) -> tuple:
-    return tuple(Launcher(kernel, dict(const, PAIRS=True) if p else const, warps)
-                 for (kernel, const, warps), p in zip(_launch_plan(info, codec, C, *settings),
-                                                      (a_pairs, w_pairs)))
+def _launcher(info: F.DTypeInfo, codec: str, C: int, warps: int) -> Launcher:
+    return Launcher(*_launch_plan(info, codec, C, warps))
+
+
+def launcher(info: F.DTypeInfo, codec: str, C: int) -> Launcher:
+    """The encode ``Launcher`` (compiled kernels and fixed arguments kept per
+    dtype, codec and chunk size; the size class is the specialization key
+    each Launcher keeps)."""
+    return _launcher(info, codec, C, SETTINGS[codec])
+
+
+def launch_args(kernel, x_words, out, scratch, numel, nch, C, header) -> tuple:
+    """The kernel's runtime arguments in order (the dense kernel takes the
+    chunk size as a constexpr, fixed3 as an argument)."""
+    ticket = scratch[:1].view(torch.int32)
+    total, status = scratch[1:2], scratch[2:]
+    head = (x_words, out, ticket, status, total, numel, nch)
+    offs = (header.table_offset, header.offsets_offset, header.body_offset)
+    return head + ((C,) if kernel is fixed3_encode_kernel else ()) + offs
+
+
+_PINNED: dict = {}
+
+
+def _read_units(total: torch.Tensor) -> int:
+    """The body length in 16-byte units: the call's one device-to-host read,
+    through a pinned buffer (one per device, reused: the read waits for it)."""
+    if total.device.type != "cuda":
+        return int(total.item())
+    buf = _PINNED.get(total.device)
+    if buf is None:
+        buf = _PINNED[total.device] = torch.empty(1, dtype=torch.int64, pin_memory=True)
+    buf.copy_(total, non_blocking=True)
+    torch.cuda.current_stream(total.device).synchronize()
+    return int(buf[0])
 
 
 def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
     info = F.dtype_info(x.dtype)
     numel = x.numel()
-    dev = x.device
-    C = F.CHUNK_ELEMS
+    if numel * info.itemsize > F.MAX_BODY_NBYTES - F.ALIGN:
+        raise ValueError(f"a tensor of {numel * info.itemsize} bytes exceeds what format "
+                         f"version {F.VERSION} addresses ({F.MAX_BODY_NBYTES - F.ALIGN} bytes)")
     if codec == "raw" or numel == 0:
         return _encode_trivial(x, codec, info)
+    C = F.CHUNK_ELEMS
     nch = F.nchunks_for(numel, C)
+    header = F.Header(codec, x.dtype, tuple(x.shape), numel, C, nch, 0)
+    # The bound of format.max_encoded_nbytes, for this chunk size: a chunk
+    # never takes more than its raw bytes rounded up to 16, and C * itemsize
+    # is a multiple of 16 (C % 8 == 0).
+    out = torch.empty(header.body_offset + F.align16(numel * info.itemsize), dtype=torch.uint8,
+                      device=x.device)
+    scratch = torch.zeros(nch + 2, dtype=torch.int64, device=x.device)
     words = x.reshape(-1).view(_INT_VIEW[info.itemsize])
-    (analyze, a_const, _), (write, w_const, _) = launch_plan(info, codec, C)
-    ptr = words.data_ptr()
-    a_launch, w_launch = launchers(info, codec, C, pairs(analyze, a_const, info, numel, C, ptr),
-                                   pairs(write, w_const, info, numel, C, ptr))
-    meta = torch.empty((nch, META_COLS), dtype=torch.int32, device=dev)
-    seg = torch.empty(4 * nch, dtype=torch.int32, device=dev)
-    a_launch(nch, words, meta, seg, numel, nch, C)
-    cum = torch.cumsum(seg, 0, dtype=torch.int64)
-    # Host sync (the only one): the header carries the stream lengths and the
-    # payload is allocated at its exact size.
-    ends = cum.view(4, nch)[:, -1].tolist()
-    codes_nb, sm_nb, rem_nb, esc_nb = (ends[0], ends[1] - ends[0], ends[2] - ends[1],
-                                       ends[3] - ends[2])
-    header = F.Header(codec, x.dtype, tuple(x.shape), numel, C, nch, codes_nb, sm_nb, rem_nb,
-                      esc_nb)
-    out = torch.empty(header.total_nbytes, dtype=torch.uint8, device=dev)
+    launch = launcher(info, codec, C)
+    launch(nch, *launch_args(launch.kernel, words, out, scratch, numel, nch, C, header))
+    header.body_nbytes = F.ALIGN * _read_units(scratch[1:2])
     header.copy_into(out)
-    w_launch(nch, words, meta, seg, cum, out, numel, nch, C, header.table_offset,
-             header.streams_offset)
-    return out
+    return out[:header.total_nbytes]
 
 
 def _encode_trivial(x: torch.Tensor, codec: str, info: F.DTypeInfo) -> torch.Tensor:
@@ -127,9 +134,9 @@ def _encode_trivial(x: torch.Tensor, codec: str, info: F.DTypeInfo) -> torch.Ten
     raw = codec == "raw"
     body = x.numel() * info.itemsize if raw else 0
     header = F.Header(codec, x.dtype, tuple(x.shape), x.numel(), 0 if raw else F.CHUNK_ELEMS,
-                      0, 0, body, 0, 0)
-    out = torch.empty(header.streams_offset + body, dtype=torch.uint8, device=x.device)
+                      0, body)
+    out = torch.empty(header.total_nbytes, dtype=torch.uint8, device=x.device)
     header.copy_into(out)
     if raw:
-        out[header.streams_offset:].copy_(x.reshape(-1).view(torch.uint8))
+        out[header.body_offset:].copy_(x.reshape(-1).view(torch.uint8))
     return out

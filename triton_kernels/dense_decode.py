@@ -1,179 +1,339 @@
-"""dense decode kernel: one program per chunk, in sub-blocks of ``SUB``
-elements (see codec_decode.py for the steps around it and the checks).
+"""dense decode (format v2): one kernel, one program per chunk, no scan.
 
-It decodes the codes (tier 0, then each open tier in turn: five dependent
-passes per sub-block, by the dense code's design), checks the decoded
-tier-open, escape and zero counts against the table and the exponent range,
-and writes the words. Every load is masked to its chunk's segment and to its
-stream's end in the header (one bound per part, ``_room``).
+Program c reads its chunk-table entry and ``offsets[c]`` (format.py,
+"Body"), checks both (the entry by format.validate_table's rules; the
+offset against the next one, or the body's end for the last chunk, so the
+chained checks of all chunks are format.validate_offsets; the segment inside
+the body; every padding byte zero), and decodes its segment: tier 0 holds
+every element's first digit at a fixed place; each later tier's digits are
+found by an in-thread prefix of the elements still open plus one prefix sum
+across the threads, and read with two aligned 8-byte loads per thread.
+The decoded tier-open, escape and zero counts and the exponent range are
+checked against the table. Errors set bits of a device word (``ERR_*``),
+read by the caller once, at the end; nothing is decoded from a chunk whose
+entry or offset is bad, and every load stays inside the chunk's segment.
 
-Like the encoder it works on rows of 8 elements, each in one thread: a
-tier's pass scans the rows' open counts, loads the 3 bytes that hold each
-row's digits and takes them apart inside the thread.
+Layout: the ``[T, G, 8]`` tile of dense_encode.py (thread t holds elements
+t * 8G .. t * 8G + 8G - 1).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from . import _codec_common as K
-from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_TABLE, ERR_TIERS, check_stream_ends,
-                            decode_raw_chunk, dense_symbols, join_fields, load_entry,
-                            segment_lengths_offsets, store_words, tier_nbytes)
-from ._rows import row_ranks
+from zipccl_fsdp import format as F
+
+from .dense_encode import layout, sum3, thread_excl, tile3
+
+# Error bits: the decoders' shared word (_codec_common.py).
+from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING,  # noqa: E402
+                            ERR_TABLE, ERR_TIERS)
+
+
+def _sym_lut(zp: int, zn: int, phase: int) -> int:
+    """Nibble r: symbol of rank r (format.dense_symbol_table) as offset + 8,
+    15 for +0.0, 14 for -0.0 (int64 constant)."""
+    acc = 0
+    for r, s in enumerate(F.dense_symbol_table(bool(zp), bool(zn), phase)):
+        v = 15 if s == F.ZERO_SYMBOL else 14 if s == F.NEG_ZERO_SYMBOL else s + 8
+        assert 0 <= v < 14 or s in (F.ZERO_SYMBOL, F.NEG_ZERO_SYMBOL)
+        acc |= v << (4 * r)
+    return acc - (1 << 64) if acc >= 1 << 63 else acc
+
+
+SYM = tuple(tl.constexpr(_sym_lut(zp, zn, ph)) for zp in (0, 1) for zn in (0, 1)
+            for ph in range(4))
+(S00, S01, S02, S03, S10, S11, S12, S13, S20, S21, S22, S23, S30, S31, S32, S33) = SYM
 
 
 @triton.jit
-def _room(part_off, part_len, stream_len):
-    """Bytes of a part (part_len bytes at part_off of a stream of stream_len
-    bytes) that lie inside the stream, as an int32: one bound per load
-    instead of two, the stream's a 64-bit compare."""
-    return tl.maximum(tl.minimum(stream_len - part_off, part_len), 0).to(tl.int32)
+def _pick_i64(i, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr, D: tl.constexpr):
+    return tl.where(i == 0, tl.full([], A, tl.int64),
+                    tl.where(i == 1, tl.full([], B, tl.int64),
+                             tl.where(i == 2, tl.full([], C, tl.int64), tl.full([], D, tl.int64))))
 
 
 @triton.jit
-def _load_bytes(part, at, room, NB: tl.constexpr):
-    """NB bytes from byte ``at`` of a part, little-endian in an int32, each
-    load masked to the part's ``room`` (see _room); ``at`` is a [rows, 1]
-    column (a 2-D load keeps the rows' layout)."""
-    acc = tl.zeros(at.shape, tl.int32)
-    for b in tl.static_range(NB):
-        byte = tl.load(part + at + b, mask=at + b < room, other=0)
-        acc = acc | (byte.to(tl.int32) << (8 * b))
-    return acc
+def _sym_table(zp, zn, phase):
+    """The chunk's rank -> symbol nibbles (_sym_lut)."""
+    t0 = _pick_i64(phase, S00, S01, S02, S03)
+    t1 = _pick_i64(phase, S10, S11, S12, S13)
+    t2 = _pick_i64(phase, S20, S21, S22, S23)
+    t3 = _pick_i64(phase, S30, S31, S32, S33)
+    return tl.where(zp != 0, tl.where(zn != 0, t3, t2), tl.where(zn != 0, t1, t0))
 
 
 @triton.jit
-def _decode_tier(part, room, rank, opened, before, BITS: tl.constexpr, CAP: tl.constexpr):
-    """Read one dense tier for a [rows, 8] sub-block: the open elements'
-    digits, in order, from the tier's packed part of the codes stream (its
-    ``room`` bytes inside the stream, see _room); ``before`` open elements
-    of this tier came in earlier sub-blocks. A row's digits are at most 16
-    bits from any bit: 3 bytes. ``opened`` (which elements this tier holds)
-    is 0/1 in int32, not a mask: selects and predicate moves cost more than
-    the arithmetic."""
-    cnt = tl.sum(opened, axis=1)
-    first = (before + tl.cumsum(cnt, 0) - cnt) * BITS  # each row's first bit
-    acc = _load_bytes(part, (first >> 3)[:, None], room, 3) >> (first & 7)[:, None]
-    in_row = tl.cumsum(opened, 1) - opened
-    digit = (acc >> (in_row * BITS)) & (CAP & -opened)  # 0 where the tier is closed
-    if BITS == 1:
-        still = digit  # CAP (all ones) continues into the next tier
+def _pad_bad(ptr, start, end):
+    """1 if any byte of [start, end) is not zero (end - start < 16)."""
+    k = tl.arange(0, 16)
+    b = tl.load(ptr + start + k, mask=start + k < end, other=0)
+    return (tl.max(b.to(tl.int32), axis=0) != 0).to(tl.int32)
+
+
+@triton.jit
+def _tier(codes64, nwords, part_bit, rank, opened, BITS: tl.constexpr, CAP: tl.constexpr):
+    """Decode one tier: the open elements' digits, in order, from the tier's
+    bit stream at bit ``part_bit`` of the codes sub-stream (``nwords`` 8-byte
+    words, padding included). ``opened`` is 0/1 (int32). Returns the new
+    rank, the elements still open, and the tier's open count."""
+    pre, bits = thread_excl(opened * BITS)  # bit positions inside the thread's run
+    P = part_bit + tl.cumsum(bits, axis=0) - bits  # [T] first bit of each thread's run
+    wi = P >> 6
+    s = (P & 63).to(tl.uint64)
+    w0 = tl.load(codes64 + wi, mask=wi < nwords, other=0).to(tl.uint64, bitcast=True)
+    w1 = tl.load(codes64 + wi + 1, mask=wi + 1 < nwords, other=0).to(tl.uint64, bitcast=True)
+    run = (w0 >> s) | ((w1 << 1) << (63 - s))
+    if BITS == 1:  # a thread's run is <= 32 bits: 32-bit shifts
+        run32 = run.to(tl.uint32)[:, None, None]
+        digit = ((run32 >> pre.to(tl.uint32)) & opened.to(tl.uint32)).to(tl.int32)
+        still = digit
     else:
-        still = (digit >> 1) & digit
-    return rank + digit, still, before + tl.sum(cnt, axis=0)
+        digit = (run[:, None, None] >> pre.to(tl.uint64)).to(tl.uint32).to(tl.int32)
+        digit = digit & (opened * CAP)
+        still = (digit == CAP).to(tl.int32)
+    return rank + digit, still, tl.sum(bits, axis=0) // BITS
+
+
+@triton.jit(noinline=True)
+def _decode_raw(src, dst, n, ITEMSIZE: tl.constexpr, C: tl.constexpr, T: tl.constexpr):
+    """A RAW chunk: its segment holds its words (cold code)."""
+    G: tl.constexpr = C // (8 * T)
+    i = tile3(G, T)
+    valid = i < n
+    w = tl.load(src.to(dst.dtype) + i, mask=valid, other=0)  # inside the segment: checked
+    tl.store(dst + i, w, mask=valid)
 
 
 @triton.jit
-def dense_decode_kernel(p_ptr, seg_ptr, cum_ptr, out_ptr, err_ptr, table_off, nch, numel, C,
-                        streams_off, codes_end, sm_end, rem_end, esc_end,
-                        ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
-                        MAN_BITS: tl.constexpr, SUB: tl.constexpr, NSUB: tl.constexpr):
-    c = tl.program_id(0)
+def _decode_coded(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
+                  ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
+                  CP: tl.constexpr, T: tl.constexpr, HOT: tl.constexpr):
+    """A CODED chunk whose entry and offset were checked; returns ERR_* bits.
+    HOT: the chunk is full and nothing is omitted (n_zero = 0, no zero
+    flag), so sm sits in place and no element decodes to a zero."""
+    G: tl.constexpr = CP // (8 * T)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
-    if c == 0:
-        check_stream_ends(cum_ptr, nch, err_ptr, codes_end, sm_end, rem_end, esc_end)
-    # Loaded before the branch on the error word, so their latencies overlap.
-    mode, flags, base, phase, nz, nesc, o1, o2, o3, o4 = load_entry(
-        p_ptr + table_off + c.to(tl.int64) * 16, c < nch)
-    # A load at offset idx of stream s is masked by idx < s's end.
-    (seg_codes, seg_sm, seg_rem, seg_esc, codes_off, sm_off, rem_off,
-     esc_off) = segment_lengths_offsets(seg_ptr, cum_ptr, nch, c)
-    src = p_ptr + streams_off
+    low16 = flags & 1
+    codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = layout(
+        n, True, low16, nz, nesc, o1, o2, o3, o4, ITEMSIZE, IS_FP16)
+    err = tl.zeros([], tl.int32)
+    padbad = _pad_bad(src, codes_nb, a_sm) | _pad_bad(src, a_sm + sm_nb, a_rem)
+    padbad = padbad | _pad_bad(src, a_rem + rem_nb, a_esc) | _pad_bad(src, a_esc + esc_nb,
+                                                                     seg)
+    i = tile3(G, T)
+    if HOT:
+        valid = None
+        vi = 1
+    else:
+        valid = i < n
+        vi = valid.to(tl.int32)
+    codes64 = src.to(tl.pointer_type(tl.int64))
+    nwords = a_sm >> 3
+    # Tier 0: a row's eight 2-bit digits are the 16-bit word 2 * row.
+    # The [T, G, 1] load, broadcast, fixes the layout every later step
+    # inherits: a thread's elements in its own registers.
+    rows = tl.arange(0, T)[:, None, None] * G + tl.arange(0, G)[None, :, None]
+    if HOT:  # a full chunk's tier 0 fills the codes' first 2 * CP / 8 bytes
+        w0 = tl.load(src.to(tl.pointer_type(tl.int16)) + rows).to(tl.int32)
+    else:
+        w0 = tl.load(src.to(tl.pointer_type(tl.int16)) + rows, mask=2 * rows < a_sm,
+                     other=0).to(tl.int32)
+    rank = ((w0 >> (2 * (i & 7))) & 3) * vi
+    opened = ((rank + 13) >> 4) * vi  # digit 3 continues
+    len0 = (2 * n + 7) >> 3
+    b1 = len0
+    b2 = b1 + ((o1 + 7) >> 3)
+    b3 = b2 + ((o2 + 7) >> 3)
+    b4 = b3 + ((2 * o3 + 7) >> 3)
+    rank, opened, g1 = _tier(codes64, nwords, 8 * b1, rank, opened, 1, 1)
+    rank, opened, g2 = _tier(codes64, nwords, 8 * b2, rank, opened, 1, 1)
+    rank, opened, g3 = _tier(codes64, nwords, 8 * b3, rank, opened, 2, 3)
+    rank, opened, g4 = _tier(codes64, nwords, 8 * b4, rank, opened, 2, 3)
+    esc = opened
+    err = err | tl.where((g1 != o1) | (g2 != o2) | (g3 != o3) | (g4 != o4), ERR_TIERS, 0)
+    zp = (flags >> 1) & 1
+    zn = (flags >> 2) & 1
+    lut = _sym_table(zp, zn, phase)
+    if HOT:  # nothing omitted: every element in place; rank 10 (+0.0) is an error
+        nib = ((lut >> (4 * rank).to(tl.int64)) & 15).to(tl.int32)  # (rank 11: ESC)
+        epre, etot = thread_excl(esc)
+        erank = (tl.cumsum(etot, axis=0) - etot)[:, None, None] + epre
+        nesc_got = tl.sum(etot, axis=0)
+        nzero = sum3((rank == 10).to(tl.int32))
+        keep = 1
+        krank = i
+    else:
+        nib = ((lut >> (4 * tl.minimum(rank, 10)).to(tl.int64)) & 15).to(tl.int32)
+        zero = ((nib >> 1) == 7).to(tl.int32) * (1 - esc) * vi  # 14 or 15
+        neg = zero & (1 - (nib & 1))
+        keep = vi - zero
+        epre, etot = thread_excl(esc | (keep << 16))
+        eex = tl.cumsum(etot, axis=0) - etot
+        erank = (eex & 0xFFFF)[:, None, None] + (epre & 0xFFFF)
+        krank = (eex >> 16)[:, None, None] + (epre >> 16)
+        tot = tl.sum(etot, axis=0)
+        nesc_got = tot & 0xFFFF
+        nzero = n - (tot >> 16)
+    # With the escape count right, every escape's rank is inside the esc sub-stream.
+    esc_ok = (nesc_got == nesc).to(tl.int32)
+    ebyte = tl.load(src + a_esc + erank, mask=esc * esc_ok != 0, other=0)
+    e = tl.where(esc != 0, ebyte.to(tl.int32), base + nib - 8)
+    err = err | tl.where((nesc_got != nesc) | (nzero != nz), ERR_COUNTS, 0)
+    badexp = sum3(keep * (e.to(tl.uint32) > EMAX).to(tl.int32))
+    err = err | tl.where(badexp != 0, ERR_EXPONENT, 0)
+    sm_src = src + a_sm
+    kmask = keep != 0
+    if HOT:
+        if ITEMSIZE == 4:
+            smb = 3 - 2 * low16
+            word = tl.zeros([T, G, 8], tl.int32)
+            for b in tl.static_range(3):
+                byte = tl.load(sm_src + i * smb + b, mask=i * 0 + (b < smb).to(tl.int32) != 0,
+                               other=0)
+                word = word | (byte.to(tl.int32) << (8 * b))
+            sm = tl.where(low16 != 0, word << 16, word)
+        else:
+            sm = tl.load(sm_src + i).to(tl.int32) & 0xFF
+        if IS_FP16:  # in place: a row's 24 rem bits at byte 12t + 3g
+            rr = tl.zeros([T, G, 1], tl.int32)
+            for b in tl.static_range(3):
+                rr = rr | (tl.load(src + a_rem + 3 * rows + b).to(tl.int32) & 0xFF) << (8 * b)
+            sm = sm | (((rr >> (3 * (i & 7))) & 7) << 8)
+    elif ITEMSIZE == 4:
+        smb = 3 - 2 * low16
+        word = tl.zeros([T, G, 8], tl.int32)
+        for b in tl.static_range(3):
+            at = krank * smb + b
+            byte = tl.load(sm_src + at, other=0,
+                           mask=tl.where(b < smb, kmask & (at < sm_nb), False))
+            word = word | (byte.to(tl.int32) << (8 * b))
+        sm = tl.where(low16 != 0, word << 16, word)
+    else:
+        sm = tl.load(sm_src + krank, mask=kmask & (krank < sm_nb), other=0).to(tl.int32)
+        sm = sm & 0xFF
+    if IS_FP16 and not HOT:
+        bit = 3 * krank
+        at = bit >> 3
+        rsrc = src + a_rem + at
+        lo_b = tl.load(rsrc, mask=kmask & (at < rem_nb), other=0).to(tl.int32) & 0xFF
+        hi_b = tl.load(rsrc + 1, mask=kmask & (at + 1 < rem_nb), other=0).to(tl.int32)
+        two = lo_b | ((hi_b & 0xFF) << 8)
+        sm = sm | (((two >> (bit & 7)) & 7) << 8)
+    if HOT:  # (an exponent out of range is an error: the word does not matter)
+        ec = e
+    else:
+        ec = tl.minimum(tl.maximum(e, 0), EMAX)
+    w = ((sm & (1 << MAN_BITS)) << EXP_BITS) | (ec << MAN_BITS) | (sm & ((1 << MAN_BITS) - 1))
+    if not HOT:
+        w = tl.where(zero != 0, neg << (MAN_BITS + EXP_BITS), w)
+    if ITEMSIZE == 2:
+        tl.store(dst + i, w.to(tl.int16), mask=valid)
+    elif HOT:  # a row of 8 words is two 16-byte stores: [T, 2G, 4]
+        i4 = tl.arange(0, T)[:, None, None] * (8 * G) + tl.arange(0, 2 * G)[None, :, None] * 4 + (
+            tl.arange(0, 4)[None, None, :])
+        tl.store(dst + i4, tl.reshape(w, (T, 2 * G, 4)))
+    else:
+        tl.store(dst + i, w, mask=valid)
+    err = err | tl.where(padbad != 0, ERR_PADDING, 0)
+    return err
+
+
+@triton.jit(noinline=True)
+def _decode_general(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
+                    ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
+                    CP: tl.constexpr, T: tl.constexpr):
+    """Cold code: a ragged chunk, or one with omitted zeros."""
+    return _decode_coded(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4, ITEMSIZE,
+                         EXP_BITS, MAN_BITS, CP, T, False)
+
+
+@triton.jit
+def dense_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off, body_nbytes,
+                       ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
+                       CP: tl.constexpr, T: tl.constexpr):
+    """Decode dense chunk c (n elements) of a payload whose header was
+    checked, into ``dst`` (the chunk's first output word); returns the
+    ERR_* bits it found. A ``[T, G, 8]`` tile of CP elements, G = CP / 8T."""
+    G: tl.constexpr = CP // (8 * T)
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
+    body_units = body_nbytes >> 4
+    # --- the entry and the offsets ---
+    ent = p_ptr.to(tl.pointer_type(tl.int32)) + (table_off >> 2) + 4 * c.to(tl.int64)
+    e0 = tl.load(ent)
+    e1 = tl.load(ent + 1)
+    e2 = tl.load(ent + 2)
+    e3 = tl.load(ent + 3)
+    offs = p_ptr.to(tl.pointer_type(tl.int32)) + (offsets_off >> 2)
+    off = tl.load(offs + c).to(tl.int64) & 0xFFFFFFFF
+    nxt = tl.load(offs + c + 1, mask=c + 1 < nch, other=0).to(tl.int64) & 0xFFFFFFFF
+    nxt = tl.where(c + 1 < nch, nxt, body_units)
+    mode = e0 & 0xFF
+    flags = (e0 >> 8) & 0xFF
+    base = (e0 >> 16) & 0xFF
+    phase = (e0 >> 24) & 0xFF
+    nz = e1 & 0xFFFF
+    nesc = (e1 >> 16) & 0xFFFF
+    o1 = e2 & 0xFFFF
+    o2 = (e2 >> 16) & 0xFFFF
+    o3 = e3 & 0xFFFF
+    o4 = (e3 >> 16) & 0xFFFF
+    # format.validate_table
+    bad = (mode > 1) | (phase > 3) | (base > EMAX) | ((flags & ~7) != 0)
+    if ITEMSIZE != 4:
+        bad = bad | ((flags & 1) != 0)
+    bad = bad | (nz > n) | (nesc > n) | (o1 > n) | (o2 > o1) | (o3 > o2) | (o4 > o3) | (
+        nesc > o4)
+    bad = bad | ((mode == 0) & ((e0 | e1 | e2 | e3) != 0))
+    coded = mode == 1
+    low16 = flags & 1
+    codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = layout(
+        n, coded, low16, nz, nesc, o1, o2, o3, o4, ITEMSIZE, IS_FP16)
+    units = (seg >> 4).to(tl.int64)
+    # format.validate_offsets, chained: offset[0] = 0, offset[c + 1] = offset[c] + units.
+    bad_off = (nxt != off + units) | (off + units > body_units)  # the segment inside the body
+    bad_off = bad_off | ((c == 0) & (off != 0))
+    src = p_ptr + body_off + 16 * off
+    err = tl.where(bad, ERR_TABLE, 0) | tl.where(bad_off, ERR_OFFSETS, 0)
+
+    if (err & (ERR_TABLE | ERR_OFFSETS)) == 0:
+        if mode == 0:
+            _decode_raw(src, dst, n, ITEMSIZE, CP, T)
+            nb = n * ITEMSIZE
+            err = err | tl.where(_pad_bad(src, nb, seg) != 0, ERR_PADDING, 0)
+        else:
+            if (n == CP) & (nz == 0) & ((flags & 6) == 0):
+                err = err | _decode_coded(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3,
+                                          o4, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T, True)
+            else:
+                err = err | _decode_general(src, dst, n, flags, base, phase, nz, nesc, o1, o2,
+                                            o3, o4, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
+    return err
+
+
+@triton.jit
+def dense_decode_kernel(p_ptr, out_ptr, err_ptr, numel, nch, table_off, offsets_off, body_off,
+                        body_nbytes, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                        MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr):
+    """The chunks of a dense payload whose header the host parsed (codec_decode.py's
+    decode_kernel checks the header on the device and calls dense_decode_chunk too)."""
+    c = tl.program_id(0)
     start = c.to(tl.int64) * C
     n = tl.minimum(numel - start, C).to(tl.int32)
-    dst = out_ptr + start
+    err = dense_decode_chunk(p_ptr, out_ptr + start, c, n, nch, table_off, offsets_off, body_off,
+                             body_nbytes, ITEMSIZE, EXP_BITS, MAN_BITS, C, T)
+    tl.atomic_or(err_ptr, err, mask=err != 0)
 
-    # The table kernel ran before this one on the stream: bit ERR_TABLE is final.
-    if (tl.load(err_ptr) & ERR_TABLE) == 0:
-        if mode == 0:
-            decode_raw_chunk(src, sm_off, seg_sm, sm_end, dst, n, SUB, NSUB, ITEMSIZE)
-        else:
-            zf = (flags >> 1) & 1
-            # Each tier's part of the codes segment and its bytes inside the
-            # stream, once per chunk.
-            len0 = (2 * n + 7) >> 3
-            len1 = tier_nbytes(o1, K.T1_BITS)
-            len2 = tier_nbytes(o2, K.T2_BITS)
-            len3 = tier_nbytes(o3, K.T3_BITS)
-            part1 = codes_off + len0
-            part2 = part1 + len1
-            part3 = part2 + len2
-            part4 = part3 + len3
-            room0 = _room(codes_off, len0, codes_end)
-            room1 = _room(part1, len1, codes_end)
-            room2 = _room(part2, len2, codes_end)
-            room3 = _room(part3, len3, codes_end)
-            room4 = _room(part4, tier_nbytes(o4, K.T4_BITS), codes_end)
-            # Open elements of tiers 1..4 in earlier sub-blocks.
-            t1 = tl.zeros([], tl.int32)
-            t2 = tl.zeros([], tl.int32)
-            t3 = tl.zeros([], tl.int32)
-            t4 = tl.zeros([], tl.int32)
-            q_base = tl.zeros([], tl.int32)  # kept elements | escapes << 16 so far
-            zeros_got = tl.zeros([], tl.int32)
-            bad_exp = tl.zeros([], tl.int32)
-            low16 = flags & 1
-            esc_room = _room(esc_off, seg_esc, esc_end)
-            sm_room = _room(sm_off, seg_sm, sm_end)
-            rem_room = _room(rem_off, seg_rem, rem_end)
-            for k in range(0, NSUB):
-                r = tl.arange(0, SUB // 8)
-                q = tl.arange(0, 8)
-                i = k * SUB + r[:, None] * 8 + q[None, :]
-                valid = i < n
-                # Tier 0: a row's eight 2-bit digits are 2 bytes.
-                two = _load_bytes(src + codes_off, k * (SUB // 4) + 2 * r[:, None], room0, 2)
-                rank = (two >> (2 * q)[None, :]) & 3
-                opened = (rank >> 1) & rank & valid.to(tl.int32)  # T0_CAP (3) continues
-                rank, opened, t1 = _decode_tier(src + part1, room1, rank, opened, t1,
-                                                K.T1_BITS, K.T1_CAP)
-                rank, opened, t2 = _decode_tier(src + part2, room2, rank, opened, t2,
-                                                K.T2_BITS, K.T2_CAP)
-                rank, opened, t3 = _decode_tier(src + part3, room3, rank, opened, t3,
-                                                K.T3_BITS, K.T3_CAP)
-                rank, opened, t4 = _decode_tier(src + part4, room4, rank, opened, t4,
-                                                K.T4_BITS, K.T4_CAP)
-                esc = opened != 0
-                e, zsym = dense_symbols(rank, base, phase, zf)
-                is_zero = valid & zsym & ~esc
-                keep = valid & ~is_zero
-                zeros_got += tl.sum(tl.sum(is_zero.to(tl.int32), axis=1), axis=0)
-                Q, q_tot = row_ranks(keep.to(tl.int32) | (esc.to(tl.int32) << 16), q_base)
-                q_base += q_tot
-                krank = (Q & 0xFFFF) - 1
-                erank = (Q >> 16) - 1
-                ebyte = tl.load(src + esc_off + erank, mask=esc & (erank < esc_room), other=0)
-                e = tl.where(esc, ebyte.to(tl.int32), e)
-                bad = (keep & ((e < 0) | (e > EMAX))).to(tl.int32)
-                bad_exp += tl.sum(tl.sum(bad, axis=1), axis=0)
 
-                if ITEMSIZE == 4:
-                    smb = 3 - 2 * low16
-                    word = tl.zeros([SUB // 8, 8], tl.int32)
-                    for b in tl.static_range(3):
-                        at = krank * smb + b
-                        byte = tl.load(src + sm_off + at, other=0,
-                                       mask=tl.where(b < smb, keep & (at < sm_room), False))
-                        word = word | (byte.to(tl.int32) << (8 * b))
-                    sm = tl.where(low16 != 0, word << 16, word)
-                else:
-                    sm = tl.load(src + sm_off + krank, mask=keep & (krank < sm_room),
-                                 other=0).to(tl.int32)
-                if IS_FP16:
-                    # rem: 3 bits at bit 3*krank of the chunk's rem segment (may span 2 bytes).
-                    bit = 3 * krank
-                    at = bit >> 3
-                    rem = src + rem_off + at
-                    lo_b = tl.load(rem, mask=keep & (at < rem_room), other=0)
-                    hi_b = tl.load(rem + 1, mask=keep & (at + 1 < rem_room), other=0)
-                    two = lo_b.to(tl.int32) | (hi_b.to(tl.int32) << 8)
-                    sm = sm | (((two >> (bit & 7)) & 7) << 8)
-                w = join_fields(tl.minimum(tl.maximum(e, 0), EMAX), sm, EXP_BITS, MAN_BITS)
-                store_words(dst + i, tl.where(is_zero, 0, w), valid, ITEMSIZE)
-
-            err = tl.where(((q_base >> 16) != nesc) | (zeros_got != nz), ERR_COUNTS, 0)
-            err = err | tl.where(bad_exp != 0, ERR_EXPONENT, 0)
-            err = err | tl.where((t1 != o1) | (t2 != o2) | (t3 != o3) | (t4 != o4), ERR_TIERS, 0)
-            tl.atomic_or(err_ptr, err, mask=err != 0)
+def decode_launch(payload, words, err, numel: int, nch: int, table_off: int, offsets_off: int,
+                  body_off: int, body_nbytes: int, info: F.DTypeInfo, num_warps: int = 4):
+    """Launch the dense decode of a parsed payload (uint8, 16-byte aligned)
+    into ``words`` (the output's int16/int32 view); ``err`` (int32, 1) must
+    be zero and gets the OR of the ERR_* bits. No host sync."""
+    assert F.CHUNK_ELEMS % (8 * 32 * num_warps) == 0
+    dense_decode_kernel[(nch,)](
+        payload, words, err, numel, nch, table_off, offsets_off, body_off, body_nbytes,
+        ITEMSIZE=info.itemsize, EXP_BITS=info.exp_bits, MAN_BITS=info.man_bits,
+        C=F.CHUNK_ELEMS, T=32 * num_warps, num_warps=num_warps)

@@ -4,11 +4,15 @@
 CUDA tensors; CPU tensors too when ``TRITON_INTERPRET=1`` was set before this
 module was imported (triton reads it when ``@triton.jit`` decorates a kernel).
 ``codec_encode.py`` and ``codec_decode.py`` hold the launchers (and the
-decoder's table check); the kernels live one file per codec and op
+decoder's header check); the kernels live one file per codec and op
 (``fixed3_encode.py``, ``fixed3_decode.py``, ``dense_encode.py``,
-``dense_decode.py``), the helpers they share in ``_codec_common.py`` and
-``_rows.py`` (the row tiles both codecs work on);
+``dense_decode.py``), the helpers they share in ``_codec_common.py`` (the
+chunk tile) and ``_lookback.py`` (segment offsets in one pass);
 ``offline.py`` compiles them for a GPU without one.
+
+``DEVICE_HEADER``: ``decode_into(payload, out)`` checks the header on the
+device against ``out``, so zipccl_fsdp.decode with ``out=`` reads nothing
+back before the launch.
 """
 from __future__ import annotations
 
@@ -18,7 +22,8 @@ import torch
 
 from . import codec_decode, codec_encode
 
-__all__ = ["encode", "decode"]
+__all__ = ["encode", "decode", "decode_into"]
+DEVICE_HEADER = True
 
 
 def _on(device: torch.device):
@@ -35,3 +40,10 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
 def decode(payload: torch.Tensor, header, out: torch.Tensor) -> torch.Tensor:
     with _on(payload.device):
         return codec_decode.decode(payload, header, out)
+
+
+def decode_into(payload: torch.Tensor, out: torch.Tensor) -> bool:
+    """Decode into ``out`` with the header checked on the device; returns
+    whether the payload carries checksums (codec_decode.decode_into)."""
+    with _on(payload.device):
+        return codec_decode.decode_into(payload, out)

@@ -1,244 +1,189 @@
-"""fixed3 decode kernel, over tiles of rows of 8 elements (see fixed3_encode.py).
+"""fixed3 decode (format v2) of one chunk, called by codec_decode.decode_kernel
+(one program per chunk, in the ``[G, T, 8]`` tile of _codec_common.py).
 
-The checks and error bits are those of ``dense_decode_kernel``: every load
-is masked to its chunk's segment and its stream's end (or the segment was
-checked to lie inside once per chunk), decoded counts must match the table,
-escapes must name an exponent of the dtype. The zero count needs no
-reduction of its own: it is the chunk's length less the kept elements.
+The chunk reads its table entry and its offset, and the next chunk's offset
+(or the body's length) to check its own segment's size, and nothing else
+of other chunks: no scan. Then, with every load masked to the body:
 
-Paths, by chunk: the hot one (no zero omitted, one sm byte per element, a
-full chunk, an 8-byte aligned sm segment: no masks, 8-byte sm loads); the
-same with masks and byte loads (``_decode_fast_bytes``); the general one
-(``_decode_general``: kept elements' positions from a scan); raw chunks. All
-but the first are noinline functions (cold code, see offline.py).
+- the entry is checked by the rules of ``format.validate_table``;
+- codes: a thread's 3 G bytes, unpacked in the thread;
+- esc: the escaped elements' exponent bytes at their rank among the escapes
+  (an exclusive prefix sum over the tile);
+- sm: element i's byte at position i when no zero is omitted, else at its
+  rank among the kept elements; 3 bytes an element for fp32 without LOW16;
+- rem (fp16): 3 bits at bit 3 i (rows of 8, like the codes) or 3 rank;
+- the decoded escape and zero counts against the entry, escapes naming an
+  exponent the dtype has, and every padding byte zero.
+
+Error bits (``ERR_*`` of _codec_common.py) are returned to the caller, which
+ORs them into the launch's error word.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_TABLE, check_stream_ends,
-                            decode_raw_chunk, fixed_window, join_fields, load_entry,
-                            segment_lengths_offsets, store_words)
-from ._rows import row_ranks
-from .fixed3_encode import escape_ranks
+from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING, ERR_TABLE,
+                            align16, byte_field, fixed3_layout, fixed_window, load_rows3,
+                            pad_nonzero, tile_excl)
 
 
 @triton.jit
-def load_rows3(seg, at, seg_len, stream_left, FULL: tl.constexpr = False):
-    """The 24-bit values of 3 bytes at seg + at (a [rows, 1] column: a 2-D
-    load keeps the rows' layout, where a 1-D one leaves the tile built from
-    it to a default layout of 8 threads per row), masked to the segment's
-    seg_len bytes and the stream_left bytes left in its stream, unless FULL
-    (the caller checked that every row lies inside both)."""
-    acc = tl.zeros(at.shape, tl.int32)
-    for b in tl.static_range(3):
-        if FULL:
-            byte = tl.load(seg + at + b)
+def load_u32(ptr, mask):
+    """A little-endian u32 at any byte address (int64), 0 where not mask."""
+    v = tl.zeros([], tl.int64)
+    for b in tl.static_range(4):
+        v = v | (tl.load(ptr + b, mask=mask, other=0).to(tl.int64) << (8 * b))
+    return v
+
+
+@triton.jit(noinline=True)
+def decode_raw_words(src, dst, n, lim, ITEMSIZE: tl.constexpr, CP: tl.constexpr,
+                     T: tl.constexpr):
+    """A RAW chunk's n words, little-endian bytes at src (bytes at or past
+    lim read as 0), stored at dst (cold code)."""
+    G: tl.constexpr = CP // (8 * T)
+    i = tl.arange(0, T)[None, :, None] * (8 * G) + tl.arange(0, G)[:, None, None] * 8 + (
+        tl.arange(0, 8)[None, None, :])
+    valid = i < n
+    w = tl.zeros(i.shape, tl.int32)
+    for b in tl.static_range(ITEMSIZE):
+        at = i * ITEMSIZE + b
+        w = w | (tl.load(src + at, mask=valid & (at < lim), other=0).to(tl.int32) << (8 * b))
+    tl.store(dst + i, w.to(dst.dtype.element_ty), mask=valid)
+
+
+@triton.jit
+def fixed3_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off, body_nbytes,
+                        ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                        MAN_BITS: tl.constexpr, CP: tl.constexpr, T: tl.constexpr):
+    G: tl.constexpr = CP // (8 * T)
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
+    SIGN: tl.constexpr = 1 << (MAN_BITS + EXP_BITS)
+
+    # --- the entry, the offsets, the layout ---
+    # The payload is 16-byte aligned (codec_decode._aligned): the entry is 4 words.
+    ent = p_ptr.to(tl.pointer_type(tl.int32)) + (table_off >> 2) + 4 * c.to(tl.int64)
+    e0 = tl.load(ent)
+    e1 = tl.load(ent + 1)
+    opens = tl.load(ent + 2) | tl.load(ent + 3)
+    mode = e0 & 0xFF
+    flags = (e0 >> 8) & 0xFF
+    base = (e0 >> 16) & 0xFF
+    phase = (e0 >> 24) & 0xFF
+    nz = e1 & 0xFFFF
+    nesc = (e1 >> 16) & 0xFFFF
+    bad = (mode > 1) | (phase > 3) | (base > EMAX) | ((flags & ~7) != 0)
+    if ITEMSIZE != 4:
+        bad = bad | ((flags & 1) != 0)
+    bad = bad | (nz > n) | (nesc > n) | (opens != 0) | (((flags & 6) == 0) & (nz != 0))
+    coded = mode == 1
+    bad = bad | ((mode == 0) & ((flags | base | phase | nz | nesc) != 0))
+    low16 = flags & 1
+    codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = fixed3_layout(
+        n, coded, low16, nz, nesc, ITEMSIZE, IS_FP16)
+    offs = p_ptr.to(tl.pointer_type(tl.int32)) + (offsets_off >> 2)
+    off = tl.load(offs + c).to(tl.int64) & 0xFFFFFFFF
+    is_last = c == nch - 1
+    nxt = tl.load(offs + c + 1, mask=~is_last, other=0).to(tl.int64) & 0xFFFFFFFF
+    nxt = tl.where(is_last, body_nbytes >> 4, nxt)
+    bad_off = (off + (seg >> 4) != nxt) | ((c == 0) & (off != 0))
+    err = tl.where(bad, ERR_TABLE, tl.where(bad_off, ERR_OFFSETS, 0))
+    if err == 0:
+        src = p_ptr + body_off + 16 * off
+        lim = body_nbytes - 16 * off  # body bytes from the segment's start (>= seg: checked)
+        if mode == 0:
+            decode_raw_words(src, dst, n, lim, ITEMSIZE, CP, T)
+            nb = n * ITEMSIZE
+            err = tl.where(pad_nonzero(src, nb, align16(nb), lim), ERR_PADDING, 0)
         else:
-            byte = tl.load(seg + at + b, mask=(at + b < seg_len) & (at + b < stream_left),
-                           other=0)
-        acc = acc | (byte.to(tl.int32) << (8 * b))
-    return acc
+            i = tl.arange(0, T)[None, :, None] * (8 * G) + tl.arange(0, G)[:, None, None] * 8 + (
+                tl.arange(0, 8)[None, None, :])
+            valid = i < n
+            err = _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low16,
+                                codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg,
+                                ITEMSIZE, EXP_BITS, MAN_BITS, G, T)
+    return err
 
 
 @triton.jit
-def _decode_codes(src, k, n, lo, zf, codes_off, seg_codes, codes_end, esc_off, esc_room,
-                  e_base, SUB: tl.constexpr, FULL: tl.constexpr = False):
-    """Sub-block k's codes and escapes: its tile indices, the decoded
-    exponents, which elements are escapes and omitted +0.0, the escapes so
-    far. FULL: the chunk fills its sub-blocks and its codes segment lies
-    inside the stream (the caller checked), so nothing is masked."""
-    CODES_PER_SUB: tl.constexpr = SUB * 3 // 8
-    r = tl.arange(0, SUB // 8)
-    q = tl.arange(0, 8)
-    i = k * SUB + r[:, None] * 8 + q[None, :]
-    acc = load_rows3(src + codes_off, k * CODES_PER_SUB + 3 * r[:, None], seg_codes,
-                     codes_end - codes_off, FULL)
-    if FULL:
-        valid = tl.full([SUB // 8, 8], True, tl.int1)
-    else:
-        valid = i < n
-        # Codes past the chunk's end (a corrupt payload's) must not count as escapes.
-        past = tl.minimum(tl.maximum(n - k * SUB - 8 * r[:, None], 0), 8)
-        acc = acc & ((1 << (3 * past)) - 1)
-    code = (acc >> (3 * q[None, :])) & 7
-    is_zero = tl.where(zf != 0, valid & (code == 0), False)
-    esc = code == 7  # 0 past the chunk's end
-    rank, e_base = escape_ranks(acc, q, e_base)
-    # Escape bytes: inside the segment and the stream (esc_room bytes from esc_off).
-    ebyte = tl.load(src + esc_off + rank, mask=esc & (rank < esc_room), other=0)
-    e = tl.where(esc, ebyte.to(tl.int32), lo + code - zf)
-    return r, q, i, valid, is_zero, esc, e, e_base
+def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low16, codes_nb,
+                  sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg, ITEMSIZE: tl.constexpr,
+                  EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr, G: tl.constexpr,
+                  T: tl.constexpr):
+    """A CODED chunk's segment at src (its layout checked against the body)."""
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
+    SIGN: tl.constexpr = 1 << (MAN_BITS + EXP_BITS)
+    # Every load is masked to its sub-stream and to the body (lim bytes left).
+    lim = tl.minimum(tl.maximum(lim, 0), 1 << 30).to(tl.int32)
+    codes_l = tl.minimum(codes_nb, lim)
+    sm_l = tl.minimum(sm_nb, lim - a_sm)
+    rem_l = tl.minimum(rem_nb, lim - a_rem)
+    esc_l = tl.minimum(esc_nb, lim - a_esc)
 
-
-@triton.jit
-def _bad_exponents(esc, e, EXP_BITS: tl.constexpr):
-    """Escapes naming no exponent of the dtype (a byte holds more than 5 bits)."""
+    # --- codes and escapes ---
+    q = tl.arange(0, 8)[None, None, :]
+    r = tl.arange(0, T)[None, :] * G + tl.arange(0, G)[:, None]  # row index, [G, T]
+    acc = load_rows3(src, r, codes_l)
+    code = tl.where(valid, (acc[:, :, None] >> (3 * q)) & 7, 0)
+    zp = (flags >> 1) & 1
+    zn = (flags >> 2) & 1
+    z = zp + zn
+    lo, width = fixed_window(base, phase, z, EMAX)
+    is_zero = valid & (code < z)
+    neg = tl.where(zn != 0, is_zero & (code == zp), False)
+    esc = valid & (code == 7)
+    keep = valid & ~is_zero
+    pre, tot = tile_excl(keep.to(tl.int32) | (esc.to(tl.int32) << 16))
+    kept = tot & 0xFFFF
+    got_esc = (tot >> 16) & 0xFFFF
+    erank = (pre >> 16) & 0xFFFF
+    esc_src = src + tl.multiple_of(a_esc, 16)
+    eb = tl.load(esc_src + erank, mask=esc & (erank < esc_l), other=0).to(tl.int32)
+    e = tl.where(esc, eb, lo + code - z)
+    err = tl.where((got_esc != nesc) | (n - kept != nz), ERR_COUNTS, 0)
     if EXP_BITS < 8:
-        return tl.sum(tl.sum((esc & (e > (1 << EXP_BITS) - 1)).to(tl.int32), axis=1), axis=0)
+        err = err | tl.where(tl.max(tl.max(tl.max((esc & (eb > EMAX)).to(tl.int32), axis=2),
+                                           axis=1), axis=0) != 0, ERR_EXPONENT, 0)
+
+    # --- sign+mantissa ---
+    krank = pre & 0xFFFF
+    sm_src = src + tl.multiple_of(a_sm, 16)
+    if (ITEMSIZE == 2) | (low16 != 0):
+        if nz == 0:
+            smv = tl.load(sm_src + i, mask=valid & (i < sm_l), other=0).to(tl.int32)
+        else:
+            smv = tl.load(sm_src + krank, mask=keep & (krank < sm_l), other=0).to(tl.int32)
+        if ITEMSIZE == 4:
+            smv = smv << 16
     else:
-        return tl.zeros([], tl.int32)
-
-
-@triton.jit
-def _decode_fast(src, sm_src, dst, n, lo, codes_off, seg_codes, codes_end, rem_off, seg_rem,
-                 rem_end, esc_off, esc_room, SUB: tl.constexpr, NSUB: tl.constexpr,
-                 ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
-                 ALIGNED: tl.constexpr):
-    """A coded chunk with no zero omitted and one sm byte per element, its sm
-    segment inside its stream: element i's sm byte (and fp16 rem value) is
-    the i-th. ALIGNED: sm_src is 8-byte aligned, the chunk fills its
-    sub-blocks and its codes segment lies inside its stream, so a row's 8
-    bytes come in one load and nothing is masked. Returns the escapes
-    decoded and the count of bad exponents."""
-    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
-    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
-    CODES_PER_SUB: tl.constexpr = SUB * 3 // 8
-    one = (n > 0).to(tl.int32)
-    e_base = tl.zeros([], tl.int32)
-    bad_exp = tl.zeros([], tl.int32)
-    for k in range(0, NSUB):
-        r, q, i, valid, is_zero, esc, e, e_base = _decode_codes(
-            src, k, n, lo, 0, codes_off, seg_codes, codes_end, esc_off, esc_room,
-            e_base, SUB, ALIGNED)
-        bad_exp += _bad_exponents(esc, e, EXP_BITS)
-        if ALIGNED:
-            sm = tl.load(sm_src + i).to(tl.int32)
-        else:  # byte loads, contiguity hidden: see _write_fast in fixed3_encode.py
-            sm = tl.load(sm_src + i * one, mask=valid, other=0).to(tl.int32)
-        if ITEMSIZE == 4:
-            sm = sm << 16
-        if IS_FP16:
-            rem = load_rows3(src + rem_off, k * CODES_PER_SUB + 3 * r[:, None], seg_rem,
-                             rem_end - rem_off)
-            sm = sm | (((rem >> (3 * q[None, :])) & 7) << 8)
-        w = join_fields(tl.minimum(e, EMAX), sm, EXP_BITS, MAN_BITS)
-        if ALIGNED:
-            store_words(dst + i, w, None, ITEMSIZE)
+        smv = tl.zeros(i.shape, tl.int32)
+        for b in tl.static_range(3):
+            at = 3 * krank + b
+            smv = smv | (tl.load(sm_src + at, mask=keep & (at < sm_l), other=0).to(tl.int32)
+                         << (8 * b))
+    rem_src = src + tl.multiple_of(a_rem, 16)
+    if IS_FP16:
+        if nz == 0:
+            racc = load_rows3(rem_src, r, rem_l)
+            r3 = (racc[:, :, None] >> (3 * q)) & 7
         else:
-            store_words(dst + i, w, valid, ITEMSIZE)
-    return e_base, bad_exp
-
-
-@triton.jit(noinline=True)
-def _decode_fast_bytes(src, sm_src, dst, n, lo, codes_off, seg_codes, codes_end, rem_off,
-                       seg_rem, rem_end, esc_off, esc_room, SUB: tl.constexpr,
-                       NSUB: tl.constexpr, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
-                       MAN_BITS: tl.constexpr):
-    return _decode_fast(src, sm_src, dst, n, lo, codes_off, seg_codes, codes_end, rem_off,
-                        seg_rem, rem_end, esc_off, esc_room, SUB, NSUB, ITEMSIZE,
-                        EXP_BITS, MAN_BITS, False)
-
-
-@triton.jit(noinline=True)
-def _decode_general(src, dst, n, lo, zf, low16, codes_off, seg_codes, codes_end, sm_off, seg_sm,
-                    sm_end, rem_off, seg_rem, rem_end, esc_off, esc_room,
-                    SUB: tl.constexpr, NSUB: tl.constexpr, ITEMSIZE: tl.constexpr,
-                    EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr):
-    """A coded chunk off the fast path (zeros omitted, 3 sm bytes per
-    element, or an sm segment past its stream's end): kept elements'
-    positions come from a scan. Returns the escapes and kept
-    elements decoded and the count of bad exponents."""
-    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
-    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
-    e_base = tl.zeros([], tl.int32)
-    k_base = tl.zeros([], tl.int32)
-    bad_exp = tl.zeros([], tl.int32)
-    for k in range(0, NSUB):
-        r, q, i, valid, is_zero, esc, e, e_base = _decode_codes(
-            src, k, n, lo, zf, codes_off, seg_codes, codes_end, esc_off, esc_room,
-            e_base, SUB)
-        bad_exp += _bad_exponents(esc, e, EXP_BITS)
-        keep = valid & ~is_zero
-        kr, k_tot = row_ranks(keep.to(tl.int32), k_base)
-        k_base += k_tot
-        krank = kr - 1
-        if ITEMSIZE == 4:
-            smb = 3 - 2 * low16
-            word = tl.zeros([SUB // 8, 8], tl.int32)
-            for b in tl.static_range(3):
-                at = krank * smb + b
-                idx = sm_off + at
-                byte = tl.load(src + idx, mask=tl.where(b < smb, keep & (at < seg_sm) & (idx < sm_end), False),
-                               other=0)
-                word = word | (byte.to(tl.int32) << (8 * b))
-            sm = tl.where(low16 != 0, word << 16, word)
-        else:
-            idx = sm_off + krank
-            sm = tl.load(src + idx, mask=keep & (krank < seg_sm) & (idx < sm_end),
-                         other=0).to(tl.int32)
-        if IS_FP16:
-            # rem: 3 bits at bit 3*krank of the chunk's rem segment (may span 2 bytes).
             bit = 3 * krank
             at = bit >> 3
-            idx = rem_off + at
-            lo_b = tl.load(src + idx, mask=keep & (at < seg_rem) & (idx < rem_end), other=0)
-            hi_b = tl.load(src + idx + 1, mask=keep & (at + 1 < seg_rem) & (idx + 1 < rem_end),
-                           other=0)
-            two = lo_b.to(tl.int32) | (hi_b.to(tl.int32) << 8)
-            sm = sm | (((two >> (bit & 7)) & 7) << 8)
-        w = join_fields(tl.minimum(e, EMAX), sm, EXP_BITS, MAN_BITS)
-        store_words(dst + i, tl.where(is_zero, 0, w), valid, ITEMSIZE)
-    return e_base, k_base, bad_exp
+            two = tl.load(rem_src + at, mask=keep & (at < rem_l), other=0).to(tl.int32) | (
+                tl.load(rem_src + at + 1, mask=keep & (at + 1 < rem_l), other=0).to(tl.int32)
+                << 8)
+            r3 = (two >> (bit & 7)) & 7
+        smv = smv | (r3 << 8)
+    word = ((smv >> MAN_BITS) & 1) << (MAN_BITS + EXP_BITS)
+    word = word | (tl.minimum(tl.maximum(e, 0), EMAX) << MAN_BITS) | (smv & ((1 << MAN_BITS) - 1))
+    word = tl.where(is_zero, tl.where(neg, SIGN, 0), word)
+    tl.store(dst + i, word.to(dst.dtype.element_ty), mask=valid)
 
-
-@triton.jit
-def fixed3_decode_kernel(p_ptr, seg_ptr, cum_ptr, out_ptr, err_ptr, table_off, nch, numel, C,
-                         streams_off, codes_end, sm_end, rem_end, esc_end,
-                         ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
-                         MAN_BITS: tl.constexpr, SUB: tl.constexpr, NSUB: tl.constexpr):
-    c = tl.program_id(0)
-    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
-    if c == 0:
-        check_stream_ends(cum_ptr, nch, err_ptr, codes_end, sm_end, rem_end, esc_end)
-    mode, flags, base, phase, nz, nesc, o1, o2, o3, o4 = load_entry(
-        p_ptr + table_off + c.to(tl.int64) * 16, c < nch)
-    # A load at offset idx of stream s is masked by idx < s's end.
-    (seg_codes, seg_sm, seg_rem, seg_esc, codes_off, sm_off, rem_off,
-     esc_off) = segment_lengths_offsets(seg_ptr, cum_ptr, nch, c)
-    src = p_ptr + streams_off
-    # Escape bytes a chunk may read: its segment, cut at the stream's end (int32).
-    esc_room = tl.maximum(tl.minimum(seg_esc, esc_end - esc_off), 0).to(tl.int32)
-    start = c.to(tl.int64) * C
-    n = tl.minimum(numel - start, C).to(tl.int32)
-    dst = out_ptr + start
-
-    # The table kernel ran before this one on the stream: bit ERR_TABLE is final.
-    if (tl.load(err_ptr) & ERR_TABLE) == 0:
-        if mode == 0:
-            decode_raw_chunk(src, sm_off, seg_sm, sm_end, dst, n, SUB, NSUB, ITEMSIZE)
-        else:
-            zf = (flags >> 1) & 1
-            low16 = flags & 1
-            lo, width = fixed_window(base, phase, zf, EMAX)
-            # The fast path (see fixed3_write_kernel): element i's sm byte at
-            # position i, read 8 bytes at a time from an 8-byte aligned
-            # address (p_ptr is specialized as 16-byte aligned when it is),
-            # else byte by byte, off the hot path. The segment must lie inside
-            # its stream, so that only the chunk's end masks a load.
-            sm_at = streams_off + sm_off
-            fast = ((zf == 0) & ((ITEMSIZE == 2) | (low16 != 0)) & (seg_sm == n)
-                    & (sm_off + n <= sm_end))
-            if fast:
-                full = (n == NSUB * SUB) & (codes_off + seg_codes <= codes_end)
-                if (sm_at % 8 == 0) & full:
-                    e_base, bad_exp = _decode_fast(
-                        src, p_ptr + tl.multiple_of(sm_at, 8), dst, n, lo, codes_off,
-                        seg_codes, codes_end, rem_off, seg_rem, rem_end, esc_off, esc_room,
-                        SUB, NSUB, ITEMSIZE, EXP_BITS, MAN_BITS, True)
-                else:
-                    e_base, bad_exp = _decode_fast_bytes(
-                        src, src + sm_off, dst, n, lo, codes_off, seg_codes, codes_end, rem_off,
-                        seg_rem, rem_end, esc_off, esc_room, SUB, NSUB, ITEMSIZE,
-                        EXP_BITS, MAN_BITS)
-                k_base = n
-            else:
-                e_base, k_base, bad_exp = _decode_general(
-                    src, dst, n, lo, zf, low16, codes_off, seg_codes, codes_end, sm_off, seg_sm,
-                    sm_end, rem_off, seg_rem, rem_end, esc_off, esc_room,
-                    SUB, NSUB, ITEMSIZE, EXP_BITS, MAN_BITS)
-            err = tl.where((e_base != nesc) | (n - k_base != nz), ERR_COUNTS, 0)
-            err = err | tl.where(bad_exp != 0, ERR_EXPONENT, 0)
-            tl.atomic_or(err_ptr, err, mask=err != 0)
-
+    # --- padding ---
+    padbad = pad_nonzero(src, codes_nb, a_sm, lim) | pad_nonzero(src, a_sm + sm_nb, a_rem, lim)
+    padbad = padbad | pad_nonzero(src, a_rem + rem_nb, a_esc, lim)
+    padbad = padbad | pad_nonzero(src, a_esc + esc_nb, seg, lim)
+    return err | tl.where(padbad, ERR_PADDING, 0)

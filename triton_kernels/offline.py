@@ -229,37 +229,28 @@ def line_profile(launch: Launch, compiled, top: int = 20) -> list[tuple]:
 
 def codec_launches(dtype, codec: str, numel: int = 128 << 20, ndim: int = 1) -> list[Launch]:
     """The launches of encode and decode of ``numel`` elements of ``dtype``
-    (a torch dtype) with ``codec``, with realistic argument values: an
-    aligned input of even length, so 16-bit fixed3 analyzes two words at a
-    time."""
+    (a torch dtype) with ``codec``, with realistic argument values: one
+    kernel each (format v2), one program per chunk."""
     info = F.dtype_info(dtype)
     C = F.CHUNK_ELEMS
     nch = F.nchunks_for(numel, C)
     word = {2: "*i16", 4: "*i32"}[info.itemsize]
-    table_off = F.HEADER_NBYTES + 8 * ndim
-    streams_off = table_off + F.CHUNK_ENTRY_NBYTES * nch
-    (an, an_const, an_warps), (wr, wr_const, wr_warps) = E.launch_plan(info, codec, C)
-    an_const = E.with_pairs(an, an_const, info, numel, C, data_ptr=0)  # aligned, as allocated
-    wr_const = E.with_pairs(wr, wr_const, info, numel, C, data_ptr=0)
-    dec, dec_const, dec_warps = D.launch_plan(info, codec, C)
-    ends = dict(codes_end=3 * numel // 8 + 3, sm_end=numel + 5, rem_end=7, esc_end=numel // 64 + 9)
+    header = F.Header(codec, dtype, (numel,) * ndim, numel, C, nch, 0)
+    enc, enc_const, enc_warps = E.launch_plan(info, codec, C)
+    enc_args = dict(x_ptr=word, out_ptr="*u8", ticket_ptr="*i32", status_ptr="*i64",
+                    total_ptr="*i64", numel=numel, nch=nch)
+    if "C" in enc.arg_names and "C" not in enc_const:
+        enc_args["C"] = C
+    enc_args.update(table_off=header.table_offset, offsets_off=header.offsets_offset,
+                    body_off=header.body_offset)
+    dec = D.launcher(info, C)
     return [
-        Launch("encode: analyze", an,
-               dict(x_ptr=word, meta_ptr="*i32", seg_ptr="*i32", numel=numel, nch=nch, C=C),
-               an_const, an_warps, C, an_const["NSUB"], reads_input=1),
-        Launch("encode: write", wr,
-               dict(x_ptr=word, meta_ptr="*i32", seg_ptr="*i32", cum_ptr="*i64", out_ptr="*u8",
-                    numel=numel, nch=nch, C=C, table_off=table_off, streams_off=streams_off),
-               wr_const, wr_warps, C, wr_const["NSUB"], reads_input=1),
-        Launch("decode: table", D._table_kernel,
-               dict(p_ptr="*u8", seg_ptr="*i64", err_ptr="*i32", table_off=table_off, nch=nch,
-                    numel=numel, C=C),
-               dict(CODEC=F.CODEC_IDS[codec], ITEMSIZE=info.itemsize, EXP_BITS=info.exp_bits,
-                    BLOCK=D.TABLE_BLOCK),
-               4, D.TABLE_BLOCK * C),
-        Launch("decode: decode", dec,
-               dict(p_ptr="*u8", seg_ptr="*i64", cum_ptr="*i64", out_ptr=word, err_ptr="*i32",
-                    table_off=table_off, nch=nch, numel=numel, C=C, streams_off=streams_off,
-                    **ends),
-               dec_const, dec_warps, C, dec_const["NSUB"], reads_input=1),
+        Launch("encode: encode", enc, enc_args, enc_const, enc_warps, C, reads_input=1),
+        Launch("decode: decode", D.decode_kernel,
+               dict(p_ptr="*u8", out_ptr=word, err_ptr="*i32",
+                    pay_nbytes=header.body_offset + numel * info.itemsize * 3 // 4 + 16,
+                    numel=numel, nch=nch, C=C, nsums=F.nchunks_for(numel), body_only=0),
+               # The branch of this codec only: its hot path (codec_decode.py).
+               dict(dec.constexprs, DENSE=codec == "dense" and dec.constexprs["DENSE"],
+                    FIXED3=codec == "fixed3"), dec.num_warps, C, reads_input=1),
     ]

@@ -21,7 +21,7 @@ from . import codec as C
 
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
            "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
-_INPUTS = ("gauss", "bf16-casts", "zeros30")
+_INPUTS = ("gauss", "bf16-casts", "zeros30", "masked30")
 
 
 def parse_size(text: str) -> int:
@@ -42,6 +42,8 @@ def synthetic(kind: str, nbytes: int, dtype: torch.dtype, seed: int = 0) -> torc
     x = torch.randn(n, generator=g).to(dtype)
     if kind == "zeros30":
         x[torch.rand(n, generator=g) < 0.3] = 0
+    if kind == "masked30":  # x * mask: zeros of both signs
+        x = x * (torch.rand(n, generator=g) >= 0.3).to(dtype)
     return x
 
 
@@ -126,8 +128,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "instead of synthetic data")
     p.add_argument("--tensor", help="with --input: only this tensor of the file")
     p.add_argument("--data", choices=_INPUTS, default="gauss",
-                   help="synthetic input: Gaussian values, fp32 exact bf16 casts, or "
-                        "Gaussian with 30%% exact zeros (default: gauss)")
+                   help="synthetic input: Gaussian values, fp32 exact bf16 casts, "
+                        "Gaussian with 30%% exact +0.0, or Gaussian times a 30%% zero "
+                        "mask (+0.0 and -0.0) (default: gauss)")
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16",
                    help="dtype of the synthetic input (default: bf16)")
     p.add_argument("--size", type=parse_size, default=parse_size("64MiB"),

@@ -20,13 +20,13 @@ level), and ``backend="auto"`` falls back to the torch backend.
 With ``verify`` the checksums of ``format.py`` ("Integrity") are computed
 here too (``CHECKSUMS``): per chunk, while it is in cache, in the encode write
 pass and in the decode loop (AVX2 with the portable code as fallback and
-tail), about 4 G elements/s per core; ``codec.py`` compares them.
+tail); ``codec.py`` compares them.
 
 The payloads are byte-identical to ``codec_torch``'s, and ``decode`` refuses
 exactly the payloads ``codec_torch.decode`` refuses: C++ applies the rules of
-``format.validate_table`` and ``segment_nbytes`` to the table (format.py's own
-functions then raise the error), and the same count and exponent checks to
-every chunk. On a corrupt payload ``out`` may be partly written before
+``format.validate_table``, ``validate_offsets`` and ``check_padding``
+(format.py's own functions then raise the error), and the same count and
+exponent checks to every chunk. On a corrupt payload ``out`` may be partly written before
 CorruptPayloadError is raised.
 
 Example::
@@ -88,14 +88,15 @@ def _build_dir(source: Path) -> Path:
 
 def _expected_constants() -> list:
     """format.py's constants, flattened in the order csrc's zipccl_constants() writes them."""
-    flat = [F.CHUNK_ELEMS, F.CHUNK_ENTRY_NBYTES, F.FIXED_ZERO_SLOT_SHIFT,
-            F.DENSE_ZERO_FIRST_SHIFT, F.FIXED_BITS, F.FIXED_ESC, F.REM_BITS, F.DENSE_SLOTS,
-            F.ZERO_SYMBOL, F.MODE_RAW, F.MODE_CODED, F.FLAG_LOW16, F.FLAG_ZERO,
-            F.CODEC_IDS["raw"], F.CODEC_IDS["fixed3"], F.CODEC_IDS["dense"], *F.TIER_BITS,
-            *F.TIER_SYMBOLS]
+    flat = [F.CHUNK_ELEMS, F.CHUNK_ENTRY_NBYTES, F.OFFSET_NBYTES, F.ALIGN,
+            F.FIXED_ZERO_SLOT_SHIFT, F.DENSE_ZERO_FIRST_SHIFT, F.FIXED_BITS, F.FIXED_ESC,
+            F.REM_BITS, F.DENSE_SLOTS, F.ZERO_SYMBOL, F.NEG_ZERO_SYMBOL, F.MODE_RAW,
+            F.MODE_CODED, F.FLAG_LOW16, F.FLAG_ZPOS, F.FLAG_ZNEG, F.CODEC_IDS["raw"],
+            F.CODEC_IDS["fixed3"], F.CODEC_IDS["dense"], *F.TIER_BITS, *F.TIER_SYMBOLS]
     for row in F.DENSE_ORDER:
         flat += row
-    flat += list(F.FIXED_LO) + list(F.FIXED_LO_ZERO)
+    for row in F.FIXED_LO_BY_ZEROS:
+        flat += row
     flat += [F.DTYPES[d].code for d in (torch.bfloat16, torch.float16, torch.float32)]
     return flat + [F.SUM_KEY_MUL, F.SUM_MUL1, F.SUM_MUL2]
 
@@ -104,10 +105,10 @@ _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 _SIGNATURES = {
     "zipccl_best_isa": [],
     "zipccl_encode_plan": [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64],
-    "zipccl_encode_write": [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _I64,
+    "zipccl_encode_write": [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _I64,
                             _I64],
-    "zipccl_decode": [_PTR, _I64, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _PTR, _PTR, _I64,
-                      _I64],
+    "zipccl_decode": [_PTR, _I64, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _PTR,
+                      _I64, _I64],
     "zipccl_chunk_sums": [_PTR, _I64, _I64, _PTR, _I64, _I64],
     "zipccl_constants": [_PTR, _I64],
     "zipccl_advise_hugepages": [_PTR, _I64],
@@ -117,7 +118,7 @@ _SIGNATURES = {
 ISAS = ("generic", "avx2")
 
 
-STALE_LOCK_S = 600  # a build takes ~7 s cold; a lock this old was left by a killed process
+STALE_LOCK_S = 600  # far longer than a cold build; a lock this old was left by a killed process
 
 
 def _remove_stale_lock(build_dir: Path) -> None:
@@ -250,61 +251,59 @@ def encode(x: torch.Tensor, codec: str, verify: bool = False) -> torch.Tensor:
     ext = _ext()
     x = x.contiguous()
     numel = x.numel()
-    prefix = F.HEADER_NBYTES + 8 * x.dim()
+    if numel * info.itemsize > F.MAX_BODY_NBYTES - F.ALIGN:
+        raise ValueError(f"a tensor of {numel * info.itemsize} bytes exceeds what format "
+                         f"version {F.VERSION} addresses ({F.MAX_BODY_NBYTES - F.ALIGN} bytes)")
     C = F.CHUNK_ELEMS
     header = F.Header(codec, x.dtype, tuple(x.shape), numel, C if codec != "raw" else 0,
-                      F.nchunks_for(numel, C) if codec != "raw" else 0, 0, 0, 0, 0,
+                      F.nchunks_for(numel, C) if codec != "raw" else 0, 0,
                       F.HEADER_FLAG_CHECKSUM if verify else 0)
     if codec == "raw":
-        header.sm_nbytes = numel * info.itemsize
+        header.body_nbytes = numel * info.itemsize
         out = _fresh_buffer(ext, header.total_nbytes)
-        out[prefix:header.sums_offset].copy_(x.reshape(-1).view(torch.uint8))
+        out[header.body_offset:header.sums_offset].copy_(x.reshape(-1).view(torch.uint8))
         if verify:
             _sums_into(ext, x, out[header.sums_offset:])
     elif numel == 0:
-        out = torch.empty(prefix, dtype=torch.uint8)
+        out = torch.empty(header.table_offset, dtype=torch.uint8)
     else:
         nch = header.nchunks
         table = torch.empty(nch * F.CHUNK_ENTRY_NBYTES, dtype=torch.uint8)
-        offsets = torch.empty(nch, 4, dtype=torch.int64)
-        lengths = torch.empty(4, dtype=torch.int64)
+        offsets = torch.empty(nch, dtype=torch.int64)
+        body = torch.empty(1, dtype=torch.int64)
         threads, isa_ = torch.get_num_threads(), _isa(ext)
         args = (x.data_ptr(), info.code, F.CODEC_IDS[codec], numel, table.data_ptr(),
-                offsets.data_ptr(), lengths.data_ptr())
-        if ext.zipccl_encode_plan(*args, threads, isa_) != 0:
+                offsets.data_ptr())
+        if ext.zipccl_encode_plan(*args, body.data_ptr(), threads, isa_) != 0:
             raise RuntimeError("zipccl_encode_plan refused its arguments")
-        (header.codes_nbytes, header.sm_nbytes, header.rem_nbytes,
-         header.esc_nbytes) = lengths.tolist()
+        header.body_nbytes = int(body[0])
         out = _fresh_buffer(ext, header.total_nbytes)
         sums = out.data_ptr() + header.sums_offset if verify else None
-        if ext.zipccl_encode_write(*args, out.data_ptr(), header.table_offset, sums, threads,
-                                   isa_) != 0:
+        if ext.zipccl_encode_write(*args, out.data_ptr(), header.table_offset,
+                                   header.body_offset, sums, threads, isa_) != 0:
             raise RuntimeError("zipccl_encode_write refused its arguments")
     header.copy_into(out)
     return out
 
 
-_ERR_TABLE, _ERR_LENGTHS = 1, 2  # csrc's Err codes that format.py's table checks also catch
+# csrc's Err codes that format.py's table checks also catch (re-run for their message)
+_ERR_TABLE, _ERR_LENGTHS, _ERR_OFFSETS, _ERR_GAP = 1, 2, 6, 8
 _ERRORS = {
     1: "chunk table entry {chunk} is invalid",
-    2: "stream lengths disagree with the chunk table",
+    2: "the body length disagrees with the chunk table",
     3: "dense tier open counts disagree with the table (chunk {chunk})",
     4: "decoded escape/zero counts disagree with the chunk table (chunk {chunk})",
     5: "a code decodes to an exponent outside the dtype (chunk {chunk})",
+    6: "segment offset of chunk {chunk} disagrees with the chunk table",
+    7: "padding after a sub-stream of chunk {chunk} is not zero",
+    8: "padding after the segment offsets is not zero",
 }
 
 
 def _refuse_like_torch(payload: torch.Tensor, header: F.Header, info: F.DTypeInfo) -> None:
-    """Raise codec_torch.decode's error for a table or stream-length fault."""
-    table = F.ChunkTable.from_bytes(payload[header.table_offset:header.streams_offset],
-                                    header.nchunks)
-    n = F.chunk_lengths(header.numel, header.nchunks, header.chunk_elems, payload.device)
-    F.validate_table(header.codec, info, n, table)
-    seg = F.segment_nbytes(header.codec, info, n, table)
-    want = (header.codes_nbytes, header.sm_nbytes, header.rem_nbytes, header.esc_nbytes)
-    got = tuple(torch.stack([s.sum() for s in seg]).tolist())
-    if got != want:
-        raise CorruptPayloadError(f"stream lengths {want} disagree with the chunk table {got}")
+    """Raise codec_torch.decode's error for a table, offset or body-length fault."""
+    from .codec_torch import check_table
+    check_table(payload, header)
 
 
 def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor,
@@ -318,7 +317,8 @@ def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor,
         raise ValueError("sums must be a contiguous uint8 tensor of 4 bytes per "
                          f"{F.CHUNK_ELEMS} elements")
     if header.codec == "raw":
-        out.reshape(-1).view(torch.uint8).copy_(payload[header.streams_offset:])
+        out.reshape(-1).view(torch.uint8).copy_(
+            payload[header.body_offset:header.body_offset + header.body_nbytes])
         if sums is not None:
             _sums_into(ext, out, sums)
         return out
@@ -329,23 +329,21 @@ def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor,
         raise ValueError("out must be a contiguous CPU tensor of the payload's dtype and numel")
     payload = payload.contiguous()
     # The table is checked in C++ (entry_ok: validate_table's rules, then the
-    # segment_nbytes sums against the header), not with format.py's torch ops:
-    # those cost 0.2-1.2 ms a call, and ~60 ms on a loaded 2-core machine, where
-    # the ones over torch's parallel grain wait for a second core. The tests
-    # check that both refuse the same tables; a refusal re-runs format.py's
-    # checks to raise the reference's own message.
-    lengths = torch.tensor([header.codes_nbytes, header.sm_nbytes, header.rem_nbytes,
-                            header.esc_nbytes], dtype=torch.int64)
+    # offsets and body length against the segment sizes, then the padding),
+    # not with format.py's torch ops, which cost more than decoding a small
+    # payload. The tests check that both refuse the same tables; a refusal
+    # re-runs format.py's checks to raise the reference's own message.
     status = ext.zipccl_decode(payload.data_ptr(), payload.numel(), out.data_ptr(), info.code,
                                F.CODEC_IDS[header.codec], header.numel, header.chunk_elems,
-                               header.nchunks, header.table_offset, lengths.data_ptr(),
+                               header.nchunks, header.table_offset, header.body_offset,
+                               header.body_nbytes,
                                None if sums is None else sums.data_ptr(),
                                torch.get_num_threads(), _isa(ext))
     if status < 0:
         raise RuntimeError("zipccl_decode refused its arguments")
     if status:
         code = status & 0xFF
-        if code in (_ERR_TABLE, _ERR_LENGTHS):
+        if code in (_ERR_TABLE, _ERR_LENGTHS, _ERR_OFFSETS, _ERR_GAP):
             _refuse_like_torch(payload, header, info)
         err = CorruptPayloadError(_ERRORS[code].format(chunk=status >> 8))
         if "{chunk}" in _ERRORS[code]:

@@ -99,24 +99,66 @@ def _locator(e, valid, info):
     return q >> 2, q & 3
 
 
-def _dense_rank_lut(device) -> torch.Tensor:
-    """(2 zero_first, 4 phase, 2*R+1 offset) -> rank, DENSE_ESC when absent."""
-    lut = torch.full((2, 4, 2 * _R + 1), F.DENSE_ESC, dtype=torch.int64)
-    for zf in range(2):
-        for ph in range(4):
-            for rank, sym in enumerate(F.dense_symbol_table(bool(zf), ph)):
-                if sym != F.ZERO_SYMBOL:
-                    lut[zf, ph, sym + _R] = rank
-    return lut.to(device)
+_R = 64  # offsets from base are clamped into [-_R, _R]; the tables use |d| <= 6
 
 
-def _dense_sym_lut(device) -> torch.Tensor:
-    """(2, 4, DENSE_SLOTS) -> offset, or ZERO_SYMBOL."""
-    t = [[F.dense_symbol_table(bool(zf), ph) for ph in range(4)] for zf in range(2)]
+def _symbol_tables(device):
+    """(2 zpos, 2 zneg, 4 phase, DENSE_SLOTS) symbol tables of format.dense_symbol_table."""
+    t = [[[F.dense_symbol_table(bool(zp), bool(zn), ph) for ph in range(4)] for zn in range(2)]
+         for zp in range(2)]
     return torch.tensor(t, dtype=torch.int64, device=device)
 
 
-_R = 64  # offsets from base are clamped into [-_R, _R]; the tables use |d| <= 6
+def _dense_rank_lut(device):
+    """(2, 2, 4, 2*_R+1 offset) -> rank (DENSE_ESC when absent), and
+    (2, 2, 4, 2) -> rank of +0.0 / -0.0 (-1 when absent)."""
+    lut = torch.full((2, 2, 4, 2 * _R + 1), F.DENSE_ESC, dtype=torch.int64)
+    zrank = torch.full((2, 2, 4, 2), -1, dtype=torch.int64)
+    for zp in range(2):
+        for zn in range(2):
+            for ph in range(4):
+                for rank, sym in enumerate(F.dense_symbol_table(bool(zp), bool(zn), ph)):
+                    if sym == F.ZERO_SYMBOL:
+                        zrank[zp, zn, ph, 0] = rank
+                    elif sym == F.NEG_ZERO_SYMBOL:
+                        zrank[zp, zn, ph, 1] = rank
+                    else:
+                        lut[zp, zn, ph, sym + _R] = rank
+    return lut.to(device), zrank.to(device)
+
+
+def _fixed_window(base, phase, z, info):
+    """fixed3 window start and width per chunk (format.py, "fixed3")."""
+    lo_tab = torch.tensor(F.FIXED_LO_BY_ZEROS, device=base.device)
+    width = 7 - z
+    lo = (base + lo_tab[z, phase]).clamp(min=0)
+    return torch.minimum(lo, info.emax + 1 - width), width
+
+
+def _front(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Each row's kept values moved to its front, in order; zeros after."""
+    order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)
+    moved = torch.gather(values, 1, order)
+    count = keep.sum(1, keepdim=True)
+    cols = torch.arange(values.shape[1], device=values.device)
+    return torch.where(cols[None, :] < count, moved, 0)
+
+
+def _pad_cols(rows: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.nn.functional.pad(rows, (0, width - rows.shape[1])) if width > rows.shape[1] else rows
+
+
+def _assemble_body(parts, starts: torch.Tensor, lengths) -> torch.Tensor:
+    """The body: per chunk (row), part p's row prefix of align16(lengths[p])
+    bytes at its segment start; parts are uint8 rows zero past their length."""
+    widths = [F.align16(r.shape[1]) for r in parts]
+    rows = torch.cat([_pad_cols(r, w) for r, w in zip(parts, widths)], 1)
+    col_start = torch.tensor([sum(widths[:i]) for i in range(len(widths))], device=rows.device)
+    cols = torch.arange(rows.shape[1], device=rows.device)
+    part = torch.bucketize(cols, col_start, right=True) - 1
+    padded = torch.stack([F.align16(ln) for ln in lengths], 1)  # (nch, parts)
+    keep = (cols - col_start[part])[None, :] < padded[:, part]
+    return rows[keep]
 
 
 # --------------------------------------------------------------------------
@@ -126,13 +168,14 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
     info = F.dtype_info(x.dtype)
     numel = x.numel()
     dev = x.device
+    if numel * info.itemsize > F.MAX_BODY_NBYTES - F.ALIGN:
+        raise ValueError(f"a tensor of {numel * info.itemsize} bytes exceeds what format "
+                         f"version {F.VERSION} addresses ({F.MAX_BODY_NBYTES - F.ALIGN} bytes)")
     C = F.CHUNK_ELEMS
-    nch = F.nchunks_for(numel, C)
+    nch = F.nchunks_for(numel, C) if codec != "raw" else 0
     header = F.Header(codec, x.dtype, tuple(x.shape), numel, C if codec != "raw" else 0,
-                      nch if codec != "raw" else 0, 0, numel * info.itemsize, 0, 0)
+                      nch, numel * info.itemsize if codec == "raw" else 0)
     if codec == "raw" or numel == 0:
-        if codec != "raw":
-            header.sm_nbytes = 0
         head = header.to_tensor(dev)
         body = x.reshape(-1).view(torch.uint8) if codec == "raw" else head[:0]
         return torch.cat([head, body])
@@ -141,81 +184,78 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
     e, sm = _split(W, info)
     n = F.chunk_lengths(numel, nch, C, dev)
     base, phase = _locator(e, valid, info)
-    is_zero = (W == 0) & valid
-    nz = is_zero.sum(1, dtype=torch.int64)
+    is_zpos = (W == 0) & valid
+    is_zneg = (W == info.sign_word) & valid
+    npos = is_zpos.sum(1, dtype=torch.int64)
+    nneg = is_zneg.sum(1, dtype=torch.int64)
     flags = torch.zeros_like(n)
     if info.dtype == torch.float32:
         low16 = (((W & 0xFFFF) == 0) | ~valid).all(1)
         flags |= torch.where(low16, F.FLAG_LOW16, 0)
     low16 = (flags & F.FLAG_LOW16) != 0
-    zero_flag = torch.zeros_like(low16)
+    shift = F.FIXED_ZERO_SLOT_SHIFT if codec == "fixed3" else F.DENSE_ZERO_FIRST_SHIFT
+    zp = (npos << shift) >= n
+    zn = (nneg << shift) >= n
+    flags |= torch.where(zp, F.FLAG_ZPOS, 0) | torch.where(zn, F.FLAG_ZNEG, 0)
 
     if codec == "fixed3":
-        zero_flag = (nz << F.FIXED_ZERO_SLOT_SHIFT) >= n
-        lo_tab = torch.tensor([F.FIXED_LO, F.FIXED_LO_ZERO], device=dev)
-        width = 7 - zero_flag.to(torch.int64)
-        lo = (base + lo_tab[zero_flag.long(), phase]).clamp(min=0)
-        lo = torch.minimum(lo, info.emax + 1 - width)
+        z, cpos, cneg = F.fixed_zero_codes(flags)
+        lo, width = _fixed_window(base, phase, z, info)
         d = e - lo[:, None]
         inwin = (d >= 0) & (d < width[:, None])
-        zf = zero_flag[:, None]
-        code = torch.where(inwin, d + zf.to(d.dtype), F.FIXED_ESC)
-        omitted = zf & is_zero
-        code = torch.where(omitted, 0, code)
+        code = torch.where(inwin, d + z[:, None], F.FIXED_ESC)
+        zpos_coded = zp[:, None] & is_zpos
+        zneg_coded = zn[:, None] & is_zneg
+        code = torch.where(zpos_coded, cpos[:, None], code)
+        code = torch.where(zneg_coded, cneg[:, None], code)
         code = torch.where(valid, code, 0)
         esc = valid & (code == F.FIXED_ESC)
         n_open = torch.zeros(nch, 4, dtype=torch.int64, device=dev)
-        nz = torch.where(zero_flag, nz, 0)
-        code_rows = pack_bits(code, F.FIXED_BITS)  # (nch, 3C/8)
-        code_len = F.packed_nbytes(n, F.FIXED_BITS)
-        code_parts = [(code_rows, code_len)]
+        codes_rows = pack_bits(code, F.FIXED_BITS)  # (nch, 3C/8), zero past each chunk's end
     else:
-        zero_flag = (nz << F.DENSE_ZERO_FIRST_SHIFT) >= n
-        zf = zero_flag.long()
+        lut, zrank = _dense_rank_lut(dev)
+        zpl, znl = zp.long()[:, None], zn.long()[:, None]
         d = (e - base[:, None]).clamp(-_R, _R) + _R
-        lut = _dense_rank_lut(dev)
-        rank = lut[zf[:, None], phase[:, None], d]
-        zero_rank = torch.where(zero_flag, 0, F.DENSE_SLOTS - 1)
-        rank = torch.where(is_zero, zero_rank[:, None], rank)
-        omitted = is_zero
+        rank = lut[zpl, znl, phase[:, None], d]
+        rpos = zrank[zpl, znl, phase[:, None], 0]  # (nch, 1), -1 when +0.0 has no symbol
+        rneg = zrank[zpl, znl, phase[:, None], 1]
+        zpos_coded = is_zpos & (rpos >= 0)
+        zneg_coded = is_zneg & (rneg >= 0)
+        rank = torch.where(zpos_coded, rpos, rank)
+        rank = torch.where(zneg_coded, rneg, rank)
         esc = valid & (rank == F.DENSE_ESC)
-        code_parts = []
-        opens = []
+        tier_rows, tier_keep, opens = [], [], []
         for t, (bits, cap, start) in enumerate(zip(F.TIER_BITS, F.TIER_SYMBOLS, F.TIER_START)):
             open_t = valid & (rank >= start)
             if t:
                 opens.append(open_t.sum(1, dtype=torch.int64))
             digit = (rank - start).clamp(max=cap)
-            digits = _compact_rows(torch.where(open_t, digit, 0), open_t)
+            digits = _front(torch.where(open_t, digit, 0), open_t)
             cnt = opens[-1] if t else n
-            code_parts.append((pack_bits(digits, bits), F.packed_nbytes(cnt, bits)))
+            rows_t = pack_bits(digits, bits)
+            tier_rows.append(rows_t)
+            tier_keep.append(torch.arange(rows_t.shape[1], device=dev)[None, :]
+                             < F.packed_nbytes(cnt, bits)[:, None])
         n_open = torch.stack(opens, 1)
+        # codes: the tiers' byte-aligned prefixes, tier after tier, at the row's front
+        codes_rows = _front(torch.cat(tier_rows, 1), torch.cat(tier_keep, 1))
+    omitted = zpos_coded | zneg_coded
 
     n_esc = esc.sum(1, dtype=torch.int64)
-    table = F.ChunkTable(torch.full_like(n, F.MODE_CODED),
-                         flags | torch.where(zero_flag, F.FLAG_ZERO, 0), base, phase,
-                         nz, n_esc, n_open)
-    seg = F.segment_nbytes(codec, info, n, table)
-    coded = sum(seg) < n * info.itemsize
+    nz = omitted.sum(1, dtype=torch.int64)
+    table = F.ChunkTable(torch.full_like(n, F.MODE_CODED), flags, base, phase, nz, n_esc, n_open)
+    _, seg = F.segment_layout(codec, info, n, table)
+    coded = seg < F.align16(n * info.itemsize)
     raw_chunk = ~coded
     # Chunks that do not shrink are stored raw; their table entries are zero.
-    z = torch.zeros_like(n)
+    z0 = torch.zeros_like(n)
     table = F.ChunkTable(torch.where(coded, F.MODE_CODED, F.MODE_RAW),
-                         torch.where(coded, table.flags, z), torch.where(coded, base, z),
-                         torch.where(coded, phase, z), torch.where(coded, table.n_zero, z),
-                         torch.where(coded, n_esc, z), torch.where(coded[:, None], n_open, 0))
-    codes_len, sm_len, rem_len, esc_len = F.segment_nbytes(codec, info, n, table)
-
-    # codes: per chunk, each part's prefix, parts in order.
-    rows = torch.cat([r for r, _ in code_parts], 1)
-    lens = [torch.where(coded, ln, 0) for _, ln in code_parts]
-    widths = [r.shape[1] for r, _ in code_parts]
-    col_part_start = torch.tensor([sum(widths[:i]) for i in range(len(widths))], device=dev)
-    cols = torch.arange(rows.shape[1], device=dev)
-    part_of_col = torch.bucketize(cols, col_part_start, right=True) - 1
-    lens_mat = torch.stack(lens, 1)  # (nch, parts)
-    keep = (cols - col_part_start[part_of_col])[None, :] < lens_mat[:, part_of_col]
-    codes_stream = rows[keep]
+                         torch.where(coded, flags, z0), torch.where(coded, base, z0),
+                         torch.where(coded, phase, z0), torch.where(coded, nz, z0),
+                         torch.where(coded, n_esc, z0), torch.where(coded[:, None], n_open, 0))
+    lengths = F.segment_nbytes(codec, info, n, table)
+    starts, seg = F.segment_layout(codec, info, n, table)
+    offsets = F.segment_offsets(seg)
 
     # sm: coded chunks ship the kept elements' sm bytes; raw chunks their words.
     smb = torch.where(low16, 1, 3) if info.dtype == torch.float32 else torch.ones_like(n)
@@ -229,44 +269,55 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
     nbytes = torch.where(raw_chunk, info.itemsize, smb)
     elem_keep = valid & ~(coded[:, None] & omitted)
     byte_idx = torch.arange(4, device=dev)
-    byte_keep = elem_keep[..., None] & (byte_idx < nbytes[:, None, None])
-    vbytes = value.contiguous().view(torch.uint8).view(nch, C, 4)
-    sm_stream = vbytes[byte_keep]
+    byte_keep = (elem_keep[..., None] & (byte_idx < nbytes[:, None, None])).view(nch, 4 * C)
+    vbytes = value.contiguous().view(torch.uint8).view(nch, 4 * C)
+    sm_rows = _front(vbytes, byte_keep)
 
-    # rem (fp16): top 3 bits of sm for kept elements of coded chunks.
+    coded_col = coded[:, None]
+    codes_rows = torch.where(coded_col, codes_rows, 0)
     if info.dtype == torch.float16:
-        keep_rem = elem_keep & coded[:, None]
-        rem_vals = _compact_rows(torch.where(keep_rem, sm >> 8, 0), keep_rem)
-        rem_stream = _take_prefixes(pack_bits(rem_vals, F.REM_BITS), rem_len)
+        keep_rem = elem_keep & coded_col
+        rem_rows = pack_bits(_front(torch.where(keep_rem, sm >> 8, 0), keep_rem), F.REM_BITS)
     else:
-        rem_stream = sm_stream[:0]
+        rem_rows = codes_rows[:, :0]
+    esc_rows = _front(torch.where(esc & coded_col, e, 0).to(torch.uint8), esc & coded_col)
+    body = _assemble_body([codes_rows.to(torch.uint8), sm_rows, rem_rows.to(torch.uint8),
+                           esc_rows], starts, lengths)
 
-    esc_stream = e[esc & coded[:, None]].to(torch.uint8)
-
-    header.codes_nbytes = int(codes_stream.numel())
-    header.sm_nbytes = int(sm_stream.numel())
-    header.rem_nbytes = int(rem_stream.numel())
-    header.esc_nbytes = int(esc_stream.numel())
+    header.body_nbytes = int(body.numel())
     head = header.to_tensor(dev)
-    return torch.cat([head, table.to_bytes(), codes_stream, sm_stream, rem_stream, esc_stream])
+    table_bytes = torch.cat([table.to_bytes(), F.offsets_to_bytes(offsets)])
+    gap = head.new_zeros(header.body_offset - header.offsets_offset - F.OFFSET_NBYTES * nch)
+    return torch.cat([head, table_bytes, gap, body])
 
 
 # --------------------------------------------------------------------------
 # Decode
 # --------------------------------------------------------------------------
-def _gather_segments(stream: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
-                     width: int) -> torch.Tensor:
-    """(nch, width) uint8: row c holds stream[offsets[c] : offsets[c] + lengths[c]], zero-padded."""
-    cols = torch.arange(width, device=stream.device)
+def _gather_rows(payload: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor,
+                 width: int) -> torch.Tensor:
+    """(nch, width) uint8: row c holds payload[starts[c] : starts[c] + lengths[c]], zero-padded."""
+    cols = torch.arange(width, device=payload.device)
     inside = cols[None, :] < lengths[:, None]
-    idx = torch.where(inside, offsets[:, None] + cols[None, :], 0)
-    if stream.numel() == 0:
-        return torch.zeros(idx.shape, dtype=torch.uint8, device=stream.device)
-    return torch.where(inside, stream[idx], 0)
+    idx = torch.where(inside, starts[:, None] + cols[None, :], 0)
+    return torch.where(inside, payload[idx], 0)
 
 
-def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
-    return torch.cumsum(x, 0) - x
+def check_table(payload: torch.Tensor, header: F.Header):
+    """The table, offsets and layout of a parsed coded payload, checked
+    against each other and the body length: (table, n, stream lengths,
+    absolute sub-stream starts)."""
+    info = F.DTYPES[header.dtype]
+    nch = header.nchunks
+    table, offsets = F.read_table(payload, header)
+    n = F.chunk_lengths(header.numel, nch, header.chunk_elems, payload.device)
+    F.validate_table(header.codec, info, n, table)
+    starts, seg = F.segment_layout(header.codec, info, n, table)
+    F.validate_offsets(offsets, seg, header.body_nbytes)
+    lengths = F.segment_nbytes(header.codec, info, n, table)
+    starts = header.body_offset + F.ALIGN * offsets[:, None] + starts
+    F.check_padding(payload, header, lengths, starts)
+    return table, n, lengths, starts
 
 
 def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor) -> torch.Tensor:
@@ -275,48 +326,33 @@ def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor) -> torch.
     flat_out = out.reshape(-1).view(_INT_VIEW[info.itemsize])
     if header.codec == "raw":
         out.reshape(-1).view(torch.uint8).copy_(
-            payload[header.streams_offset:header.streams_offset + header.sm_nbytes])
+            payload[header.body_offset:header.body_offset + header.body_nbytes])
         return out
     numel, C, nch = header.numel, header.chunk_elems, header.nchunks
     if numel == 0:
         return out
-    table = F.ChunkTable.from_bytes(payload[header.table_offset:header.streams_offset], nch)
-    n = F.chunk_lengths(numel, nch, C, dev)
-    F.validate_table(header.codec, info, n, table)
-    seg = F.segment_nbytes(header.codec, info, n, table)
-    want = (header.codes_nbytes, header.sm_nbytes, header.rem_nbytes, header.esc_nbytes)
-    got = torch.stack([s.sum() for s in seg]).tolist()
-    if tuple(got) != want:
-        raise CorruptPayloadError(f"stream lengths {want} disagree with the chunk table {tuple(got)}")
-    o = header.streams_offset
-    streams = []
-    for length in want:
-        streams.append(payload[o:o + length])
-        o += length
-    codes_s, sm_s, rem_s, esc_s = streams
-    codes_len, sm_len, rem_len, esc_len = seg
+    table, n, lengths, at = check_table(payload, header)
+    codes_len, sm_len, rem_len, esc_len = lengths
     coded = table.mode == F.MODE_CODED
     valid = (torch.arange(C, device=dev)[None, :] < n[:, None])
     low16 = (table.flags & F.FLAG_LOW16) != 0
-    zero_flag = (table.flags & F.FLAG_ZERO) != 0
     base, phase = table.base, table.phase
+    zp = (table.flags & F.FLAG_ZPOS) != 0
+    zn = (table.flags & F.FLAG_ZNEG) != 0
 
-    codes_off = _exclusive_cumsum(codes_len)
     if header.codec == "fixed3":
-        rows = _gather_segments(codes_s, codes_off, codes_len, C * F.FIXED_BITS // 8)
+        rows = _gather_rows(payload, at[:, 0], codes_len, C * F.FIXED_BITS // 8)
         code = unpack_bits(rows, F.FIXED_BITS, C).to(torch.int64)
-        zf = zero_flag[:, None]
-        is_zero = zf & (code == 0)
-        lo_tab = torch.tensor([F.FIXED_LO, F.FIXED_LO_ZERO], device=dev)
-        width = 7 - zero_flag.to(torch.int64)
-        lo = (base + lo_tab[zero_flag.long(), phase]).clamp(min=0)
-        lo = torch.minimum(lo, info.emax + 1 - width)
-        e = lo[:, None] + code - zf.to(torch.int64)
+        z, cpos, cneg = F.fixed_zero_codes(table.flags)
+        lo, _ = _fixed_window(base, phase, z, info)
+        is_zero = code < z[:, None]
+        neg_zero = is_zero & (code == cneg[:, None])
+        e = lo[:, None] + code - z[:, None]
         esc = code == F.FIXED_ESC
     else:
         rank = torch.zeros(nch, C, dtype=torch.int64, device=dev)
         open_t = valid.clone()
-        part_off = codes_off
+        part_off = at[:, 0]
         counts = torch.cat([n[:, None], table.n_open], 1)
         for t, (bits, cap) in enumerate(zip(F.TIER_BITS, F.TIER_SYMBOLS)):
             if t:
@@ -324,7 +360,7 @@ def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor) -> torch.
                 if bool((coded & (got_open != counts[:, t])).any()):
                     raise CorruptPayloadError(f"dense tier {t} open counts disagree with the table")
             ln = torch.where(coded, F.packed_nbytes(counts[:, t], bits), 0)
-            rows = _gather_segments(codes_s, part_off, ln, C * bits // 8)
+            rows = _gather_rows(payload, part_off, ln, C * bits // 8)
             part_off = part_off + ln
             digits = unpack_bits(rows, bits, C).to(torch.int64)
             pos = (torch.cumsum(open_t, 1) - 1).clamp(min=0)
@@ -333,8 +369,9 @@ def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor) -> torch.
             open_t = open_t & (digit == cap)
         esc = open_t
         rank = rank.clamp(max=F.DENSE_SLOTS - 1)
-        sym = _dense_sym_lut(dev)[zero_flag.long()[:, None], phase[:, None], rank]
-        is_zero = (sym == F.ZERO_SYMBOL) & ~esc
+        sym = _symbol_tables(dev)[zp.long()[:, None], zn.long()[:, None], phase[:, None], rank]
+        is_zero = ((sym == F.ZERO_SYMBOL) | (sym == F.NEG_ZERO_SYMBOL)) & ~esc
+        neg_zero = is_zero & (sym == F.NEG_ZERO_SYMBOL)
         e = base[:, None] + sym
 
     esc = esc & valid & coded[:, None]
@@ -342,11 +379,9 @@ def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor) -> torch.
     if bool((coded & (esc.sum(1) != table.n_esc)).any()) or \
             bool((coded & (is_zero.sum(1) != table.n_zero)).any()):
         raise CorruptPayloadError("decoded escape/zero counts disagree with the chunk table")
-    esc_off = _exclusive_cumsum(esc_len)
-    esc_pos = esc_off[:, None] + torch.cumsum(esc, 1) - 1
-    if esc_s.numel():
-        esc_e = esc_s[torch.where(esc, esc_pos, 0)].to(torch.int64)
-        e = torch.where(esc, esc_e, e)
+    esc_rows = _gather_rows(payload, at[:, 3], esc_len, C)
+    esc_e = torch.gather(esc_rows, 1, (torch.cumsum(esc, 1) - 1).clamp(min=0)).to(torch.int64)
+    e = torch.where(esc, esc_e, e)
     live = valid & coded[:, None] & ~is_zero
     if bool((live & ((e < 0) | (e > info.emax))).any()):
         raise CorruptPayloadError("a code decodes to an exponent outside the dtype")
@@ -356,26 +391,26 @@ def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor) -> torch.
     nbytes = torch.where(coded, smb, info.itemsize)
     elem_keep = valid & ~is_zero
     elem_rank = torch.cumsum(elem_keep, 1) - 1
-    sm_off = _exclusive_cumsum(sm_len)
+    sm_rows = _gather_rows(payload, at[:, 1], sm_len, C * info.itemsize)
     word = torch.zeros(nch, C, dtype=torch.int64, device=dev)
     for b in range(max(info.itemsize, 3 if info.dtype == torch.float32 else 1)):
         has = elem_keep & (b < nbytes[:, None])
         if not bool(has.any()):
             continue
-        idx = sm_off[:, None] + elem_rank * nbytes[:, None] + b
-        byte = sm_s[torch.where(has, idx, 0)].to(torch.int64)
+        idx = torch.where(has, elem_rank * nbytes[:, None] + b, 0)
+        byte = torch.gather(sm_rows, 1, idx).to(torch.int64)
         word = word | torch.where(has, byte << (8 * b), 0)
     if info.dtype == torch.float32:
         sm = torch.where(low16[:, None], word << 16, word)
     elif info.dtype == torch.float16:
-        rem_rows = _gather_segments(rem_s, _exclusive_cumsum(rem_len), rem_len, C * F.REM_BITS // 8)
+        rem_rows = _gather_rows(payload, at[:, 2], rem_len, C * F.REM_BITS // 8)
         rem = unpack_bits(rem_rows, F.REM_BITS, C).to(torch.int64)
         rem = torch.gather(rem, 1, elem_rank.clamp(min=0))
         sm = word | (rem << 8)
     else:
         sm = word
     words = torch.where(coded[:, None], _join(e.clamp(0, info.emax), sm & ((2 << info.man_bits) - 1), info), word)
-    words = torch.where(is_zero, 0, words)
+    words = torch.where(is_zero, torch.where(neg_zero, info.sign_word, 0), words)
     flat = words.reshape(-1)[:numel]
     if info.itemsize == 2:
         flat = torch.where(flat >= 0x8000, flat - 0x10000, flat)

@@ -1,17 +1,38 @@
-"""The zipccl payload format, defined here and nowhere else.
+"""The zipccl payload format (version 2), defined here and nowhere else.
 
-A payload is one 1-D uint8 tensor::
+A payload is one 1-D uint8 tensor. All integers are little-endian; every
+offset named below is from the payload's first byte, and ``align16(x)`` is
+``x`` rounded up to a multiple of 16::
 
-    header (64 B) | dims (ndim x u64) | chunk table (nchunks x 16 B) | codes | sm | rem | esc
-    [| sums (u32 per 4096 elements, when the header flag CHECKSUM is set)]
+    0                 header (64 B)
+    64                dims (ndim x u64)
+    table_offset      chunk table: nchunks entries of 16 B    table_offset = align16(64 + 8 ndim)
+    offsets_offset    segment offsets: nchunks x u32          offsets_offset = table_offset + 16 nchunks
+    body_offset       body: one segment per chunk, in order   body_offset = align16(offsets_offset + 4 nchunks)
+    sums_offset       [sums: u32 per 4096 elements, with the header flag CHECKSUM]
+                                                              sums_offset = body_offset + body_nbytes
 
-All integers are little-endian. The header ends with a CRC-32 of itself and
-the dims, so a damaged header is refused before any field is used. The tensor is cut into chunks of
-``chunk_elems`` elements (the last may be shorter); each chunk is coded on its
-own and stored either CODED or RAW. Every stream is the concatenation, in
-chunk order, of each chunk's byte-aligned segment; a segment's length follows
-from its chunk-table entry (``segment_nbytes``), so any chunk can be located
-with a prefix sum and decoded independently (one Triton program per chunk).
+The header ends with a CRC-32 of itself and the dims, so a damaged header is
+refused before any field is used. Every padding byte is zero, so a tensor has
+exactly one payload per codec (backends compare bytes).
+
+Chunks. The tensor is cut into chunks of ``chunk_elems`` elements (4096; the
+last may be shorter); each is coded on its own and stored CODED or RAW.
+
+Body (chunk-major). Chunk c's segment starts at ``body_offset + 16 *
+offset[c]`` and is self-contained::
+
+    codes | pad | sm | pad | rem | pad | esc | pad
+
+each sub-stream starting at a multiple of 16 bytes from the segment start (so
+16 B aligned in the payload) and the segment ending at a multiple of 16. The
+sub-stream lengths follow from the chunk's table entry alone
+(``segment_nbytes``; ``segment_layout`` gives the starts), so a decoder that
+reads entry c and offset c can decode chunk c with no scan over other chunks;
+``offset`` is the exclusive prefix sum of the padded segment sizes in 16-byte
+units (``offset[0] = 0``) and ``body_nbytes`` their total, both checked by
+every decoder. A RAW chunk's segment is its element bytes (in the ``sm``
+position), padded to 16.
 
 Element fields. A float word splits into an exponent field ``e`` (8 bits for
 bf16/fp32, 5 for fp16) and the sign+mantissa field ``sm`` (the other bits,
@@ -20,6 +41,10 @@ its low 8 bits as a byte plus its top 3 bits in the 3-bit ``rem`` stream. An
 fp32 chunk whose low 16 bits are all zero (exact bf16 casts, as FSDP2's fp32
 reduce-scatter input) sets LOW16 and ships 1 byte of ``sm`` per element.
 
+Zeros. ``+0.0`` (word 0) and ``-0.0`` (only the sign bit set) each have a
+chunk flag, ZPOS and ZNEG. A flagged zero sign gets a code of its own and no
+``sm`` byte; ``n_zero`` counts the elements coded that way (both signs).
+
 Exponent codes. No histogram is taken: the exponent pmf of Gaussian data has
 a fixed shape whose position moves with sigma. A chunk's locator is the mean
 exponent over its normal elements (0 < e < emax), computed exactly in integers
@@ -27,41 +52,43 @@ so every backend agrees: ``q = floor(4 * sum(e) / count)``, ``base = q >> 2``,
 ``phase = q & 3``. The tables below place the codes around ``base`` for each
 quarter-exponent ``phase``.
 
-* ``fixed3``: 3 bits per element. Codes 0..6 are the exponents ``lo..lo+6``
-  with ``lo = clamp(base + FIXED_LO[phase])``; code 7 is ESC. If at least 1/64
-  of the chunk is exactly +0.0 the chunk sets ZERO_SLOT: code 0 means +0.0
-  (its sm byte is not shipped) and codes 1..6 are ``lo..lo+5``.
+* ``fixed3``: 3 bits per element, code 7 is ESC. ZPOS when at least 1/64 of
+  the chunk is +0.0, ZNEG likewise for -0.0 (``n << FIXED_ZERO_SLOT_SHIFT >=
+  n_elems``). With z = ZPOS + ZNEG zero codes, code 0 is +0.0 when ZPOS, the
+  next code -0.0 when ZNEG, and codes z..6 are the exponents ``lo..lo+6-z``
+  with ``lo = clamp(base + FIXED_LO_BY_ZEROS[z][phase], 0, emax + 1 -
+  (7 - z))``. A zero of an unflagged sign is coded like any other element.
 * ``dense``: a tiered prefix code. Tier ``t`` is a stream of ``TIER_BITS[t]``-bit
   digits, one per element still *open* at that tier; digit values below the
-  all-ones value are symbols, all-ones means "continue". The symbol order is
-  ``DENSE_ORDER[phase]`` (10 exponent offsets from ``base``) with ZERO (+0.0)
-  last, or first when at least 1/8 of the chunk is +0.0 (ZERO_FIRST). An
-  element still open after the last tier is ESC. Decoding a tier is one
-  vectorized step (prefix sum of the open mask), so the code is parallel.
+  all-ones value are symbols, all-ones means "continue". The DENSE_SLOTS
+  symbols in rank order (``dense_symbol_table``) are: the flagged zeros (ZPOS
+  when at least 1/16 of the chunk is +0.0, then ZNEG likewise for -0.0), then
+  ``DENSE_ORDER[phase]`` (exponent offsets from ``base``), then +0.0 when ZPOS
+  is not set, cut to DENSE_SLOTS. Without ZNEG a chunk codes as in version
+  1 (but for the threshold, 1/8 there). An element still open after the last
+  tier is ESC (a -0.0 without ZNEG is one, with ZNEG only a +0.0 is one).
+  Decoding a tier is one vectorized step (prefix sum of the open mask), so the code is parallel.
 
-ESC elements ship their exponent field as one byte in ``esc``. A chunk whose
-coded size is not smaller than its raw size is stored RAW: its ``sm`` segment
-holds the raw element bytes.
+ESC elements ship their exponent field as one byte in ``esc``. A chunk is
+stored CODED only when its padded coded segment is smaller than its padded raw
+segment, so no chunk grows beyond its raw bytes rounded up to 16.
 
 Integrity (``verify``): with the header flag CHECKSUM, ``sums`` holds, for
 each run of CHUNK_ELEMS elements of the *original* tensor, the u32
 ``sum(mix(word_i ^ key_i)) mod 2**32`` over its unsigned words, where i counts
 from 0 within the run, ``key_i = (i | dtype_code << 16) * SUM_KEY_MUL mod
 2**32`` (so a payload relabelled to another dtype of the same width does not
-verify) and ``mix`` is
-the bijection of 32-bit values ``h = h * SUM_MUL1; h ^= h >> 15;
-h = h * SUM_MUL2; h ^= h >> 16`` (products mod 2**32). The decoder recomputes
-it on what it produced. A change of one element always changes the sum (mix is
-a bijection); a change of several elements escapes with probability about
-2**-32. (The first definition, ``sum(word_i * (2 i + 1))``, was linear: it
-missed any change whose differences cancel against the weights, such as the
-three-element change one damaged byte of the fp16 ``rem`` stream makes, two
-fp32 sign flips in one chunk, or a chunk's exponents all shifted by an even
-amount; the decode fuzzer found the first.)
+verify) and ``mix`` is the bijection of 32-bit values ``h = h * SUM_MUL1; h ^=
+h >> 15; h = h * SUM_MUL2; h ^= h >> 16`` (products mod 2**32). The decoder
+recomputes it on what it produced. A change of one element always changes the
+sum (mix is a bijection); a change of several elements escapes with
+probability about 2**-32. The sum must not be linear in the words: a linear
+one misses changes whose differences cancel against the weights.
 """
 from __future__ import annotations
 
 import math
+import numbers
 import struct
 import zlib
 from dataclasses import dataclass
@@ -72,12 +99,15 @@ from ._layout import staged, to_device
 from .errors import CorruptPayloadError
 
 MAGIC = b"ZCCL"
-VERSION = 1
+VERSION = 2
 HEADER_NBYTES = 64
 CHUNK_ENTRY_NBYTES = 16
-CHUNK_ELEMS = 4096  # one Triton program per chunk; table overhead 16 B per 8 KiB of bf16
+OFFSET_NBYTES = 4  # one u32 per chunk: segment start in ALIGN-byte units from body_offset
+ALIGN = 16  # every table, stream and segment start; padding bytes are zero
+CHUNK_ELEMS = 4096  # one Triton program per chunk; table overhead 20 B per 8 KiB of bf16
 MAX_CHUNK_ELEMS = 65535  # counts in the chunk table are u16
 MAX_NDIM = 16
+MAX_BODY_NBYTES = ALIGN * (1 << 32)  # what u32 offsets in ALIGN units can address
 
 CODEC_IDS = {"raw": 0, "fixed3": 1, "dense": 2}
 CODEC_NAMES = {v: k for k, v in CODEC_IDS.items()}
@@ -86,11 +116,14 @@ CODEC_NAMES = {v: k for k, v in CODEC_IDS.items()}
 MODE_RAW = 0
 MODE_CODED = 1
 FLAG_LOW16 = 1  # fp32 chunk whose low 16 bits are all zero
-FLAG_ZERO = 2  # fixed3: ZERO_SLOT; dense: ZERO_FIRST
+FLAG_ZPOS = 2  # +0.0 has its own code and ships no sm
+FLAG_ZNEG = 4  # -0.0 has its own code and ships no sm
+CHUNK_FLAGS = FLAG_LOW16 | FLAG_ZPOS | FLAG_ZNEG
 
-# Thresholds, as integer comparisons every backend evaluates identically.
-FIXED_ZERO_SLOT_SHIFT = 6  # ZERO_SLOT when n_zero << 6 >= n   (>= 1/64 of the chunk)
-DENSE_ZERO_FIRST_SHIFT = 3  # ZERO_FIRST when n_zero << 3 >= n  (>= 1/8)
+# Thresholds, as integer comparisons every backend evaluates identically
+# (per zero sign: count << SHIFT >= chunk length).
+FIXED_ZERO_SLOT_SHIFT = 6  # fixed3: >= 1/64 of the chunk
+DENSE_ZERO_FIRST_SHIFT = 4  # dense: >= 1/16
 
 FIXED_BITS = 3
 FIXED_ESC = 7
@@ -103,7 +136,8 @@ TIER_BITS = (2, 1, 1, 2, 2)
 TIER_SYMBOLS = tuple((1 << b) - 1 for b in TIER_BITS)  # 3,1,1,3,3 = 11 slots
 DENSE_SLOTS = sum(TIER_SYMBOLS)
 DENSE_ESC = DENSE_SLOTS  # rank of an element that leaves every tier open
-ZERO_SYMBOL = 127  # sentinel offset meaning "+0.0" in an order table
+ZERO_SYMBOL = 127  # sentinel offset meaning "+0.0" in a symbol table
+NEG_ZERO_SYMBOL = 126  # sentinel offset meaning "-0.0"
 
 # Pinned tables (derived by ``derive_tables`` from the Gaussian model; a test
 # checks they still agree). Offsets are relative to ``base``.
@@ -113,8 +147,10 @@ DENSE_ORDER = (
     (1, 2, 0, -1, 3, -2, -3, -4, -5, -6),
     (2, 1, 0, 3, -1, -2, -3, -4, -5, -6),
 )
-FIXED_LO = (-4, -3, -3, -3)  # 7-wide window start per phase
-FIXED_LO_ZERO = (-3, -3, -2, -2)  # 6-wide window start per phase (ZERO_SLOT)
+FIXED_LO = (-4, -3, -3, -3)  # 7-wide window start per phase (no zero code)
+FIXED_LO_ZERO = (-3, -3, -2, -2)  # 6-wide window (one zero sign coded)
+FIXED_LO_ZERO2 = (-2, -2, -1, -1)  # 5-wide window (both zero signs coded)
+FIXED_LO_BY_ZEROS = (FIXED_LO, FIXED_LO_ZERO, FIXED_LO_ZERO2)
 
 
 @dataclass(frozen=True)
@@ -128,6 +164,11 @@ class DTypeInfo:
     @property
     def emax(self) -> int:
         return (1 << self.exp_bits) - 1
+
+    @property
+    def sign_word(self) -> int:
+        """The unsigned word of -0.0."""
+        return 1 << (8 * self.itemsize - 1)
 
     def sm_nbytes(self, low16: bool) -> int:
         """Bytes of the sm plane per coded element (fp16's top 3 bits go to rem)."""
@@ -152,11 +193,19 @@ def dtype_info(dtype: torch.dtype) -> DTypeInfo:
         raise TypeError(f"zipccl codes {supported}; got {dtype}") from None
 
 
+def align16(x):
+    """``x`` rounded up to a multiple of ALIGN (ints or int tensors)."""
+    return (x + (ALIGN - 1)) // ALIGN * ALIGN
+
+
 # --------------------------------------------------------------------------
 # Header
 # --------------------------------------------------------------------------
-_HEADER = struct.Struct("<4sBBBBQII4QII")
+# magic, version, codec, dtype, ndim, numel, chunk_elems, nchunks, body_nbytes,
+# 24 reserved bytes (zero), flags, crc
+_HEADER = struct.Struct("<4sBBBBQIIQ24sII")
 assert _HEADER.size == HEADER_NBYTES
+_RESERVED = bytes(24)
 HEADER_FLAG_CHECKSUM = 1
 # The checksum mix (see "Integrity" above): odd constants below 2**30, so a
 # 32-bit value times one fits an int64 exactly.
@@ -174,10 +223,7 @@ class Header:
     numel: int
     chunk_elems: int
     nchunks: int
-    codes_nbytes: int
-    sm_nbytes: int
-    rem_nbytes: int
-    esc_nbytes: int
+    body_nbytes: int
     flags: int = 0
 
     @property
@@ -187,29 +233,34 @@ class Header:
 
     @property
     def table_offset(self) -> int:
-        return HEADER_NBYTES + 8 * len(self.shape)
+        return align16(HEADER_NBYTES + 8 * len(self.shape))
 
     @property
-    def streams_offset(self) -> int:
+    def offsets_offset(self) -> int:
         return self.table_offset + CHUNK_ENTRY_NBYTES * self.nchunks
+
+    @property
+    def body_offset(self) -> int:
+        return align16(self.offsets_offset + OFFSET_NBYTES * self.nchunks)
+
+    @property
+    def sums_offset(self) -> int:
+        return self.body_offset + self.body_nbytes
 
     @property
     def total_nbytes(self) -> int:
         return self.sums_offset + 4 * self.nsums
 
-    @property
-    def sums_offset(self) -> int:
-        return (self.streams_offset + self.codes_nbytes + self.sm_nbytes
-                + self.rem_nbytes + self.esc_nbytes)
-
     def pack(self) -> bytes:
+        """Header, dims and the zero padding up to table_offset."""
         info = DTYPES[self.dtype]
         fields = (MAGIC, VERSION, CODEC_IDS[self.codec], info.code, len(self.shape),
-                  self.numel, self.chunk_elems, self.nchunks, self.codes_nbytes,
-                  self.sm_nbytes, self.rem_nbytes, self.esc_nbytes, self.flags)
+                  self.numel, self.chunk_elems, self.nchunks, self.body_nbytes, _RESERVED,
+                  self.flags)
         dims = struct.pack(f"<{len(self.shape)}Q", *self.shape)
         crc = zlib.crc32(_HEADER.pack(*fields, 0)[:HEADER_NBYTES - 4] + dims)
-        return _HEADER.pack(*fields, crc) + dims
+        head = _HEADER.pack(*fields, crc) + dims
+        return head + bytes(self.table_offset - len(head))
 
     def to_tensor(self, device: torch.device) -> torch.Tensor:
         """``pack()`` as a uint8 tensor on ``device``, without a host sync."""
@@ -228,8 +279,24 @@ def nchunks_for(numel: int, chunk_elems: int = CHUNK_ELEMS) -> int:
     return -(-numel // chunk_elems)
 
 
+def min_body_nbytes(codec: str, numel: int, chunk_elems: int) -> int:
+    """The smallest body any valid table allows: every element costs at least
+    the 2-bit tier-0 digit (dense) or its 3-bit code (fixed3), per chunk
+    rounded up to ALIGN. Checked before a decoder allocates anything."""
+    if codec == "raw" or numel == 0:
+        return 0
+    bits = FIXED_BITS if codec == "fixed3" else TIER_BITS[0]
+    full, last = divmod(numel, chunk_elems)
+    per = align16((chunk_elems * bits + 7) // 8)
+    return full * per + (align16((last * bits + 7) // 8) if last else 0)
+
+
 def parse_header(payload: torch.Tensor) -> Header:
-    """Read and validate the header; raises CorruptPayloadError for anything off."""
+    """Read and validate the header; raises CorruptPayloadError for anything off.
+
+    The payload's length is checked against the table, offsets and the least
+    body the header's numel needs, so a forged header cannot make a decoder
+    allocate more than a small multiple of the payload's own size."""
     if not isinstance(payload, torch.Tensor):
         raise TypeError(f"payload must be a torch.Tensor, got {type(payload).__name__}")
     if payload.dtype != torch.uint8 or payload.dim() != 1:
@@ -241,14 +308,18 @@ def parse_header(payload: torch.Tensor) -> Header:
                                   f"{HEADER_NBYTES}-byte header")
     raw = payload[:HEADER_NBYTES + 8 * MAX_NDIM].cpu().numpy().tobytes()
     (magic, version, codec_id, dtype_code, ndim, numel, chunk_elems, nchunks,
-     codes, sm, rem, esc, flags, crc) = _HEADER.unpack(raw[:HEADER_NBYTES])
+     body, reserved, flags, crc) = _HEADER.unpack(raw[:HEADER_NBYTES])
     if magic != MAGIC:
         raise CorruptPayloadError(f"bad magic {magic!r}, expected {MAGIC!r}")
     if version != VERSION:
-        raise CorruptPayloadError(f"unknown format version {version} (this build reads {VERSION})")
+        raise CorruptPayloadError(f"payload is format version {version}; this build reads "
+                                  f"version {VERSION} only (re-encode with the same zipccl "
+                                  f"on every rank)")
     if ndim <= MAX_NDIM and n >= HEADER_NBYTES + 8 * ndim:
         if zlib.crc32(raw[:HEADER_NBYTES - 4] + raw[HEADER_NBYTES:HEADER_NBYTES + 8 * ndim]) != crc:
             raise CorruptPayloadError("header checksum mismatch: the header is damaged")
+    if reserved != _RESERVED:
+        raise CorruptPayloadError("reserved header bytes are not zero")
     if flags & ~_KNOWN_HEADER_FLAGS:
         raise CorruptPayloadError(f"unknown header flags {flags:#x}")
     if codec_id not in CODEC_NAMES:
@@ -260,32 +331,55 @@ def parse_header(payload: torch.Tensor) -> Header:
     if n < HEADER_NBYTES + 8 * ndim:
         raise CorruptPayloadError("payload truncated inside the shape")
     shape = struct.unpack_from(f"<{ndim}Q", raw, HEADER_NBYTES)
+    dims_end = HEADER_NBYTES + 8 * ndim
+    if n >= align16(dims_end) and any(raw[dims_end:align16(dims_end)]):
+        raise CorruptPayloadError("padding after the dims is not zero")
     if math.prod(shape) != numel:
         raise CorruptPayloadError(f"shape {shape} does not hold numel {numel}")
     info = DTYPE_BY_CODE[dtype_code]
     codec = CODEC_NAMES[codec_id]
     if codec == "raw":
-        if chunk_elems or nchunks or codes or rem or esc or sm != numel * info.itemsize:
+        if chunk_elems or nchunks or body != numel * info.itemsize:
             raise CorruptPayloadError("raw payload with inconsistent lengths")
     else:
         if not (8 <= chunk_elems <= MAX_CHUNK_ELEMS) or chunk_elems % 8:
             raise CorruptPayloadError(f"chunk_elems {chunk_elems} out of range")
         if nchunks != nchunks_for(numel, chunk_elems):
             raise CorruptPayloadError(f"nchunks {nchunks} disagrees with numel {numel}")
-        if max(sm, codes) > numel * info.itemsize or esc > numel or rem > numel:
-            raise CorruptPayloadError("stream lengths exceed what numel allows")
-    header = Header(codec, info.dtype, tuple(shape), numel, chunk_elems, nchunks,
-                    codes, sm, rem, esc, flags)
+        if body % ALIGN or body > align16(numel * info.itemsize) + ALIGN * nchunks:
+            raise CorruptPayloadError(f"body of {body} bytes is not what numel {numel} allows")
+        if body < min_body_nbytes(codec, numel, chunk_elems):
+            raise CorruptPayloadError(f"body of {body} bytes is too short to hold "
+                                      f"{numel} elements")
+    header = Header(codec, info.dtype, tuple(shape), numel, chunk_elems, nchunks, body, flags)
     if header.total_nbytes != n:
         raise CorruptPayloadError(f"payload has {n} bytes, header says {header.total_nbytes}")
     return header
 
 
-def max_encoded_nbytes(numel: int, dtype: torch.dtype, ndim: int = 1, verify: bool = False) -> int:
-    """An upper bound on the payload size of any codec (chunks never expand)."""
+def _check_count(name: str, value, low: int = 0, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    value = int(value)
+    if value < low or (high is not None and value > high):
+        bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be {bound}, got {value}")
+    return value
+
+
+def max_encoded_nbytes(numel: int, dtype: torch.dtype, ndim: int | None = None,
+                       verify: bool = False) -> int:
+    """A true upper bound on the payload size of any codec for any tensor of
+    ``numel`` elements of ``dtype`` with ``ndim`` dims (None: any ndim up to
+    MAX_NDIM), including every padding byte. A chunk never takes more than its
+    raw bytes rounded up to ALIGN."""
+    numel = _check_count("numel", numel)
+    ndim = MAX_NDIM if ndim is None else _check_count("ndim", ndim, 0, MAX_NDIM)
     info = dtype_info(dtype)
-    return (HEADER_NBYTES + 8 * ndim + (CHUNK_ENTRY_NBYTES + 4 * verify) * nchunks_for(numel)
-            + numel * info.itemsize)
+    nch = nchunks_for(numel)
+    head = align16(HEADER_NBYTES + 8 * ndim)
+    tail = align16(head + (CHUNK_ENTRY_NBYTES + OFFSET_NBYTES) * nch) - head
+    return head + tail + align16(numel * info.itemsize) + 4 * nch * bool(verify)
 
 
 # --------------------------------------------------------------------------
@@ -304,7 +398,7 @@ def gaussian_exponent_pmf(log2_sigma: float, lo: int = -80, hi: int = 24) -> dic
 
 def derive_tables(step: float = 1 / 64, span: float = 20.0):
     """Average the Gaussian exponent pmf over sigma per locator phase; return
-    (DENSE_ORDER, FIXED_LO, FIXED_LO_ZERO) as pinned above."""
+    (DENSE_ORDER, FIXED_LO, FIXED_LO_ZERO, FIXED_LO_ZERO2) as pinned above."""
     acc = [dict() for _ in range(4)]
     for i in range(int(-span / step), 1):
         pmf = gaussian_exponent_pmf(i * step)
@@ -318,15 +412,16 @@ def derive_tables(step: float = 1 / 64, span: float = 20.0):
         return max(range(-12, 6), key=lambda lo: sum(d.get(lo + j, 0.0) for j in range(width)))
 
     order = tuple(tuple(sorted(d, key=lambda k: -d[k])[:DENSE_SLOTS - 1]) for d in acc)
-    lo7 = tuple(best_window(d, 7) for d in acc)
-    lo6 = tuple(best_window(d, 6) for d in acc)
-    return order, lo7, lo6
+    lo7, lo6, lo5 = (tuple(best_window(d, w) for d in acc) for w in (7, 6, 5))
+    return order, lo7, lo6, lo5
 
 
-def dense_symbol_table(zero_first: bool, phase: int) -> tuple:
-    """Symbols in rank order: offsets from base, ZERO_SYMBOL for +0.0."""
-    order = DENSE_ORDER[phase]
-    return (ZERO_SYMBOL,) + order if zero_first else order + (ZERO_SYMBOL,)
+def dense_symbol_table(zpos: bool, zneg: bool, phase: int) -> tuple:
+    """Symbols in rank order: offsets from base, ZERO_SYMBOL for +0.0 and
+    NEG_ZERO_SYMBOL for -0.0 (see "dense" above)."""
+    first = (ZERO_SYMBOL,) * zpos + (NEG_ZERO_SYMBOL,) * zneg
+    last = () if zpos else (ZERO_SYMBOL,)
+    return (first + DENSE_ORDER[phase] + last)[:DENSE_SLOTS]
 
 
 def rank_tiers(rank: int) -> list:
@@ -341,20 +436,36 @@ def rank_tiers(rank: int) -> list:
     return out
 
 
+def fixed_zero_codes(flags):
+    """fixed3: (number of zero codes, code of +0.0, code of -0.0); a code of
+    -1 means that sign has none. Ints or int tensors of chunk flags."""
+    zp = (flags & FLAG_ZPOS) != 0
+    zn = (flags & FLAG_ZNEG) != 0
+    if isinstance(flags, torch.Tensor):
+        zp, zn = zp.long(), zn.long()
+    else:
+        zp, zn = int(zp), int(zn)
+    z = zp + zn
+    return z, zp - 1, zn * (zp + 1) - 1
+
+
 # --------------------------------------------------------------------------
-# The chunk table and segment lengths (torch ops: shared by every backend)
+# The chunk table, segment lengths and layout (torch ops: shared by every backend)
 # --------------------------------------------------------------------------
 TIER_START = tuple(sum(TIER_SYMBOLS[:t]) for t in range(len(TIER_BITS)))  # first rank of tier t
 
 
 @dataclass
 class ChunkTable:
-    """Per-chunk fields as int64 tensors of length nchunks."""
+    """Per-chunk fields as int64 tensors of length nchunks.
+
+    Entry bytes: mode, flags, base, phase (u8 each), then n_zero, n_esc,
+    n_open[0..3] (u16 each)."""
     mode: torch.Tensor
     flags: torch.Tensor
     base: torch.Tensor
     phase: torch.Tensor
-    n_zero: torch.Tensor
+    n_zero: torch.Tensor  # elements coded as a zero of a flagged sign (no sm)
     n_esc: torch.Tensor
     n_open: torch.Tensor  # (nchunks, 4): elements still open at tiers 1..4 (dense)
 
@@ -374,6 +485,22 @@ class ChunkTable:
         return ChunkTable(t[:, 0], t[:, 1], t[:, 2], t[:, 3], u16[:, 0], u16[:, 1], u16[:, 2:])
 
 
+def read_table(payload: torch.Tensor, header: Header) -> tuple:
+    """(ChunkTable, offsets as int64 in ALIGN units) of a parsed payload."""
+    nch = header.nchunks
+    table = ChunkTable.from_bytes(payload[header.table_offset:header.offsets_offset], nch)
+    ob = payload[header.offsets_offset:header.offsets_offset + OFFSET_NBYTES * nch]
+    ob = ob.view(nch, OFFSET_NBYTES).to(torch.int64)
+    offsets = ob[:, 0] | (ob[:, 1] << 8) | (ob[:, 2] << 16) | (ob[:, 3] << 24)
+    return table, offsets
+
+
+def offsets_to_bytes(offsets: torch.Tensor) -> torch.Tensor:
+    """(nchunks,) int64 offsets in ALIGN units -> (nchunks * 4,) uint8 little-endian."""
+    shifts = torch.arange(0, 32, 8, device=offsets.device)
+    return ((offsets[:, None] >> shifts) & 0xFF).to(torch.uint8).reshape(-1)
+
+
 def chunk_lengths(numel: int, nchunks: int, chunk_elems: int, device) -> torch.Tensor:
     n = torch.full((nchunks,), chunk_elems, dtype=torch.int64, device=device)
     if nchunks:
@@ -386,7 +513,7 @@ def packed_nbytes(count: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def segment_nbytes(codec: str, info: DTypeInfo, n: torch.Tensor, table: ChunkTable):
-    """Bytes of each chunk's segment in (codes, sm, rem, esc), each (nchunks,)."""
+    """Unpadded bytes of each chunk's sub-streams (codes, sm, rem, esc), each (nchunks,)."""
     coded = table.mode == MODE_CODED
     kept = n - table.n_zero
     if codec == "fixed3":
@@ -406,10 +533,27 @@ def segment_nbytes(codec: str, info: DTypeInfo, n: torch.Tensor, table: ChunkTab
             torch.where(coded, table.n_esc, zero))
 
 
+def segment_layout(codec: str, info: DTypeInfo, n: torch.Tensor, table: ChunkTable):
+    """Per chunk: the starts of codes, sm, rem, esc inside its segment, as an
+    (nchunks, 4) tensor, and the padded segment size (nchunks,), in bytes."""
+    codes, sm, rem, esc = segment_nbytes(codec, info, n, table)
+    a_codes = align16(codes)
+    a_sm = a_codes + align16(sm)
+    a_rem = a_sm + align16(rem)
+    starts = torch.stack([torch.zeros_like(codes), a_codes, a_sm, a_rem], 1)
+    return starts, a_rem + align16(esc)
+
+
+def segment_offsets(seg_nbytes: torch.Tensor) -> torch.Tensor:
+    """Exclusive prefix sum of padded segment sizes, in ALIGN units (the offsets stream)."""
+    units = seg_nbytes // ALIGN
+    return torch.cumsum(units, 0) - units
+
+
 def validate_table(codec: str, info: DTypeInfo, n: torch.Tensor, table: ChunkTable) -> None:
     """Reject table entries no encoder writes; bounds every later index."""
     bad = (table.mode > MODE_CODED) | (table.phase > 3) | (table.base > info.emax)
-    bad |= (table.flags & ~(FLAG_LOW16 | FLAG_ZERO)) != 0
+    bad |= (table.flags & ~CHUNK_FLAGS) != 0
     if info.dtype != torch.float32:
         bad |= (table.flags & FLAG_LOW16) != 0
     bad |= (table.n_zero > n) | (table.n_esc > n)
@@ -419,10 +563,61 @@ def validate_table(codec: str, info: DTypeInfo, n: torch.Tensor, table: ChunkTab
     bad |= raw & (fields != 0).any(1)
     if codec == "fixed3":
         bad |= (table.n_open != 0).any(1)
-        bad |= ((table.flags & FLAG_ZERO) == 0) & (table.n_zero != 0)
+        bad |= ((table.flags & (FLAG_ZPOS | FLAG_ZNEG)) == 0) & (table.n_zero != 0)
     else:
         chain = torch.cat([n[:, None], table.n_open, table.n_esc[:, None]], 1)
         bad |= (chain[:, 1:] > chain[:, :-1]).any(1)
     if bool(bad.any()):
         c = int(bad.nonzero()[0, 0])
         raise CorruptPayloadError(f"chunk table entry {c} is invalid")
+
+
+def validate_offsets(offsets: torch.Tensor, seg_nbytes: torch.Tensor, body_nbytes: int) -> None:
+    """The offsets stream must be the exclusive prefix sum of the segment sizes
+    the table implies, and the body exactly their total."""
+    want = segment_offsets(seg_nbytes)
+    bad = (offsets != want).nonzero()
+    if bad.numel():
+        c = int(bad[0, 0])
+        raise CorruptPayloadError(f"segment offset of chunk {c} disagrees with the chunk table")
+    total = int(seg_nbytes.sum()) if seg_nbytes.numel() else 0
+    if total != body_nbytes:
+        raise CorruptPayloadError(f"body of {body_nbytes} bytes, the chunk table says {total}")
+
+
+def check_padding(payload: torch.Tensor, header: Header, lengths, starts: torch.Tensor) -> None:
+    """Every padding byte must be zero (one payload per tensor; a damaged pad
+    byte is caught like any other): the gap before the body, and after each
+    sub-stream of every chunk. ``lengths``: segment_nbytes; ``starts``: the
+    (nchunks, 4) absolute sub-stream starts (stream_starts)."""
+    gap = payload[header.offsets_offset + OFFSET_NBYTES * header.nchunks:header.body_offset]
+    if bool((gap != 0).any()):
+        raise CorruptPayloadError("padding after the segment offsets is not zero")
+    if not header.nchunks:
+        return
+    ln = torch.stack(list(lengths), 1)  # (nchunks, 4)
+    cols = torch.arange(ALIGN - 1, device=payload.device)
+    inside = cols[None, None, :] < (align16(ln) - ln)[..., None]
+    idx = torch.where(inside, (starts + ln)[..., None] + cols, 0)
+    bad = (inside & (payload[idx] != 0)).any(2).any(1).nonzero()
+    if bad.numel():
+        raise CorruptPayloadError(f"padding after a sub-stream of chunk {int(bad[0, 0])} "
+                                  f"is not zero")
+
+
+def stream_starts(header: Header, table: ChunkTable, offsets: torch.Tensor) -> torch.Tensor:
+    """(nchunks, 4) absolute payload byte offsets of each chunk's codes, sm,
+    rem and esc sub-streams, as a decoder locates them (entry + offset, no scan)."""
+    info = DTYPES[header.dtype]
+    n = chunk_lengths(header.numel, header.nchunks, header.chunk_elems, offsets.device)
+    starts, _ = segment_layout(header.codec, info, n, table)
+    return header.body_offset + ALIGN * offsets[:, None] + starts
+
+
+def hot_path_chunks(header: Header, table: ChunkTable, offsets: torch.Tensor) -> torch.Tensor:
+    """Which chunks take the aligned hot path: (nchunks,) bool, True where
+    every sub-stream of the chunk starts ALIGN-aligned in the payload (so a
+    kernel may use 16-byte loads and stores on it from a 16-byte aligned
+    payload base). The layout makes this every chunk, the ragged last one
+    included; launchers and tests ask rather than assume."""
+    return (stream_starts(header, table, offsets) % ALIGN == 0).all(1)

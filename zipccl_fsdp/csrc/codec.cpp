@@ -4,13 +4,14 @@
 //
 // Encode runs two passes over chunks, each an OpenMP loop over chunks:
 //   pass 1 reads a chunk and decides its table entry (locator, flags, counts),
-//          hence its segment lengths; a prefix sum gives every segment's offset
-//          (a stream's start depends on every chunk before it, so the tensor
-//          is read twice);
-//   pass 2 reads the chunk again and writes its segments straight into the
-//          payload Python allocated from pass 1's lengths.
-// Decode takes the segment offsets from the table alone (prefix sum) and
-// decodes every chunk straight into `out` in one parallel pass.
+//          hence its padded segment size; a prefix sum over the nchunks sizes
+//          gives every segment's offset in the chunk-major body;
+//   pass 2 reads the chunk again and writes its segment (codes | sm | rem |
+//          esc, each 16-byte aligned, padding zeroed) straight into the
+//          payload Python allocated from pass 1's body size.
+// Decode checks every entry and offset against the table (no trust in the
+// offsets, but no scan needed to find a chunk either) and decodes every chunk
+// straight into `out` in one parallel pass.
 // With verify, pass 2 and the decode pass also compute each chunk's checksum
 // (format.py, "Integrity") while the chunk is in cache; codec.py compares them.
 // Nothing here throws: decode errors come back as (chunk << 8) | code and
@@ -47,21 +48,22 @@ namespace zipccl {
 // format.py at load time and refuses the extension if they ever drift).
 // --------------------------------------------------------------------------
 constexpr int kChunkElems = 4096;
-constexpr int kEntryBytes = 16;
+constexpr int kEntryBytes = 16, kOffsetBytes = 4, kAlign = 16;
 constexpr int kModeRaw = 0, kModeCoded = 1;
-constexpr int kFlagLow16 = 1, kFlagZero = 2;
-constexpr int kFixedZeroShift = 6, kDenseZeroShift = 3;
+constexpr int kFlagLow16 = 1, kFlagZpos = 2, kFlagZneg = 4;
+constexpr int kFlagZero = kFlagZpos;  // the AVX2 kernels: chunks without kFlagZneg code as in v1
+constexpr int kFixedZeroShift = 6, kDenseZeroShift = 4;
 constexpr int kFixedBits = 3, kFixedEsc = 7, kRemBits = 3;
 constexpr int kTierBits[5] = {2, 1, 1, 2, 2};
 constexpr int kTierSymbols[5] = {3, 1, 1, 3, 3};  // all-ones digit: continue
-constexpr int kDenseSlots = 11, kDenseEsc = 11, kZeroSymbol = 127;
+constexpr int kDenseSlots = 11, kDenseEsc = 11, kZeroSymbol = 127, kNegZeroSymbol = 126;
 constexpr int8_t kDenseOrder[4][10] = {
     {1, 0, 2, -1, -2, -3, -4, -5, 3, -6},
     {1, 2, 0, -1, -2, -3, 3, -4, -5, -6},
     {1, 2, 0, -1, 3, -2, -3, -4, -5, -6},
     {2, 1, 0, 3, -1, -2, -3, -4, -5, -6},
 };
-constexpr int8_t kFixedLo[2][4] = {{-4, -3, -3, -3}, {-3, -3, -2, -2}};  // [zero_slot][phase]
+constexpr int8_t kFixedLo[3][4] = {{-4, -3, -3, -3}, {-3, -3, -2, -2}, {-2, -2, -1, -1}};  // [zero codes][phase]
 enum Codec { kRaw = 0, kFixed3 = 1, kDense = 2 };
 // Integrity checksums (format.py, "Integrity"): per run of kChunkElems input
 // elements, the sum mod 2**32 of mix(word_i ^ key_i), key_i = (i | code << 16)
@@ -76,6 +78,9 @@ enum Err {
   kErrOpen = 3,      // dense tier open counts disagree with the table
   kErrCounts = 4,    // decoded escape/zero counts disagree with the table
   kErrExponent = 5,  // a code decodes to an exponent outside the dtype
+  kErrOffsets = 6,   // a segment offset disagrees with the table
+  kErrPadding = 7,   // a padding byte after a sub-stream is not zero
+  kErrGap = 8,       // a padding byte after the segment offsets is not zero
 };
 
 // One chunk-table entry, exactly its 16 wire bytes on a little-endian host.
@@ -102,6 +107,7 @@ struct DT {
   static constexpr uint32_t kManMask = (1u << MAN) - 1;
   static constexpr bool kF32 = sizeof(W) == 4;
   static constexpr bool kF16 = sizeof(W) == 2 && EXP == 5;
+  static constexpr uint32_t kSign = 1u << (8 * sizeof(W) - 1);  // the word of -0.0
   static inline uint32_t exp(uint32_t w) { return (w >> MAN) & kEmax; }
   static inline uint32_t sm(uint32_t w) { return (((w >> (MAN + EXP)) & 1u) << MAN) | (w & kManMask); }
   static inline uint32_t join(uint32_t e, uint32_t sm) {
@@ -129,33 +135,55 @@ static inline Seg segment_nbytes(int codec, const Entry& en, int64_t n) {
 
 // Lowest exponent of the fixed3 window and its width.
 template <class T>
-static inline void fixed_window(int base, int phase, bool zf, int* lo, int* width) {
-  const int w = zf ? 6 : 7;
-  int l = base + kFixedLo[zf][phase];
+static inline void fixed_window(int base, int phase, int z, int* lo, int* width) {
+  const int w = 7 - z;
+  int l = base + kFixedLo[z][phase];
   l = std::max(l, 0);
   l = std::min(l, int(T::kEmax) + 1 - w);
   *lo = l;
   *width = w;
 }
 
+// fixed3 zero codes of a chunk: how many, and the code of +0.0 / -0.0 (-1: none).
+struct Zeros {
+  int z, cpos, cneg;
+};
+static inline Zeros fixed_zeros(int flags) {
+  const int zp = (flags & kFlagZpos) ? 1 : 0, zn = (flags & kFlagZneg) ? 1 : 0;
+  return {zp + zn, zp - 1, zn * (zp + 1) - 1};
+}
+
 // Dense rank of an exponent offset d = e - base + 8, in [0, 16): symbol rank,
-// kDenseEsc when the offset is not in the order table. Zero symbol not here.
+// kDenseEsc when the offset is not in the order table. Zero symbols not here:
+// zrank holds the ranks of +0.0 and -0.0 (-1: no symbol). Indexed
+// [zpos][zneg][phase] (format.dense_symbol_table).
 struct DenseLuts {
-  uint8_t rank[2][4][16];              // [zero_first][phase][d + 8]
-  int8_t sym[2][4][kDenseSlots];       // [zero_first][phase][rank] -> offset or kZeroSymbol
+  uint8_t rank[2][2][4][16];
+  int8_t sym[2][2][4][kDenseSlots];  // rank -> offset, kZeroSymbol or kNegZeroSymbol
+  int8_t zrank[2][2][4][2];
   DenseLuts() {
-    for (int zf = 0; zf < 2; ++zf)
-      for (int ph = 0; ph < 4; ++ph) {
-        for (int d = 0; d < 16; ++d) rank[zf][ph][d] = kDenseEsc;
-        int r = 0;
-        if (zf) sym[zf][ph][r++] = kZeroSymbol;
-        for (int k = 0; k < 10; ++k) {
-          sym[zf][ph][r] = kDenseOrder[ph][k];
-          rank[zf][ph][kDenseOrder[ph][k] + 8] = uint8_t(r);
-          ++r;
+    for (int zp = 0; zp < 2; ++zp)
+      for (int zn = 0; zn < 2; ++zn)
+        for (int ph = 0; ph < 4; ++ph) {
+          int8_t all[kDenseSlots + 3];
+          int k = 0;
+          if (zp) all[k++] = kZeroSymbol;
+          if (zn) all[k++] = kNegZeroSymbol;
+          for (int j = 0; j < 10; ++j) all[k++] = kDenseOrder[ph][j];
+          if (!zp) all[k++] = kZeroSymbol;
+          for (int d = 0; d < 16; ++d) rank[zp][zn][ph][d] = kDenseEsc;
+          zrank[zp][zn][ph][0] = zrank[zp][zn][ph][1] = -1;
+          for (int r = 0; r < kDenseSlots; ++r) {
+            const int8_t s = all[r];
+            sym[zp][zn][ph][r] = s;
+            if (s == kZeroSymbol)
+              zrank[zp][zn][ph][0] = int8_t(r);
+            else if (s == kNegZeroSymbol)
+              zrank[zp][zn][ph][1] = int8_t(r);
+            else
+              rank[zp][zn][ph][s + 8] = uint8_t(r);
+          }
         }
-        if (!zf) sym[zf][ph][r++] = kZeroSymbol;
-      }
   }
 };
 static const DenseLuts kLuts;
@@ -245,16 +273,19 @@ static inline void set_locator(Entry& en, uint64_t S, uint64_t K) {
   en.phase = uint8_t(q & 3);
 }
 
-// Mode RAW with every field zero when coding would not shrink the chunk.
+// Mode RAW with every field zero when coding would not shrink the chunk's
+// padded segment (format.py: CODED only when smaller than the padded raw bytes).
 template <class T>
 static inline Entry raw_if_larger(const Entry& en, int codec, int n) {
   const Seg s = segment_nbytes<T>(codec, en, n);
-  return s.codes + s.sm + s.rem + s.esc >= int64_t(n) * T::kItem ? Entry{} : en;
+  const auto a = [](int64_t x) { return (x + kAlign - 1) & ~int64_t(kAlign - 1); };
+  return a(s.codes) + a(s.sm) + a(s.rem) + a(s.esc) >= a(int64_t(n) * T::kItem) ? Entry{} : en;
 }
 
 template <class T>
-static inline int dense_rank(uint32_t w, int base, const uint8_t* lut, int zero_rank) {
-  if (w == 0) return zero_rank;
+static inline int dense_rank(uint32_t w, int base, const uint8_t* lut, int rpos, int rneg) {
+  if (w == 0 && rpos >= 0) return rpos;
+  if (w == T::kSign && rneg >= 0) return rneg;
   const int d = int(T::exp(w)) - base + 8;
   return unsigned(d) < 16u ? lut[d] : kDenseEsc;
 }
@@ -290,16 +321,20 @@ static inline void emit_sm(uint32_t x, bool low16, EncOut& o) {
 
 template <class T>
 static inline void fixed3_encode_range(const typename T::W* w, int i0, int n, int lo, int width,
-                                       bool zf, bool low16, BitWriter& cw, EncOut& o) {
+                                       const Zeros& zc, bool low16, BitWriter& cw, EncOut& o) {
   for (int i = i0; i < n; ++i) {
     const uint32_t x = w[i];
-    if (zf && x == 0) {
-      cw.put(0, kFixedBits);
+    if (zc.cpos >= 0 && x == 0) {
+      cw.put(uint32_t(zc.cpos), kFixedBits);
+      continue;
+    }
+    if (zc.cneg >= 0 && x == T::kSign) {
+      cw.put(uint32_t(zc.cneg), kFixedBits);
       continue;
     }
     const uint32_t e = T::exp(x);
     const uint32_t d = e - uint32_t(lo);
-    const uint32_t code = d < uint32_t(width) ? d + zf : kFixedEsc;
+    const uint32_t code = d < uint32_t(width) ? d + uint32_t(zc.z) : kFixedEsc;
     cw.put(code, kFixedBits);
     if (code == kFixedEsc) *o.esc++ = uint8_t(e);
     emit_sm<T>(x, low16, o);
@@ -308,11 +343,11 @@ static inline void fixed3_encode_range(const typename T::W* w, int i0, int n, in
 
 template <class T>
 static inline void dense_encode_range(const typename T::W* w, int i0, int n, int base,
-                                      const uint8_t* lut, int zero_rank, bool low16,
+                                      const uint8_t* lut, int rpos, int rneg, bool low16,
                                       BitWriter* tw, EncOut& o) {
   for (int i = i0; i < n; ++i) {
     const uint32_t x = w[i];
-    const int r = dense_rank<T>(x, base, lut, zero_rank);
+    const int r = dense_rank<T>(x, base, lut, rpos, rneg);
     tw[0].put(std::min(r, 3), 2);
     if (r >= 3) {
       tw[1].put(r > 3, 1);
@@ -324,7 +359,7 @@ static inline void dense_encode_range(const typename T::W* w, int i0, int n, int
         }
       }
     }
-    if (x == 0) continue;  // dense ships no sm for +0.0
+    if (r == rpos || r == rneg) continue;  // no sm for a coded zero
     if (r == kDenseEsc) *o.esc++ = uint8_t(T::exp(x));
     emit_sm<T>(x, low16, o);
   }
@@ -333,47 +368,49 @@ static inline void dense_encode_range(const typename T::W* w, int i0, int n, int
 template <class T>
 static Entry analyze_chunk(const typename T::W* w, int n, int codec) {
   uint64_t S = 0;
-  uint32_t K = 0, nz = 0, low = 0;
+  uint32_t K = 0, npos = 0, nneg = 0, low = 0;
   for (int i = 0; i < n; ++i) {
     const uint32_t x = w[i];
     const uint32_t e = T::exp(x);
     const bool normal = (e - 1u) < (T::kEmax - 1u);
     S += normal ? e : 0;
     K += normal;
-    nz += x == 0;
+    npos += x == 0;
+    nneg += x == T::kSign;
     if (T::kF32) low |= x & 0xFFFFu;
   }
   Entry en{};
   en.mode = kModeCoded;
   set_locator(en, S, K);
   if (T::kF32 && low == 0) en.flags |= kFlagLow16;
+  const int shift = codec == kFixed3 ? kFixedZeroShift : kDenseZeroShift;
+  const bool zp = (int64_t(npos) << shift) >= n, zn = (int64_t(nneg) << shift) >= n;
+  en.flags |= (zp ? kFlagZpos : 0) | (zn ? kFlagZneg : 0);
   if (codec == kFixed3) {
-    const bool zf = (int64_t(nz) << kFixedZeroShift) >= n;
+    const Zeros zc = fixed_zeros(en.flags);
     int lo, width;
-    fixed_window<T>(en.base, en.phase, zf, &lo, &width);
+    fixed_window<T>(en.base, en.phase, zc.z, &lo, &width);
     uint32_t nesc = 0;
     for (int i = 0; i < n; ++i) {
       const uint32_t x = w[i];
-      nesc += (T::exp(x) - uint32_t(lo)) >= uint32_t(width) && !(zf && x == 0);
+      const bool zero = (zp && x == 0) || (zn && x == T::kSign);
+      nesc += (T::exp(x) - uint32_t(lo)) >= uint32_t(width) && !zero;
     }
-    en.flags |= zf ? kFlagZero : 0;
-    en.n_zero = zf ? uint16_t(nz) : 0;
+    en.n_zero = uint16_t((zp ? npos : 0) + (zn ? nneg : 0));
     en.n_esc = uint16_t(nesc);
   } else {
-    const bool zf = (int64_t(nz) << kDenseZeroShift) >= n;
-    const uint8_t* lut = kLuts.rank[zf][en.phase];
-    const int zero_rank = zf ? 0 : kDenseSlots - 1;
+    const uint8_t* lut = kLuts.rank[zp][zn][en.phase];
+    const int rpos = kLuts.zrank[zp][zn][en.phase][0], rneg = kLuts.zrank[zp][zn][en.phase][1];
     uint32_t cnt[5] = {0, 0, 0, 0, 0};  // rank >= 3, 4, 5, 8, == ESC
     for (int i = 0; i < n; ++i) {
-      const int r = dense_rank<T>(w[i], en.base, lut, zero_rank);
+      const int r = dense_rank<T>(w[i], en.base, lut, rpos, rneg);
       cnt[0] += r >= 3;
       cnt[1] += r >= 4;
       cnt[2] += r >= 5;
       cnt[3] += r >= 8;
       cnt[4] += r == kDenseEsc;
     }
-    en.flags |= zf ? kFlagZero : 0;
-    en.n_zero = uint16_t(nz);
+    en.n_zero = uint16_t((rpos >= 0 ? npos : 0) + (rneg >= 0 ? nneg : 0));
     en.n_esc = uint16_t(cnt[4]);
     for (int t = 0; t < 4; ++t) en.n_open[t] = uint16_t(cnt[t]);
   }
@@ -398,21 +435,23 @@ static void write_chunk(const typename T::W* w, int n, int codec, const Entry& e
     std::memcpy(sm, w, size_t(n) * T::kItem);
     return;
   }
-  const bool zf = en.flags & kFlagZero;
+  const bool zp = en.flags & kFlagZpos, zn = en.flags & kFlagZneg;
   const bool low16 = en.flags & kFlagLow16;
   EncOut o{sm, BitWriter(rem), esc};
   if (codec == kFixed3) {
+    const Zeros zc = fixed_zeros(en.flags);
     int lo, width;
-    fixed_window<T>(en.base, en.phase, zf, &lo, &width);
+    fixed_window<T>(en.base, en.phase, zc.z, &lo, &width);
     BitWriter cw(codes);
-    fixed3_encode_range<T>(w, 0, n, lo, width, zf, low16, cw, o);
+    fixed3_encode_range<T>(w, 0, n, lo, width, zc, low16, cw, o);
     cw.finish();
   } else {
     int64_t start[5], len[5];
     dense_tier_segments(en, n, start, len);
     BitWriter tw[5];
     for (int t = 0; t < 5; ++t) tw[t] = BitWriter(codes + start[t]);
-    dense_encode_range<T>(w, 0, n, en.base, kLuts.rank[zf][en.phase], zf ? 0 : kDenseSlots - 1,
+    dense_encode_range<T>(w, 0, n, en.base, kLuts.rank[zp][zn][en.phase],
+                          kLuts.zrank[zp][zn][en.phase][0], kLuts.zrank[zp][zn][en.phase][1],
                           low16, tw, o);
     for (auto& t : tw) t.finish();
   }
@@ -464,8 +503,8 @@ static inline int dense_emit(int r, int base, const int8_t* sym, bool low16, Dec
     if (int err = read_esc<T>(in, &e)) return err;
   } else {
     const int s = sym[r];
-    if (s == kZeroSymbol) {
-      *out = 0;
+    if (s == kZeroSymbol || s == kNegZeroSymbol) {
+      *out = typename T::W(s == kZeroSymbol ? 0u : T::kSign);
       ++in.n_zero;
       return kOk;
     }
@@ -477,12 +516,12 @@ static inline int dense_emit(int r, int base, const int8_t* sym, bool low16, Dec
 }
 
 template <class T>
-static inline int fixed3_decode_range(int i0, int n, int lo, bool zf, bool low16, BitReader& cr,
-                                      DecIn& in, typename T::W* out) {
+static inline int fixed3_decode_range(int i0, int n, int lo, const Zeros& zc, bool low16,
+                                      BitReader& cr, DecIn& in, typename T::W* out) {
   for (int i = i0; i < n; ++i) {
     const uint32_t code = cr.get(kFixedBits);
-    if (zf && code == 0) {
-      out[i] = 0;
+    if (code < uint32_t(zc.z)) {
+      out[i] = typename T::W(int(code) == zc.cneg ? T::kSign : 0u);
       ++in.n_zero;
       continue;
     }
@@ -490,7 +529,7 @@ static inline int fixed3_decode_range(int i0, int n, int lo, bool zf, bool low16
     if (code == kFixedEsc) {
       if (int err = read_esc<T>(in, &e)) return err;
     } else {
-      e = uint32_t(lo) + code - zf;
+      e = uint32_t(lo) + code - uint32_t(zc.z);
     }
     if (int err = emit_word<T>(in, e, low16, out + i)) return err;
   }
@@ -525,20 +564,21 @@ static inline int count_checks(const DecIn& in, const Entry& en) {
 template <class T>
 static int decode_chunk_generic(int codec, const Entry& en, int n, const uint8_t* codes,
                                 DecIn& in, typename T::W* out) {
-  const bool zf = en.flags & kFlagZero;
+  const bool zp = en.flags & kFlagZpos, zn = en.flags & kFlagZneg;
   const bool low16 = en.flags & kFlagLow16;
   if (codec == kFixed3) {
+    const Zeros zc = fixed_zeros(en.flags);
     int lo, width;
-    fixed_window<T>(en.base, en.phase, zf, &lo, &width);
+    fixed_window<T>(en.base, en.phase, zc.z, &lo, &width);
     BitReader cr(codes, packed_nbytes(n, kFixedBits));
-    if (int err = fixed3_decode_range<T>(0, n, lo, zf, low16, cr, in, out)) return err;
+    if (int err = fixed3_decode_range<T>(0, n, lo, zc, low16, cr, in, out)) return err;
   } else {
     int64_t start[5], len[5];
     dense_tier_segments(en, n, start, len);
     BitReader tr[5];
     for (int t = 0; t < 5; ++t) tr[t] = BitReader(codes + start[t], len[t]);
     int left[4] = {en.n_open[0], en.n_open[1], en.n_open[2], en.n_open[3]};
-    if (int err = dense_decode_range<T>(0, n, en.base, kLuts.sym[zf][en.phase], low16, tr, left,
+    if (int err = dense_decode_range<T>(0, n, en.base, kLuts.sym[zp][zn][en.phase], low16, tr, left,
                                         in, out))
       return err;
     if (int err = dense_tail_checks(left)) return err;
@@ -607,8 +647,8 @@ constexpr uint64_t kEven = 0x5555555555555555ull, kOdd = 0xAAAAAAAAAAAAAAAAull;
 
 ZC_AVX2 static inline uint32_t movemask(__m256i v) { return uint32_t(_mm256_movemask_epi8(v)); }
 
-// Software prefetch this far ahead of a stream: the hardware prefetcher alone
-// leaves the fixed3 write pass 15-18% slower (64 MiB bf16, one thread).
+// Software prefetch this far ahead of a stream (measured better than the
+// hardware prefetcher alone on the fixed3 write pass).
 constexpr int kPrefetchBytes = 1024;
 static inline void prefetch_ahead(const void* p) {
   _mm_prefetch(static_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T0);
@@ -810,7 +850,7 @@ struct DenseRanker {
   __m256i lutx, lo, hi, bias, zrank, esc;
   ZC_AVX2 DenseRanker(int base, int phase, bool zf) {
     alignas(32) uint8_t t[32];
-    for (int d = 0; d < 16; ++d) t[d] = t[d + 16] = kLuts.rank[zf][phase][d] ^ kDenseEsc;
+    for (int d = 0; d < 16; ++d) t[d] = t[d + 16] = kLuts.rank[zf][0][phase][d] ^ kDenseEsc;
     lutx = _mm256_load_si256(reinterpret_cast<const __m256i*>(t));
     // e - base + 8 in [0, 16) as integers <=> e in [max(base-8, 0), min(base+7, 255)]
     // (bytes wrap, so the range test comes first).
@@ -1131,15 +1171,22 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec) {
   alignas(32) uint8_t zbuf[kChunkElems];
   const int nb = n / 32;
   __m256i sacc = _mm256_setzero_si256(), lowacc = _mm256_setzero_si256();
-  uint64_t K = 0, nz = 0;
+  uint64_t K = 0, nz = 0, e0 = 0;
+  // Exponent-0 lanes (zeros of both signs, subnormals), counted per byte lane
+  // (at most kChunkElems / 32 = 128 a lane): a bound on the -0.0 count that
+  // costs one subtract per block.
+  __m256i e0acc = _mm256_setzero_si256();
   const __m256i z = _mm256_setzero_si256(), emax = _mm256_set1_epi8(char(T::kEmax));
   for (int b = 0; b < nb; ++b) {
     __m256i e8, zero;
     typename L::Raw raw;
     prefetch_ahead(w + 32 * b);
     L::fields(w + 32 * b, &e8, &zero, T::kF32 ? &raw : nullptr);
+
     if constexpr (T::kF32) lowacc = _mm256_or_si256(lowacc, L::low16_bits(raw));
-    const __m256i special = _mm256_or_si256(_mm256_cmpeq_epi8(e8, z), _mm256_cmpeq_epi8(e8, emax));
+    const __m256i ez = _mm256_cmpeq_epi8(e8, z);
+    e0acc = _mm256_sub_epi8(e0acc, ez);
+    const __m256i special = _mm256_or_si256(ez, _mm256_cmpeq_epi8(e8, emax));
     sacc = _mm256_add_epi64(sacc, _mm256_sad_epu8(_mm256_andnot_si256(special, e8), z));
     K += 32 - pop(movemask(special));
     nz += pop(movemask(zero));
@@ -1149,6 +1196,8 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec) {
   alignas(32) uint64_t s4[4];
   _mm256_store_si256(reinterpret_cast<__m256i*>(s4), sacc);
   uint64_t S = s4[0] + s4[1] + s4[2] + s4[3];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(s4), _mm256_sad_epu8(e0acc, z));
+  e0 = s4[0] + s4[1] + s4[2] + s4[3];
   uint32_t low = _mm256_testz_si256(lowacc, lowacc) ? 0 : 1;
   for (int i = 32 * nb; i < n; ++i) {
     const uint32_t x = w[i], e = T::exp(x);
@@ -1156,10 +1205,15 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec) {
     S += normal ? e : 0;
     K += normal;
     nz += x == 0;
+    e0 += e == 0;
     if (T::kF32) low |= x & 0xFFFFu;
     ebuf[i] = uint8_t(e);
     zbuf[i] = x == 0 ? 0xFF : 0;
   }
+  // A chunk that may want a -0.0 code takes the portable kernels, which count
+  // -0.0 exactly (these code +0.0 only); e0 - nz bounds the -0.0 count.
+  if ((int64_t(e0 - nz) << (codec == kFixed3 ? kFixedZeroShift : kDenseZeroShift)) >= n)
+    return analyze_chunk<T>(w, n, codec);
   Entry en{};
   en.mode = kModeCoded;
   set_locator(en, S, K);
@@ -1196,10 +1250,10 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec) {
       c8 += pop(gt(r, 7));
       ce += pop(gt(r, 10));
     }
-    const uint8_t* lut = kLuts.rank[zf][en.phase];
+    const uint8_t* lut = kLuts.rank[zf][0][en.phase];
     const int zero_rank = zf ? 0 : kDenseSlots - 1;
     for (int i = 32 * nb; i < n; ++i) {
-      const int r = dense_rank<T>(w[i], en.base, lut, zero_rank);
+      const int r = dense_rank<T>(w[i], en.base, lut, zero_rank, -1);
       c3 += r >= 3;
       c4 += r >= 4;
       c5 += r >= 5;
@@ -1246,7 +1300,7 @@ ZC_AVX2 static void write_fixed3(const typename T::W* w, int n, const Entry& en,
   }
   BitWriter cw(codes + 12 * nb);
   EncOut o{st.sm, st.rem.to_scalar(), esc};
-  fixed3_encode_range<T>(w, 32 * nb, n, lo, width, zf, low16, cw, o);
+  fixed3_encode_range<T>(w, 32 * nb, n, lo, width, fixed_zeros(en.flags), low16, cw, o);
   cw.finish();
   o.rem.finish();
 }
@@ -1288,15 +1342,15 @@ ZC_AVX2 static void write_dense(const typename T::W* w, int n, const Entry& en, 
     // tier 4 digit: rank - 8 (11 = ESC)
     const uint64_t l4 = _pext_u32(q0, q3), h4 = _pext_u32(q1, q3);
     f4.put64(_pdep_u64(l4, kEven) | _pdep_u64(h4, kOdd), 2 * pop(q3));
-    // ESC is rare in dense (~10% of Gaussian blocks): a branch beats compaction.
+    // ESC is rare in dense (few Gaussian blocks have one): a branch beats compaction.
     if (const uint32_t escm = q3 & q1 & q0) esc = put_compact(e8, escm, esc, esc_end);
     L::emit(raw, w + 32 * b, ~movemask(zero), low16, st);  // dense ships no sm for +0.0
   }
   BitWriter tw[5] = {BitWriter(codes + 8 * nb), f1.to_scalar(), f2.to_scalar(), f3.to_scalar(),
                      f4.to_scalar()};
   EncOut o{st.sm, st.rem.to_scalar(), esc};
-  dense_encode_range<T>(w, 32 * nb, n, en.base, kLuts.rank[zf][en.phase],
-                        zf ? 0 : kDenseSlots - 1, low16, tw, o);
+  dense_encode_range<T>(w, 32 * nb, n, en.base, kLuts.rank[zf][0][en.phase],
+                        zf ? 0 : kDenseSlots - 1, -1, low16, tw, o);
   for (auto& t : tw) t.finish();
   o.rem.finish();
 }
@@ -1329,7 +1383,8 @@ ZC_AVX2 static int decode_fixed3(const Entry& en, int n, const uint8_t* codes, D
   }
   in.rem = rr.to_scalar(in.rem.end);
   BitReader cr(codes + 12 * nb, packed_nbytes(n, kFixedBits) - 12 * nb);
-  if (int err = fixed3_decode_range<T>(32 * nb, n, lo, zf, low16, cr, in, out)) return err;
+  if (int err = fixed3_decode_range<T>(32 * nb, n, lo, fixed_zeros(en.flags), low16, cr, in, out))
+    return err;
   return count_checks(in, en);
 }
 
@@ -1338,7 +1393,7 @@ ZC_AVX2 static int decode_dense(const Entry& en, int n, const uint8_t* codes, De
                                 typename T::W* out) {
   using L = Lanes<T>;
   const bool zf = en.flags & kFlagZero, low16 = en.flags & kFlagLow16;
-  const int8_t* sym = kLuts.sym[zf][en.phase];
+  const int8_t* sym = kLuts.sym[zf][0][en.phase];
   // Per rank: the exponent byte, and 0x80 where base + symbol leaves [0, emax].
   alignas(32) uint8_t te[32], tb[32];
   for (int r = 0; r < 16; ++r) {
@@ -1485,7 +1540,7 @@ static inline void write_dispatch(const typename T::W* w, int n, int codec, cons
                                   uint8_t* codes, uint8_t* sm, uint8_t* rem, uint8_t* esc,
                                   int isa) {
 #ifdef ZIPCCL_HAVE_AVX2_KERNELS
-  if (isa >= 1 && en.mode == kModeCoded) {
+  if (isa >= 1 && en.mode == kModeCoded && !(en.flags & kFlagZneg)) {
     if (codec == kFixed3)
       avx2::write_fixed3<T>(w, n, en, codes, sm, rem, esc);
     else
@@ -1501,7 +1556,7 @@ template <class T>
 static inline int decode_dispatch(int codec, const Entry& en, int n, const uint8_t* codes,
                                   DecIn& in, typename T::W* out, int isa) {
 #ifdef ZIPCCL_HAVE_AVX2_KERNELS
-  if (isa >= 1)
+  if (isa >= 1 && !(en.flags & kFlagZneg))
     return codec == kFixed3 ? avx2::decode_fixed3<T>(en, n, codes, in, out)
                             : avx2::decode_dense<T>(en, n, codes, in, out);
 #endif
@@ -1520,62 +1575,92 @@ static inline uint32_t sum_dispatch(const typename T::W* w, int n, int isa) {
 
 static inline void store_u32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
 
-// A call with fewer chunks stays on one thread: 8 chunks are ~30 us of work
-// on one core, a few times OpenMP's fork/join.
+// A call with fewer chunks stays on one thread: their work on one core is a
+// few times OpenMP's fork/join.
 constexpr int64_t kMinParallelChunks = 8;
 // Threads take chunks in runs of this many (dynamic schedule): with a static
 // split, a thread that loses its core to another process holds up the whole
-// call (2-thread decode on a loaded 2-core machine: ~4x slower than dynamic).
+// call.
 constexpr int kChunksPerGrab = 16;
 
 static inline int chunk_len(int64_t numel, int64_t C, int64_t c) {
   return int(std::min<int64_t>(C, numel - c * C));
 }
 
-// Encode pass 1: every chunk's entry, then the exclusive prefix sums of its
-// segment lengths per stream (off is (nchunks, 4): codes, sm, rem, esc).
+static inline int64_t align16(int64_t x) { return (x + kAlign - 1) & ~int64_t(kAlign - 1); }
+
+// A chunk's sub-stream starts inside its segment (codes at 0) and the padded
+// segment size (format.segment_layout).
+struct Layout {
+  int64_t sm, rem, esc, size;
+};
 template <class T>
-static Seg plan_impl(const typename T::W* w, int64_t numel, int codec, Entry* ent, int64_t* off,
-                     int nthreads, int isa) {
+static inline Layout segment_layout(int codec, const Entry& en, int64_t n, Seg* lens) {
+  const Seg s = segment_nbytes<T>(codec, en, n);
+  if (lens) *lens = s;
+  Layout l;
+  l.sm = align16(s.codes);
+  l.rem = l.sm + align16(s.sm);
+  l.esc = l.rem + align16(s.rem);
+  l.size = l.esc + align16(s.esc);
+  return l;
+}
+
+// Encode pass 1: every chunk's entry, then each segment's byte offset in the
+// body (off, nchunks values: the exclusive prefix sum of padded sizes).
+// Returns the body size.
+template <class T>
+static int64_t plan_impl(const typename T::W* w, int64_t numel, int codec, Entry* ent,
+                         int64_t* off, int nthreads, int isa) {
   const int64_t C = kChunkElems, nch = (numel + C - 1) / C;
 #pragma omp parallel for schedule(dynamic, kChunksPerGrab) num_threads(nthreads) if (nch >= kMinParallelChunks)
   for (int64_t c = 0; c < nch; ++c)
     ent[c] = analyze_dispatch<T>(w + c * C, chunk_len(numel, C, c), codec, isa);
-  Seg tot{0, 0, 0, 0};
+  int64_t at = 0;
   for (int64_t c = 0; c < nch; ++c) {
-    const Seg s = segment_nbytes<T>(codec, ent[c], chunk_len(numel, C, c));
-    off[4 * c + 0] = tot.codes;
-    off[4 * c + 1] = tot.sm;
-    off[4 * c + 2] = tot.rem;
-    off[4 * c + 3] = tot.esc;
-    tot.codes += s.codes;
-    tot.sm += s.sm;
-    tot.rem += s.rem;
-    tot.esc += s.esc;
+    off[c] = at;
+    at += segment_layout<T>(codec, ent[c], chunk_len(numel, C, c), nullptr).size;
   }
-  return tot;
+  return at;
 }
 
-// Encode pass 2: the table and every chunk's segments, at their offsets.
-// With sums (not null), also each chunk's checksum, while the chunk is in
-// cache (encode chunks are kChunkElems long, the checksum's run).
+// Whether bytes [p + len, p + align16(len)) are zero.
+static inline bool pad_ok(const uint8_t* p, int64_t len) {
+  uint8_t any = 0;
+  for (int64_t i = len; i < align16(len); ++i) any |= p[i];
+  return any == 0;
+}
+
+// Zero bytes [p + len, p + align16(len)): the padding after a sub-stream.
+static inline void zero_pad(uint8_t* p, int64_t len) {
+  std::memset(p + len, 0, size_t(align16(len) - len));
+}
+
+// Encode pass 2: the table, offsets and every chunk's segment at its offset,
+// padding zeroed. With sums (not null), also each chunk's checksum, while the
+// chunk is in cache (encode chunks are kChunkElems long, the checksum's run).
 template <class T>
 static void write_impl(const typename T::W* w, int64_t numel, int codec, const Entry* ent,
-                       const int64_t* off, uint8_t* p, int64_t table, const Seg& tot,
+                       const int64_t* off, uint8_t* p, int64_t table, int64_t body,
                        uint8_t* sums, int nthreads, int isa) {
   const int64_t C = kChunkElems, nch = (numel + C - 1) / C;
-  uint8_t* codes = p + table + kEntryBytes * nch;
-  uint8_t* sm = codes + tot.codes;
-  uint8_t* rem = sm + tot.sm;
-  uint8_t* esc = rem + tot.rem;
   std::memcpy(p + table, ent, size_t(kEntryBytes) * nch);
+  uint8_t* offs = p + table + kEntryBytes * nch;
+  for (int64_t c = 0; c < nch; ++c) store_u32(offs + kOffsetBytes * c, uint32_t(off[c] / kAlign));
+  std::memset(offs + kOffsetBytes * nch, 0, size_t(body - table - (kEntryBytes + kOffsetBytes) * nch));
+  uint8_t* b = p + body;
 #pragma omp parallel for schedule(dynamic, kChunksPerGrab) num_threads(nthreads) if (nch >= kMinParallelChunks)
   for (int64_t c = 0; c < nch; ++c) {
-    const int64_t* o = off + 4 * c;
     const int n = chunk_len(numel, C, c);
+    Seg s;
+    const Layout l = segment_layout<T>(codec, ent[c], n, &s);
+    uint8_t* seg = b + off[c];
     if (sums) store_u32(sums + 4 * c, sum_dispatch<T>(w + c * C, n, isa));
-    write_dispatch<T>(w + c * C, n, codec, ent[c], codes + o[0], sm + o[1], rem + o[2],
-                      esc + o[3], isa);
+    write_dispatch<T>(w + c * C, n, codec, ent[c], seg, seg + l.sm, seg + l.rem, seg + l.esc, isa);
+    zero_pad(seg, s.codes);
+    zero_pad(seg + l.sm, s.sm);
+    zero_pad(seg + l.rem, s.rem);
+    zero_pad(seg + l.esc, s.esc);
   }
 }
 
@@ -1595,7 +1680,7 @@ static void sums_impl(const typename T::W* w, int64_t numel, uint8_t* sums, int 
 template <class T>
 static bool entry_ok(int codec, const Entry& en, int64_t n) {
   if (en.mode > kModeCoded || en.phase > 3 || en.base > T::kEmax) return false;
-  if (en.flags & ~(kFlagLow16 | kFlagZero)) return false;
+  if (en.flags & ~(kFlagLow16 | kFlagZpos | kFlagZneg)) return false;
   if (!T::kF32 && (en.flags & kFlagLow16)) return false;
   if (en.n_zero > n || en.n_esc > n) return false;
   if (en.mode == kModeRaw)
@@ -1603,7 +1688,7 @@ static bool entry_ok(int codec, const Entry& en, int64_t n) {
              en.n_open[2] | en.n_open[3]);
   if (codec == kFixed3) {
     if (en.n_open[0] | en.n_open[1] | en.n_open[2] | en.n_open[3]) return false;
-    if (!(en.flags & kFlagZero) && en.n_zero) return false;
+    if (!(en.flags & (kFlagZpos | kFlagZneg)) && en.n_zero) return false;
   } else {
     const int64_t chain[6] = {n, en.n_open[0], en.n_open[1], en.n_open[2], en.n_open[3], en.n_esc};
     for (int k = 1; k < 6; ++k)
@@ -1617,43 +1702,44 @@ static bool entry_ok(int codec, const Entry& en, int64_t n) {
 // writes those), else in a second pass.
 template <class T>
 static int64_t decode_impl(const uint8_t* p, int64_t total, int codec, int64_t numel, int64_t C,
-                           int64_t nch, int64_t table, const Seg& want, typename T::W* out,
-                           uint8_t* sums, int nthreads, int isa) {
+                           int64_t nch, int64_t table, int64_t body, int64_t body_nbytes,
+                           typename T::W* out, uint8_t* sums, int nthreads, int isa) {
   std::vector<Entry> ent(nch);  // an aligned copy of the table, 16 B per chunk
   std::memcpy(ent.data(), p + table, size_t(kEntryBytes) * nch);
-  std::vector<Seg> off(nch + 1);
-  Seg tot{0, 0, 0, 0};
+  const uint8_t* offs = p + table + kEntryBytes * nch;
+  std::vector<int64_t> off(nch);
+  int64_t at = 0;
   for (int64_t c = 0; c < nch; ++c) {
     if (!entry_ok<T>(codec, ent[c], chunk_len(numel, C, c))) return (c << 8) | kErrTable;
-    off[c] = tot;
-    const Seg s = segment_nbytes<T>(codec, ent[c], chunk_len(numel, C, c));
-    tot.codes += s.codes;
-    tot.sm += s.sm;
-    tot.rem += s.rem;
-    tot.esc += s.esc;
+    uint32_t o;
+    std::memcpy(&o, offs + kOffsetBytes * c, 4);
+    if (int64_t(o) * kAlign != at) return (c << 8) | kErrOffsets;
+    off[c] = at;
+    at += segment_layout<T>(codec, ent[c], chunk_len(numel, C, c), nullptr).size;
   }
-  off[nch] = tot;
-  if (tot.codes != want.codes || tot.sm != want.sm || tot.rem != want.rem || tot.esc != want.esc)
-    return kErrLengths;
-  const uint8_t* codes = p + table + kEntryBytes * nch;
-  const uint8_t* sm = codes + tot.codes;
-  const uint8_t* rem = sm + tot.sm;
-  const uint8_t* esc = rem + tot.rem;
-  if (esc + tot.esc != p + total) return kErrLengths;
+  if (at != body_nbytes || body + body_nbytes > total) return kErrLengths;
+  for (const uint8_t* q = offs + kOffsetBytes * nch; q < p + body; ++q)
+    if (*q) return kErrGap;
+  const uint8_t* b = p + body;
   std::atomic<int64_t> first_err{INT64_MAX};
 #pragma omp parallel for schedule(dynamic, kChunksPerGrab) num_threads(nthreads) if (nch >= kMinParallelChunks)
   for (int64_t c = 0; c < nch; ++c) {
     const int n = chunk_len(numel, C, c);
-    const Seg& a = off[c];
-    const Seg& z = off[c + 1];
-    int err;
-    if (ent[c].mode != kModeCoded) {
-      std::memcpy(out + c * C, sm + a.sm, size_t(n) * T::kItem);
+    Seg s;
+    const Layout l = segment_layout<T>(codec, ent[c], n, &s);
+    const uint8_t* seg = b + off[c];
+    int err = pad_ok(seg, s.codes) && pad_ok(seg + l.sm, s.sm) && pad_ok(seg + l.rem, s.rem) &&
+                      pad_ok(seg + l.esc, s.esc)
+                  ? kOk
+                  : kErrPadding;
+    if (err) {
+    } else if (ent[c].mode != kModeCoded) {
+      std::memcpy(out + c * C, seg, size_t(n) * T::kItem);
       err = kOk;
     } else {
-      DecIn in{sm + a.sm, sm + z.sm, BitReader(rem + a.rem, z.rem - a.rem), esc + a.esc,
-               esc + z.esc, p + total};
-      err = decode_dispatch<T>(codec, ent[c], n, codes + a.codes, in, out + c * C, isa);
+      DecIn in{seg + l.sm, seg + l.sm + s.sm, BitReader(seg + l.rem, s.rem), seg + l.esc,
+               seg + l.esc + s.esc, p + total};
+      err = decode_dispatch<T>(codec, ent[c], n, seg, in, out + c * C, isa);
     }
     if (err) {
       const int64_t tag = (c << 8) | err;
@@ -1697,63 +1783,65 @@ extern "C" {
 // The best kernel set this CPU runs: 0 generic, 1 AVX2 + BMI2.
 int64_t zipccl_best_isa() { return zipccl::best_isa(); }
 
-// Encode pass 1. Fills entries (nchunks x 16 B), offsets (nchunks x 4 int64)
-// and lengths (codes, sm, rem, esc stream bytes). Returns 0, -1 on bad args.
+// Encode pass 1. Fills entries (nchunks x 16 B), offsets (nchunks int64:
+// each segment's byte offset in the body) and body (its size, one int64).
+// Returns 0, -1 on bad args.
 int64_t zipccl_encode_plan(const void* x, int64_t dtype_code, int64_t codec, int64_t numel,
-                           void* entries, int64_t* offsets, int64_t* lengths, int64_t nthreads,
+                           void* entries, int64_t* offsets, int64_t* body, int64_t nthreads,
                            int64_t isa) {
   using namespace zipccl;
   if (!args_ok(codec, nthreads, isa) || numel <= 0) return -1;
   return by_dtype(dtype_code, [&](auto t) -> int64_t {
     using T = decltype(t);
-    const Seg s = plan_impl<T>(static_cast<const typename T::W*>(x), numel, int(codec),
-                               static_cast<Entry*>(entries), offsets, int(nthreads), int(isa));
-    lengths[0] = s.codes;
-    lengths[1] = s.sm;
-    lengths[2] = s.rem;
-    lengths[3] = s.esc;
+    *body = plan_impl<T>(static_cast<const typename T::W*>(x), numel, int(codec),
+                         static_cast<Entry*>(entries), offsets, int(nthreads), int(isa));
     return 0;
   });
 }
 
-// Encode pass 2: the table and every segment into payload (allocated to the
-// lengths pass 1 returned), and with sums (not null) the checksums there
-// (nchunks x u32). Returns 0, -1 on bad args.
+// Encode pass 2: the table, the offsets and every segment into payload
+// (allocated to body_offset + the body pass 1 returned, + the sums), padding
+// zeroed from the end of the offsets on, and with sums (not null) the
+// checksums there (nchunks x u32). Returns 0, -1 on bad args.
 int64_t zipccl_encode_write(const void* x, int64_t dtype_code, int64_t codec, int64_t numel,
-                            const void* entries, const int64_t* offsets, const int64_t* lengths,
-                            void* payload, int64_t table_offset, void* sums, int64_t nthreads,
-                            int64_t isa) {
+                            const void* entries, const int64_t* offsets, void* payload,
+                            int64_t table_offset, int64_t body_offset, void* sums,
+                            int64_t nthreads, int64_t isa) {
   using namespace zipccl;
   if (!args_ok(codec, nthreads, isa) || numel <= 0) return -1;
-  const Seg tot{lengths[0], lengths[1], lengths[2], lengths[3]};
+  const int64_t nch = (numel + kChunkElems - 1) / kChunkElems;
+  if (table_offset % kAlign || body_offset % kAlign ||
+      body_offset < table_offset + (kEntryBytes + kOffsetBytes) * nch)
+    return -1;
   return by_dtype(dtype_code, [&](auto t) -> int64_t {
     using T = decltype(t);
     write_impl<T>(static_cast<const typename T::W*>(x), numel, int(codec),
                   static_cast<const Entry*>(entries), offsets, static_cast<uint8_t*>(payload),
-                  table_offset, tot, static_cast<uint8_t*>(sums), int(nthreads), int(isa));
+                  table_offset, body_offset, static_cast<uint8_t*>(sums), int(nthreads),
+                  int(isa));
     return 0;
   });
 }
 
-// Decode the chunks of a payload whose header was validated in Python.
-// lengths: (codes, sm, rem, esc) from the header. With sums (not null), also
-// the checksums of the decoded tensor there (one u32 per kChunkElems; written
-// only when decode succeeds). Returns 0, -1 on bad args, or
-// (chunk << 8) | Err of the first bad chunk.
+// Decode the chunks of a payload whose header was validated in Python
+// (format.parse_header). With sums (not null), also the checksums of the
+// decoded tensor there (one u32 per kChunkElems; written only when decode
+// succeeds). Returns 0, -1 on bad args, or (chunk << 8) | Err of the first
+// bad chunk.
 int64_t zipccl_decode(const void* payload, int64_t total, void* out, int64_t dtype_code,
                       int64_t codec, int64_t numel, int64_t chunk_elems, int64_t nchunks,
-                      int64_t table_offset, const int64_t* lengths, void* sums, int64_t nthreads,
-                      int64_t isa) {
+                      int64_t table_offset, int64_t body_offset, int64_t body_nbytes, void* sums,
+                      int64_t nthreads, int64_t isa) {
   using namespace zipccl;
   if (!args_ok(codec, nthreads, isa) || chunk_elems < 8 || chunk_elems > 65535 || numel <= 0 ||
       nchunks != (numel + chunk_elems - 1) / chunk_elems || table_offset < 0 ||
-      table_offset + kEntryBytes * nchunks > total)
+      body_offset < table_offset + (kEntryBytes + kOffsetBytes) * nchunks || body_nbytes < 0 ||
+      body_offset + body_nbytes > total)
     return -1;
-  const Seg want{lengths[0], lengths[1], lengths[2], lengths[3]};
   return by_dtype(dtype_code, [&](auto t) -> int64_t {
     using T = decltype(t);
     return decode_impl<T>(static_cast<const uint8_t*>(payload), total, int(codec), numel,
-                          chunk_elems, nchunks, table_offset, want,
+                          chunk_elems, nchunks, table_offset, body_offset, body_nbytes,
                           static_cast<typename T::W*>(out), static_cast<uint8_t*>(sums),
                           int(nthreads), int(isa));
   });
@@ -1792,9 +1880,10 @@ int64_t zipccl_advise_hugepages(void* p, int64_t nbytes) {
 // codec_cpp._expected_constants() lists them. Returns how many there are.
 int64_t zipccl_constants(int64_t* out, int64_t cap) {
   using namespace zipccl;
-  std::vector<int64_t> v = {kChunkElems, kEntryBytes, kFixedZeroShift, kDenseZeroShift,
-                            kFixedBits, kFixedEsc, kRemBits, kDenseSlots, kZeroSymbol,
-                            kModeRaw, kModeCoded, kFlagLow16, kFlagZero, kRaw, kFixed3, kDense};
+  std::vector<int64_t> v = {kChunkElems, kEntryBytes, kOffsetBytes, kAlign, kFixedZeroShift,
+                            kDenseZeroShift, kFixedBits, kFixedEsc, kRemBits, kDenseSlots,
+                            kZeroSymbol, kNegZeroSymbol, kModeRaw, kModeCoded, kFlagLow16,
+                            kFlagZpos, kFlagZneg, kRaw, kFixed3, kDense};
   for (int b : kTierBits) v.push_back(b);
   for (int s : kTierSymbols) v.push_back(s);
   for (auto& row : kDenseOrder)

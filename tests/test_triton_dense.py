@@ -1,0 +1,209 @@
+"""The dense Triton kernels (format v2) against the torch reference.
+
+Encode is called through the kernel's own launcher (dense_encode.encode_launch)
+into a buffer of 0xAB bytes, so a padding byte the kernel leaves unwritten
+shows; decode through the public API with ``out=`` (codec_decode.py's one
+kernel, header checked on the device), and, for error bits, through
+dense_decode.decode_launch. Without CUDA they run on CPU tensors under the Triton
+interpreter (conftest.py sets TRITON_INTERPRET), where a chunk takes seconds:
+the inputs pack their cases into few chunks. Payloads are compared as bytes,
+decoded tensors as integer views.
+"""
+import pytest
+import torch
+
+from triton_kernels import available
+
+if not available():
+    pytest.skip("triton is not installed", allow_module_level=True)
+
+import zipccl_fsdp as z  # noqa: E402
+from zipccl_fsdp import codec_torch  # noqa: E402
+from zipccl_fsdp import format as F  # noqa: E402
+from zipccl_fsdp.errors import CorruptPayloadError  # noqa: E402
+from codec_cases import INT_VIEW, bits, from_bits, signed, special_words  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+DEV = "cuda" if HAS_CUDA else "cpu"
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+C = F.CHUNK_ELEMS
+
+
+def _interpreted() -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton_kernels import dense_encode
+    return isinstance(dense_encode.dense_encode_kernel, InterpretedFunction)
+
+
+if not HAS_CUDA and not _interpreted():
+    pytest.skip("CPU tensors need the Triton interpreter", allow_module_level=True)
+
+from triton_kernels.dense_decode import decode_launch  # noqa: E402
+from triton_kernels.dense_encode import encode_launch  # noqa: E402
+
+
+def encode(x: torch.Tensor) -> torch.Tensor:
+    """The dense payload of x from the Triton kernel, the header built here.
+    The buffer starts as 0xAB bytes, so a padding byte the kernel leaves
+    unwritten shows."""
+    info = F.dtype_info(x.dtype)
+    numel = x.numel()
+    nch = F.nchunks_for(numel)
+    h = F.Header("dense", x.dtype, tuple(x.shape), numel, C, nch, 0)
+    out = torch.full((F.max_encoded_nbytes(numel, x.dtype, x.dim()),), 0xAB, dtype=torch.uint8,
+                     device=x.device)
+    ticket = torch.zeros(1, dtype=torch.int32, device=x.device)
+    status = torch.zeros(nch, dtype=torch.int64, device=x.device)
+    total = torch.zeros(1, dtype=torch.int64, device=x.device)
+    encode_launch(x.reshape(-1).view(INT_VIEW[info.itemsize]), out, ticket, status, total, numel,
+                  nch, h.table_offset, h.offsets_offset, h.body_offset, info)
+    h.body_nbytes = 16 * int(total[0])
+    out = out[:h.total_nbytes].clone()
+    head = h.pack()
+    out[:len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8).to(x.device)
+    return out
+
+
+def decode(payload: torch.Tensor):
+    """(decoded tensor, error bits) from the Triton kernel."""
+    h = F.parse_header(payload)
+    info = F.DTYPES[h.dtype]
+    out = torch.empty(h.shape, dtype=h.dtype, device=payload.device)
+    err = torch.zeros(1, dtype=torch.int32, device=payload.device)
+    decode_launch(payload, out.reshape(-1).view(INT_VIEW[info.itemsize]), err, h.numel,
+                  h.nchunks, h.table_offset, h.offsets_offset, h.body_offset, h.body_nbytes, info)
+    return out, int(err[0])
+
+
+def _specials(dtype, zeros: bool = True):
+    size = torch.empty(0, dtype=dtype).element_size()
+    words = [w for w in special_words(dtype) if zeros or w not in (0, 1 << (8 * size - 1))]
+    return from_bits(signed(words, size), dtype)
+
+
+def mixed(dtype, seed: int = 0) -> torch.Tensor:
+    """3 chunks + 37 elements, one per path of the kernels:
+    0: Gaussian with NaN payloads, +-inf, subnormals and a few -0.0 (below
+       the ZNEG threshold) but no +0.0: the hot path;
+    1: random bit patterns: a RAW chunk;
+    2: x * mask with 30% zeros of both signs: ZPOS and ZNEG, zeros omitted
+       (fp16: the rem stream compacted);
+    3: a ragged tail of 37 with every special value, +-0.0 included (RAW:
+       too short to gain)."""
+    g = torch.Generator().manual_seed(seed)
+    size = torch.empty(0, dtype=dtype).element_size()
+    x = torch.randn(3 * C + 37, generator=g).to(dtype)
+    sp = _specials(dtype, zeros=False)
+    idx = torch.randperm(C, generator=g)[:3 * sp.numel()]
+    x[idx] = sp.repeat(3)
+    x[idx[:5] + 1] = -0.0
+    lim = 1 << (8 * size - 1)
+    x[C:2 * C] = torch.randint(-lim, lim, (C,), generator=g).to(INT_VIEW[size]).view(dtype)
+    x[2 * C:3 * C] *= (torch.rand(C, generator=g) > 0.3).to(dtype)
+    tail = _specials(dtype)
+    x[3 * C:3 * C + tail.numel()] = tail
+    return x
+
+
+def _roundtrip(x: torch.Tensor) -> torch.Tensor:
+    pt = codec_torch.encode(x, "dense")
+    pg = encode(x)
+    assert pg.numel() == pt.numel(), (pg.numel(), pt.numel())
+    assert torch.equal(pg, pt), f"first differing byte {int((pg != pt).nonzero()[0, 0])}"
+    y = torch.empty_like(x)
+    assert z.decode(pt, out=y, backend="triton") is y
+    assert torch.equal(bits(y), bits(x))
+    return pt
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_bytes_equal_torch_and_round_trip(dtype):
+    x = mixed(dtype).to(DEV)
+    p = _roundtrip(x)
+    h = F.parse_header(p)
+    table, _ = F.read_table(p, h)
+    # The chunks took the paths the input was built for.
+    assert table.mode.tolist()[:3] == [1, 0, 1]
+    flags = table.flags.tolist()
+    assert flags[0] & (F.FLAG_ZPOS | F.FLAG_ZNEG) == 0 and table.n_esc[0] > 0
+    assert flags[2] & (F.FLAG_ZPOS | F.FLAG_ZNEG) == F.FLAG_ZPOS | F.FLAG_ZNEG
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_tiny_and_ragged_sizes(dtype):
+    sp = _specials(dtype)
+    for n in (1, 7, 16):
+        _roundtrip(sp.repeat(2)[:n].clone().to(DEV))
+    # One full chunk of large values (the window clamped at the top), then 1.
+    big = torch.finfo(dtype).max / 8
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(C + 1, generator=g) * big).to(dtype)
+    _roundtrip(x.view(1, C + 1).to(DEV))
+
+
+def test_zero_signs_and_fp32_low16():
+    """Only -0.0 (ZNEG alone), only +0.0, and fp32 bf16 casts (LOW16) with
+    and without zeros."""
+    _roundtrip(-torch.zeros(300, dtype=torch.bfloat16, device=DEV))
+    _roundtrip(torch.zeros(C, dtype=torch.float16, device=DEV))
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2 * C, generator=g).bfloat16().float()
+    x[C:] *= (torch.rand(C, generator=g) > 0.5).float()
+    p = _roundtrip(x.to(DEV))
+    table, _ = F.read_table(p, F.parse_header(p))
+    assert ((table.flags & F.FLAG_LOW16) != 0).tolist() == [True, True]
+
+
+def test_subnormal_window():
+    """Subnormal magnitudes: the locator near exponent 0."""
+    g = torch.Generator().manual_seed(3)
+    for dtype in DTYPES:
+        x = (torch.randn(C, generator=g, dtype=torch.float64) * torch.finfo(dtype).tiny).to(dtype)
+        _roundtrip(x.to(DEV))
+
+
+def _torch_raises(p: torch.Tensor) -> None:
+    h = F.parse_header(p)
+    with pytest.raises(CorruptPayloadError):
+        codec_torch.decode(p, h, torch.empty(h.shape, dtype=h.dtype, device=p.device))
+
+
+def test_decode_flags_corrupt_payloads():
+    """Each damage sets its error bit (and the torch reference refuses the
+    same payload); the intact payload decodes without one."""
+    from triton_kernels import dense_decode as D
+    x = mixed(torch.bfloat16, seed=4)[:2 * C + 37].clone().to(DEV)  # chunks: hot, raw, tail
+    p = codec_torch.encode(x, "dense")
+    h = F.parse_header(p)
+    table, offsets = F.read_table(p, h)
+    starts = F.stream_starts(h, table, offsets)
+    lengths = F.segment_nbytes("dense", F.DTYPES[h.dtype], F.chunk_lengths(
+        h.numel, h.nchunks, C, p.device), table)
+    cases = {}
+    q = p.clone()
+    q[h.table_offset] = 7  # chunk 0's mode
+    cases["mode"] = (q, D.ERR_TABLE.value)
+    q = p.clone()
+    q[h.offsets_offset + 4] += 1  # chunk 1's offset
+    cases["offset"] = (q, D.ERR_OFFSETS.value)
+    q = p.clone()
+    part = next(k for k in range(4) if lengths[k][0] % 16)  # chunk 0's first padded part
+    q[int(starts[0, part] + lengths[part][0])] = 1
+    cases["padding"] = (q, D.ERR_PADDING.value)
+    q = p.clone()
+    q[h.table_offset + 6] ^= 1  # chunk 0's n_esc
+    cases["n_esc"] = (q, None)
+    q = p.clone()
+    at = int(starts[0, 0])  # chunk 0's first tier-0 digit: opened or closed
+    q[at] = q[at] & 0xFC if int(q[at]) & 3 == 3 else q[at] | 3
+    cases["codes"] = (q, D.ERR_TIERS.value)
+    for name, (q, bit) in cases.items():
+        _torch_raises(q)
+        with pytest.raises(CorruptPayloadError):
+            z.decode(q, out=torch.empty_like(x), backend="triton")
+        _, err = decode(q)
+        assert err != 0, name
+        if bit is not None:
+            assert err & bit, (name, err)
+    _, err = decode(p)
+    assert err == 0

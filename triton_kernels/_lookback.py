@@ -1,0 +1,72 @@
+"""Decoupled look-back: the exclusive prefix sum of one value per program,
+in one pass, for kernels whose programs take their index from an atomic
+ticket (``ticket``).
+
+Each program publishes its own value (the *aggregate*) as soon as it has
+it, then walks back over its predecessors' status words, adding aggregates
+until it meets one that holds an *inclusive* prefix, and publishes its own
+inclusive prefix. Status word of program c (int64, zero before the kernel)::
+
+    bits 0..39   value (an aggregate or an inclusive prefix; < 2**40)
+    bits 40..41  0 not yet published, AGGREGATE, INCLUSIVE
+
+Forward progress: a program waits only on smaller indices, and with indices
+handed out by ``ticket`` every smaller index belongs to a program that has
+already started and publishes without waiting on a larger one, so no wait
+is on a program that is not resident. (``tl.program_id`` gives no such
+order: the hardware may schedule program c before c - 1.)
+
+Under ``TRITON_INTERPRET=1`` programs run one after another in ticket order,
+so every predecessor has published its inclusive prefix and the walk stops
+at the first step.
+
+The codec encoders use it to place chunk segments: ``chunk_offset(status,
+c, nunits)`` with a chunk's padded segment size in 16-byte units gives the
+segment's offset (format.segment_offsets) and publishes the chunk's size.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+VALUE_BITS = tl.constexpr(40)
+VALUE_MASK = tl.constexpr((1 << 40) - 1)
+AGGREGATE = tl.constexpr(1 << 40)
+INCLUSIVE = tl.constexpr(2 << 40)
+
+
+@triton.jit
+def ticket(counter_ptr):
+    """This program's index in start order: an atomic increment of a zeroed
+    int32 counter (one per kernel launch)."""
+    return tl.atomic_add(counter_ptr, 1)
+
+
+@triton.jit
+def chunk_offset(status_ptr, c, nunits):
+    """The exclusive prefix sum (int64) of ``nunits`` over programs 0..c-1,
+    publishing program c's ``nunits`` (0 <= nunits, every prefix < 2**40).
+    ``status_ptr``: an int64 array of one word per program, zero before the
+    launch; ``c``: this program's ticket."""
+    nunits = nunits.to(tl.int64)
+    first = c == 0
+    # int64 constants made here: a module-level constexpr above 32 bits does
+    # not combine with a tensor under triton 3.9's interpreter.
+    agg = tl.full([], AGGREGATE, tl.int64)
+    inc = tl.full([], INCLUSIVE, tl.int64)
+    vmask = tl.full([], VALUE_MASK, tl.int64)
+    # Program 0's inclusive prefix is its own value.
+    tl.atomic_xchg(status_ptr + c, tl.where(first, inc, agg) | nunits,
+                   sem="release")
+    acc = tl.zeros([], tl.int64)
+    j = c - 1
+    go = c > 0
+    while go:
+        s = tl.atomic_add(status_ptr + j, tl.zeros([], tl.int64), sem="acquire")
+        state = s >> VALUE_BITS
+        acc += tl.where(state != 0, s & vmask, 0)
+        go = state != 2
+        j = tl.where(state == 1, j - 1, j)  # state 0: not published yet, read again
+    # (Program 0 writes the same word again: no branch around a scalar atomic.)
+    tl.atomic_xchg(status_ptr + c, inc | (acc + nunits), sem="release")
+    return acc
