@@ -95,10 +95,8 @@ def all_reduce_outlook(tensor: torch.Tensor, group=None, config: ZipCCLConfig | 
       beside backward looks slower than it is, and the policy's decision for
       every later call flips from run to run (docs/benchmarks.md);
     * ``""``: anything else: compressed or raw, it runs zipccl's schedule,
-      which waits on the host (a raw all-reduce too: it sums in rank order).
-
-    (``"raw"``, a call handed to torch pending, is no longer returned: no
-    all-reduce of a coded dtype goes to torch's own.)"""
+      which waits on the host (a raw all-reduce too: it sums in rank order,
+      so no all-reduce of a coded dtype is handed to torch pending)."""
     cfg = config or DEFAULT_CONFIG
     if tensor.dtype not in K.CODED_DTYPES or K._capturing(tensor):
         return ""
