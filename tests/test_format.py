@@ -1,5 +1,7 @@
 """The pinned code tables still follow from the Gaussian model, and the
 format's bookkeeping agrees with itself."""
+import dataclasses
+import math
 import subprocess
 import sys
 import textwrap
@@ -70,6 +72,18 @@ def test_chunk_table_bytes_round_trip():
     u = F.ChunkTable.from_bytes(b, n)
     for f in ("mode", "flags", "base", "phase", "n_zero", "n_esc", "n_open"):
         assert torch.equal(getattr(t, f), getattr(u, f)), f
+
+
+def test_header_bytes_patch_the_body_length_and_crc_as_pack_does():
+    for shape, codec, dtype in (((4097,), "fixed3", torch.bfloat16), ((), "dense", torch.float16),
+                                ((3, 1, 5, 7) * 4, "fixed3", torch.float32)):
+        numel = math.prod(shape)
+        nch = F.nchunks_for(numel)
+        h = F.Header(codec, dtype, shape, numel, F.CHUNK_ELEMS, nch, 0)
+        hb = F.HeaderBytes(h)
+        for body in (0, 16, 16 * nch * 4096, (1 << 40) + 48):
+            got = hb.with_body(body)
+            assert bytes(got) == dataclasses.replace(h, body_nbytes=body).pack(), (shape, body)
 
 
 def test_foreign_triton_kernels_module_is_refused(tmp_path):

@@ -199,14 +199,22 @@ def _aligned(payload: torch.Tensor) -> torch.Tensor:
     return payload if payload.data_ptr() % 16 == 0 else payload.clone()
 
 
-def _launch(payload, out, info, numel, C, body_only) -> torch.Tensor:
+@functools.lru_cache(maxsize=1024)
+def _plan(dtype: torch.dtype, numel: int, C: int) -> tuple:
+    """(launcher, chunks, checksums, word dtype) of a decode of ``numel``
+    elements of ``dtype`` in chunks of C, computed once per geometry."""
+    info = F.dtype_info(dtype)
+    return (launcher(info, C), F.nchunks_for(numel, C), F.nchunks_for(numel),
+            _INT_VIEW[info.itemsize])
+
+
+def _launch(payload, out, numel, C, body_only) -> torch.Tensor:
+    launch, nch, nsums, word = _plan(out.dtype, numel, C)
     payload = _aligned(payload)
-    nch = F.nchunks_for(numel, C)
     err = torch.zeros(1, dtype=torch.int32, device=payload.device)
-    words = out.reshape(-1).view(_INT_VIEW[info.itemsize])
     if nch:
-        launcher(info, C)(nch, payload, words, err, payload.numel(), numel, nch, C,
-                          F.nchunks_for(numel), body_only)
+        launch(nch, payload, out.view(word), err, payload.numel(), numel, nch, C,
+               nsums, body_only)
     return err
 
 
@@ -220,15 +228,15 @@ def decode_into(payload: torch.Tensor, out: torch.Tensor) -> bool:
     format), reading nothing before the launch; CorruptPayloadError (or the
     ValueError of a payload that holds another dtype or numel) after it.
     Returns whether the payload carries checksums (the caller checks them)."""
-    info = F.dtype_info(out.dtype)
     numel = out.numel()
     if numel == 0:  # no chunk, no program: the host checks the header
+        F.dtype_info(out.dtype)
         return _decode_empty(payload, out)
-    err = _launch(payload, out, info, numel, F.CHUNK_ELEMS, 0)
+    err = _launch(payload, out, numel, F.CHUNK_ELEMS, 0)
     bits = _read_error(err)
     if bits & ERR_GEOMETRY.value and not bits & ERR_HEADER.value:
         header = F.parse_header(payload)
-        err = _launch(payload, out, info, numel, header.chunk_elems, 0)
+        err = _launch(payload, out, numel, header.chunk_elems, 0)
         bits = _read_error(err)
     if bits & K.ERROR_MASK:
         _raise(payload, out, bits)
@@ -244,11 +252,10 @@ def _decode_empty(payload, out) -> bool:
 def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor) -> torch.Tensor:
     """Decode a payload whose header the caller parsed (``payload`` may stop
     at the sums, as zipccl_fsdp.decode passes it)."""
-    info = F.DTYPES[header.dtype]
     if header.numel == 0:
         return out
     C = header.chunk_elems or F.CHUNK_ELEMS
-    bits = _read_error(_launch(payload, out, info, header.numel, C, 1))
+    bits = _read_error(_launch(payload, out, header.numel, C, 1))
     if bits & K.ERROR_MASK:
         _raise(payload, out, bits)
     return out

@@ -24,6 +24,8 @@ length, one look-back status word per chunk): one memset.
 from __future__ import annotations
 
 import functools
+import math
+from typing import NamedTuple
 
 import torch
 
@@ -79,13 +81,56 @@ def launcher(info: F.DTypeInfo, codec: str, C: int) -> Launcher:
 
 
 def launch_args(kernel, x_words, out, scratch, numel, nch, C, header) -> tuple:
-    """The kernel's runtime arguments in order (the dense kernel takes the
-    chunk size as a constexpr, fixed3 as an argument)."""
-    ticket = scratch[:1].view(torch.int32)
-    total, status = scratch[1:2], scratch[2:]
-    head = (x_words, out, ticket, status, total, numel, nch)
+    """The kernel's runtime arguments in order."""
+    return _tensor_args(x_words, out, scratch) + _int_args(kernel, numel, nch, C, header)
+
+
+def _tensor_args(x_words, out, scratch) -> tuple:
+    """The input, the payload, and the scratch as the ticket, the look-back
+    status words and the body length (the kernel's order)."""
+    return x_words, out, scratch[:1].view(torch.int32), scratch[2:], scratch[1:2]
+
+
+def _int_args(kernel, numel, nch, C, header) -> tuple:
+    """The int arguments (the dense kernel takes the chunk size as a
+    constexpr, fixed3 as an argument)."""
     offs = (header.table_offset, header.offsets_offset, header.body_offset)
-    return head + ((C,) if kernel is fixed3_encode_kernel else ()) + offs
+    return (numel, nch) + ((C,) if kernel is fixed3_encode_kernel else ()) + offs
+
+
+def _words(x: torch.Tensor, word: torch.dtype) -> torch.Tensor:
+    """x's elements as integer words (a kernel indexes them flat, so a
+    contiguous x of any shape is viewed in place)."""
+    return x.view(word) if x.is_contiguous() else x.reshape(-1).view(word)
+
+
+class _Plan(NamedTuple):
+    """What an encode of one dtype, codec and shape launches with, computed
+    once (the host work per call is then allocations, the launch, the length
+    read and the header's CRC)."""
+    launch: Launcher
+    nch: int
+    bound: int  # payload bytes allocated: format.max_encoded_nbytes for this ndim
+    body_offset: int
+    ints: tuple
+    head: F.HeaderBytes
+    word: torch.dtype
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(dtype: torch.dtype, codec: str, shape: tuple, C: int, warps: int) -> _Plan:
+    info = F.dtype_info(dtype)
+    numel = math.prod(shape)
+    nch = F.nchunks_for(numel, C)
+    header = F.Header(codec, dtype, tuple(shape), numel, C, nch, 0)
+    launch = _launcher(info, codec, C, warps)
+    # The bound of format.max_encoded_nbytes, for this chunk size: a chunk
+    # never takes more than its raw bytes rounded up to 16, and C * itemsize
+    # is a multiple of 16 (C % 8 == 0).
+    bound = header.body_offset + F.align16(numel * info.itemsize)
+    return _Plan(launch, nch, bound, header.body_offset,
+                 _int_args(launch.kernel, numel, nch, C, header), F.HeaderBytes(header),
+                 _INT_VIEW[info.itemsize])
 
 
 _PINNED: dict = {}
@@ -112,21 +157,14 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
                          f"version {F.VERSION} addresses ({F.MAX_BODY_NBYTES - F.ALIGN} bytes)")
     if codec == "raw" or numel == 0:
         return _encode_trivial(x, codec, info)
-    C = F.CHUNK_ELEMS
-    nch = F.nchunks_for(numel, C)
-    header = F.Header(codec, x.dtype, tuple(x.shape), numel, C, nch, 0)
-    # The bound of format.max_encoded_nbytes, for this chunk size: a chunk
-    # never takes more than its raw bytes rounded up to 16, and C * itemsize
-    # is a multiple of 16 (C % 8 == 0).
-    out = torch.empty(header.body_offset + F.align16(numel * info.itemsize), dtype=torch.uint8,
-                      device=x.device)
-    scratch = torch.zeros(nch + 2, dtype=torch.int64, device=x.device)
-    words = x.reshape(-1).view(_INT_VIEW[info.itemsize])
-    launch = launcher(info, codec, C)
-    launch(nch, *launch_args(launch.kernel, words, out, scratch, numel, nch, C, header))
-    header.body_nbytes = F.ALIGN * _read_units(scratch[1:2])
-    header.copy_into(out)
-    return out[:header.total_nbytes]
+    plan = _plan(x.dtype, codec, x.shape, F.CHUNK_ELEMS, SETTINGS[codec])
+    out = torch.empty(plan.bound, dtype=torch.uint8, device=x.device)
+    scratch = torch.zeros(plan.nch + 2, dtype=torch.int64, device=x.device)
+    tensors = _tensor_args(_words(x, plan.word), out, scratch)
+    plan.launch(plan.nch, *tensors, *plan.ints)
+    body = F.ALIGN * _read_units(tensors[4])
+    F.copy_header_into(plan.head.with_body(body), out)
+    return out[:plan.body_offset + body]
 
 
 def _encode_trivial(x: torch.Tensor, codec: str, info: F.DTypeInfo) -> torch.Tensor:

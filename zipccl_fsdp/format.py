@@ -206,6 +206,9 @@ def align16(x):
 _HEADER = struct.Struct("<4sBBBBQIIQ24sII")
 assert _HEADER.size == HEADER_NBYTES
 _RESERVED = bytes(24)
+_BODY_AT = 24  # offset of body_nbytes in the header
+_U64, _U32 = struct.Struct("<Q"), struct.Struct("<I")
+assert _HEADER.unpack(bytes(_BODY_AT) + _U64.pack(7) + bytes(32))[8] == 7
 HEADER_FLAG_CHECKSUM = 1
 # The checksum mix (see "Integrity" above): odd constants below 2**30, so a
 # 32-bit value times one fits an int64 exactly.
@@ -268,11 +271,37 @@ class Header:
 
     def copy_into(self, out: torch.Tensor) -> None:
         """Write ``pack()`` at the start of the uint8 tensor ``out``, without a host sync."""
-        head = staged(self._bytes(), out.device)
-        out[:head.numel()].copy_(head, non_blocking=True)
+        copy_header_into(bytearray(self.pack()), out)
 
     def _bytes(self) -> torch.Tensor:
         return torch.frombuffer(bytearray(self.pack()), dtype=torch.uint8)
+
+
+class HeaderBytes:
+    """``pack()`` of a header whose body length is known only after encoding
+    (a GPU encoder's kernel finds it): every other field packed once, per
+    geometry; ``with_body(n)`` sets the length and the CRC-32."""
+    __slots__ = ("_template", "_dims_end")
+
+    def __init__(self, header: Header):
+        self._template = header.pack()
+        self._dims_end = HEADER_NBYTES + 8 * len(header.shape)
+
+    def with_body(self, body_nbytes: int) -> bytearray:
+        """The bytes ``pack()`` gives with ``body_nbytes`` as the body length."""
+        b = bytearray(self._template)
+        _U64.pack_into(b, _BODY_AT, body_nbytes)
+        view = memoryview(b)
+        crc = zlib.crc32(view[HEADER_NBYTES:self._dims_end], zlib.crc32(view[:HEADER_NBYTES - 4]))
+        _U32.pack_into(b, HEADER_NBYTES - 4, crc)
+        return b
+
+
+def copy_header_into(head: bytearray, out: torch.Tensor) -> None:
+    """Write the packed header ``head`` at the start of the uint8 tensor
+    ``out``, without a host sync (pinned staging when ``out`` is on a GPU)."""
+    src = staged(torch.frombuffer(head, dtype=torch.uint8), out.device)
+    out[:len(head)].copy_(src, non_blocking=True)
 
 
 def nchunks_for(numel: int, chunk_elems: int = CHUNK_ELEMS) -> int:
