@@ -98,20 +98,21 @@ def _excl(f, G: tl.constexpr, HALF: tl.constexpr):
     """In-thread exclusive prefix sums (element order) of a [T, G, 8] tile,
     the thread's total ([T]), and, with HALF, the total of its first G // 2
     rows, the prefix of the later rows counted from there (0 for G == 1).
-    One scan over a row, the rows' totals taken from its last column."""
+    (The rows' scan runs on [T, G, 1], not on the [T, G] of a plain sum:
+    a scan of a sliced layout is moved to another layout through shared
+    memory.)"""
     inc = tl.cumsum(f, axis=2)
-    q = tl.arange(0, 8)[None, None, :]
-    row = tl.sum(tl.where(q == 7, inc, 0), axis=2)
+    row = tl.sum(f, axis=2, keep_dims=True)  # [T, G, 1]
     rinc = tl.cumsum(row, axis=1)
-    g = tl.arange(0, G)[None, :]
-    tot = tl.sum(tl.where(g == G - 1, rinc, 0), axis=1)
+    tot = tl.sum(tl.sum(row, axis=2), axis=1)
     rpre = rinc - row
     first = tot * 0
     if HALF:
         if G > 1:
-            first = tl.sum(tl.where(g == G // 2 - 1, rinc, 0), axis=1)
-            rpre = rpre - tl.where(g >= G // 2, first[:, None], 0)
-    return inc - f + rpre[:, :, None], tot, first
+            g = tl.arange(0, G)[None, :, None]
+            first = tl.sum(tl.sum(tl.where(g < G // 2, row, 0), axis=2), axis=1)
+            rpre = rpre - tl.where(g >= G // 2, first[:, None, None], 0)
+    return inc - f + rpre, tot, first
 
 
 @triton.jit
@@ -201,10 +202,12 @@ def _decode_block(src, dst, k0, n, base, lut, low16, a_sm, a_rem, a_esc, nkept, 
     pre, tot, _ = _excl(esc | (keep << 16), G, False)
     incl = tl.cumsum(tot, axis=0)
     at = pre + (incl - tot)[:, None, None]
-    erank = ebase + (at & 0xFFFF)
-    krank = kbase + (at >> 16)
-    kmask = (keep != 0) & (krank < nkept)
-    ebyte = tl.load(src + a_esc + erank, mask=(esc != 0) & (erank < esc_nb), other=0)
+    # Ranks past the table's counts (a corrupt segment; the count check
+    # fails) are clamped to the sub-stream's last byte, or the byte before
+    # it when empty: still inside the segment (its codes start it).
+    erank = tl.minimum(ebase + (at & 0xFFFF), esc_nb - 1)
+    krank = tl.minimum(kbase + (at >> 16), nkept - 1)
+    ebyte = tl.load(src + a_esc + erank, mask=esc != 0, other=0)
     e = tl.where(esc != 0, ebyte.to(tl.int32) & 0xFF, base + nib - 8)
     e = tl.where(keep != 0, e, 0)
     bad = tl.reduce(tl.reduce(e, 2, _or), 1, _or)
@@ -215,19 +218,18 @@ def _decode_block(src, dst, k0, n, base, lut, low16, a_sm, a_rem, a_esc, nkept, 
         smb = 3 - 2 * low16
         word = tl.zeros([T, G, 8], tl.int32)
         for b in tl.static_range(3):
-            byte = tl.load(sm_src + krank * smb + b, mask=tl.where(b < smb, kmask, False),
+            byte = tl.load(sm_src + krank * smb + b, mask=i * 0 + (b < smb).to(tl.int32) != 0,
                            other=0)
             word = word | ((byte.to(tl.int32) & 0xFF) << (8 * b))
         sm = tl.where(low16 != 0, word << 16, word)
     else:
-        sm = tl.load(sm_src + krank, mask=kmask, other=0).to(tl.int32) & 0xFF
+        sm = tl.load(sm_src + krank).to(tl.int32) & 0xFF  # (a zero's: replaced below)
         if IS_FP16:  # rem: 3 bits at bit 3 krank
             bit = 3 * krank
             rat = bit >> 3
             rsrc = src + a_rem + rat
-            lo_b = tl.load(rsrc, mask=(keep != 0) & (rat < rem_nb), other=0).to(tl.int32) & 0xFF
-            hi_b = tl.load(rsrc + 1, mask=(keep != 0) & (rat + 1 < rem_nb),
-                           other=0).to(tl.int32) & 0xFF
+            lo_b = tl.load(rsrc).to(tl.int32) & 0xFF  # (krank clamped: inside rem)
+            hi_b = tl.load(rsrc + 1, mask=rat + 1 < rem_nb, other=0).to(tl.int32) & 0xFF
             sm = sm | ((((lo_b | (hi_b << 8)) >> (bit & 7)) & 7) << 8)
     sm = tl.where(zero != 0, (15 - nib) << MAN_BITS, sm)
     w = ((sm >> MAN_BITS) << (MAN_BITS + EXP_BITS)) | (e << MAN_BITS) | (

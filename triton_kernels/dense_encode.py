@@ -96,12 +96,28 @@ def tile3(G: tl.constexpr, T: tl.constexpr):
 
 
 @triton.jit
+def row_excl(row, G: tl.constexpr):
+    """Exclusive prefix sums along the G rows of a thread ([T, G]) and their
+    total ([T]), by G in-thread sums: a tl.cumsum along axis 1 of this sliced
+    layout is moved through shared memory (and one of the [T, G, 1] tile
+    fails to compile)."""
+    g = tl.arange(0, G)[None, :]
+    acc = row * 0
+    tot = tl.sum(acc, axis=1)
+    for h in tl.static_range(G):
+        rh = tl.sum(tl.where(g == h, row, 0), axis=1)
+        acc = acc + tl.where(g > h, rh[:, None], 0)
+        tot = tot + rh
+    return acc, tot
+
+
+@triton.jit
 def thread_excl(f):
     """In-thread exclusive prefix sums (element order) of a [T, G, 8] tile of
     packed counters, and each thread's total ([T])."""
     row = tl.sum(f, axis=2)
-    pre = (tl.cumsum(row, axis=1) - row)[:, :, None] + tl.cumsum(f, axis=2) - f
-    return pre, tl.sum(row, axis=1)
+    rpre, tot = row_excl(row, f.shape[1])
+    return rpre[:, :, None] + tl.cumsum(f, axis=2) - f, tot
 
 
 @triton.jit
@@ -427,9 +443,9 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     r2 = tl.sum(((m >> 2) & 1).to(tl.uint32) << ((fpre >> 8) & 0xFF), axis=2)
     r3 = tl.sum((dv >> 2).to(tl.uint32) << ((fpre >> 16) & 0xFF), axis=2)
     r4 = tl.sum((ev & 3).to(tl.uint32) << (fpre >> 24), axis=2)
-    rpre = tl.cumsum(frow, axis=1) - frow  # a thread's fields stay below 65
+    rpre, ttot = row_excl(frow, G)  # a thread's fields stay below 65
     gq = tl.arange(0, G)[None, :]
-    ttot = tl.sum(frow, axis=1).to(tl.int32)  # [T]
+    ttot = ttot.to(tl.int32)  # [T]
     run1 = tl.sum(r1.to(tl.uint64) << (rpre & 0xFF).to(tl.uint64), axis=1)
     run2 = tl.sum(r2.to(tl.uint64) << ((rpre >> 8) & 0xFF).to(tl.uint64), axis=1)
     run3 = tl.sum(r3.to(tl.uint64) << ((rpre >> 16) & 0xFF).to(tl.uint64), axis=1)
@@ -505,9 +521,10 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     zero_pad(dst, codes_nb, a_sm * cz)
     # sm: the kept elements' sign+mantissa bytes at their rank among the kept.
     smv = (((w >> SIGN_SHIFT) & 1) << MAN_BITS) | (w & ((1 << MAN_BITS) - 1))
-    krank = (kex >> 16)[:, None, None] + (kpre >> 16)
+    at = kpre + kex[:, None, None]  # (escape rank, kept rank << 16)
+    krank = at >> 16
     sm_dst = dst + a_sm
-    kc = keep * cz != 0
+    kc = tl.where(cz != 0, keep != 0, False)
     if ITEMSIZE == 4:
         smb = 3 - 2 * low16
         smv = tl.where(low16 != 0, smv >> 16, smv)
@@ -524,8 +541,7 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
                   3 * kept, True, 3 * G + 1)
         zero_pad(dst + a_rem, rem_nb, (a_esc - a_rem) * cz)
     # esc: the escaped elements' exponent bytes, in order.
-    erank = (kex & 0xFFFF)[:, None, None] + (kpre & 0xFFFF)
-    tl.store(dst + a_esc + erank, e.to(tl.uint8), mask=esc * cz != 0)
+    tl.store(dst + a_esc + (at & 0xFFFF), e.to(tl.uint8), mask=tl.where(cz != 0, esc != 0, False))
     zero_pad(dst + a_esc, esc_nb, ((esc_nb + 15) & -16) * cz)
 
 
