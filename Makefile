@@ -13,7 +13,7 @@ PIP     := $(BIN)/python -m pip
 # and put first on PYTHONPATH, over the venv's torch.
 TRITON_NEWEST ?= 3.9.0
 TRITON_NEWEST_DIR := $(VENV)/triton-$(TRITON_NEWEST)
-KERNEL_TESTS := tests/test_triton_codec.py
+KERNEL_TESTS := tests/test_triton_codec.py tests/test_triton_dense.py
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)

@@ -71,7 +71,8 @@ def decode(payload: torch.Tensor):
     out = torch.empty(h.shape, dtype=h.dtype, device=payload.device)
     err = torch.zeros(1, dtype=torch.int32, device=payload.device)
     decode_launch(payload, out.reshape(-1).view(INT_VIEW[info.itemsize]), err, h.numel,
-                  h.nchunks, h.table_offset, h.offsets_offset, h.body_offset, h.body_nbytes, info)
+                  h.nchunks, h.table_offset, h.offsets_offset, h.body_offset, h.body_nbytes, info,
+                  h.chunk_elems)
     return out, int(err[0])
 
 
@@ -207,3 +208,73 @@ def test_decode_flags_corrupt_payloads():
             assert err & bit, (name, err)
     _, err = decode(p)
     assert err == 0
+
+
+def test_zeros_below_the_thresholds_on_the_hot_path():
+    """Full chunks with a few zeros (no flag: +0.0 has the last rank and no
+    sm byte, -0.0 is coded by its exponent), +0.0 only flagged (ZPOS, -0.0
+    by exponent), -0.0 only flagged (ZNEG, +0.0 by exponent), at the top and
+    the bottom of the exponent range: bytes and bits."""
+    g = torch.Generator().manual_seed(5)
+    for dtype in DTYPES:
+        x = torch.randn(4 * C, generator=g).to(dtype)
+        idx = torch.randperm(C, generator=g)
+        x[idx[:40]] = 0.0
+        x[idx[40:70]] = -0.0
+        x[C + idx[:C // 8]] = 0.0
+        x[C + idx[C // 8:C // 8 + 20]] = -0.0
+        x[2 * C + idx[:C // 8]] = -0.0
+        x[2 * C + idx[C // 8:C // 8 + 20]] = 0.0
+        tiny = torch.finfo(dtype).tiny
+        x[3 * C:] = (torch.randn(C, generator=g, dtype=torch.float64) * tiny * 4).to(dtype)
+        x[3 * C + idx[:30]] = -0.0
+        x[3 * C + idx[30:50]] = 0.0
+        p = _roundtrip(x.to(DEV))
+        table, _ = F.read_table(p, F.parse_header(p))
+        zf = (table.flags & (F.FLAG_ZPOS | F.FLAG_ZNEG)).tolist()
+        assert zf[:3] == [0, F.FLAG_ZPOS, F.FLAG_ZNEG], zf
+        assert table.n_zero.tolist()[0] == 40  # the unflagged +0.0s omit their sm byte
+
+
+@pytest.mark.parametrize("chunk_elems, n", [(8, 21), (1000, 2500), (4104, 4104 + 37),
+                                            (10000, 20003)])
+def test_decodes_other_chunk_sizes(chunk_elems, n, monkeypatch):
+    """The format allows any chunk size of 8..65535 that is a multiple of 8
+    (format.parse_header), and the torch and C++ backends decode them: so
+    does the Triton decoder (sub-blocks of up to 4096 elements for chunks
+    above that), bit for bit, and it flags a damaged tier in the last
+    sub-block of a chunk."""
+    monkeypatch.setattr(F, "CHUNK_ELEMS", chunk_elems)
+    g = torch.Generator().manual_seed(chunk_elems)
+    for dtype in DTYPES:
+        x = torch.randn(n, generator=g).to(dtype)
+        x[::5] *= (torch.rand(x[::5].shape, generator=g) > 0.5).to(dtype)  # zeros, both signs
+        sp = _specials(dtype)
+        x[torch.randperm(n, generator=g)[:sp.numel()]] = sp
+        x = x.to(DEV)
+        p = codec_torch.encode(x, "dense")
+        h = F.parse_header(p)
+        assert h.chunk_elems == chunk_elems
+        y = torch.empty_like(x)
+        z.decode(p, out=y, backend="triton")
+        assert torch.equal(bits(y), bits(x)), dtype
+        y2, err = decode(p)
+        assert err == 0 and torch.equal(bits(y2), bits(x))
+    table, offsets = F.read_table(p, h)
+    coded = (table.mode == F.MODE_CODED).nonzero()[:, 0].tolist()
+    if chunk_elems < 1000:  # (chunks of 8 never shrink: all RAW)
+        assert coded == []
+        return
+    c = coded[-1]
+    starts = F.stream_starts(h, table, offsets)
+    nc = int(F.chunk_lengths(h.numel, h.nchunks, chunk_elems, p.device)[c])
+    q = p.clone()
+    at = int(starts[c, 0]) + (2 * (nc - 1)) // 8  # the chunk's last element's tier-0 digit
+    sh = (2 * (nc - 1)) % 8
+    digit = (int(q[at]) >> sh) & 3
+    q[at] = (int(q[at]) & ~(3 << sh)) | ((0 if digit == 3 else 3) << sh)  # open or close tier 1
+    _torch_raises(q)
+    _, err = decode(q)
+    assert err != 0
+    with pytest.raises(CorruptPayloadError):
+        z.decode(q, out=torch.empty_like(x), backend="triton")

@@ -188,9 +188,9 @@ def launcher(info: F.DTypeInfo, C: int) -> Launcher:
 
 
 def dense_geometry(cp: int, t: int) -> bool:
-    """Whether the dense chunk decoder takes this tile (it holds 32 elements a
-    thread: 4 rows of 8, tier 0 in one 8-byte word)."""
-    return dense_decode_chunk is not None and cp == 32 * t
+    """Whether the dense chunk decoder takes this tile: any (a chunk of 4096
+    elements is its hot path; others decode in sub-blocks, dense_decode.py)."""
+    return dense_decode_chunk is not None
 
 
 def _aligned(payload: torch.Tensor) -> torch.Tensor:

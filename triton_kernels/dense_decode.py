@@ -1,4 +1,4 @@
-"""dense decode (format v2): one kernel, one program per chunk, no scan.
+"""dense decode (format v2): one kernel, one program per chunk, no scan over chunks.
 
 Program c reads its chunk-table entry and ``offsets[c]`` (format.py,
 "Body"), checks both (the entry by format.validate_table's rules; the
@@ -7,11 +7,21 @@ chained checks of all chunks are format.validate_offsets; the segment inside
 the body; every padding byte zero), and decodes its segment: tier 0 holds
 every element's first digit at a fixed place; each later tier's digits are
 found by an in-thread prefix of the elements still open plus one prefix sum
-across the threads, and read with two aligned 8-byte loads per thread.
-The decoded tier-open, escape and zero counts and the exponent range are
-checked against the table. Errors set bits of a device word (``ERR_*``),
-read by the caller once, at the end; nothing is decoded from a chunk whose
-entry or offset is bad, and every load stays inside the chunk's segment.
+across the threads, and read with two aligned 8-byte loads per thread. The
+decoded tier-open, escape and kept counts and the exponent range are checked
+against the table (per thread, at the thread that holds the chunk's last
+element, and one OR over the threads at the end). Errors set bits of a
+device word (``ERR_*``), read by the caller once, at the end; nothing is
+decoded from a chunk whose entry or offset is bad, and every load stays
+inside the chunk's segment.
+
+Hot path: every full CODED chunk, zeros of either sign coded or not (the
+kept elements' sm bytes are read at their rank among the kept ones). Cold
+(noinline): RAW chunks, and chunks that are not a full ``[T, 4, 8]`` tile:
+the ragged last one, and payloads whose chunk size is not 4096 (the format
+allows 8..65535, a multiple of 8; such a chunk is decoded in sub-blocks of
+up to 4096 elements, each tier's stream position, the escape and the kept
+rank carried from one to the next).
 
 Layout: the ``[T, G, 8]`` tile of dense_encode.py (thread t holds elements
 t * 8G .. t * 8G + 8G - 1).
@@ -23,18 +33,22 @@ import triton.language as tl
 
 from zipccl_fsdp import format as F
 
-from .dense_encode import layout, sum3, thread_excl, tile3
+from .dense_encode import _or, layout, tile3
 
 # Error bits: the decoders' shared word (_codec_common.py).
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING,  # noqa: E402
                             ERR_TABLE, ERR_TIERS)
 
+assert F.TIER_BITS == (2, 1, 1, 2, 2) and F.DENSE_SLOTS == 11 and F.REM_BITS == 3
+
 
 def _sym_lut(zp: int, zn: int, phase: int) -> int:
     """Nibble r: symbol of rank r (format.dense_symbol_table) as offset + 8,
-    15 for +0.0, 14 for -0.0 (int64 constant)."""
+    15 for +0.0, 14 for -0.0; nibble 11 (ESC: the escape byte replaces it)
+    8 (int64 constant)."""
     acc = 0
-    for r, s in enumerate(F.dense_symbol_table(bool(zp), bool(zn), phase)):
+    table = F.dense_symbol_table(bool(zp), bool(zn), phase)
+    for r, s in enumerate(table + (0,)):
         v = 15 if s == F.ZERO_SYMBOL else 14 if s == F.NEG_ZERO_SYMBOL else s + 8
         assert 0 <= v < 14 or s in (F.ZERO_SYMBOL, F.NEG_ZERO_SYMBOL)
         acc |= v << (4 * r)
@@ -65,34 +79,69 @@ def _sym_table(zp, zn, phase):
 
 @triton.jit
 def _pad_bad(ptr, start, end):
-    """1 if any byte of [start, end) is not zero (end - start < 16)."""
-    k = tl.arange(0, 16)
-    b = tl.load(ptr + start + k, mask=start + k < end, other=0)
-    return (tl.max(b.to(tl.int32), axis=0) != 0).to(tl.int32)
+    """Whether a byte of [start, end) at ptr is not zero, where ptr is 16-byte
+    aligned, end a multiple of 16 and end - start < 16 (the padding after a
+    sub-stream): the two 8-byte words before end, read by every thread."""
+    live = start < end
+    blk = tl.maximum(end - 16, 0)
+    w = (ptr + blk).to(tl.pointer_type(tl.int64))
+    lo = tl.load(w, mask=live, other=0).to(tl.uint64, bitcast=True)
+    hi = tl.load(w + 1, mask=live, other=0).to(tl.uint64, bitcast=True)
+    sh = 8 * (start - blk)  # bits of data below the padding: 8..120 when live
+    lo_bad = (sh < 64) & ((lo >> tl.minimum(sh, 63).to(tl.uint64)) != 0)
+    hi_bad = (hi >> tl.maximum(sh - 64, 0).to(tl.uint64)) != 0
+    return (live & (lo_bad | hi_bad)).to(tl.int32)
 
 
 @triton.jit
-def _tier(codes64, nwords, part_bit, rank, opened, BITS: tl.constexpr, CAP: tl.constexpr):
-    """Decode one tier: the open elements' digits, in order, from the tier's
-    bit stream at bit ``part_bit`` of the codes sub-stream (``nwords`` 8-byte
-    words, padding included). ``opened`` is 0/1 (int32). Returns the new
-    rank, the elements still open, and the tier's open count."""
-    pre, bits = thread_excl(opened * BITS)  # bit positions inside the thread's run
-    P = part_bit + tl.cumsum(bits, axis=0) - bits  # [T] first bit of each thread's run
+def _excl(f, G: tl.constexpr, HALF: tl.constexpr):
+    """In-thread exclusive prefix sums (element order) of a [T, G, 8] tile,
+    the thread's total ([T]), and, with HALF, the total of its first G // 2
+    rows, the prefix of the later rows counted from there (0 for G == 1).
+    (The rows' scan runs on [T, G, 1], not on the [T, G] of a plain sum:
+    a scan of a sliced layout is moved to another layout through shared
+    memory.)"""
+    inc = tl.cumsum(f, axis=2)
+    row = tl.sum(f, axis=2, keep_dims=True)  # [T, G, 1]
+    rinc = tl.cumsum(row, axis=1)
+    tot = tl.sum(tl.sum(row, axis=2), axis=1)
+    rpre = rinc - row
+    first = tot * 0
+    if HALF:
+        if G > 1:
+            g = tl.arange(0, G)[None, :, None]
+            first = tl.sum(tl.sum(tl.where(g < G // 2, row, 0), axis=2), axis=1)
+            rpre = rpre - tl.where(g >= G // 2, first[:, None, None], 0)
+    return inc - f + rpre, tot, first
+
+
+@triton.jit
+def _tier(codes64, nwords, pos, opened, G: tl.constexpr, BITS: tl.constexpr):
+    """One tier: the digits of the open elements (``opened``: 0/1; 0 where
+    not open) from the tier's bit stream, which continues at bit ``pos`` of
+    the codes sub-stream (``nwords`` 8-byte words, padding included; reads
+    past them give 0), and where each thread's run ends ([T] bit positions).
+    A run is <= 32 bits for 1-bit digits; 2-bit ones are read as two runs
+    of <= 32 bits, one per half of the thread's rows."""
+    pre, cnt, first = _excl(opened, G, BITS == 2)
+    bits = cnt * BITS
+    incl = tl.cumsum(bits, axis=0)
+    P = pos + incl - bits
     wi = P >> 6
     s = (P & 63).to(tl.uint64)
     w0 = tl.load(codes64 + wi, mask=wi < nwords, other=0).to(tl.uint64, bitcast=True)
     w1 = tl.load(codes64 + wi + 1, mask=wi + 1 < nwords, other=0).to(tl.uint64, bitcast=True)
     run = (w0 >> s) | ((w1 << 1) << (63 - s))
-    if BITS == 1:  # a thread's run is <= 32 bits: 32-bit shifts
-        run32 = run.to(tl.uint32)[:, None, None]
-        digit = ((run32 >> pre.to(tl.uint32)) & opened.to(tl.uint32)).to(tl.int32)
-        still = digit
+    if BITS == 1:
+        r = run.to(tl.uint32)[:, None, None]
+        digit = ((r >> pre.to(tl.uint32)) & opened.to(tl.uint32)).to(tl.int32)
     else:
-        digit = (run[:, None, None] >> pre.to(tl.uint64)).to(tl.uint32).to(tl.int32)
-        digit = digit & (opened * CAP)
-        still = (digit == CAP).to(tl.int32)
-    return rank + digit, still, tl.sum(bits, axis=0) // BITS
+        lo = run.to(tl.uint32)[:, None, None]
+        hi = (run >> (2 * first).to(tl.uint64)).to(tl.uint32)[:, None, None]
+        g = tl.arange(0, G)[None, :, None]
+        r = tl.where(g < G // 2, lo, hi)
+        digit = ((r >> (2 * pre).to(tl.uint32)) & (3 * opened).to(tl.uint32)).to(tl.int32)
+    return digit, pos + incl
 
 
 @triton.jit(noinline=True)
@@ -106,147 +155,180 @@ def _decode_raw(src, dst, n, ITEMSIZE: tl.constexpr, C: tl.constexpr, T: tl.cons
 
 
 @triton.jit
-def _decode_coded(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
-                  ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
-                  CP: tl.constexpr, T: tl.constexpr, HOT: tl.constexpr):
-    """A CODED chunk whose entry and offset were checked; returns ERR_* bits.
-    HOT: the chunk is full and nothing is omitted (n_zero = 0, no zero
-    flag), so sm sits in place and no element decodes to a zero."""
-    G: tl.constexpr = CP // (8 * T)
+def _decode_block(src, dst, k0, n, base, lut, low16, a_sm, a_rem, a_esc, nkept, rem_nb, esc_nb,
+                  p1, p2, p3, p4, ebase, kbase, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                  MAN_BITS: tl.constexpr, G: tl.constexpr, T: tl.constexpr,
+                  FULL: tl.constexpr):
+    """Decode elements k0 .. k0 + 8GT - 1 (those below n) of a CODED chunk
+    whose entry and offset were checked: tier t's stream continues at bit
+    p<t> of the codes, the block's first escape and kept element have ranks
+    ebase and kbase; the table says nkept elements are kept and esc_nb
+    escaped (loads past them are not made, so a corrupt segment is never
+    read past its end). FULL: all 8GT elements exist (no masks). Returns, per
+    thread: ERR_EXPONENT where an element names an exponent the dtype lacks,
+    the four tiers' run ends (bits) and the inclusive prefix of (escapes,
+    kept elements << 16) over the block's threads."""
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
-    low16 = flags & 1
-    codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = layout(
-        n, True, low16, nz, nesc, o1, o2, o3, o4, ITEMSIZE, IS_FP16)
-    err = tl.zeros([], tl.int32)
-    padbad = _pad_bad(src, codes_nb, a_sm) | _pad_bad(src, a_sm + sm_nb, a_rem)
-    padbad = padbad | _pad_bad(src, a_rem + rem_nb, a_esc) | _pad_bad(src, a_esc + esc_nb,
-                                                                     seg)
-    i = tile3(G, T)
-    if HOT:
-        valid = None
-        vi = 1
-    else:
-        valid = i < n
-        vi = valid.to(tl.int32)
-    codes64 = src.to(tl.pointer_type(tl.int64))
-    nwords = a_sm >> 3
-    # Tier 0: a row's eight 2-bit digits are the 16-bit word 2 * row.
-    # The [T, G, 1] load, broadcast, fixes the layout every later step
-    # inherits: a thread's elements in its own registers.
-    rows = tl.arange(0, T)[:, None, None] * G + tl.arange(0, G)[None, :, None]
-    if HOT:  # a full chunk's tier 0 fills the codes' first 2 * CP / 8 bytes
+    i = k0 + tile3(G, T)
+    # Tier 0: a row's eight 2-bit digits are the 16-bit word 2 * row. The
+    # [T, G, 1] load, broadcast, fixes the layout every later step inherits:
+    # a thread's elements in its own registers.
+    rows = k0 // 8 + tl.arange(0, T)[:, None, None] * G + tl.arange(0, G)[None, :, None]
+    q = tl.arange(0, 8)[None, None, :]
+    if FULL:
         w0 = tl.load(src.to(tl.pointer_type(tl.int16)) + rows).to(tl.int32)
+        d0 = (w0 >> (2 * q)) & 3
+        vi = 1
     else:
         w0 = tl.load(src.to(tl.pointer_type(tl.int16)) + rows, mask=2 * rows < a_sm,
                      other=0).to(tl.int32)
-    rank = ((w0 >> (2 * (i & 7))) & 3) * vi
-    opened = ((rank + 13) >> 4) * vi  # digit 3 continues
-    len0 = (2 * n + 7) >> 3
-    b1 = len0
-    b2 = b1 + ((o1 + 7) >> 3)
-    b3 = b2 + ((o2 + 7) >> 3)
-    b4 = b3 + ((2 * o3 + 7) >> 3)
-    rank, opened, g1 = _tier(codes64, nwords, 8 * b1, rank, opened, 1, 1)
-    rank, opened, g2 = _tier(codes64, nwords, 8 * b2, rank, opened, 1, 1)
-    rank, opened, g3 = _tier(codes64, nwords, 8 * b3, rank, opened, 2, 3)
-    rank, opened, g4 = _tier(codes64, nwords, 8 * b4, rank, opened, 2, 3)
-    esc = opened
-    err = err | tl.where((g1 != o1) | (g2 != o2) | (g3 != o3) | (g4 != o4), ERR_TIERS, 0)
-    zp = (flags >> 1) & 1
-    zn = (flags >> 2) & 1
-    lut = _sym_table(zp, zn, phase)
-    if HOT:  # nothing omitted: every element in place; rank 10 (+0.0) is an error
-        nib = ((lut >> (4 * rank).to(tl.int64)) & 15).to(tl.int32)  # (rank 11: ESC)
-        epre, etot = thread_excl(esc)
-        erank = (tl.cumsum(etot, axis=0) - etot)[:, None, None] + epre
-        nesc_got = tl.sum(etot, axis=0)
-        nzero = sum3((rank == 10).to(tl.int32))
-        keep = 1
-        krank = i
-    else:
-        nib = ((lut >> (4 * tl.minimum(rank, 10)).to(tl.int64)) & 15).to(tl.int32)
-        zero = ((nib >> 1) == 7).to(tl.int32) * (1 - esc) * vi  # 14 or 15
-        neg = zero & (1 - (nib & 1))
-        keep = vi - zero
-        epre, etot = thread_excl(esc | (keep << 16))
-        eex = tl.cumsum(etot, axis=0) - etot
-        erank = (eex & 0xFFFF)[:, None, None] + (epre & 0xFFFF)
-        krank = (eex >> 16)[:, None, None] + (epre >> 16)
-        tot = tl.sum(etot, axis=0)
-        nesc_got = tot & 0xFFFF
-        nzero = n - (tot >> 16)
-    # With the escape count right, every escape's rank is inside the esc sub-stream.
-    esc_ok = (nesc_got == nesc).to(tl.int32)
-    ebyte = tl.load(src + a_esc + erank, mask=esc * esc_ok != 0, other=0)
-    e = tl.where(esc != 0, ebyte.to(tl.int32), base + nib - 8)
-    err = err | tl.where((nesc_got != nesc) | (nzero != nz), ERR_COUNTS, 0)
-    badexp = sum3(keep * (e.to(tl.uint32) > EMAX).to(tl.int32))
-    err = err | tl.where(badexp != 0, ERR_EXPONENT, 0)
+        vi = (i < n).to(tl.int32)
+        d0 = ((w0 >> (2 * q)) & 3) * vi
+    codes64 = src.to(tl.pointer_type(tl.int64))
+    nwords = a_sm >> 3
+    b1, e1 = _tier(codes64, nwords, p1, (d0 + 1) >> 2, G, 1)
+    b2, e2 = _tier(codes64, nwords, p2, b1, G, 1)
+    d3, e3 = _tier(codes64, nwords, p3, b2, G, 2)
+    d4, e4 = _tier(codes64, nwords, p4, (d3 + 1) >> 2, G, 2)
+    esc = (d4 + 1) >> 2
+    rank = d0 + b1 + b2 + d3 + d4  # 11: an escape
+    nib = ((lut >> (4 * rank).to(tl.int64)) & 15).to(tl.int32)
+    zero = (nib + 2) >> 4  # nibbles 14 (-0.0) and 15 (+0.0)
+    if not FULL:
+        zero = zero * vi
+    keep = vi - zero
+    # Ranks among the block's escapes (low half) and kept elements (high half).
+    pre, tot, _ = _excl(esc | (keep << 16), G, False)
+    incl = tl.cumsum(tot, axis=0)
+    at = pre + (incl - tot)[:, None, None]
+    # Ranks past the table's counts (a corrupt segment; the count check
+    # fails) are clamped to the sub-stream's last byte, or the byte before
+    # it when empty: still inside the segment (its codes start it).
+    erank = tl.minimum(ebase + (at & 0xFFFF), esc_nb - 1)
+    krank = tl.minimum(kbase + (at >> 16), nkept - 1)
+    ebyte = tl.load(src + a_esc + erank, mask=esc != 0, other=0)
+    e = tl.where(esc != 0, ebyte.to(tl.int32) & 0xFF, base + nib - 8)
+    e = tl.where(keep != 0, e, 0)
+    bad = tl.reduce(tl.reduce(e, 2, _or), 1, _or)
+    ev = tl.where((bad >> EXP_BITS) != 0, ERR_EXPONENT, 0)  # (negative: set too)
+    # sm: the kept elements' bytes at their rank; a zero's sign from its symbol.
     sm_src = src + a_sm
-    kmask = keep != 0
-    if HOT:
-        if ITEMSIZE == 4:
-            smb = 3 - 2 * low16
-            word = tl.zeros([T, G, 8], tl.int32)
-            for b in tl.static_range(3):
-                byte = tl.load(sm_src + i * smb + b, mask=i * 0 + (b < smb).to(tl.int32) != 0,
-                               other=0)
-                word = word | (byte.to(tl.int32) << (8 * b))
-            sm = tl.where(low16 != 0, word << 16, word)
-        else:
-            sm = tl.load(sm_src + i).to(tl.int32) & 0xFF
-        if IS_FP16:  # in place: a row's 24 rem bits at byte 12t + 3g
-            rr = tl.zeros([T, G, 1], tl.int32)
-            for b in tl.static_range(3):
-                rr = rr | (tl.load(src + a_rem + 3 * rows + b).to(tl.int32) & 0xFF) << (8 * b)
-            sm = sm | (((rr >> (3 * (i & 7))) & 7) << 8)
-    elif ITEMSIZE == 4:
+    if ITEMSIZE == 4:
         smb = 3 - 2 * low16
         word = tl.zeros([T, G, 8], tl.int32)
         for b in tl.static_range(3):
-            at = krank * smb + b
-            byte = tl.load(sm_src + at, other=0,
-                           mask=tl.where(b < smb, kmask & (at < sm_nb), False))
-            word = word | (byte.to(tl.int32) << (8 * b))
+            byte = tl.load(sm_src + krank * smb + b, mask=i * 0 + (b < smb).to(tl.int32) != 0,
+                           other=0)
+            word = word | ((byte.to(tl.int32) & 0xFF) << (8 * b))
         sm = tl.where(low16 != 0, word << 16, word)
     else:
-        sm = tl.load(sm_src + krank, mask=kmask & (krank < sm_nb), other=0).to(tl.int32)
-        sm = sm & 0xFF
-    if IS_FP16 and not HOT:
-        bit = 3 * krank
-        at = bit >> 3
-        rsrc = src + a_rem + at
-        lo_b = tl.load(rsrc, mask=kmask & (at < rem_nb), other=0).to(tl.int32) & 0xFF
-        hi_b = tl.load(rsrc + 1, mask=kmask & (at + 1 < rem_nb), other=0).to(tl.int32)
-        two = lo_b | ((hi_b & 0xFF) << 8)
-        sm = sm | (((two >> (bit & 7)) & 7) << 8)
-    if HOT:  # (an exponent out of range is an error: the word does not matter)
-        ec = e
+        sm = tl.load(sm_src + krank).to(tl.int32) & 0xFF  # (a zero's: replaced below)
+        if IS_FP16:  # rem: 3 bits at bit 3 krank
+            bit = 3 * krank
+            rat = bit >> 3
+            rsrc = src + a_rem + rat
+            lo_b = tl.load(rsrc).to(tl.int32) & 0xFF  # (krank clamped: inside rem)
+            hi_b = tl.load(rsrc + 1, mask=rat + 1 < rem_nb, other=0).to(tl.int32) & 0xFF
+            sm = sm | ((((lo_b | (hi_b << 8)) >> (bit & 7)) & 7) << 8)
+    sm = tl.where(zero != 0, (15 - nib) << MAN_BITS, sm)
+    w = ((sm >> MAN_BITS) << (MAN_BITS + EXP_BITS)) | (e << MAN_BITS) | (
+        sm & ((1 << MAN_BITS) - 1))
+    if FULL:
+        if ITEMSIZE == 2:
+            tl.store(dst + i, w.to(tl.int16))
+        else:  # a row of 8 words is two 16-byte stores: [T, 2G, 4]
+            i4 = k0 + tl.arange(0, T)[:, None, None] * (8 * G) + (
+                tl.arange(0, 2 * G)[None, :, None] * 4 + tl.arange(0, 4)[None, None, :])
+            tl.store(dst + i4, tl.reshape(w, (T, 2 * G, 4)))
     else:
-        ec = tl.minimum(tl.maximum(e, 0), EMAX)
-    w = ((sm & (1 << MAN_BITS)) << EXP_BITS) | (ec << MAN_BITS) | (sm & ((1 << MAN_BITS) - 1))
-    if not HOT:
-        w = tl.where(zero != 0, neg << (MAN_BITS + EXP_BITS), w)
-    if ITEMSIZE == 2:
-        tl.store(dst + i, w.to(tl.int16), mask=valid)
-    elif HOT:  # a row of 8 words is two 16-byte stores: [T, 2G, 4]
-        i4 = tl.arange(0, T)[:, None, None] * (8 * G) + tl.arange(0, 2 * G)[None, :, None] * 4 + (
-            tl.arange(0, 4)[None, None, :])
-        tl.store(dst + i4, tl.reshape(w, (T, 2 * G, 4)))
-    else:
-        tl.store(dst + i, w, mask=valid)
-    err = err | tl.where(padbad != 0, ERR_PADDING, 0)
-    return err
+        tl.store(dst + i, w.to(dst.dtype.element_ty), mask=vi != 0)
+    return ev, e1, e2, e3, e4, incl
+
+
+@triton.jit
+def _chunk_layout(n, flags, nz, nesc, o1, o2, o3, o4, ITEMSIZE: tl.constexpr,
+                  IS_FP16: tl.constexpr):
+    """Byte starts of the four tier streams inside the codes, and layout()'s fields."""
+    codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = layout(
+        n, True, flags & 1, nz, nesc, o1, o2, o3, o4, ITEMSIZE, IS_FP16)
+    b1 = (2 * n + 7) >> 3
+    b2 = b1 + ((o1 + 7) >> 3)
+    b3 = b2 + ((o2 + 7) >> 3)
+    b4 = b3 + ((2 * o3 + 7) >> 3)
+    return b1, b2, b3, b4, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg
+
+
+@triton.jit
+def _pads_bad(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg):
+    bad = _pad_bad(src, codes_nb, a_sm) | _pad_bad(src, a_sm + sm_nb, a_rem)
+    return bad | _pad_bad(src, a_rem + rem_nb, a_esc) | _pad_bad(src, a_esc + esc_nb, seg)
+
+
+@triton.jit
+def _decode_full(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
+                 ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
+                 CP: tl.constexpr, T: tl.constexpr):
+    """A full CODED chunk of CP = 32 T elements (the hot path); returns ERR_* bits."""
+    G: tl.constexpr = CP // (8 * T)
+    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
+    b1, b2, b3, b4, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = _chunk_layout(
+        n, flags, nz, nesc, o1, o2, o3, o4, ITEMSIZE, IS_FP16)
+    lut = _sym_table((flags >> 1) & 1, (flags >> 2) & 1, phase)
+    ev, e1, e2, e3, e4, incl = _decode_block(
+        src, dst, 0, n, base, lut, flags & 1, a_sm, a_rem, a_esc, n - nz, rem_nb, esc_nb,
+        8 * b1, 8 * b2, 8 * b3, 8 * b4, 0, 0, ITEMSIZE, EXP_BITS, MAN_BITS, G, T, True)
+    # The thread holding the last element checks the chunk's totals.
+    last = tl.arange(0, T) == T - 1
+    tiers = (e1 != 8 * b1 + o1) | (e2 != 8 * b2 + o2) | (e3 != 8 * b3 + 2 * o3) | (
+        e4 != 8 * b4 + 2 * o4)
+    counts = ((incl & 0xFFFF) != nesc) | ((incl >> 16) != n - nz)
+    ev = ev | tl.where(last & tiers, ERR_TIERS, 0) | tl.where(last & counts, ERR_COUNTS, 0)
+    err = tl.reduce(ev, 0, _or)
+    pad = _pads_bad(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg)
+    return err | tl.where(pad != 0, ERR_PADDING, 0)
 
 
 @triton.jit(noinline=True)
 def _decode_general(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
                     ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
                     CP: tl.constexpr, T: tl.constexpr):
-    """Cold code: a ragged chunk, or one with omitted zeros."""
-    return _decode_coded(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4, ITEMSIZE,
-                         EXP_BITS, MAN_BITS, CP, T, False)
+    """Cold code: a CODED chunk that is not a full [T, 4, 8] tile, in
+    sub-blocks of up to 32 T elements; returns ERR_* bits."""
+    G: tl.constexpr = CP // (8 * T)
+    GS: tl.constexpr = 4 if G >= 4 else G
+    NSUB: tl.constexpr = G // GS
+    SUB: tl.constexpr = 8 * GS * T
+    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
+    b1, b2, b3, b4, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = _chunk_layout(
+        n, flags, nz, nesc, o1, o2, o3, o4, ITEMSIZE, IS_FP16)
+    lut = _sym_table((flags >> 1) & 1, (flags >> 2) & 1, phase)
+    p1 = 8 * b1
+    p2 = 8 * b2
+    p3 = 8 * b3
+    p4 = 8 * b4
+    ebase = n * 0
+    kbase = n * 0
+    err = n * 0
+    for k in range(NSUB):
+        if k * SUB < n:
+            ev, e1, e2, e3, e4, incl = _decode_block(
+                src, dst, k * SUB, n, base, lut, flags & 1, a_sm, a_rem, a_esc, n - nz, rem_nb,
+                esc_nb, p1, p2, p3, p4, ebase, kbase, ITEMSIZE, EXP_BITS, MAN_BITS, GS, T, False)
+            err = err | tl.reduce(ev, 0, _or)
+            p1 = tl.max(e1, 0)
+            p2 = tl.max(e2, 0)
+            p3 = tl.max(e3, 0)
+            p4 = tl.max(e4, 0)
+            top = tl.max(incl, 0)
+            ebase = ebase + (top & 0xFFFF)
+            kbase = kbase + (top >> 16)
+    tiers = (p1 != 8 * b1 + o1) | (p2 != 8 * b2 + o2) | (p3 != 8 * b3 + 2 * o3) | (
+        p4 != 8 * b4 + 2 * o4)
+    err = err | tl.where(tiers, ERR_TIERS, 0)
+    err = err | tl.where((ebase != nesc) | (kbase != n - nz), ERR_COUNTS, 0)
+    pad = _pads_bad(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg)
+    return err | tl.where(pad != 0, ERR_PADDING, 0)
 
 
 @triton.jit
@@ -295,45 +377,53 @@ def dense_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off, 
     # format.validate_offsets, chained: offset[0] = 0, offset[c + 1] = offset[c] + units.
     bad_off = (nxt != off + units) | (off + units > body_units)  # the segment inside the body
     bad_off = bad_off | ((c == 0) & (off != 0))
-    src = p_ptr + body_off + 16 * off
+    # (body_off is a multiple of 16; written so, the compiler knows the segment
+    # 16-byte aligned, and the tier-0 load, whose layout the tile inherits, is
+    # one 8-byte load per thread.)
+    src = p_ptr + ((body_off >> 4) << 4) + 16 * off
     err = tl.where(bad, ERR_TABLE, 0) | tl.where(bad_off, ERR_OFFSETS, 0)
 
     if (err & (ERR_TABLE | ERR_OFFSETS)) == 0:
         if mode == 0:
             _decode_raw(src, dst, n, ITEMSIZE, CP, T)
-            nb = n * ITEMSIZE
-            err = err | tl.where(_pad_bad(src, nb, seg) != 0, ERR_PADDING, 0)
-        else:
-            if (n == CP) & (nz == 0) & ((flags & 6) == 0):
-                err = err | _decode_coded(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3,
-                                          o4, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T, True)
+            err = err | tl.where(_pad_bad(src, n * ITEMSIZE, seg) != 0, ERR_PADDING, 0)
+        elif G == 4:
+            if n == CP:
+                err = err | _decode_full(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3,
+                                         o4, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
             else:
                 err = err | _decode_general(src, dst, n, flags, base, phase, nz, nesc, o1, o2,
                                             o3, o4, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
+        else:
+            err = err | _decode_general(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3,
+                                        o4, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
     return err
 
 
 @triton.jit
-def dense_decode_kernel(p_ptr, out_ptr, err_ptr, numel, nch, table_off, offsets_off, body_off,
+def dense_decode_kernel(p_ptr, out_ptr, err_ptr, numel, nch, C, table_off, offsets_off, body_off,
                         body_nbytes, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
-                        MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr):
-    """The chunks of a dense payload whose header the host parsed (codec_decode.py's
-    decode_kernel checks the header on the device and calls dense_decode_chunk too)."""
+                        MAN_BITS: tl.constexpr, CP: tl.constexpr, T: tl.constexpr):
+    """The chunks (C elements each) of a dense payload whose header the host
+    parsed (codec_decode.py's decode_kernel checks the header on the device
+    and calls dense_decode_chunk too)."""
     c = tl.program_id(0)
     start = c.to(tl.int64) * C
     n = tl.minimum(numel - start, C).to(tl.int32)
     err = dense_decode_chunk(p_ptr, out_ptr + start, c, n, nch, table_off, offsets_off, body_off,
-                             body_nbytes, ITEMSIZE, EXP_BITS, MAN_BITS, C, T)
+                             body_nbytes, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
     tl.atomic_or(err_ptr, err, mask=err != 0)
 
 
 def decode_launch(payload, words, err, numel: int, nch: int, table_off: int, offsets_off: int,
-                  body_off: int, body_nbytes: int, info: F.DTypeInfo, num_warps: int = 4):
+                  body_off: int, body_nbytes: int, info: F.DTypeInfo, chunk_elems: int,
+                  num_warps: int = 4):
     """Launch the dense decode of a parsed payload (uint8, 16-byte aligned)
     into ``words`` (the output's int16/int32 view); ``err`` (int32, 1) must
     be zero and gets the OR of the ERR_* bits. No host sync."""
-    assert F.CHUNK_ELEMS % (8 * 32 * num_warps) == 0
+    from ._codec_common import tile_shape
+    cp, t = tile_shape(chunk_elems, num_warps)
     dense_decode_kernel[(nch,)](
-        payload, words, err, numel, nch, table_off, offsets_off, body_off, body_nbytes,
-        ITEMSIZE=info.itemsize, EXP_BITS=info.exp_bits, MAN_BITS=info.man_bits,
-        C=F.CHUNK_ELEMS, T=32 * num_warps, num_warps=num_warps)
+        payload, words, err, numel, nch, chunk_elems, table_off, offsets_off, body_off,
+        body_nbytes, ITEMSIZE=info.itemsize, EXP_BITS=info.exp_bits, MAN_BITS=info.man_bits,
+        CP=cp, T=t, num_warps=num_warps)

@@ -7,12 +7,22 @@ its padded segment size in 16-byte units, gets its segment offset from the
 decoupled look-back (``_lookback.chunk_offset``), writes ``offsets[c]`` and
 then its whole segment, padding included (format.py, "Body").
 
+Hot path: every full chunk, whatever its zeros (flagged or not: the kept
+elements' sm bytes go to their rank among the kept ones). Cold (noinline):
+the ragged last chunk (the same code with masks) and the raw copy of a
+chunk that does not shrink.
+
 Layout. The chunk is a ``[T, G, 8]`` tile: T = 32 * num_warps threads, and
 thread t holds the 8 * G consecutive elements ``t * 8G + g * 8 + q`` (its G
 rows of 8 are one 16-byte load each for 16-bit words). Everything about a
 thread's elements is computed inside the thread; what crosses threads is one
-value per thread: prefix sums of the tier, kept and escape counts, and the
-stream windows below.
+value per thread: the analysis sums (one int64 of packed fields), prefix
+sums of the tier, kept and escape counts, and the stream windows below.
+
+Ranks. An element's exponent offset from the chunk's base indexes a per-chunk
+table of 16 rank nibbles (``_chunk_lut``): offsets -7..6, with the slots of
+offsets -8 and 7 (in no code table) taken by +0.0 and -0.0; constant tables
+by rank then give the tiers it opens and its digits.
 
 Tier streams. Tier t of the dense code is a bit stream of one digit per
 element open at that tier, in element order. A thread packs its own digits
@@ -45,16 +55,6 @@ assert all(len(o) == F.DENSE_SLOTS - 1 for o in F.DENSE_ORDER)
 assert all(-8 <= d <= 7 for o in F.DENSE_ORDER for d in o), "offsets must fit a nibble"
 
 
-def _order_lut(order, half: int) -> int:
-    """Nibble k of the result: the index in ``order`` of exponent offset
-    (8 * half + k) - 8, 15 when absent (an int32 constant)."""
-    acc = 0
-    for k in range(8):
-        d = 8 * half + k - 8
-        acc |= (order.index(d) if d in order else 15) << (4 * k)
-    return acc - (1 << 32) if acc >= 1 << 31 else acc
-
-
 def _check_symbol_rule() -> None:
     """The kernel's rank rule against format.dense_symbol_table: rank of
     offset d = min(index in DENSE_ORDER + zpos + zneg, ESC); +0.0 has rank 0
@@ -76,10 +76,6 @@ def _check_symbol_rule() -> None:
 
 
 _check_symbol_rule()
-ORD_LO = tuple(tl.constexpr(_order_lut(o, 0)) for o in F.DENSE_ORDER)
-ORD_HI = tuple(tl.constexpr(_order_lut(o, 1)) for o in F.DENSE_ORDER)
-ORD_LO0, ORD_LO1, ORD_LO2, ORD_LO3 = ORD_LO
-ORD_HI0, ORD_HI1, ORD_HI2, ORD_HI3 = ORD_HI
 ZERO_LAST = tl.constexpr(F.DENSE_SLOTS - 1)  # rank of +0.0 with neither zero flag
 
 
@@ -87,46 +83,9 @@ def _signed64(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
-def _hot_rank(order, idx: int) -> int:
-    """Rank of exponent offset idx - 8 in a chunk without zero flags."""
-    d = idx - 8
-    return order.index(d) if d in order else F.DENSE_ESC
-
-
-def _hot_luts(order):
-    """Per exponent offset index 0..15 (nibble idx of an int64), for a chunk
-    without zero flags: M = the tiers it opens (bit t-1: rank >= start of
-    tier t), D = tier-0 digit | tier-3 digit << 2, E = tier-4 digit | ESC << 2."""
-    m = d = e = 0
-    for idx in range(16):
-        r = _hot_rank(order, idx)
-        mv = sum(1 << (t - 1) for t, st in enumerate(F.TIER_START) if t and r >= st)
-        dv = min(r, 3) | ((min(r - 5, 3) if r >= 5 else 0) << 2)
-        ev = (r - 8 if r >= 8 else 0) | ((r == F.DENSE_ESC) << 2)
-        m |= mv << (4 * idx)
-        d |= dv << (4 * idx)
-        e |= ev << (4 * idx)
-    return _signed64(m), _signed64(d), _signed64(e)
-
-
-_HOT = [_hot_luts(o) for o in F.DENSE_ORDER]
-HM0, HM1, HM2, HM3 = (tl.constexpr(h[0]) for h in _HOT)
-HD0, HD1, HD2, HD3 = (tl.constexpr(h[1]) for h in _HOT)
-HE0, HE1, HE2, HE3 = (tl.constexpr(h[2]) for h in _HOT)
-# Offsets 0 and 15 (exponent offsets -8 and 7) must be absent: out-of-range
-# offsets are clamped onto them.
-assert all(-8 not in o and 7 not in o for o in F.DENSE_ORDER)
-
-
 # ---------------------------------------------------------------------------
 # Helpers shared with dense_decode.py
 # ---------------------------------------------------------------------------
-@triton.jit
-def pick4(i, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr, D: tl.constexpr):
-    """One of four int32 constants by a runtime index 0..3."""
-    return tl.where(i == 0, A, tl.where(i == 1, B, tl.where(i == 2, C, D)))
-
-
 @triton.jit
 def tile3(G: tl.constexpr, T: tl.constexpr):
     """Element index of the [T, G, 8] chunk tile: thread t holds t*8G .. t*8G + 8G - 1."""
@@ -137,9 +96,19 @@ def tile3(G: tl.constexpr, T: tl.constexpr):
 
 
 @triton.jit
-def sum3(x):
-    """Sum of a [T, G, 8] tile: in-thread over g and q, then across threads."""
-    return tl.sum(tl.sum(tl.sum(x, axis=2), axis=1), axis=0)
+def row_excl(row, G: tl.constexpr):
+    """Exclusive prefix sums along the G rows of a thread ([T, G]) and their
+    total ([T]), by G in-thread sums: a tl.cumsum along axis 1 of this sliced
+    layout is moved through shared memory (and one of the [T, G, 1] tile
+    fails to compile)."""
+    g = tl.arange(0, G)[None, :]
+    acc = row * 0
+    tot = tl.sum(acc, axis=1)
+    for h in tl.static_range(G):
+        rh = tl.sum(tl.where(g == h, row, 0), axis=1)
+        acc = acc + tl.where(g > h, rh[:, None], 0)
+        tot = tot + rh
+    return acc, tot
 
 
 @triton.jit
@@ -147,8 +116,13 @@ def thread_excl(f):
     """In-thread exclusive prefix sums (element order) of a [T, G, 8] tile of
     packed counters, and each thread's total ([T])."""
     row = tl.sum(f, axis=2)
-    pre = (tl.cumsum(row, axis=1) - row)[:, :, None] + tl.cumsum(f, axis=2) - f
-    return pre, tl.sum(row, axis=1)
+    rpre, tot = row_excl(row, f.shape[1])
+    return rpre[:, :, None] + tl.cumsum(f, axis=2) - f, tot
+
+
+@triton.jit
+def _or(a, b):
+    return a | b
 
 
 @triton.jit
@@ -292,13 +266,6 @@ def write_runs4(dst1, P1, L1, v1, t1, dst2, P2, L2, v2, t2, dst3, P3, L3, v3, t3
 
 
 @triton.jit
-def _pack_run(d, pos, BITS: tl.constexpr):
-    """A thread's run: digits d (0 where closed) at bit BITS * pos, as uint64 [T]."""
-    v = d.to(tl.uint64) << (BITS * pos).to(tl.uint64)
-    return tl.sum(tl.sum(v, axis=2), axis=1)
-
-
-@triton.jit
 def _pack_run128(d, pos, BITS: tl.constexpr):
     """_pack_run for runs up to 128 bits: (bits 0..63, bits 64..127)."""
     s = BITS * pos
@@ -325,94 +292,188 @@ def _write_raw(x_ptr, start, n, dst, ITEMSIZE: tl.constexpr, C: tl.constexpr,
     zero_pad(dst, nb, (nb + 15) & -16)
 
 
-@triton.jit(noinline=True)
-def _encode_general(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
-                    body_off, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
-                    MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr):
-    """Any chunk: the ragged last one, chunks with flagged zeros (omitted
-    from sm), RAW chunks. Cold code: the kernel's hot path takes full chunks
-    without flagged zeros."""
+def _rank_lut(order) -> int:
+    """Nibble idx (0..15): 2 + the index in ``order`` of exponent offset
+    idx - 8, 13 when absent; a chunk's rank is min(nibble + zpos + zneg - 2,
+    ESC). Nibbles 0 and 15 (offsets -8 and 7, absent from every table) are
+    replaced per chunk by those of +0.0 and -0.0 (_chunk_lut)."""
+    acc = 0
+    for idx in range(16):
+        d = idx - 8
+        acc |= ((order.index(d) + 2) if d in order else 13) << (4 * idx)
+    return _signed64(acc)
+
+
+def _by_rank(fn) -> int:
+    """Nibble r (rank 0..11): fn(r), an int64 constant."""
+    return _signed64(sum(fn(r) << (4 * r) for r in range(F.DENSE_SLOTS + 1)))
+
+
+# The tiers a rank opens (bit t-1: rank >= start of tier t); tier-0 digit |
+# tier-3 digit << 2; tier-4 digit | ESC << 2 (format.rank_tiers).
+RANK_M = tl.constexpr(_by_rank(lambda r: sum(1 << (t - 1) for t, st in enumerate(F.TIER_START)
+                                             if t and r >= st)))
+RANK_D = tl.constexpr(_by_rank(lambda r: min(r, 3) | ((min(r - 5, 3) if r >= 5 else 0) << 2)))
+RANK_E = tl.constexpr(_by_rank(lambda r: (r - 8 if r >= 8 else 0) | ((r == F.DENSE_ESC) << 2)))
+RL0, RL1, RL2, RL3 = (tl.constexpr(_rank_lut(o)) for o in F.DENSE_ORDER)
+for _r in range(F.DENSE_SLOTS + 1):  # the constants agree with format.rank_tiers
+    _digits = dict(F.rank_tiers(_r))
+    assert [(RANK_M.value >> (4 * _r + t - 1)) & 1 for t in range(1, 5)] == [
+        int(t in _digits) for t in range(1, 5)]
+    assert (RANK_D.value >> (4 * _r)) & 3 == _digits[0]
+    assert (RANK_D.value >> (4 * _r + 2)) & 3 == _digits.get(3, 0)
+    assert (RANK_E.value >> (4 * _r)) & 3 == _digits.get(4, 0)
+
+
+@triton.jit
+def _pick64(i, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr, D: tl.constexpr):
+    return tl.where(i == 0, tl.full([], A, tl.int64),
+                    tl.where(i == 1, tl.full([], B, tl.int64),
+                             tl.where(i == 2, tl.full([], C, tl.int64), tl.full([], D, tl.int64))))
+
+
+@triton.jit
+def _chunk_lut(base, phase, zp, zn):
+    """The chunk's exponent-index -> rank nibbles (_rank_lut): nibble 0 is
+    +0.0's, 15 -0.0's (format.dense_symbol_table: a flagged zero's rank, +0.0
+    last without flags, else the rank exponent 0 has); and the 12-bit mask
+    of the ranks that are zeros (no sm byte)."""
+    lut = _pick64(phase, RL0, RL1, RL2, RL3)
+    z = zp + zn
+    nat = ((lut >> (4 * tl.minimum(tl.maximum(8 - base, 1), 14)).to(tl.int64)) & 15).to(tl.int32)
+    pos_coded = (zp | (1 - zn)) != 0
+    r_pos = tl.where(zp != 0, 0, ZERO_LAST)
+    nib0 = tl.where(pos_coded, r_pos + 2 - z, nat)
+    nib15 = tl.where(zn != 0, zp + 2 - z, nat)
+    keep = tl.full([], 0x0FFFFFFFFFFFFFF0, tl.int64)
+    lut = (lut & keep) | nib0.to(tl.int64) | (nib15.to(tl.int64) << 60)
+    zmask = tl.where(pos_coded, 1 << r_pos, 0) | tl.where(zn != 0, 1 << zp, 0)
+    return lut, zmask
+
+
+@triton.jit
+def _nib(lut, sh):
+    return ((lut >> sh) & 15).to(tl.int32)
+
+
+@triton.jit
+def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
+                  body_off, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                  MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr,
+                  FULL: tl.constexpr):
+    """Chunk c: its analysis, table entry, offset and segment. FULL: the
+    chunk has C elements (the hot path; the ragged last chunk is the cold
+    _encode_tail)."""
     G: tl.constexpr = C // (8 * T)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     SIGN_SHIFT: tl.constexpr = MAN_BITS + EXP_BITS
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     start = c.to(tl.int64) * C
-    n = tl.minimum(numel - start, C).to(tl.int32)
-
-    # --- load and analyze (the input's only read) ---
     i = tile3(G, T)
-    valid = i < n
-    w = tl.load(x_ptr + start + i, mask=valid, other=0).to(tl.int32)
+    # --- load and analyze (the input's only read) ---
+    if FULL:
+        n = C + 0 * c
+        if ITEMSIZE == 4:  # a row of 8 words is two 16-byte loads: [T, 2G, 4], reshaped
+            i4 = tl.arange(0, T)[:, None, None] * (8 * G) + tl.arange(0, 2 * G)[None, :, None] * 4 + (
+                tl.arange(0, 4)[None, None, :])
+            w = tl.reshape(tl.load(x_ptr + start + i4), (T, G, 8))
+        else:
+            w = tl.load(x_ptr + start + i).to(tl.int32)
+        vi = 1
+    else:
+        n = tl.minimum(numel - start, C).to(tl.int32)
+        w = tl.load(x_ptr + start + i, mask=i < n, other=0).to(tl.int32)
+        vi = (i < n).to(tl.int32)
     if ITEMSIZE == 2:
         w = w & 0xFFFF
-    e = (w >> MAN_BITS) & EMAX
-    sm = (((w >> SIGN_SHIFT) & 1) << MAN_BITS) | (w & ((1 << MAN_BITS) - 1))
-    is_pos = valid & (w == 0)
-    if ITEMSIZE == 2:
         is_neg = w == 0x8000
     else:
         is_neg = (w != 0) & ((w & 0x7FFFFFFF) == 0)
+    is_pos = w == 0
+    if not FULL:
+        is_pos = is_pos & (vi != 0)
+    e = (w >> MAN_BITS) & EMAX
     normal = (e - 1).to(tl.uint32) < EMAX - 1  # 0 < e < EMAX (padding has e = 0)
-    s_sum = sum3(tl.where(normal, e, 0))
-    cnt = sum3(normal.to(tl.int32) | (is_pos.to(tl.int32) << 16))
-    nneg = sum3(is_neg.to(tl.int32))
-    k_norm = cnt & 0xFFFF
-    npos = cnt >> 16
+    # The locator's sums and both zero counts: in-thread fields of one int32
+    # (sum e < 2^13, counts <= 32), then one int64 sum over the threads.
+    v = tl.where(normal, e + (1 << 13), 0) + tl.where(is_pos, 1 << 19, 0) + tl.where(
+        is_neg, 1 << 25, 0)
+    ts = tl.sum(tl.sum(v, axis=2), axis=1)
+    t64 = (ts & 0x1FFF).to(tl.int64) | (((ts >> 13) & 63).to(tl.int64) << 21) | (
+        ((ts >> 19) & 63).to(tl.int64) << 34) | ((ts >> 25).to(tl.int64) << 47)
+    tot = tl.sum(t64, axis=0)
+    s_sum = (tot & 0x1FFFFF).to(tl.int32)
+    k_norm = ((tot >> 21) & 0x1FFF).to(tl.int32)
+    npos = ((tot >> 34) & 0x1FFF).to(tl.int32)
+    nneg = ((tot >> 47) & 0x1FFF).to(tl.int32)
     qq = tl.where(k_norm > 0, (4 * s_sum) // tl.maximum(k_norm, 1), 0)
     base = qq >> 2
     phase = qq & 3
     low16 = 0
     if ITEMSIZE == 4:
-        low16 = (sum3(((w & 0xFFFF) != 0).to(tl.int32)) == 0).to(tl.int32)
+        low16 = (tl.max(tl.reduce(tl.reduce(w & 0xFFFF, 2, _or), 1, _or), 0) == 0).to(tl.int32)
     zp = ((npos << 4) >= n).to(tl.int32)
     zn = ((nneg << 4) >= n).to(tl.int32)
 
     # --- ranks (format.dense_symbol_table; see _check_symbol_rule) ---
-    lut_lo = pick4(phase, ORD_LO0, ORD_LO1, ORD_LO2, ORD_LO3)
-    lut_hi = pick4(phase, ORD_HI0, ORD_HI1, ORD_HI2, ORD_HI3)
-    idx = e - base + 8
-    nib = (tl.where(idx < 8, lut_lo, lut_hi) >> (4 * (idx & 7))) & 15
-    nib = tl.where(idx.to(tl.uint32) < 16, nib, 15)
-    rank = tl.minimum(nib + zp + zn, 11)
-    pos_coded = (zp | (1 - zn)) != 0
-    zpos_c = is_pos & pos_coded
-    zneg_c = is_neg & (zn != 0)
-    rank = tl.where(zpos_c, tl.where(zp != 0, 0, ZERO_LAST), rank)
-    rank = tl.where(zneg_c, zp, rank)
-    rank = tl.where(valid, rank, 0)
-    omitted = zpos_c | zneg_c
-    keep = valid & ~omitted
-    esc = rank == 11
-
-    # --- per-thread tier, kept and escape positions ---
-    o1 = (rank + 13) >> 4  # rank >= 3, as 0/1
-    o2 = (rank + 12) >> 4
-    o3 = (rank + 11) >> 4
-    o4 = (rank + 8) >> 4
-    tpre, ttot = thread_excl(o1 | (o2 << 8) | (o3 << 16) | (o4 << 24))
-    kpre, ktot = thread_excl(keep.to(tl.int32) | (esc.to(tl.int32) << 16))
-    c1 = ttot & 0xFF
-    c2 = (ttot >> 8) & 0xFF
-    c3 = (ttot >> 16) & 0xFF
-    c4 = (ttot >> 24) & 0xFF
-    cnt4 = c1.to(tl.int64) | (c2.to(tl.int64) << 16) | (c3.to(tl.int64) << 32) | (
-        c4.to(tl.int64) << 48)
-    incl4 = tl.cumsum(cnt4, axis=0)
-    ex4 = incl4 - cnt4
+    lut, zmask = _chunk_lut(base, phase, zp, zn)
+    idx = tl.minimum(tl.maximum(e - base + 8, 1), 14)
+    idx = tl.where(is_pos, 0, tl.where(is_neg, 15, idx))
+    nib = _nib(lut, (4 * idx).to(tl.int64))
+    rank = tl.minimum(nib + (zp + zn - 2), 11)
+    sh = (4 * rank).to(tl.int64)
+    m = _nib(tl.full([], RANK_M, tl.int64), sh)
+    dv = _nib(tl.full([], RANK_D, tl.int64), sh)
+    ev = _nib(tl.full([], RANK_E, tl.int64), sh)
+    omitted = (zmask >> rank) & 1
+    if not FULL:
+        m = m * vi
+        dv = dv * vi
+        ev = ev * vi
+        omitted = omitted * vi
+    keep = vi - omitted
+    # Open flags of tiers 1..4 in byte fields, the 2-bit tiers' counted twice
+    # (bit positions): one multiply spreads m's bits (no carries: 0, 7, 15, 22).
+    f = ((m * 0x408081) & 0x02020101).to(tl.uint32)
+    fpre = tl.cumsum(f, axis=2) - f
+    frow = tl.sum(f, axis=2)  # [T, G]
+    q = tl.arange(0, 8)[None, None, :]
+    r0 = tl.sum((dv & 3) << (2 * q), axis=2)
+    r1 = tl.sum(((m >> 1) & 1).to(tl.uint32) << (fpre & 0xFF), axis=2)
+    r2 = tl.sum(((m >> 2) & 1).to(tl.uint32) << ((fpre >> 8) & 0xFF), axis=2)
+    r3 = tl.sum((dv >> 2).to(tl.uint32) << ((fpre >> 16) & 0xFF), axis=2)
+    r4 = tl.sum((ev & 3).to(tl.uint32) << (fpre >> 24), axis=2)
+    rpre, ttot = row_excl(frow, G)  # a thread's fields stay below 65
+    gq = tl.arange(0, G)[None, :]
+    ttot = ttot.to(tl.int32)  # [T]
+    run1 = tl.sum(r1.to(tl.uint64) << (rpre & 0xFF).to(tl.uint64), axis=1)
+    run2 = tl.sum(r2.to(tl.uint64) << ((rpre >> 8) & 0xFF).to(tl.uint64), axis=1)
+    run3 = tl.sum(r3.to(tl.uint64) << ((rpre >> 16) & 0xFF).to(tl.uint64), axis=1)
+    run4 = tl.sum(r4.to(tl.uint64) << (rpre >> 24).to(tl.uint64), axis=1)
+    # Escapes (low half) and kept elements (high half): in-thread ranks.
+    esc = ev >> 2
+    kpre, ktot = thread_excl(esc | (keep << 16))
+    L1 = ttot & 0xFF
+    L2 = (ttot >> 8) & 0xFF
+    L3 = (ttot >> 16) & 0xFF
+    L4 = ttot >> 24
+    cnt4 = L1.to(tl.int64) | (L2.to(tl.int64) << 16) | (L3.to(tl.int64) << 32) | (
+        L4.to(tl.int64) << 48)
+    ex4 = tl.cumsum(cnt4, axis=0) - cnt4
     tot4 = tl.sum(cnt4, axis=0)
-    n1 = (tot4 & 0xFFFF).to(tl.int32)
-    n2 = ((tot4 >> 16) & 0xFFFF).to(tl.int32)
-    n3 = ((tot4 >> 32) & 0xFFFF).to(tl.int32)
-    n4 = ((tot4 >> 48) & 0xFFFF).to(tl.int32)
     kex = tl.cumsum(ktot, axis=0) - ktot
     ktotal = tl.sum(ktot, axis=0)
-    kept = ktotal & 0xFFFF
-    n_esc = ktotal >> 16
+    n_esc = ktotal & 0xFFFF
+    kept = ktotal >> 16
     nz = n - kept
+    n1 = (tot4 & 0xFFFF).to(tl.int32)
+    n2 = ((tot4 >> 16) & 0xFFFF).to(tl.int32)
+    n3 = ((tot4 >> 33) & 0x7FFF).to(tl.int32)
+    n4 = ((tot4 >> 49) & 0x7FFF).to(tl.int32)
 
     # --- raw or coded, the segment's size and offset ---
-    _, _, _, _, _, _, _, seg_c = layout(n, True, low16, nz, n_esc, n1, n2, n3, n4, ITEMSIZE,
-                                        IS_FP16)
+    codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg_c = layout(
+        n, True, low16, nz, n_esc, n1, n2, n3, n4, ITEMSIZE, IS_FP16)
     raw_seg = (n * ITEMSIZE + 15) & -16
     coded = seg_c < raw_seg
     units = (tl.where(coded, seg_c, raw_seg) >> 4).to(tl.int64)
@@ -430,222 +491,67 @@ def _encode_general(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off
     tl.store(ent + 2, ci * (n1 | (n2 << 16)))
     tl.store(ent + 3, ci * (n3 | (n4 << 16)))
     dst = out_ptr + body_off + 16 * off
-
     if seg_c >= raw_seg:
         _write_raw(x_ptr, start, n, dst, ITEMSIZE, C, T)
     # The coded writes, predicated on ``coded`` rather than branched around
     # (tensors used inside an ``if`` region trip a layout pass of triton).
-    codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, _ = layout(
-        n, True, low16, nz, n_esc, n1, n2, n3, n4, ITEMSIZE, IS_FP16)
-    cz = coded.to(tl.int32)
-    # Tier 0: every element's 2-bit digit at bit 2i: a thread's 8G bytes.
-    d0 = tl.minimum(rank, 3).to(tl.uint64) << (2 * (i & (8 * G - 1))).to(tl.uint64)
-    run0 = tl.sum(tl.sum(d0, axis=2), axis=1)
-    len0 = ((2 * n + 7) >> 3) * cz
-    tt = tl.arange(0, T)
-    for b in tl.static_range(2 * G):
-        at = tt * (2 * G) + b
-        tl.store(dst + at, ((run0 >> (8 * b)) & 0xFF).to(tl.uint8), mask=at < len0)
-    # Tiers 1..4.
-    p1 = (ex4 & 0xFFFF).to(tl.int32)
-    p2 = ((ex4 >> 16) & 0xFFFF).to(tl.int32)
-    p3 = ((ex4 >> 32) & 0xFFFF).to(tl.int32)
-    p4 = ((ex4 >> 48) & 0xFFFF).to(tl.int32)
-    b1 = (2 * n + 7) >> 3
-    b2 = b1 + ((n1 + 7) >> 3)
-    b3 = b2 + ((n2 + 7) >> 3)
-    b4 = b3 + ((2 * n3 + 7) >> 3)
-    zero64 = tl.zeros([T], tl.uint64)
-    r1 = _pack_run(o2, tpre & 0xFF, 1)
-    write_run(dst + b1, p1, c1 * cz, r1, zero64, n1, False, G + 1)
-    r2 = _pack_run(o3, (tpre >> 8) & 0xFF, 1)
-    write_run(dst + b2, p2, c2 * cz, r2, zero64, n2, False, G + 1)
-    r3 = _pack_run(tl.where(o3 != 0, tl.minimum(rank - 5, 3), 0), (tpre >> 16) & 0xFF, 2)
-    write_run(dst + b3, 2 * p3, 2 * c3 * cz, r3, zero64, 2 * n3, False, 2 * G + 1)
-    r4 = _pack_run(tl.where(o4 != 0, rank - 8, 0), (tpre >> 24) & 0xFF, 2)
-    write_run(dst + b4, 2 * p4, 2 * c4 * cz, r4, zero64, 2 * n4, False, 2 * G + 1)
-    zero_pad(dst, codes_nb, a_sm * cz)
-    # sm: the kept elements' sign+mantissa bytes, in order.
-    krank = (kex & 0xFFFF)[:, None, None] + (kpre & 0xFFFF)
-    sm_dst = dst + a_sm
-    kc = keep.to(tl.int32) * cz != 0  # (a tensor & scalar mask: not under triton 3.9's interpreter)
-    if ITEMSIZE == 4:
-        smv = tl.where(low16 != 0, sm >> 16, sm)
-        smb = 3 - 2 * low16
-        for b in tl.static_range(3):
-            tl.store(sm_dst + krank * smb + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
-                     mask=kc & (b < smb + 0 * krank))
-    else:
-        tl.store(sm_dst + krank, (sm & 0xFF).to(tl.uint8), mask=kc)
-    zero_pad(sm_dst, sm_nb, (a_rem - a_sm) * cz)
-    if IS_FP16:
-        # rem: the kept elements' top 3 sm bits, 3 bits each.
-        rlo, rhi = _pack_run128(tl.where(keep, sm >> 8, 0), kpre & 0xFFFF, 3)
-        write_run(dst + a_rem, 3 * (kex & 0xFFFF), 3 * (ktot & 0xFFFF) * cz, rlo, rhi,
-                  3 * kept, True, 3 * G + 1)
-        zero_pad(dst + a_rem, rem_nb, (a_esc - a_rem) * cz)
-    # esc: the escaped elements' exponent bytes, in order.
-    erank = (kex >> 16)[:, None, None] + (kpre >> 16)
-    tl.store(dst + a_esc + erank, e.to(tl.uint8), mask=esc.to(tl.int32) * cz != 0)
-    zero_pad(dst + a_esc, esc_nb, ((esc_nb + 15) & -16) * cz)
-
-
-@triton.jit
-def _pick64(i, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr, D: tl.constexpr):
-    return tl.where(i == 0, tl.full([], A, tl.int64),
-                    tl.where(i == 1, tl.full([], B, tl.int64),
-                             tl.where(i == 2, tl.full([], C, tl.int64), tl.full([], D, tl.int64))))
-
-
-@triton.jit
-def _nib(lut, sh):
-    return ((lut >> sh) & 15).to(tl.int32)
-
-
-@triton.jit
-def _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
-                 body_off, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
-                 MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr):
-    """A full chunk: the hot path, when it has no flagged zeros (nothing
-    omitted, ZPOS = ZNEG = 0). Returns 0 without a side effect otherwise."""
-    G: tl.constexpr = C // (8 * T)
-    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
-    SIGN_SHIFT: tl.constexpr = MAN_BITS + EXP_BITS
-    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
-    start = c.to(tl.int64) * C
-    i = tile3(G, T)
-    if ITEMSIZE == 4:  # a row of 8 words is two 16-byte loads: [T, 2G, 4], reshaped
-        i4 = tl.arange(0, T)[:, None, None] * (8 * G) + tl.arange(0, 2 * G)[None, :, None] * 4 + (
-            tl.arange(0, 4)[None, None, :])
-        w = tl.reshape(tl.load(x_ptr + start + i4), (T, G, 8))
-    else:
-        w = tl.load(x_ptr + start + i).to(tl.int32)
-    if ITEMSIZE == 2:
-        w = w & 0xFFFF
-        is_neg = w == 0x8000
-    else:
-        is_neg = (w != 0) & ((w & 0x7FFFFFFF) == 0)
-    e = (w >> MAN_BITS) & EMAX
-    normal = (e - 1).to(tl.uint32) < EMAX - 1
-    s_sum = sum3(tl.where(normal, e, 0))
-    cnt = sum3(normal.to(tl.int32) | ((w == 0).to(tl.int32) << 16))
-    k_norm = cnt & 0xFFFF
-    npos = cnt >> 16
-    nneg = sum3(is_neg.to(tl.int32))
-    fast = (npos == 0) & ((nneg << 4) < C)
-    qq = tl.where(k_norm > 0, (4 * s_sum) // tl.maximum(k_norm, 1), 0)
-    base = qq >> 2
-    phase = qq & 3
-    low16 = 0
-    if ITEMSIZE == 4:
-        low16 = (sum3(w & 0xFFFF) == 0).to(tl.int32)
-
-    # Symbols straight from the exponent offset (_hot_luts).
-    sh = (4 * tl.minimum(tl.maximum(e - base + 8, 0), 15)).to(tl.int64)
-    m = _nib(_pick64(phase, HM0, HM1, HM2, HM3), sh)
-    dv = _nib(_pick64(phase, HD0, HD1, HD2, HD3), sh)
-    ev = _nib(_pick64(phase, HE0, HE1, HE2, HE3), sh)
-    # Open flags of tiers 1..4 in byte fields, the 2-bit tiers' counted twice
-    # (bit positions): one multiply spreads m's bits (no carries: 0, 7, 15, 22).
-    f = ((m * 0x408081) & 0x02020101).to(tl.uint32)
-    fpre = tl.cumsum(f, axis=2) - f
-    frow = tl.sum(f, axis=2)  # [T, G]
-    q = tl.arange(0, 8)[None, None, :]
-    r0 = tl.sum((dv & 3) << (2 * q), axis=2)
-    r1 = tl.sum(((m >> 1) & 1).to(tl.uint32) << (fpre & 0xFF), axis=2)
-    r2 = tl.sum(((m >> 2) & 1).to(tl.uint32) << ((fpre >> 8) & 0xFF), axis=2)
-    r3 = tl.sum((dv >> 2).to(tl.uint32) << ((fpre >> 16) & 0xFF), axis=2)
-    r4 = tl.sum((ev & 3).to(tl.uint32) << (fpre >> 24), axis=2)
-    rpre = tl.cumsum(frow, axis=1) - frow  # a thread's fields stay below 65
-    gq = tl.arange(0, G)[None, :]
-    ttot = tl.sum(frow, axis=1).to(tl.int32)  # [T]
-    run1 = tl.sum(r1.to(tl.uint64) << (rpre & 0xFF).to(tl.uint64), axis=1)
-    run2 = tl.sum(r2.to(tl.uint64) << ((rpre >> 8) & 0xFF).to(tl.uint64), axis=1)
-    run3 = tl.sum(r3.to(tl.uint64) << ((rpre >> 16) & 0xFF).to(tl.uint64), axis=1)
-    run4 = tl.sum(r4.to(tl.uint64) << (rpre >> 24).to(tl.uint64), axis=1)
-    # Escapes: in-thread ranks.
-    ex = ev >> 2
-    epre, etot = thread_excl(ex)
-    L1 = ttot & 0xFF
-    L2 = (ttot >> 8) & 0xFF
-    L3 = (ttot >> 16) & 0xFF
-    L4 = ttot >> 24
-    cnt4 = L1.to(tl.int64) | (L2.to(tl.int64) << 16) | (L3.to(tl.int64) << 32) | (
-        L4.to(tl.int64) << 48)
-    ex4 = tl.cumsum(cnt4, axis=0) - cnt4
-    tot4 = tl.sum(cnt4, axis=0)
-    eex = tl.cumsum(etot, axis=0) - etot
-    n_esc = tl.sum(etot, axis=0)
-    n1 = (tot4 & 0xFFFF).to(tl.int32)
-    n2 = ((tot4 >> 16) & 0xFFFF).to(tl.int32)
-    n3 = ((tot4 >> 33) & 0x7FFF).to(tl.int32)
-    n4 = ((tot4 >> 49) & 0x7FFF).to(tl.int32)
-
-    codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg_c = layout(
-        C, True, low16, 0, n_esc, n1, n2, n3, n4, ITEMSIZE, IS_FP16)
-    raw_seg: tl.constexpr = C * ITEMSIZE
-    coded = seg_c < raw_seg
-    units = (tl.where(coded, seg_c, raw_seg) >> 4).to(tl.int64)
-    off = tl.zeros([], tl.int64)
-    if fast:
-        off = chunk_offset(status_ptr, c, units)
-        tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + (offsets_off >> 2) + c,
-                 off.to(tl.int32))
-        if c == nch - 1:
-            tl.store(total_ptr, off + units)
-            gap = offsets_off + 4 * nch
-            zero_pad(out_ptr, gap, (gap + 15) & -16)
-        ent = out_ptr.to(tl.pointer_type(tl.int32)) + (table_off >> 2) + 4 * c.to(tl.int64)
-        ci = coded.to(tl.int32)
-        tl.store(ent, ci * (1 | (low16 << 8) | (base << 16) | (phase << 24)))
-        tl.store(ent + 1, ci * (n_esc << 16))
-        tl.store(ent + 2, ci * (n1 | (n2 << 16)))
-        tl.store(ent + 3, ci * (n3 | (n4 << 16)))
-    dst = out_ptr + body_off + 16 * off
-    if fast & (seg_c >= raw_seg):
-        _write_raw(x_ptr, start, C, dst, ITEMSIZE, C, T)
     # 0/1 int, not a bool: triton 3.9's interpreter takes no scalar bool in a
     # mask; ``x * 0 + cz != 0`` is a uniform mask the compiler folds.
-    cz = fast.to(tl.int32) * coded.to(tl.int32)
+    cz = coded.to(tl.int32)
     # Tier 0: a row's eight 2-bit digits are the 16-bit word 2 * row.
     rows = tl.arange(0, T)[:, None] * G + gq
-    tl.store(dst.to(tl.pointer_type(tl.int16)) + rows, r0.to(tl.int16),
-             mask=rows * 0 + cz != 0)
+    len0 = (2 * n + 7) >> 3
+    if FULL:
+        tl.store(dst.to(tl.pointer_type(tl.int16)) + rows, r0.to(tl.int16),
+                 mask=rows * 0 + cz != 0)
+    else:  # byte-wise: the last row may hold one byte
+        tl.store(dst + 2 * rows, (r0 & 0xFF).to(tl.uint8), mask=2 * rows < len0 * cz)
+        tl.store(dst + 2 * rows + 1, ((r0 >> 8) & 0xFF).to(tl.uint8),
+                 mask=2 * rows + 1 < len0 * cz)
     p1 = (ex4 & 0xFFFF).to(tl.int32)
     p2 = ((ex4 >> 16) & 0xFFFF).to(tl.int32)
     p3 = ((ex4 >> 32) & 0xFFFF).to(tl.int32)
     p4 = ((ex4 >> 48) & 0xFFFF).to(tl.int32)
-    b1 = (2 * C) // 8
+    b1 = len0
     b2 = b1 + ((n1 + 7) >> 3)
     b3 = b2 + ((n2 + 7) >> 3)
     b4 = b3 + ((2 * n3 + 7) >> 3)
     write_runs4(dst + b1, p1, L1 * cz, run1, n1, dst + b2, p2, L2 * cz, run2, n2,
                 dst + b3, p3, L3 * cz, run3, 2 * n3, dst + b4, p4, L4 * cz, run4, 2 * n4, G)
     zero_pad(dst, codes_nb, a_sm * cz)
-    # sm: every element's sign+mantissa, in place (nothing omitted).
+    # sm: the kept elements' sign+mantissa bytes at their rank among the kept.
     smv = (((w >> SIGN_SHIFT) & 1) << MAN_BITS) | (w & ((1 << MAN_BITS) - 1))
+    at = kpre + kex[:, None, None]  # (escape rank, kept rank << 16)
+    krank = at >> 16
     sm_dst = dst + a_sm
+    kc = tl.where(cz != 0, keep != 0, False)
     if ITEMSIZE == 4:
         smb = 3 - 2 * low16
         smv = tl.where(low16 != 0, smv >> 16, smv)
         for b in tl.static_range(3):
-            tl.store(sm_dst + i * smb + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
-                     mask=i < C * cz * (b < smb).to(tl.int32))
+            tl.store(sm_dst + krank * smb + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
+                     mask=tl.where(b < smb, kc, False))
     else:
-        tl.store(sm_dst + i, (smv & 0xFF).to(tl.uint8), mask=i * 0 + cz != 0)
+        tl.store(sm_dst + krank, (smv & 0xFF).to(tl.uint8), mask=kc)
     zero_pad(sm_dst, sm_nb, (a_rem - a_sm) * cz)
     if IS_FP16:
-        # rem: 3 bits an element in place: a row's 24 bits at byte 12t + 3g.
-        rr = tl.sum((smv >> 8) << (3 * q), axis=2)  # [T, G]
-        at = tl.arange(0, T)[:, None] * (3 * G) + 3 * gq
-        for b in tl.static_range(3):
-            tl.store(dst + a_rem + at + b, ((rr >> (8 * b)) & 0xFF).to(tl.uint8),
-                     mask=at * 0 + cz != 0)
+        # rem: the kept elements' top 3 sm bits, 3 bits each.
+        rlo, rhi = _pack_run128(tl.where(keep != 0, smv >> 8, 0), kpre >> 16, 3)
+        write_run(dst + a_rem, 3 * (kex >> 16), 3 * (ktot >> 16) * cz, rlo, rhi,
+                  3 * kept, True, 3 * G + 1)
         zero_pad(dst + a_rem, rem_nb, (a_esc - a_rem) * cz)
-    erank = eex[:, None, None] + epre
-    tl.store(dst + a_esc + erank, e.to(tl.uint8), mask=ex * cz != 0)
+    # esc: the escaped elements' exponent bytes, in order.
+    tl.store(dst + a_esc + (at & 0xFFFF), e.to(tl.uint8), mask=tl.where(cz != 0, esc != 0, False))
     zero_pad(dst + a_esc, esc_nb, ((esc_nb + 15) & -16) * cz)
-    return fast
+
+
+@triton.jit(noinline=True)
+def _encode_tail(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
+                 body_off, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                 MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr):
+    """The ragged last chunk (cold code)."""
+    _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
+                  body_off, c, ITEMSIZE, EXP_BITS, MAN_BITS, C, T, False)
 
 
 @triton.jit
@@ -656,13 +562,12 @@ def dense_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, numel
     # Chunk ids in the order programs start, so the look-back only waits on
     # programs that run.
     c = ticket(ticket_ptr)
-    done = False
     if (c.to(tl.int64) + 1) * C <= numel:
-        done = _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off,
-                            offsets_off, body_off, c, ITEMSIZE, EXP_BITS, MAN_BITS, C, T)
-    if not done:
-        _encode_general(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off,
-                        offsets_off, body_off, c, ITEMSIZE, EXP_BITS, MAN_BITS, C, T)
+        _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
+                      body_off, c, ITEMSIZE, EXP_BITS, MAN_BITS, C, T, True)
+    else:
+        _encode_tail(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
+                     body_off, c, ITEMSIZE, EXP_BITS, MAN_BITS, C, T)
 
 
 def encode_launch(words, out, ticket, status, total, numel: int, nch: int, table_off: int,
