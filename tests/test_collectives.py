@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from collective_cases import (OPS, assert_bits_equal, gather_all, make_data, make_op,
-                              reference_reduce, torch_all_gather_single)
+from collective_cases import (OPS, assert_bits_equal, check_reduce_scatter, gather_all,
+                              make_data, make_op, reference_reduce, torch_all_gather_single)
 from zipccl_fsdp.collectives import (all_gather_single, all_reduce, all_to_all_single,
                                      reduce_scatter_single, reset_stats, stats)
 from zipccl_fsdp.config import ZipCCLConfig
@@ -73,12 +73,9 @@ def task_reduce_scatter(ops):
                 for n in SIZES:
                     for op, factor in ops:
                         x = make_data(world * n, dtype, seed=ci + 3 * n, rank=rank, kind=kind)
-                        parts = [p[rank * n:(rank + 1) * n] for p in gather_all(x)]
-                        want = reference_reduce(parts, op, factor, dtype)
-                        got = torch.full((n,), 7.0, dtype=dtype)
-                        reduce_scatter_single(got, x, make_op(op, factor), config=cfg)
-                        assert_bits_equal(got, want,
-                                          f"reduce_scatter {op} {dtype} {kind} n={n} {cfg}")
+                        check_reduce_scatter(x, n, op, factor,
+                                             f"reduce_scatter {op} {dtype} {kind} n={n} {cfg}",
+                                             config=cfg)
                         checked += 1
     return checked
 
