@@ -8,9 +8,8 @@ dtype, device) in the runtime state of its config in its stats' owner
 (``runtime.py``). The next such calls find it (``find``), run the
 collective's own argument checks (the function its general path runs, so a
 check and its error text live once, in the collective's module), count
-their stats as the general path would (``Lane.count``) and call the
-``ProcessGroup`` method that torch's own wrapper calls (``Lane.call``),
-skipping both zipccl's general path and torch's Python.
+their stats as the general path would and call the ``ProcessGroup`` method
+that torch's own wrapper calls (``Lane.send``), skipping both zipccl's general path and torch's Python.
 
 Why: a real call follows a blocking collective, and Python right after one
 runs several times slower than in a loop (cold caches, a vCPU back from
@@ -73,24 +72,24 @@ class Lane:
         self.method = getattr(pg, method)
         self.opts = tuple(_options(options, async_op) for async_op in (False, True))
 
-    def count(self, nbytes: int) -> None:
-        """Count a call that sends ``nbytes``, as the general path counts a raw one."""
+    def send(self, nbytes: int, async_op: bool, *args):
+        """Count a call that sends ``nbytes`` as the general path counts a raw
+        one, and run the process group's method on ``args``: its ``Work`` with
+        ``async_op``, else None once it is done; the time goes to ``comm_s``.
+        (One method, not two: a Python frame right after a blocking
+        collective costs a measurable share of a small call.)"""
         fields = self.fields
         fields["calls"] += 1
         fields["raw_bytes"] += nbytes
         fields["raw_fallback_calls"] += 1
         fields["wire_bytes"] += nbytes
         self.decisions[self.decision] += 1
-
-    def call(self, async_op: bool, *args):
-        """The process group's method on ``args``: its ``Work`` with
-        ``async_op``, else None once it is done; the time goes to ``comm_s``."""
         start = _clock()
         work = self.method(*args, self.opts[1 if async_op else 0])
         if not async_op:
             work.wait()
             work = None
-        self.fields["comm_s"] += _clock() - start
+        fields["comm_s"] += _clock() - start
         return work
 
 

@@ -47,8 +47,7 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
     if lane is not None:
         unit = _lanes.checked(_checked, lane.world, lane.rank, output_tensor, input_tensor)
         if unit is not _lanes.MISS:
-            lane.count(unit)
-            return lane.call(async_op, output_tensor, input_tensor)
+            return lane.send(unit, async_op, output_tensor, input_tensor)
     setup = K._enter("all_gather", WHERE, input_tensor, K._nbytes(input_tensor), group, config,
                      stats, _checked, output_tensor, input_tensor)
     if setup is None:

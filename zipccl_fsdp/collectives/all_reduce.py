@@ -79,10 +79,9 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *,
         parsed = _lanes.checked(_checked, lane.world, lane.rank, tensor, op)
         nbytes = tensor.numel() * tensor.element_size()
         if parsed is not _lanes.MISS and gathers_whole(lane.world, nbytes):
-            lane.count(nbytes)
             flat = tensor.view(-1)
             every = _whole(flat, lane.world)
-            lane.call(False, every, flat)
+            lane.send(nbytes, False, every, flat)
             start = _clock()
             sum_rows(flat, every.view(lane.world, -1), parsed)
             lane.fields["reduce_s"] += _clock() - start

@@ -55,8 +55,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         split = _lanes.checked(_checked, lane.world, lane.rank, output, input,
                                output_split_sizes, input_split_sizes)
         if split is not _lanes.MISS:
-            lane.count(split.raw)
-            return lane.call(async_op, output, input, split.out_rows, split.in_rows)
+            return lane.send(split.raw, async_op, output, input, split.out_rows,
+                             split.in_rows)
     setup = K._enter("all_to_all", WHERE, input, 0, group, config, stats, _checked, output, input,
                      output_split_sizes, input_split_sizes, plan_of=_refusal_plan)
     if setup is None:
