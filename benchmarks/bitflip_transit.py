@@ -40,15 +40,16 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from zipccl_fsdp import _wire as W  # noqa: E402
+from zipccl_fsdp import codec as Z  # noqa: E402
 from zipccl_fsdp import collectives as C  # noqa: E402
 from zipccl_fsdp import format as F  # noqa: E402
 from zipccl_fsdp.config import ZipCCLConfig  # noqa: E402
 from zipccl_fsdp.errors import CorruptPayloadError  # noqa: E402
+from zipccl_fsdp.stats import KINDS  # noqa: E402
 
-KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 DTYPES = (("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32),
           ("fp32_bf16cast", torch.float32))
-CODECS = ("dense", "fixed3", "raw")
+CODECS = Z.CODECS  # the build's codec set, the framing-only "raw" included
 INT = {2: torch.int16, 4: torch.int32}
 N = 3 * 4096 + 123  # 4 chunks of the checksum, the last one short
 

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from _common import run_gloo_ranks  # noqa: E402
 
-KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+from zipccl_fsdp.stats import KINDS  # noqa: E402
 
 
 def _status(key: str) -> int:

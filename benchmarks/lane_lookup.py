@@ -1,8 +1,8 @@
 """What finding a raw lane costs, in-process, without a collective.
 
-The raw lanes (``zipccl_fsdp/_raw_lanes.py``) live in the runtime of the
+The raw lanes (``zipccl_fsdp/collectives/_lanes.py``) live in the runtime of the
 call's stats owner (``zipccl_fsdp/runtime.py``). This times that lookup,
-``_raw_lanes._lanes(config, stats).get(key)``, against a plain dict lookup
+``_lanes._lanes(config, stats).get(key)``, against a plain dict lookup
 of a key of the same shape held on an object's attribute (how lanes were
 found when they hung off the config), interleaved, and prints medians and
 minimums in ns.
@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from zipccl_fsdp import _raw_lanes as L  # noqa: E402
+from zipccl_fsdp.collectives import _lanes as L  # noqa: E402
 from zipccl_fsdp.config import ZipCCLConfig  # noqa: E402
 from zipccl_fsdp.stats import CommStats  # noqa: E402
 

@@ -7,7 +7,7 @@ on both ranks; a fixed cycle skewed the all-reduce by 10-20% in one run):
 torch's own collective, twice over (``torch_again``: the same call, counted
 apart, so its ratio to ``torch`` shows the noise of the measurement);
 zipccl's with a default config, which after its first call takes the raw
-lane (``zipccl_fsdp/_raw_lanes.py``); and zipccl's general path, with a
+lane (``zipccl_fsdp/collectives/_lanes.py``); and zipccl's general path, with a
 default config counted in a stats object whose runtime never keeps a lane
 (every raw call's general path, plus one lane lookup). Medians of each, and their ratios to torch's.
 A real call follows a blocking collective, and Python right after one runs

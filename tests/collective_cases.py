@@ -86,3 +86,18 @@ def make_op(op: str, factor: float):
 
 OPS = (("sum", 1.0), ("avg", 1.0), ("premul_sum", 0.37))
 """(op, factor) pairs the reduction tests cover."""
+
+
+def check_reduce_scatter(x: torch.Tensor, n: int, op: str, factor: float, what: str,
+                         **kwargs) -> None:
+    """zipccl's ``reduce_scatter_single`` of ``x`` (world x ``n`` elements, into
+    an output prefilled with 7.0) equals the rank-order reference bit for bit;
+    ``kwargs`` go to the call (``config``, ``stats``)."""
+    from zipccl_fsdp.collectives import reduce_scatter_single
+
+    rank = dist.get_rank()
+    parts = [p[rank * n:(rank + 1) * n] for p in gather_all(x)]
+    want = reference_reduce(parts, op, factor, x.dtype)
+    got = torch.full((n,), 7.0, dtype=x.dtype)
+    reduce_scatter_single(got, x, make_op(op, factor), **kwargs)
+    assert_bits_equal(got, want, what)

@@ -19,9 +19,11 @@ import pytest  # noqa: E402
 from dist_utils import DistPool  # noqa: E402
 
 
-# Process pools of real gloo ranks, one per test module that asks for one.
-def _pool(n):
-    pool = DistPool(n)
+# Process pools of real gloo ranks, one per test module that asks for one. A
+# module that sets PG_TIMEOUT_S gets process groups with that timeout.
+def _pool(request, n):
+    timeout = getattr(request.module, "PG_TIMEOUT_S", None)
+    pool = DistPool(n) if timeout is None else DistPool(n, pg_timeout_s=timeout)
     yield pool
     pool.close()
 
@@ -37,15 +39,15 @@ def build_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def pool2():
-    yield from _pool(2)
+def pool2(request):
+    yield from _pool(request, 2)
 
 
 @pytest.fixture(scope="module")
-def pool3():
-    yield from _pool(3)
+def pool3(request):
+    yield from _pool(request, 3)
 
 
 @pytest.fixture(scope="module")
-def pool4():
-    yield from _pool(4)
+def pool4(request):
+    yield from _pool(request, 4)

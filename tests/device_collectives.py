@@ -31,7 +31,7 @@ from zipccl_fsdp import codec as zcodec
 from zipccl_fsdp.collectives import (all_gather_single, all_reduce, all_to_all_single,
                                      reduce_scatter_single)
 from zipccl_fsdp.config import ZipCCLConfig
-from zipccl_fsdp.stats import CommStats
+from zipccl_fsdp.stats import KINDS, CommStats
 
 SIZES = (0, 1, 4097, 3 * 4096 + 5)
 """Elements per rank: empty, one, a chunk and one, three chunks and a ragged tail."""
@@ -42,7 +42,6 @@ CONFIGS = (
     ZipCCLConfig(policy="always", min_bytes=0, codec="fixed3", pipeline_pieces=2, verify=True),
 )
 OPS = (("sum", 1.0), ("premul_sum", 0.37))
-KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 
 
 def _inputs(n: int, dtype: torch.dtype, seed: int, world: int, kind: str = "gauss") -> list:

@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from collective_cases import (OPS, assert_bits_equal, gather_all, make_data, make_op,
-                              reference_reduce, torch_all_gather_single)
+from collective_cases import (OPS, assert_bits_equal, check_reduce_scatter, gather_all,
+                              make_data, make_op, reference_reduce, torch_all_gather_single)
 from zipccl_fsdp.collectives import (all_gather_single, all_reduce, all_to_all_single,
                                      reduce_scatter_single, reset_stats, stats)
 from zipccl_fsdp.config import ZipCCLConfig
@@ -73,12 +73,9 @@ def task_reduce_scatter(ops):
                 for n in SIZES:
                     for op, factor in ops:
                         x = make_data(world * n, dtype, seed=ci + 3 * n, rank=rank, kind=kind)
-                        parts = [p[rank * n:(rank + 1) * n] for p in gather_all(x)]
-                        want = reference_reduce(parts, op, factor, dtype)
-                        got = torch.full((n,), 7.0, dtype=dtype)
-                        reduce_scatter_single(got, x, make_op(op, factor), config=cfg)
-                        assert_bits_equal(got, want,
-                                          f"reduce_scatter {op} {dtype} {kind} n={n} {cfg}")
+                        check_reduce_scatter(x, n, op, factor,
+                                             f"reduce_scatter {op} {dtype} {kind} n={n} {cfg}",
+                                             config=cfg)
                         checked += 1
     return checked
 
@@ -359,6 +356,69 @@ def test_adaptive_raw_and_compressed_reductions_give_the_same_bits(pool3, kind):
     for counts, order_matters in pool3.run(task_adaptive_numerics, kind, timeout_s=240):
         assert counts == {"raw": 0, "compressed": 1}, counts
         assert order_matters  # torch's own order gives other bits on this data
+
+
+F32_SPECIALS = (0x7FC00000, 0x7FC00001, 0xFFC12345, 0x7F800001, 0xFFBFFFFF, 0x7F800000,
+                0xFF800000, 0x00000000, 0x80000000, 0x00000001, 0x807FFFFF, 0x00400000)
+"""fp32 bit patterns: quiet NaNs with and without a payload, a negative one, two
+signalling ones, +-inf, both zeros and subnormals."""
+
+
+def with_specials(x: torch.Tensor, rank: int) -> torch.Tensor:
+    """``x`` with a special value (``F32_SPECIALS``) at every other element: at
+    i % 4 == 0 one that differs between ranks (NaN + inf, inf - inf, -0 + 0,
+    subnormal + -subnormal, ...), at i % 4 == 2 the same one on every rank
+    (-0 + -0, inf + inf, NaN payloads with themselves)."""
+    specials = torch.tensor([b - (1 << 32) if b >> 31 else b for b in F32_SPECIALS],
+                            dtype=torch.int32).view(torch.float32)
+    i = torch.arange(x.numel())
+    k = len(F32_SPECIALS)
+    x = x.clone()
+    x[0::4] = specials[(i[0::4] // 4 + 5 * rank) % k]
+    x[2::4] = specials[(i[2::4] // 4) % k]
+    return x
+
+
+# Sizes (fp32 elements, 3 ranks) on both sides of all_reduce.gathers_whole:
+# tiny and ragged ones, the largest gathered whole, one more, and a larger
+# ragged one that goes through the schedule.
+SUM_SIZES = (0, 1, 2, 5, 18001, 49152, 49153, 60002)
+OPS_AT = (49152, 49153)
+ALWAYS_COMPRESSED = ZipCCLConfig(policy="always", min_bytes=0)
+
+
+def task_raw_all_reduce_numerics():
+    """A raw all-reduce (adaptive sent raw, and "never") gives the bits of a
+    compressed one and of the rank-order reference on data where the order
+    matters and every special value meets every other, whether it is summed
+    from one all-gather of the whole tensors or through the schedule."""
+    from zipccl_fsdp.collectives.all_reduce import gathers_whole
+    rank, world = dist.get_rank(), dist.get_world_size()
+    sides = sorted({gathers_whole(world, 4 * n) for n in SUM_SIZES})
+    counts = {}
+    for n in SUM_SIZES:
+        xs = [with_specials(order_sensitive(n, r, world), r) for r in range(world)]
+        for op, factor in (OPS if n in OPS_AT else OPS[:1]):
+            got = {}
+            for name, cfg in (("raw", FORCED_RAW), ("never", ZipCCLConfig(policy="never")),
+                              ("compressed", ALWAYS_COMPRESSED)):
+                st = CommStats()
+                t = xs[rank].clone()
+                all_reduce(t, make_op(op, factor), config=cfg, stats=st)
+                got[name] = t
+                counts[(n, op, name)] = st.snapshot()["all_reduce"]["compressed_calls"]
+            want = reference_reduce(xs, op, factor, torch.float32)
+            for name in ("raw", "never"):
+                assert_bits_equal(got[name], got["compressed"], f"n={n} {op}: {name} vs compressed")
+                assert_bits_equal(got[name], want, f"n={n} {op}: {name} vs the reference")
+    return sides, counts
+
+
+def test_raw_all_reduce_gives_the_compressed_bits_across_the_gather_threshold(pool3):
+    for sides, counts in pool3.run(task_raw_all_reduce_numerics, timeout_s=300):
+        assert sides == [False, True]  # the sizes reach both ways of summing raw
+        for (n, op, name), compressed in counts.items():
+            assert compressed == int(name == "compressed" and n > 0), (n, op, name)
 
 
 def task_captured_calls_go_raw():

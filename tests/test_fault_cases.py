@@ -18,7 +18,6 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from collective_cases import assert_bits_equal, make_data
-from dist_utils import DistPool
 from zipccl_fsdp.collectives import all_reduce, all_to_all_single, reduce_scatter_single
 from zipccl_fsdp.collectives import all_gather_single
 from zipccl_fsdp.config import ZipCCLConfig
@@ -26,20 +25,6 @@ from zipccl_fsdp.stats import CommStats
 
 PG_TIMEOUT_S = 30
 WITHIN_S = 10.0
-
-
-@pytest.fixture(scope="module")
-def pool2():
-    pool = DistPool(2, pg_timeout_s=PG_TIMEOUT_S)
-    yield pool
-    pool.close()
-
-
-@pytest.fixture(scope="module")
-def pool3():
-    pool = DistPool(3, pg_timeout_s=PG_TIMEOUT_S)
-    yield pool
-    pool.close()
 
 
 def _timed(fn):
@@ -50,6 +35,16 @@ def _timed(fn):
         return None, "", time.monotonic() - t0
     except Exception as e:  # noqa: BLE001 - reported to the test
         return type(e).__name__, str(e), time.monotonic() - t0
+
+
+def raised_everywhere(results: list, error: str, *words: str) -> None:
+    """Every rank's ``_timed`` call raised ``error`` with each of ``words`` in
+    its message, within ``WITHIN_S``, and the ranks are in step after it."""
+    for rank, (err, msg, dt, in_step) in enumerate(results):
+        assert err == error, (rank, err, msg)
+        assert all(w in msg for w in words), (words, msg)
+        assert dt < WITHIN_S, (rank, dt)
+        assert in_step
 
 
 def _warm(cfg: ZipCCLConfig) -> None:
@@ -83,12 +78,8 @@ def task_mismatched_all_reduce(numels: list, policy: str):
 
 @pytest.mark.parametrize("numels", [[8192, 8193], [4096, 6000]])
 def test_all_reduce_with_sizes_differing_between_ranks_raises_on_every_rank(pool2, numels):
-    for rank, (err, msg, dt, in_step) in enumerate(
-            pool2.run(task_mismatched_all_reduce, numels, "always")):
-        assert err == "ValueError", (rank, err, msg)
-        assert "disagree on the call's sizes" in msg, msg
-        assert dt < WITHIN_S, (rank, dt)
-        assert in_step
+    raised_everywhere(pool2.run(task_mismatched_all_reduce, numels, "always"), "ValueError",
+                      "disagree on the call's sizes")
 
 
 # --------------------------------------------------------------------------
@@ -113,12 +104,8 @@ def task_check_consistency_differs(kind: str):
 
 @pytest.mark.parametrize("kind", ["all_gather", "reduce_scatter", "all_to_all"])
 def test_check_consistency_differing_between_ranks_is_a_config_error_everywhere(pool2, kind):
-    for rank, (err, msg, dt, in_step) in enumerate(
-            pool2.run(task_check_consistency_differs, kind)):
-        assert err == "ZipCCLConfigError", (rank, err, msg)
-        assert "check_consistency" in msg, msg
-        assert dt < WITHIN_S, (rank, dt)
-        assert in_step
+    raised_everywhere(pool2.run(task_check_consistency_differs, kind), "ZipCCLConfigError",
+                      "check_consistency")
 
 
 # --------------------------------------------------------------------------
@@ -139,11 +126,7 @@ def task_ops_differ(kind: str):
 
 @pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter"])
 def test_reduce_ops_differing_between_ranks_raise_on_every_rank(pool3, kind):
-    for rank, (err, msg, dt, in_step) in enumerate(pool3.run(task_ops_differ, kind)):
-        assert err == "ValueError", (rank, err, msg)
-        assert "reduce op" in msg and "SUM" in msg and "AVG" in msg, msg
-        assert dt < WITHIN_S, (rank, dt)
-        assert in_step
+    raised_everywhere(pool3.run(task_ops_differ, kind), "ValueError", "reduce op", "SUM", "AVG")
 
 
 # --------------------------------------------------------------------------

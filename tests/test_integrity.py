@@ -21,7 +21,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dist_utils import DistPool
 from zipccl_fsdp import codec as zcodec
 from zipccl_fsdp import format as F
 from zipccl_fsdp import integrity
@@ -35,20 +34,6 @@ import bitflip_transit as B  # noqa: E402
 
 INT = {2: torch.int16, 4: torch.int32}
 PG_TIMEOUT_S = 20  # nothing here may wait for a timeout: a hang fails the test quickly
-
-
-@pytest.fixture(scope="module")
-def pool2():
-    pool = DistPool(2, pg_timeout_s=PG_TIMEOUT_S)
-    yield pool
-    pool.close()
-
-
-@pytest.fixture(scope="module")
-def pool3():
-    pool = DistPool(3, pg_timeout_s=PG_TIMEOUT_S)
-    yield pool
-    pool.close()
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:

@@ -210,24 +210,25 @@ def task_hsdp_refusals():
     assert groups_of(model)[0][1]._is_hsdp  # nothing changed
     # A torch whose FSDP2 state lacks what zipccl reads: a clear error, nothing changed.
     model = build_hsdp()
-    group = groups_of(model)[1][1]
-    saved = group._all_reduce_hook_stream
-    del group._all_reduce_hook_stream
-    try:
-        model.register_comm_hook(ZipCCLHook())
-    except FSDP2InternalsError as e:
-        out["internals"] = str(e)
-    group._all_reduce_hook_stream = saved
+    out["internals"] = internals_error(model, groups_of(model)[1][1], "_all_reduce_hook_stream")
     assert all(type(g._all_gather_comm) is DefaultAllGather for _, g in groups_of(model))
-    state = model._get_fsdp_state()
-    groups = state._fsdp_param_groups
-    del state._fsdp_param_groups
+    out["groups"] = internals_error(model, model._get_fsdp_state(), "_fsdp_param_groups")
+    return out
+
+
+def internals_error(model, owner, name: str) -> str:
+    """The error of registering a hook on ``model`` while ``owner`` (a part of
+    its FSDP2 state) lacks the attribute ``name``, as a torch without it
+    would; ``owner`` gets it back."""
+    saved = getattr(owner, name)
+    delattr(owner, name)
     try:
         model.register_comm_hook(ZipCCLHook())
     except FSDP2InternalsError as e:
-        out["groups"] = str(e)
-    state._fsdp_param_groups = groups
-    return out
+        return str(e)
+    finally:
+        setattr(owner, name, saved)
+    return "no error"
 
 
 def _check_same(reference: list, runs: list) -> list:

@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from collective_cases import (OPS, assert_bits_equal, gather_all, make_data, make_op,
-                              reference_reduce, torch_all_gather_single)
+from collective_cases import (OPS, assert_bits_equal, check_reduce_scatter, gather_all,
+                              make_data, make_op, reference_reduce, torch_all_gather_single)
 from dist_utils import DistPool
 from zipccl_fsdp import calibration as Cal
 from zipccl_fsdp import cost as M
@@ -27,13 +27,6 @@ from zipccl_fsdp.stats import CommStats
 
 RAGGED = (0, 1, 7, 4097, 10001)
 PIECES = (2, 3, 7)
-
-
-@pytest.fixture(scope="module")
-def pool2():
-    pool = DistPool(2)
-    yield pool
-    pool.close()
 
 
 def forced(pieces: int, codec: str) -> ZipCCLConfig:
@@ -80,12 +73,8 @@ def task_pipelined_reductions():
             for n in RAGGED:
                 for op, factor in OPS:
                     x = make_data(world * n, dtype, seed=pieces + 3 * n, rank=rank, kind=kind)
-                    parts = [p[rank * n:(rank + 1) * n] for p in gather_all(x)]
-                    want = reference_reduce(parts, op, factor, dtype)
-                    got = torch.full((n,), 7.0, dtype=dtype)
-                    reduce_scatter_single(got, x, make_op(op, factor), config=cfg, stats=st)
-                    assert_bits_equal(got, want, f"reduce_scatter P={pieces} {op} {dtype} "
-                                                 f"{kind} n={n}")
+                    check_reduce_scatter(x, n, op, factor, f"reduce_scatter P={pieces} {op} "
+                                         f"{dtype} {kind} n={n}", config=cfg, stats=st)
                     # all-reduce of a ragged numel (chunks differ by one element)
                     y = make_data(n, dtype, seed=pieces + 5 * n, rank=rank, kind=kind)
                     want = reference_reduce(gather_all(y), op, factor, dtype)

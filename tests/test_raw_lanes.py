@@ -1,16 +1,17 @@
-"""Raw lanes (``zipccl_fsdp/_raw_lanes.py``) on real gloo process groups.
+"""Raw lanes (``zipccl_fsdp/collectives/_lanes.py``) on real gloo process groups.
 
 Once a call went raw for good (a link faster than the codec, or "never"), the
 next calls of its (kind, group, stats, dtype, device) skip the general path.
-They must give torch's results bit for bit and count the stats the general
-path counts; calls a lane is not sure of (bad splits, tensors that require
-grad, a profiler, other ops, other groups) must take the general path, with
-its errors on every rank. All-reduce has no lane: raw or compressed it sums
-in rank order through zipccl's schedule.
+They must give torch's results bit for bit (all-reduce: the fp32 rank-order
+reference) and count the stats the general path counts; calls a lane is not
+sure of (bad arguments, tensors that require grad, a profiler, other groups,
+an all-reduce too large to gather whole) must take the general path, with
+its errors on every rank.
 """
 from __future__ import annotations
 
 import copy
+import importlib
 import pickle
 
 import pytest
@@ -18,26 +19,21 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from dist_utils import DistPool
-from collective_cases import (assert_bits_equal, gather_all, make_data, reference_reduce,
-                              torch_all_gather_single)
+from collective_cases import (OPS, assert_bits_equal, gather_all, make_data, make_op,
+                              reference_reduce, torch_all_gather_single)
 import zipccl_fsdp.collectives._call as C  # the shared part: _begin, _STATS
 from zipccl_fsdp import policy as P
 from zipccl_fsdp.collectives import all_gather_single, all_reduce, all_to_all_single
 from zipccl_fsdp.config import ZipCCLConfig
 from zipccl_fsdp.stats import CommStats
 
+# The module (the package's attribute of that name is the function).
+AR = importlib.import_module("zipccl_fsdp.collectives.all_reduce")
+
 # The codec is "slower" than the link: the adaptive policy's gate closes at the
 # first call, with no measurement.
 FAST_LINK = dict(policy="adaptive", link_gbps=400.0, codec_gbps=1.0)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
-@pytest.fixture(scope="module")
-def pool2():
-    pool = DistPool(2)
-    yield pool
-    pool.close()
 
 
 class _GeneralPath:
@@ -96,16 +92,15 @@ def task_lanes_equal_torch(policy: str):
                         dist.all_to_all_single(want, rows, recv, splits)
                         assert_bits_equal(got, want, f"all_to_all {dtype} {n} {splits}")
                 counts.append(("all_to_all", general.calls))
-            if policy == "adaptive":
-                parts = gather_all(x)
-                with _GeneralPath() as general:
-                    for _ in range(3):
-                        for op, name in ((ReduceOp.SUM, "sum"), (ReduceOp.AVG, "avg")):
-                            y = x.clone()
-                            all_reduce(y, op=op, config=cfg, stats=st)
-                            assert_bits_equal(y, reference_reduce(parts, name, 1.0, dtype),
-                                              f"all_reduce {name} {dtype} {n}")
-                counts.append(("all_reduce", general.calls))
+            parts = gather_all(x)
+            with _GeneralPath() as general:
+                for _ in range(3):
+                    for name, factor in OPS:
+                        y = x.clone()
+                        all_reduce(y, op=make_op(name, factor), config=cfg, stats=st)
+                        assert_bits_equal(y, reference_reduce(parts, name, factor, dtype),
+                                          f"all_reduce {name} {dtype} {n}")
+            counts.append(("all_reduce", general.calls))
     return counts, st.snapshot(), _lane_keys(st, cfg)
 
 
@@ -116,20 +111,15 @@ def test_lanes_equal_torch_and_skip_the_general_path(pool2, policy):
         first = {}
         for kind, calls in counts:
             first.setdefault(kind, []).append(calls)
+        assert sorted(first) == ["all_gather", "all_reduce", "all_to_all"]
         for kind, per_case in first.items():
-            if kind == "all_reduce":  # no lane: every call takes the general path
-                assert per_case == [6] * len(per_case), per_case
-            else:
-                assert sum(per_case) == len(DTYPES), (kind, per_case)
-        assert lanes == sorted((k, str(d)) for k in ("all_gather", "all_to_all") for d in DTYPES)
-        kinds = ["all_gather", "all_to_all"] + (["all_reduce"] if policy == "adaptive" else [])
-        if policy == "never":  # "never" reduces in fp32 in rank order: no torch lane
-            assert snap["all_reduce"]["calls"] == 0
+            assert sum(per_case) == len(DTYPES), (kind, per_case)
+        kinds = ("all_gather", "all_reduce", "all_to_all")
+        assert lanes == sorted((k, str(d)) for k in kinds for d in DTYPES)
         for kind in kinds:
             s = snap[kind]
             assert s["calls"] == s["raw_fallback_calls"] > 0, (kind, s)
             assert s["compressed_calls"] == 0, s
-            # (a raw all-reduce's all-gather half pads a smaller chunk to the largest)
             assert s["wire_bytes"] - s["size_bytes"] - s["pad_bytes"] == s["raw_bytes"] > 0, s
 
 
@@ -186,16 +176,24 @@ def task_lane_misses():
         all_to_all_single(torch.empty(n), x, config=cfg)
         all_reduce(x.clone(), config=cfg)
         seen["lanes"] = general.calls
-        # Grad-requiring tensors, another stats object, another group,
-        # PREMUL_SUM, a profiler: the general path.
+        # Grad-requiring tensors, another stats object, another group, a
+        # profiler, an all-reduce the schedule sums (larger than the lane
+        # gathers whole): the general path.
         all_gather_single(out, x.clone().requires_grad_(), config=cfg)
         all_to_all_single(torch.empty(n), x, config=cfg, stats=CommStats())
         group = dist.new_group([0, 1])
         all_reduce(x.clone(), group=group, config=cfg)
-        all_reduce(x.clone(), op=dist._make_nccl_premul_sum(0.5), config=cfg)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             all_gather_single(out, x, config=cfg)
         names = {e.name for e in prof.events()}
+        saved, AR.GATHER_MAX_BYTES = AR.GATHER_MAX_BYTES, x.nbytes  # world x nbytes is more
+        try:
+            y = x.clone()
+            all_reduce(y, config=cfg)
+        finally:
+            AR.GATHER_MAX_BYTES = saved
+        assert_bits_equal(y, reference_reduce(gather_all(x), "sum", 1.0, x.dtype),
+                          "all_reduce through the schedule")
         seen["misses"] = general.calls - seen["lanes"]
         errors = []
         for bad in (lambda: all_to_all_single(torch.empty(n), x, [10, n - 10], [20, n - 20],
@@ -205,7 +203,9 @@ def task_lane_misses():
                                               config=cfg),
                     lambda: all_gather_single(torch.empty(world * n + 1), x, config=cfg),
                     lambda: all_to_all_single(torch.empty(n, dtype=torch.float64), x,
-                                              config=cfg)):
+                                              config=cfg),
+                    lambda: all_reduce(torch.empty(2 * n)[::2], config=cfg),
+                    lambda: all_reduce(x.clone(), op=ReduceOp.MAX, config=cfg)):
             try:
                 bad()
                 errors.append(None)
@@ -217,7 +217,7 @@ def task_lane_misses():
 
 def test_lane_misses_take_the_general_path(pool2):
     for seen, errors in pool2.run(task_lane_misses):
-        assert seen["lanes"] == 1  # the all-reduce, which has no lane
+        assert seen["lanes"] == 0
         assert seen["misses"] == 5
         assert seen["profiled"]
         assert all(e and e.split(":")[0] in ("ValueError", "TypeError") and "zipccl" in e

@@ -28,10 +28,7 @@ class RankOrderSum:
         self.op_kind = op.kind
         self.acc = out if (out.dtype == torch.float32 and not overlaps(out, flat_in)) else \
             torch.empty(out.numel(), dtype=torch.float32, device=out.device)
-        factor = op.factor
-        if isinstance(factor, torch.Tensor):
-            factor = factor.to(device=self.acc.device, dtype=torch.float32).reshape(())
-        self.factor = factor
+        self.factor = _fp32_factor(op.factor, self.acc.device)
 
     def add(self, src: torch.Tensor, r: int, a: int = 0, b: int | None = None) -> None:
         """Add rank ``r``'s ``src`` into elements ``[a, b)`` (all by default)."""
@@ -53,8 +50,37 @@ class RankOrderSum:
 
     def finish(self, world: int) -> None:
         """Scale (AVG) and cast the sum into ``out``."""
-        if self.op_kind == "avg":
-            self.acc.div_(world)
-        self.acc.masked_fill_(self.acc.isnan(), float("nan"))
-        if self.acc is not self.out:
-            self.out.copy_(self.acc)
+        _finish(self.acc, self.out, self.op_kind, world)
+
+
+def sum_rows(out: torch.Tensor, rows: torch.Tensor, op) -> None:
+    """``out`` (flat) := the rank-order sum of ``rows`` (one row per rank, the
+    whole tensors of an all-gather), which it may overwrite: element by
+    element the operations of ``RankOrderSum`` (widen, premultiply, add in
+    rank order 0..world-1, scale, make NaNs canonical, cast), so the same
+    bits, in a few whole-tensor ops instead of a few per rank."""
+    world = rows.shape[0]
+    if rows.dtype != torch.float32:
+        rows = rows.float()  # exact
+    if op.kind == "premul_sum":
+        rows.mul_(_fp32_factor(op.factor, rows.device))
+    acc = rows[0]
+    for r in range(1, world):
+        acc.add_(rows[r])
+    _finish(acc, out, op.kind, world)
+
+
+def _fp32_factor(factor, device):
+    """A PREMUL_SUM factor as the sums use it: a Python number, or a 0-dim fp32 tensor."""
+    if isinstance(factor, torch.Tensor):
+        return factor.to(device=device, dtype=torch.float32).reshape(())
+    return factor
+
+
+def _finish(acc: torch.Tensor, out: torch.Tensor, kind: str, world: int) -> None:
+    """Scale (AVG) the fp32 sum ``acc``, make its NaNs canonical, cast it into ``out``."""
+    if kind == "avg":
+        acc.div_(world)
+    acc.masked_fill_(acc.isnan(), float("nan"))
+    if acc is not out:
+        out.copy_(acc)

@@ -20,7 +20,7 @@ is no process-wide state.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal, get_args
 
 CodecName = Literal["auto", "raw", "fixed3", "dense"]
@@ -120,11 +120,9 @@ class ZipCCLConfig:
     ``link_gbps`` and ``codec_gbps`` given nothing is timed, and the decisions
     depend only on the calls and their data (README, "Pinning the
     decisions"). Compression must save ``1 - cost.MARGIN`` of the raw time
-    in the model, so a fast link stays raw. Numerics: under "adaptive" an
-    all-reduce sent raw is torch's own, a compressed one sums in fp32 in rank
-    order; a reduce-scatter sums in fp32 in rank order either way (NCCL's own
-    when it goes raw on NCCL); "always" and "never" never use torch's
-    reductions, so their results do not depend on any decision."""
+    in the model, so a fast link stays raw. Numerics: under every policy a
+    reduce-scatter or all-reduce of a dtype the codec handles sums in fp32 in
+    rank order, raw or compressed, so no decision changes its bits."""
 
     link_gbps: float | None = None
     """Link bandwidth for the adaptive policy, in Gbit/s that one rank gets
@@ -160,8 +158,7 @@ class ZipCCLConfig:
         min_bytes = self.min_bytes
         if isinstance(min_bytes, bool) or not isinstance(min_bytes, int) or min_bytes < 0:
             raise ValueError(f"ZipCCLConfig.min_bytes must be an int >= 0, got {self.min_bytes!r}")
-        for name in ("compress_all_gather", "compress_reduce_scatter", "compress_all_reduce",
-                     "compress_all_to_all", "check_consistency", "verify"):
+        for name in _SWITCHES + ("check_consistency", "verify"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ZipCCLConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.unsupported_dtype not in _UNSUPPORTED:
@@ -190,10 +187,7 @@ class ZipCCLConfig:
         field of that kind belongs here (``integrity.check_agreement`` exchanges
         them and names the one that differs)."""
         return {"min_bytes": self.min_bytes,
-                "compress_all_gather": self.compress_all_gather,
-                "compress_reduce_scatter": self.compress_reduce_scatter,
-                "compress_all_reduce": self.compress_all_reduce,
-                "compress_all_to_all": self.compress_all_to_all,
+                **{name: getattr(self, name) for name in _SWITCHES},
                 "unsupported_dtype": self.unsupported_dtype,
                 "verify": self.verify,
                 "policy": self.policy,
@@ -208,6 +202,10 @@ class ZipCCLConfig:
         """A 63-bit hash of ``protocol_fields()``."""
         text = repr(sorted(self.protocol_fields().items()))
         return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
+
+
+_SWITCHES = tuple(f.name for f in fields(ZipCCLConfig) if f.name.startswith("compress_"))
+"""The ``compress_<kind>`` fields: each is a protocol field and a bool."""
 
 
 DEFAULT_CONFIG = ZipCCLConfig()

@@ -7,7 +7,7 @@ collectives learn while they run lives in one ``Runtime`` per *owner*:
   (``integrity.check_agreement``);
 * the adaptive policy of the config: its calibration (measured speeds) and
   its running ratios and decisions (``policy.py``);
-* the raw lanes of calls sure to go raw (``_raw_lanes.py``).
+* the raw lanes of calls sure to go raw (``collectives/_lanes.py``).
 
 The owner is whoever owns the ``CommStats`` a call counts into: a
 ``ZipCCLHook`` (FSDP2 and DDP), a ``DTensorCompression``, or, for the free
@@ -41,7 +41,7 @@ class ConfigState:
         self.policy = None
         """The config's ``policy.Policy``, created at its first decision."""
         self.lanes: dict = {}
-        """(kind, process group, dtype, device) -> raw lane (``_raw_lanes.py``)."""
+        """(kind, process group, dtype, device) -> raw lane (``collectives/_lanes.py``)."""
 
 
 class Runtime:

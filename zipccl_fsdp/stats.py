@@ -95,7 +95,7 @@ class CommStats:
 
     def fields(self, kind: str) -> dict[str, float]:
         """The live counters of ``kind``, for a caller that adds to them directly
-        (the raw lanes, ``_raw_lanes.py``); valid across ``reset``."""
+        (the raw lanes, ``collectives/_lanes.py``); valid across ``reset``."""
         return self._data[kind]
 
     def snapshot(self) -> dict[str, dict[str, float]]:

@@ -31,7 +31,9 @@ cases. How each one moves bytes:
   quiet NaN (``_reduce.py``).
 * all-reduce: the reduce-scatter above and the all-gather above, on chunks of
   ceil/floor(numel / world) elements (any numel), raw or compressed: never
-  torch's own all-reduce, whose summation order is its own.
+  torch's own all-reduce, whose summation order is its own. A small raw one
+  is one all-gather of the whole tensors and the same fp32 rank-order sum on
+  every rank (``all_reduce.gathers_whole``).
 * all-to-all: each split is encoded if it holds at least ``min_bytes`` (the
   receiver applies the same rule to its output split, so nothing marks it),
   payloads go through an all-to-all with exact splits. An output that

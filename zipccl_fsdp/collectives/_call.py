@@ -15,10 +15,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from .. import _raw_lanes
 from .. import integrity as _integrity
 from .. import pipeline as _pipeline
 from .. import policy as _policy
+from . import _lanes
 from .._wire import all_gather_single as _all_gather_single
 from .._wire import reduce_scatter_single as _reduce_scatter_single
 from ..config import DEFAULT_CONFIG, ZipCCLConfig
@@ -185,13 +185,13 @@ def _raw_for_good(cfg: ZipCCLConfig, plan: _policy.Plan) -> bool:
     return _policy.raw_for_good(cfg, plan) and not cfg.verify
 
 
-def _open_lane(call: _Setup, kind: str, t: torch.Tensor) -> None:
-    """Open the raw lane of this call's (kind, group, dtype, device)
-    (``_raw_lanes.py``), in the runtime of the call's stats; only for a call
-    sent raw for good (``_raw_for_good``)."""
+def _open_lane(call: _Setup, kind: str, t: torch.Tensor, via: tuple) -> None:
+    """Open the raw lane of this call's (kind, group, dtype, device), calling
+    what ``via`` names (``_lanes.py``), in the runtime of the call's stats;
+    only for a call sent raw for good (``_raw_for_good``)."""
     cfg, st = call.cfg, call.st
-    _raw_lanes.open_lane(st.runtime.state(cfg), kind, call.group, call.world, call.rank,
-                         st.fields(kind), t.dtype, t.device, _policy.lane_decisions(cfg, st))
+    _lanes.open_lane(st.runtime.state(cfg), kind, via, call.group, call.world, call.rank,
+                     st.fields(kind), t.dtype, t.device, _policy.lane_decisions(cfg, st))
 
 
 def _pipelined_done(st: CommStats, kind: str, *outcomes: _pipeline.Outcome,
@@ -254,6 +254,32 @@ def _begin(group, config: ZipCCLConfig | None, stats: CommStats | None) -> _Setu
     if info is None:
         return None
     return _Setup(config or DEFAULT_CONFIG, stats or _STATS, *info)
+
+
+def _enter(kind: str, where: str, t, unit: int, group, config: ZipCCLConfig | None,
+           stats: CommStats | None, check, *args, per_rank: bool = False, plan_of=None):
+    """Where every public collective's general path begins: ``(call, what
+    check returned, whether the codec handles t's dtype)``, or None when this
+    rank is not in ``group``.
+
+    ``check(world, rank, *args)`` is the collective's own argument checks (the
+    function its raw lane runs too, ``_lanes.checked``); ``t`` the tensor whose
+    dtype is coded. A check that fails is refused to the peers before it is
+    raised (``_refuse``, which predicts the call's first exchange from
+    ``unit``, the bytes of one unit of encoding, or of the whole tensor when
+    ``per_rank``: a chunk is then a world's share of it). Then the agreement
+    check, once per (config, group)."""
+    call = _begin(group, config, stats)
+    if call is None:
+        return None
+    try:
+        checked = check(call.world, call.rank, *args)
+        coded = _coded(t.dtype, call.cfg, where)
+    except (TypeError, ValueError) as err:
+        _refuse(call, kind, t, -(-unit // call.world) if per_rank else unit, err, plan_of)
+        raise
+    _ensure_consistent(call.cfg, call.group, call.world, t, call.st, kind)
+    return call, checked, coded
 
 
 def _nbytes(t) -> int:

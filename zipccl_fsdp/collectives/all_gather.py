@@ -7,15 +7,25 @@ from __future__ import annotations
 
 import torch
 
-from .. import _raw_lanes
 from .. import pipeline as _pipeline
 from .. import policy as _policy
 from .._layout import same_memory
 from ..config import ZipCCLConfig
 from ..stats import CommStats
 from . import _call as K
+from . import _lanes
 
 __all__ = ['all_gather_single']
+
+WHERE = "all_gather_single"
+
+
+def _checked(world: int, rank: int, output_tensor, input_tensor) -> int:
+    """The bytes of this rank's shard, once the arguments pass every local
+    check (the general path's and the lane's)."""
+    K._check_pair(output_tensor, input_tensor, WHERE)
+    K._check_world_times(output_tensor, "output", input_tensor, "input", world, WHERE)
+    return input_tensor.numel() * input_tensor.element_size()
 
 
 def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *,
@@ -33,30 +43,24 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
         >>> out = torch.empty(world * shard.numel(), dtype=shard.dtype)
         >>> all_gather_single(out, shard, config=ZipCCLConfig(codec="dense"))
     """
-    done = _raw_lanes.all_gather(output_tensor, input_tensor, group, async_op, config, stats)
-    if done is not _raw_lanes.MISS:
-        return done
-    where = "all_gather_single"
-    call = K._begin(group, config, stats)
-    if call is None:
+    lane = _lanes.find("all_gather", output_tensor, input_tensor, group, config, stats)
+    if lane is not None:
+        unit = _lanes.checked(_checked, lane.world, lane.rank, output_tensor, input_tensor)
+        if unit is not _lanes.MISS:
+            return lane.send(unit, async_op, output_tensor, input_tensor)
+    setup = K._enter("all_gather", WHERE, input_tensor, K._nbytes(input_tensor), group, config,
+                     stats, _checked, output_tensor, input_tensor)
+    if setup is None:
         return None
+    call, unit, coded = setup
     cfg, st, group, world, rank = call
-    try:
-        K._check_pair(output_tensor, input_tensor, where)
-        K._check_world_times(output_tensor, "output", input_tensor, "input", world, where)
-        coded = K._coded(input_tensor.dtype, cfg, where)
-    except (TypeError, ValueError) as err:
-        K._refuse(call, "all_gather", input_tensor, K._nbytes(input_tensor), err)
-        raise
-    K._ensure_consistent(cfg, group, world, input_tensor, st, "all_gather")
-    unit = input_tensor.numel() * input_tensor.element_size()
     compress = coded and world > 1 and K._compresses(cfg, "all_gather", unit)
     plan = K._plan(cfg, "all_gather", group, world, input_tensor, unit, compress, st)
     if not plan.compress and world > 1 and not (coded and cfg.verify):
         # the lean path of every raw call
         st.add("all_gather", calls=1, raw_bytes=unit, raw_fallback_calls=int(coded))
         if coded and _policy.raw_for_good(cfg, plan):
-            K._open_lane(call, "all_gather", input_tensor)
+            K._open_lane(call, "all_gather", input_tensor, _lanes.GATHER)
         with K._no_grad_if_needed(output_tensor, input_tensor):
             return K._to_torch(st, "all_gather", unit, K._all_gather_single, output_tensor,
                                input_tensor, group=group, async_op=async_op)

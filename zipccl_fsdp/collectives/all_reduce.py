@@ -3,6 +3,8 @@ the one schedule), its checks and its plan, and ``all_reduce_outlook``.
 """
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
@@ -10,11 +12,48 @@ from torch.distributed import ReduceOp
 from .. import pipeline as _pipeline
 from .. import policy as _policy
 from .._layout import split_flat
+from .._reduce import sum_rows
 from ..config import DEFAULT_CONFIG, ZipCCLConfig
 from ..stats import CommStats
 from . import _call as K
+from . import _lanes
 
-__all__ = ['all_reduce', 'all_reduce_outlook']
+__all__ = ['all_reduce', 'all_reduce_outlook', 'gathers_whole']
+
+_clock = time.perf_counter
+
+WHERE = "all_reduce"
+
+GATHER_EXTRA_BYTES = 128 * 1024
+"""A raw all-reduce is summed from one all-gather of the whole tensors when
+that sends at most this many bytes per rank more than the schedule's two
+halves (``gathers_whole``): on two ranks it never sends more, on more ranks
+only small messages qualify. One collective instead of two halves is what a
+small raw call costs least with (docs/benchmarks.md, section "Raw all-reduce:
+one all-gather and a local rank-order sum")."""
+
+GATHER_MAX_BYTES = 1 << 20
+"""The largest all-gather of whole tensors (``world`` x the tensor's bytes)
+a raw all-reduce makes: every rank then sums all ``world`` tensors, where the
+schedule's halves sum one chunk each, and above this the sum costs more than
+the collective saved (same section of docs/benchmarks.md)."""
+
+
+def gathers_whole(world: int, nbytes: int) -> bool:
+    """Whether a raw all-reduce of ``nbytes`` on ``world`` ranks is one
+    all-gather of the whole tensors and a local sum. The schedule sends
+    ``2 (world - 1) / world`` of the tensor per rank, the whole gather
+    ``world - 1`` of it: the same on two ranks."""
+    return (world * nbytes <= GATHER_MAX_BYTES
+            and (world - 1) * (world - 2) * nbytes <= world * GATHER_EXTRA_BYTES)
+
+
+def _checked(world: int, rank: int, tensor, op):
+    """The parsed ``op``, once the arguments pass every local check (the
+    general path's and the lane's)."""
+    parsed = K._parse_op(op, WHERE)
+    K._check_tensor(tensor, "tensor", WHERE)
+    return parsed
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *,
@@ -24,34 +63,48 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *,
     Like ``torch.distributed.all_reduce`` with SUM, AVG or PREMUL_SUM. Any
     numel: rank r reduces elements [start_r, start_r + count_r) with counts
     differing by at most one. Same numerics as ``reduce_scatter_single``
-    whether the call goes raw or compressed: a raw call runs the same
-    schedule on raw bytes (an all-to-all of the chunks, the fp32 sum in rank
-    order, an all-gather), never torch's all-reduce, whose summation order is
-    its own. With ``async_op=True`` a completed ``Work``.
+    whether the call goes raw or compressed: every element is summed in fp32
+    in rank order 0..world-1, never by torch's all-reduce, whose summation
+    order is its own. A small raw call (``gathers_whole``) is one all-gather
+    of the whole tensors and that sum on every rank, a larger one the
+    schedule on raw bytes (an all-to-all of the chunks, the sum, an
+    all-gather). With ``async_op=True`` a completed ``Work``.
 
     Example::
 
         >>> all_reduce(bucket, op=ReduceOp.AVG)
     """
+    lane = _lanes.find("all_reduce", tensor, tensor, group, config, stats)
+    if lane is not None:
+        parsed = _lanes.checked(_checked, lane.world, lane.rank, tensor, op)
+        nbytes = tensor.numel() * tensor.element_size()
+        if parsed is not _lanes.MISS and gathers_whole(lane.world, nbytes):
+            flat = tensor.view(-1)
+            every = _whole(flat, lane.world)
+            lane.send(nbytes, False, every, flat)
+            start = _clock()
+            sum_rows(flat, every.view(lane.world, -1), parsed)
+            lane.fields["reduce_s"] += _clock() - start
+            return K._completed_work(async_op, tensor)
     with torch.no_grad():
         return _all_reduce(tensor, op, group, async_op, config, stats)
 
 
+def _whole(flat: torch.Tensor, world: int) -> torch.Tensor:
+    """The receive buffer of an all-gather of ``flat`` from every rank."""
+    return torch.empty(world * flat.numel(), dtype=flat.dtype, device=flat.device)
+
+
+
+
 def _all_reduce(tensor, op, group, async_op: bool, config: ZipCCLConfig | None,
                 stats: CommStats | None):
-    where = "all_reduce"
-    call = K._begin(group, config, stats)
-    if call is None:
+    setup = K._enter("all_reduce", WHERE, tensor, K._nbytes(tensor), group, config, stats,
+                     _checked, tensor, op, per_rank=True)
+    if setup is None:
         return None
+    call, parsed, coded = setup
     cfg, st, group, world, rank = call
-    try:
-        parsed = K._parse_op(op, where)
-        K._check_tensor(tensor, "tensor", where)
-        coded = K._coded(tensor.dtype, cfg, where)
-    except (TypeError, ValueError) as err:
-        K._refuse(call, "all_reduce", tensor, -(-K._nbytes(tensor) // world), err)
-        raise
-    K._ensure_consistent(cfg, group, world, tensor, st, "all_reduce")
     numel = tensor.numel()
     itemsize = tensor.element_size()
     if not coded:
@@ -60,16 +113,26 @@ def _all_reduce(tensor, op, group, async_op: bool, config: ZipCCLConfig | None,
         return K._to_torch(st, "all_reduce", raw, dist.all_reduce, tensor, op=op, group=group,
                            async_op=async_op)
     base, extra = divmod(numel, world)
-    counts = [base + (r < extra) for r in range(world)]
-    compress = world > 1 and K._compresses(cfg, "all_reduce", counts[0] * itemsize)
-    plan = K._plan(cfg, "all_reduce", group, world, tensor, counts[0] * itemsize, compress, st)
+    unit = (base + (extra > 0)) * itemsize
+    compress = world > 1 and K._compresses(cfg, "all_reduce", unit)
+    plan = K._plan(cfg, "all_reduce", group, world, tensor, unit, compress, st)
     st.add("all_reduce", calls=1, raw_bytes=numel * itemsize if world > 1 else 0,
            **K._decided(plan, world > 1))
-    # Raw or compressed, one schedule and one rank-order sum (see the docstring).
+    sent = K._verified(cfg, plan) if world > 1 else plan
     flat = tensor.view(-1)
+    # Raw or compressed, one rank-order sum (see the docstring).
+    if not sent.compress and world > 1 and gathers_whole(world, numel * itemsize):
+        if K._raw_for_good(cfg, plan):
+            K._open_lane(call, "all_reduce", tensor, _lanes.GATHER)
+        every = _whole(flat, world)
+        K._to_torch(st, "all_reduce", numel * itemsize, K._all_gather_single, every, flat,
+                    group=group)
+        with st.phase("all_reduce", "reduce"):
+            sum_rows(flat, every.view(world, -1), parsed)
+        return K._completed_work(async_op, tensor)
+    counts = [base + (r < extra) for r in range(world)]
     reduced = torch.empty(counts[rank], dtype=tensor.dtype, device=tensor.device)
     slots = split_flat(flat, counts)
-    sent = K._verified(cfg, plan) if world > 1 else plan
     pol, site = K._observer(cfg, st, sent), ("all_reduce", tuple(tensor.shape), tensor.dtype)
     first = _pipeline.scatter_reduce("all_reduce", flat, counts, reduced, parsed, group, rank,
                                      sent, cfg, st, pol, site, settle=False)
@@ -94,9 +157,10 @@ def all_reduce_outlook(tensor: torch.Tensor, group=None, config: ZipCCLConfig | 
       Run it where nothing else competes for the machine: a codec timed
       beside backward looks slower than it is, and the policy's decision for
       every later call flips from run to run (docs/benchmarks.md);
-    * ``""``: anything else: compressed or raw, it runs zipccl's schedule,
-      which waits on the host (a raw all-reduce too: it sums in rank order,
-      so no all-reduce of a coded dtype is handed to torch pending)."""
+    * ``""``: anything else: compressed or raw, it waits on the host (a raw
+      all-reduce too: it sums in rank order, from the schedule or from one
+      all-gather of the whole tensors, so no all-reduce of a coded dtype is
+      handed to torch pending)."""
     cfg = config or DEFAULT_CONFIG
     if tensor.dtype not in K.CODED_DTYPES or K._capturing(tensor):
         return ""

@@ -2,30 +2,34 @@
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.distributed as dist
 
-from .. import _raw_lanes
 from .. import pipeline as _pipeline
 from .. import policy as _policy
 from .._layout import overlaps, split_flat
 from ..config import ZipCCLConfig
 from ..stats import CommStats
 from . import _call as K
+from . import _lanes
 
 __all__ = ['all_to_all_single']
 
+WHERE = "all_to_all_single"
 
-def _row_counts(t: torch.Tensor, splits, world: int, name: str, where: str) -> list:
+
+def _row_counts(t: torch.Tensor, splits, world: int, name: str) -> list:
     rows = t.shape[0] if t.dim() else 1
     if splits is None:
         if rows % world:
-            raise K._bad(ValueError, 5, f"zipccl {where}: {name} has {rows} rows, not divisible "
+            raise K._bad(ValueError, 5, f"zipccl {WHERE}: {name} has {rows} rows, not divisible "
                          f"by world_size {world}; pass split sizes")
         return [rows // world] * world
     splits = [int(s) for s in splits]
     if len(splits) != world or any(s < 0 for s in splits) or sum(splits) != rows:
-        raise K._bad(ValueError, 5, f"zipccl {where}: {name} split sizes {splits} must be "
+        raise K._bad(ValueError, 5, f"zipccl {WHERE}: {name} split sizes {splits} must be "
                      f"{world} non-negative row counts summing to {rows}")
     return splits
 
@@ -44,26 +48,23 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
 
         >>> all_to_all_single(recv_tokens, send_tokens, recv_counts, send_counts)
     """
-    done = _raw_lanes.all_to_all(output, input, output_split_sizes, input_split_sizes, group,
-                                 async_op, config, stats)
-    if done is not _raw_lanes.MISS:
-        return done
-    where = "all_to_all_single"
-    call = K._begin(group, config, stats)
-    if call is None:
+    lane = _lanes.find("all_to_all", output, input, group, config, stats)
+    if lane is not None and input.dim() and output.dim() and not overlaps(input, output):
+        # (the general path hands a 0-dim tensor to torch's wrapper as given,
+        # and reads an overlapping input from a copy)
+        split = _lanes.checked(_checked, lane.world, lane.rank, output, input,
+                               output_split_sizes, input_split_sizes)
+        if split is not _lanes.MISS:
+            return lane.send(split.raw, async_op, output, input, split.out_rows,
+                             split.in_rows)
+    setup = K._enter("all_to_all", WHERE, input, 0, group, config, stats, _checked, output, input,
+                     output_split_sizes, input_split_sizes, plan_of=_refusal_plan)
+    if setup is None:
         return None
+    call, split, coded = setup
     cfg, st, group, world, rank = call
-    try:
-        K._check_pair(output, input, where)
-        coded = K._coded(input.dtype, cfg, where)
-        in_counts, out_counts = _split_counts(output, input, output_split_sizes,
-                                              input_split_sizes, world, rank, where)
-    except (TypeError, ValueError) as err:
-        K._refuse(call, "all_to_all", input, 0, err, _refusal_plan)
-        raise
+    in_counts, out_counts, raw = split.in_counts, split.out_counts, split.raw
     itemsize = input.element_size()
-    raw = (sum(in_counts) - in_counts[rank]) * itemsize
-    K._ensure_consistent(cfg, group, world, input, st, "all_to_all")
     if overlaps(input, output):
         # Every path reads the input while it writes the output (torch's own
         # all-to-all included), so an overlapping input is read from a copy.
@@ -83,7 +84,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         if not cfg.verify:
             # Raw for sure (a fast link, or "never"): the lean path, and the
             # lane of the next such calls.
-            K._open_lane(call, "all_to_all", input)
+            K._open_lane(call, "all_to_all", input, _lanes.ALL_TO_ALL)
             with K._no_grad_if_needed(output, input):
                 return K._to_torch(st, "all_to_all", raw, dist.all_to_all_single, output, input,
                                    output_split_sizes, input_split_sizes, group=group,
@@ -121,11 +122,25 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         return K._completed_work(async_op, output)
 
 
-def _split_counts(output, input, output_split_sizes, input_split_sizes, world: int, rank: int,
-                  where: str) -> tuple:
-    """The elements an all-to-all sends each rank and receives from each."""
-    in_rows = _row_counts(input, input_split_sizes, world, "input", where)
-    out_rows = _row_counts(output, output_split_sizes, world, "output", where)
+class _Split(NamedTuple):
+    """How an all-to-all's rows are split: the row counts this rank sends each
+    rank and receives from each, the same in elements, and the raw bytes it
+    sends its peers."""
+
+    in_rows: list
+    out_rows: list
+    in_counts: list
+    out_counts: list
+    raw: int
+
+
+def _checked(world: int, rank: int, output, input, output_split_sizes,
+             input_split_sizes) -> _Split:
+    """The call's ``_Split``, once the arguments pass every local check (the
+    general path's and the lane's)."""
+    K._check_pair(output, input, WHERE)
+    in_rows = _row_counts(input, input_split_sizes, world, "input")
+    out_rows = _row_counts(output, output_split_sizes, world, "output")
     row_in = input.numel() // max(input.shape[0], 1) if input.dim() else 1
     row_out = output.numel() // max(output.shape[0], 1) if output.dim() else 1
     if input.dim() and input.shape[0] == 0:
@@ -133,14 +148,15 @@ def _split_counts(output, input, output_split_sizes, input_split_sizes, world: i
     if output.dim() and output.shape[0] == 0:
         row_out = row_in
     if row_in != row_out:
-        raise K._bad(ValueError, 1, f"zipccl {where}: input rows hold {row_in} elements but "
+        raise K._bad(ValueError, 1, f"zipccl {WHERE}: input rows hold {row_in} elements but "
                      f"output rows {row_out}")
     in_counts = [s * row_in for s in in_rows]
     out_counts = [s * row_out for s in out_rows]
     if in_counts[rank] != out_counts[rank]:
-        raise K._bad(ValueError, 1, f"zipccl {where}: this rank sends itself {in_rows[rank]} "
+        raise K._bad(ValueError, 1, f"zipccl {WHERE}: this rank sends itself {in_rows[rank]} "
                      f"rows but expects {out_rows[rank]}")
-    return in_counts, out_counts
+    raw = (sum(in_counts) - in_counts[rank]) * input.element_size()
+    return _Split(in_rows, out_rows, in_counts, out_counts, raw)
 
 
 def _refusal_plan(call: K._Setup, t: torch.Tensor) -> _policy.Plan:

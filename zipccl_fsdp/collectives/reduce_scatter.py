@@ -12,6 +12,16 @@ from . import _call as K
 
 __all__ = ['reduce_scatter_single']
 
+WHERE = "reduce_scatter_single"
+
+
+def _checked(world: int, rank: int, output, input, op):
+    """The parsed ``op``, once the arguments pass every local check."""
+    parsed = K._parse_op(op, WHERE)
+    K._check_pair(output, input, WHERE)
+    K._check_world_times(input, "input", output, "output", world, WHERE)
+    return parsed
+
 
 @torch.no_grad()
 def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=False, *,
@@ -31,20 +41,12 @@ def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=F
         >>> out = torch.empty(grads.numel() // world, dtype=grads.dtype)
         >>> reduce_scatter_single(out, grads, op=ReduceOp.AVG)
     """
-    where = "reduce_scatter_single"
-    call = K._begin(group, config, stats)
-    if call is None:
+    setup = K._enter("reduce_scatter", WHERE, input, K._nbytes(output), group, config, stats,
+                     _checked, output, input, op)
+    if setup is None:
         return None
+    call, parsed, coded = setup
     cfg, st, group, world, rank = call
-    try:
-        parsed = K._parse_op(op, where)
-        K._check_pair(output, input, where)
-        K._check_world_times(input, "input", output, "output", world, where)
-        coded = K._coded(input.dtype, cfg, where)
-    except (TypeError, ValueError) as err:
-        K._refuse(call, "reduce_scatter", input, K._nbytes(output), err)
-        raise
-    K._ensure_consistent(cfg, group, world, input, st, "reduce_scatter")
     n = output.numel()
     unit = n * input.element_size()
     if not coded:
