@@ -24,8 +24,8 @@ import triton
 import triton.language as tl
 
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING, ERR_TABLE,
-                            align16, byte_field, fixed3_layout, fixed_window, load_rows3,
-                            pad_nonzero, tile_excl)
+                            align16, fixed3_layout, fixed_window, load_rows3, load_words24,
+                            pad_nonzero, pads_nonzero, ttile, unpack_bytes)
 
 
 @triton.jit
@@ -98,8 +98,7 @@ def fixed3_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off,
             nb = n * ITEMSIZE
             err = tl.where(pad_nonzero(src, nb, align16(nb), lim), ERR_PADDING, 0)
         else:
-            i = tl.arange(0, T)[None, :, None] * (8 * G) + tl.arange(0, G)[:, None, None] * 8 + (
-                tl.arange(0, 8)[None, None, :])
+            i = ttile(G, T)
             valid = i < n
             err = _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low16,
                                 codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg,
@@ -116,8 +115,14 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     SIGN: tl.constexpr = 1 << (MAN_BITS + EXP_BITS)
+    WIDE: tl.constexpr = G % 4 == 0
     # Every load is masked to its sub-stream and to the body (lim bytes left).
+    # Sub-streams start 16-aligned and the body ends 16-aligned, so a word
+    # that starts inside a padded sub-stream and below lim ends inside both.
     lim = tl.minimum(tl.maximum(lim, 0), 1 << 30).to(tl.int32)
+    a_sm = 16 * (a_sm >> 4)  # a product: its divisibility is known (wide loads)
+    a_rem = 16 * (a_rem >> 4)
+    a_esc = 16 * (a_esc >> 4)
     codes_l = tl.minimum(codes_nb, lim)
     sm_l = tl.minimum(sm_nb, lim - a_sm)
     rem_l = tl.minimum(rem_nb, lim - a_rem)
@@ -125,8 +130,12 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
 
     # --- codes and escapes ---
     q = tl.arange(0, 8)[None, None, :]
-    r = tl.arange(0, T)[None, :] * G + tl.arange(0, G)[:, None]  # row index, [G, T]
-    acc = load_rows3(src, r, codes_l)
+    r = tl.arange(0, T)[:, None] * G + tl.arange(0, G)[None, :]  # row index, [T, G]
+    if WIDE:
+        acc = load_words24(src, tl.minimum(a_sm, lim), T, G // 4)
+        acc = tl.where(3 * r < codes_l, acc, 0)  # the padding is checked below
+    else:
+        acc = load_rows3(src, r, codes_l)
     code = tl.where(valid, (acc[:, :, None] >> (3 * q)) & 7, 0)
     zp = (flags >> 1) & 1
     zn = (flags >> 2) & 1
@@ -136,54 +145,71 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
     neg = tl.where(zn != 0, is_zero & (code == zp), False)
     esc = valid & (code == 7)
     keep = valid & ~is_zero
-    pre, tot = tile_excl(keep.to(tl.int32) | (esc.to(tl.int32) << 16))
+    f = keep.to(tl.int32) | (esc.to(tl.int32) << 16)
+    row = tl.sum(f, axis=2)
+    pre = (tl.cumsum(row, axis=1) - row)[:, :, None] + tl.cumsum(f, axis=2) - f
+    per_t = tl.sum(row, axis=1)
+    tex = tl.cumsum(per_t, axis=0) - per_t
+    tot = tl.sum(per_t, axis=0)
     kept = tot & 0xFFFF
     got_esc = (tot >> 16) & 0xFFFF
-    erank = (pre >> 16) & 0xFFFF
-    esc_src = src + tl.multiple_of(a_esc, 16)
+    erank = (tex >> 16)[:, None, None] + (pre >> 16)
+    esc_src = src + a_esc
     eb = tl.load(esc_src + erank, mask=esc & (erank < esc_l), other=0).to(tl.int32)
     e = tl.where(esc, eb, lo + code - z)
     err = tl.where((got_esc != nesc) | (n - kept != nz), ERR_COUNTS, 0)
     if EXP_BITS < 8:
-        err = err | tl.where(tl.max(tl.max(tl.max((esc & (eb > EMAX)).to(tl.int32), axis=2),
-                                           axis=1), axis=0) != 0, ERR_EXPONENT, 0)
+        err = err | tl.where(tl.max(tl.max(tl.max(tl.where(esc, eb, 0), axis=2), axis=1),
+                                    axis=0) > EMAX, ERR_EXPONENT, 0)
 
     # --- sign+mantissa ---
-    krank = pre & 0xFFFF
-    sm_src = src + tl.multiple_of(a_sm, 16)
-    if (ITEMSIZE == 2) | (low16 != 0):
-        if nz == 0:
-            smv = tl.load(sm_src + i, mask=valid & (i < sm_l), other=0).to(tl.int32)
+    sm_src = src + a_sm
+    rem_src = src + a_rem
+    if nz == 0:
+        # Every element's sm at its own position: whole words.
+        room = tl.minimum(a_rem - a_sm, lim - a_sm)
+        if (ITEMSIZE == 2) | (low16 != 0):
+            at = tl.arange(0, T)[:, None] * (2 * G) + tl.arange(0, 2 * G)[None, :]
+            wd = tl.load(sm_src.to(tl.pointer_type(tl.int32)) + at, mask=4 * at < room, other=0)
+            smv = tl.where(i < sm_l, unpack_bytes(wd, T, G), 0)
+            if ITEMSIZE == 4:
+                smv = smv << 16
+        else:
+            smv = tl.reshape(load_words24(sm_src, room, T, 2 * G), (T, G, 8))
+            smv = tl.where(3 * i < sm_l, smv, 0)
+        if IS_FP16:
+            if WIDE:
+                racc = load_words24(rem_src, tl.minimum(a_esc - a_rem, lim - a_rem), T, G // 4)
+                racc = tl.where(3 * r < rem_l, racc, 0)
+            else:
+                racc = load_rows3(rem_src, r, rem_l)
+            smv = smv | (((racc[:, :, None] >> (3 * q)) & 7) << 8)
+    else:
+        # Zeros omitted: each kept element's sm at its rank among the kept.
+        krank = (tex & 0xFFFF)[:, None, None] + (pre & 0xFFFF)
+        if ITEMSIZE == 4:
+            smb = 3 - 2 * low16
+            smv = tl.zeros(i.shape, tl.int32)
+            for b in tl.static_range(3):
+                at = smb * krank + b
+                smv = smv | (tl.load(sm_src + at, mask=keep & (at < sm_l) & (b < smb), other=0)
+                             .to(tl.int32) << (8 * b))
+            smv = smv << (16 * low16)
         else:
             smv = tl.load(sm_src + krank, mask=keep & (krank < sm_l), other=0).to(tl.int32)
-        if ITEMSIZE == 4:
-            smv = smv << 16
-    else:
-        smv = tl.zeros(i.shape, tl.int32)
-        for b in tl.static_range(3):
-            at = 3 * krank + b
-            smv = smv | (tl.load(sm_src + at, mask=keep & (at < sm_l), other=0).to(tl.int32)
-                         << (8 * b))
-    rem_src = src + tl.multiple_of(a_rem, 16)
-    if IS_FP16:
-        if nz == 0:
-            racc = load_rows3(rem_src, r, rem_l)
-            r3 = (racc[:, :, None] >> (3 * q)) & 7
-        else:
+        if IS_FP16:
             bit = 3 * krank
             at = bit >> 3
             two = tl.load(rem_src + at, mask=keep & (at < rem_l), other=0).to(tl.int32) | (
                 tl.load(rem_src + at + 1, mask=keep & (at + 1 < rem_l), other=0).to(tl.int32)
                 << 8)
-            r3 = (two >> (bit & 7)) & 7
-        smv = smv | (r3 << 8)
+            smv = smv | (((two >> (bit & 7)) & 7) << 8)
     word = ((smv >> MAN_BITS) & 1) << (MAN_BITS + EXP_BITS)
     word = word | (tl.minimum(tl.maximum(e, 0), EMAX) << MAN_BITS) | (smv & ((1 << MAN_BITS) - 1))
     word = tl.where(is_zero, tl.where(neg, SIGN, 0), word)
     tl.store(dst + i, word.to(dst.dtype.element_ty), mask=valid)
 
     # --- padding ---
-    padbad = pad_nonzero(src, codes_nb, a_sm, lim) | pad_nonzero(src, a_sm + sm_nb, a_rem, lim)
-    padbad = padbad | pad_nonzero(src, a_rem + rem_nb, a_esc, lim)
-    padbad = padbad | pad_nonzero(src, a_esc + esc_nb, seg, lim)
+    padbad = pads_nonzero(src, codes_nb, a_sm, a_sm + sm_nb, a_rem, a_rem + rem_nb, a_esc,
+                          a_esc + esc_nb, seg, lim)
     return err | tl.where(padbad, ERR_PADDING, 0)
