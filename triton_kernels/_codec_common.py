@@ -294,3 +294,37 @@ def load_words(src, limit, T: tl.constexpr, W: tl.constexpr):
     k = tl.arange(0, V)[None, None, :]
     w3 = tl.load(src.to(tl.pointer_type(tl.int32)) + at + k, mask=4 * at < limit, other=0)
     return tl.reshape(w3, (T, W))
+
+
+@triton.jit
+def popc32(x):
+    """Set bits of each int32 (SWAR: no popc in the interpreter)."""
+    x = x - ((x >> 1) & 0x55555555)
+    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F
+    return ((x * 0x01010101) >> 24) & 0xFF
+
+
+@triton.jit
+def low_bit_index(b):
+    """The index of the one set bit of each int32 ``b`` (a power of two, bit
+    31 included), from the exponent of its float value; 0 gives -127."""
+    f = b.to(tl.uint32, bitcast=True).to(tl.float32)
+    return ((f.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+
+
+@triton.jit
+def esc_bits(acc):
+    """Rows of eight 3-bit codes (int32, 24 bits) -> the 8-bit mask of the
+    codes that are 7 (ESC), bit q for code q."""
+    x = acc & (acc >> 1) & (acc >> 2) & 0x249249  # bit 3q: code q is 7
+    x = (x | (x >> 2)) & 0x0C30C3
+    x = (x | (x >> 4)) & 0x00F00F
+    return (x | (x >> 8)) & 0xFF
+
+
+@triton.jit
+def _sum_sum_max(a, b):
+    """Combine of fields (bits 0..12: sum, 13..25: sum, 26..31: max)."""
+    lo = (a & 0x3FFFFFF) + (b & 0x3FFFFFF)
+    return lo | (tl.maximum((a >> 26) & 63, (b >> 26) & 63) << 26)

@@ -25,7 +25,8 @@ import triton.language as tl
 
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING, ERR_TABLE,
                             align16, fixed3_layout, fixed_window, load_rows3, load_words24,
-                            pad_nonzero, pads_nonzero, ttile, unpack_bytes)
+                            load_words, low_bit_index, pad_nonzero, pads_nonzero, popc32,
+                            ttile, unpack_bytes, esc_bits, _sum_sum_max)
 
 
 @triton.jit
@@ -91,7 +92,7 @@ def fixed3_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off,
     bad_off = (off + (seg >> 4) != nxt) | ((c == 0) & (off != 0))
     err = tl.where(bad, ERR_TABLE, tl.where(bad_off, ERR_OFFSETS, 0))
     if err == 0:
-        src = p_ptr + body_off + 16 * off
+        src = p_ptr + 16 * ((body_off >> 4) + off)  # a product: 16-byte aligned (wide loads)
         lim = body_nbytes - 16 * off  # body bytes from the segment's start (>= seg: checked)
         if mode == 0:
             decode_raw_words(src, dst, n, lim, ITEMSIZE, CP, T)
@@ -114,13 +115,15 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
     """A CODED chunk's segment at src (its layout checked against the body)."""
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
-    SIGN: tl.constexpr = 1 << (MAN_BITS + EXP_BITS)
+    SIGNW: tl.constexpr = -(1 << (8 * ITEMSIZE - 1))  # -0.0's word, sign-extended
     WIDE: tl.constexpr = G % 4 == 0
+    SPARSE: tl.constexpr = G <= 4  # a thread's escapes fit one 32-bit mask
+    CP: tl.constexpr = 8 * G * T
     # Every load is masked to its sub-stream and to the body (lim bytes left).
     # Sub-streams start 16-aligned and the body ends 16-aligned, so a word
     # that starts inside a padded sub-stream and below lim ends inside both.
     lim = tl.minimum(tl.maximum(lim, 0), 1 << 30).to(tl.int32)
-    a_sm = 16 * (a_sm >> 4)  # a product: its divisibility is known (wide loads)
+    a_sm = 16 * (a_sm >> 4)  # products: their divisibility is known (wide loads)
     a_rem = 16 * (a_rem >> 4)
     a_esc = 16 * (a_esc >> 4)
     codes_l = tl.minimum(codes_nb, lim)
@@ -128,7 +131,7 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
     rem_l = tl.minimum(rem_nb, lim - a_rem)
     esc_l = tl.minimum(esc_nb, lim - a_esc)
 
-    # --- codes and escapes ---
+    # --- codes ---
     q = tl.arange(0, 8)[None, None, :]
     r = tl.arange(0, T)[:, None] * G + tl.arange(0, G)[None, :]  # row index, [T, G]
     if WIDE:
@@ -136,31 +139,41 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
         acc = tl.where(3 * r < codes_l, acc, 0)  # the padding is checked below
     else:
         acc = load_rows3(src, r, codes_l)
-    code = tl.where(valid, (acc[:, :, None] >> (3 * q)) & 7, 0)
+    # The codes of elements past n read as 0 (bits past 3 n may be anything).
+    acc = acc & tl.where(8 * r + 8 <= n, 0xFFFFFF, (1 << tl.maximum(3 * (n - 8 * r), 0)) - 1)
+    code = (acc[:, :, None] >> (3 * q)) & 7
     zp = (flags >> 1) & 1
     zn = (flags >> 2) & 1
     z = zp + zn
     lo, width = fixed_window(base, phase, z, EMAX)
-    is_zero = valid & (code < z)
-    neg = tl.where(zn != 0, is_zero & (code == zp), False)
-    esc = valid & (code == 7)
-    keep = valid & ~is_zero
-    f = keep.to(tl.int32) | (esc.to(tl.int32) << 16)
-    row = tl.sum(f, axis=2)
-    pre = (tl.cumsum(row, axis=1) - row)[:, :, None] + tl.cumsum(f, axis=2) - f
-    per_t = tl.sum(row, axis=1)
-    tex = tl.cumsum(per_t, axis=0) - per_t
-    tot = tl.sum(per_t, axis=0)
-    kept = tot & 0xFFFF
-    got_esc = (tot >> 16) & 0xFFFF
-    erank = (tex >> 16)[:, None, None] + (pre >> 16)
-    esc_src = src + a_esc
-    eb = tl.load(esc_src + erank, mask=esc & (erank < esc_l), other=0).to(tl.int32)
-    e = tl.where(esc, eb, lo + code - z)
+    keep = code >= z  # past n too when z = 0: after every element, counted out below
+    esc = code == 7
+    kp = keep.to(tl.int32)
+    krow = tl.sum(kp, axis=2)
+    kept_t = tl.sum(krow, axis=1)
+    if SPARSE:
+        # Escapes: one bit per element in a thread mask; each thread patches
+        # its escaped elements' exponents after the words are stored.
+        emask = tl.sum(esc_bits(acc) << (8 * tl.arange(0, G)[None, :]), axis=1)
+        esc_t = popc32(emask)
+    else:
+        esc_t = tl.sum(tl.sum(esc.to(tl.int32), axis=2), axis=1)
+    packed = kept_t | (esc_t << 16)
+    tex = tl.cumsum(packed, axis=0) - packed  # kept (low) and escapes (high) before the thread
+    tot = tl.reduce(kept_t | (esc_t << 13) | (esc_t << 26), 0, _sum_sum_max)
+    kept = (tot & 0x1FFF) - tl.where(z == 0, CP - n, 0)
+    got_esc = (tot >> 13) & 0x1FFF
+    kmax = (tot >> 26) & 63
     err = tl.where((got_esc != nesc) | (n - kept != nz), ERR_COUNTS, 0)
-    if EXP_BITS < 8:
-        err = err | tl.where(tl.max(tl.max(tl.max(tl.where(esc, eb, 0), axis=2), axis=1),
-                                    axis=0) > EMAX, ERR_EXPONENT, 0)
+    e = code + (lo - z)  # escapes: patched below
+    esc_src = src + a_esc
+    if not SPARSE:
+        erank = (tex >> 16)[:, None, None] + _excl(esc.to(tl.int32))
+        eb = tl.load(esc_src + erank, mask=valid & esc & (erank < esc_l), other=0).to(tl.int32)
+        e = tl.where(esc, eb, e)
+        if EXP_BITS < 8:
+            err = err | tl.where(tl.max(tl.max(tl.max(tl.where(valid & esc, eb, 0), axis=2),
+                                               axis=1), axis=0) > EMAX, ERR_EXPONENT, 0)
 
     # --- sign+mantissa ---
     sm_src = src + a_sm
@@ -169,14 +182,12 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
         # Every element's sm at its own position: whole words.
         room = tl.minimum(a_rem - a_sm, lim - a_sm)
         if (ITEMSIZE == 2) | (low16 != 0):
-            at = tl.arange(0, T)[:, None] * (2 * G) + tl.arange(0, 2 * G)[None, :]
-            wd = tl.load(sm_src.to(tl.pointer_type(tl.int32)) + at, mask=4 * at < room, other=0)
-            smv = tl.where(i < sm_l, unpack_bytes(wd, T, G), 0)
+            # (bytes past sm_nb are padding: zero, or the chunk is refused)
+            smv = unpack_bytes(load_words(sm_src, room, T, 2 * G), T, G)
             if ITEMSIZE == 4:
                 smv = smv << 16
         else:
             smv = tl.reshape(load_words24(sm_src, room, T, 2 * G), (T, G, 8))
-            smv = tl.where(3 * i < sm_l, smv, 0)
         if IS_FP16:
             if WIDE:
                 racc = load_words24(rem_src, tl.minimum(a_esc - a_rem, lim - a_rem), T, G // 4)
@@ -186,30 +197,78 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
             smv = smv | (((racc[:, :, None] >> (3 * q)) & 7) << 8)
     else:
         # Zeros omitted: each kept element's sm at its rank among the kept.
-        krank = (tex & 0xFFFF)[:, None, None] + (pre & 0xFFFF)
+        krank = (tex & 0xFFFF)[:, None, None] + (tl.cumsum(krow, axis=1) - krow)[:, :, None] + (
+            tl.cumsum(kp, axis=2) - kp)
+        kv = valid & keep
         if ITEMSIZE == 4:
             smb = 3 - 2 * low16
             smv = tl.zeros(i.shape, tl.int32)
             for b in tl.static_range(3):
                 at = smb * krank + b
-                smv = smv | (tl.load(sm_src + at, mask=keep & (at < sm_l) & (b < smb), other=0)
+                smv = smv | (tl.load(sm_src + at, mask=kv & (at < sm_l) & (b < smb), other=0)
                              .to(tl.int32) << (8 * b))
             smv = smv << (16 * low16)
         else:
-            smv = tl.load(sm_src + krank, mask=keep & (krank < sm_l), other=0).to(tl.int32)
+            smv = tl.load(sm_src + krank, mask=kv & (krank < sm_l), other=0).to(tl.int32)
         if IS_FP16:
             bit = 3 * krank
             at = bit >> 3
-            two = tl.load(rem_src + at, mask=keep & (at < rem_l), other=0).to(tl.int32) | (
-                tl.load(rem_src + at + 1, mask=keep & (at + 1 < rem_l), other=0).to(tl.int32)
+            two = tl.load(rem_src + at, mask=kv & (at < rem_l), other=0).to(tl.int32) | (
+                tl.load(rem_src + at + 1, mask=kv & (at + 1 < rem_l), other=0).to(tl.int32)
                 << 8)
             smv = smv | (((two >> (bit & 7)) & 7) << 8)
-    word = ((smv >> MAN_BITS) & 1) << (MAN_BITS + EXP_BITS)
-    word = word | (tl.minimum(tl.maximum(e, 0), EMAX) << MAN_BITS) | (smv & ((1 << MAN_BITS) - 1))
-    word = tl.where(is_zero, tl.where(neg, SIGN, 0), word)
+    word = (((smv >> MAN_BITS) & 1) << (MAN_BITS + EXP_BITS)) | ((e & EMAX) << MAN_BITS) | (
+        smv & ((1 << MAN_BITS) - 1))
+    # Flagged zeros (codes below z): -0.0 has code zp when ZNEG is set.
+    word = tl.where(code < z, tl.where(code == zp, SIGNW * zn, 0), word)
     tl.store(dst + i, word.to(dst.dtype.element_ty), mask=valid)
+
+    if SPARSE:
+        # Patch: thread t's k-th escape (the k-th set bit of its mask) takes
+        # escape byte tex_hi + k. The word is read back from dst (a volatile
+        # load: after this thread's store of it) and its exponent replaced.
+        # Chunks hold up to 4 escapes a thread almost always: 4 rounds
+        # inline, a loop for the rest.
+        e_at = (tex >> 16) & 0xFFFF
+        tw = tl.arange(0, T) * (8 * G)
+        bad_e = tl.zeros([T], tl.int32)
+        m = emask
+        for k in tl.static_range(4):
+            if k < kmax:
+                m, bad_e = _patch_escape(dst, esc_src, m, bad_e, tw, e_at + k, k < esc_t,
+                                         esc_l, EMAX, MAN_BITS)
+        k = 4
+        while k < kmax:  # (a while: the interpreter takes no reduced value as a range bound)
+            m, bad_e = _patch_escape(dst, esc_src, m, bad_e, tw, e_at + k, k < esc_t, esc_l,
+                                     EMAX, MAN_BITS)
+            k += 1
+        if EXP_BITS < 8:
+            err = err | tl.where(tl.max(bad_e, axis=0) != 0, ERR_EXPONENT, 0)
 
     # --- padding ---
     padbad = pads_nonzero(src, codes_nb, a_sm, a_sm + sm_nb, a_rem, a_rem + rem_nb, a_esc,
                           a_esc + esc_nb, seg, lim)
     return err | tl.where(padbad, ERR_PADDING, 0)
+
+
+@triton.jit
+def _excl(f):
+    """In-thread exclusive prefix sums, element order, of a [T, G, 8] tile."""
+    row = tl.sum(f, axis=2)
+    return (tl.cumsum(row, axis=1) - row)[:, :, None] + tl.cumsum(f, axis=2) - f
+
+
+@triton.jit
+def _patch_escape(dst, esc_src, m, bad_e, tw, at, act, esc_l, EMAX: tl.constexpr,
+                  MAN_BITS: tl.constexpr):
+    """One round of the escape patch: each thread whose ``act`` holds takes
+    the lowest set bit j of its mask m, reads escape byte ``at`` and writes
+    it into the exponent of its element tw + j (already stored)."""
+    b = m & (0 - m)
+    j = low_bit_index(b)
+    eb = tl.load(esc_src + at, mask=act & (at < esc_l), other=0).to(tl.int32)
+    p = dst + tw + j
+    old = tl.load(p, mask=act, other=0, volatile=True).to(tl.int32)
+    new = (old & ~(EMAX << MAN_BITS)) | ((eb & EMAX) << MAN_BITS)
+    tl.store(p, new.to(dst.dtype.element_ty), mask=act)
+    return m ^ b, bad_e | (act & (eb > EMAX)).to(tl.int32)
