@@ -328,3 +328,8 @@ def _sum_sum_max(a, b):
     """Combine of fields (bits 0..12: sum, 13..25: sum, 26..31: max)."""
     lo = (a & 0x3FFFFFF) + (b & 0x3FFFFFF)
     return lo | (tl.maximum((a >> 26) & 63, (b >> 26) & 63) << 26)
+
+
+# fixed3: escape rounds a program runs inline (a thread's escapes in order);
+# a chunk with a thread of more escapes takes a cold path for all of them.
+ROUNDS = tl.constexpr(5)

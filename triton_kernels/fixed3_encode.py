@@ -27,9 +27,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._codec_common import (FIXED_ZERO_SHIFT, align16, fixed3_layout, fixed_window, pack_bytes,
-                            store_rows3, store_words, store_words24, sum3, tile3, ttile, zero_pad)
+from ._codec_common import (FIXED_ZERO_SHIFT, ROUNDS, _sum_sum_max, align16, esc_bits, fixed3_layout,
+                            fixed_window, low_bit_index, pack_bytes, popc32, store_rows3,
+                            store_words, store_words24, sum3, tile3, ttile, zero_pad)
 from ._lookback import chunk_offset, ticket
+
+
 
 
 @triton.jit
@@ -46,6 +49,8 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     # Whole words for the codes (groups of 4 rows) and sm (the tile covers
     # every padded sub-stream).
     WIDE: tl.constexpr = G % 4 == 0
+    SPARSE: tl.constexpr = G <= 4  # a thread's escapes fit one 32-bit mask
+    NEGZ: tl.constexpr = -(1 << (8 * ITEMSIZE - 1))  # -0.0's word, sign-extended
     c = ticket(ticket_ptr)
     start = c.to(tl.int64) * C
     n = tl.minimum(numel - start, C).to(tl.int32)
@@ -56,7 +61,6 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     # 16-bit words sign-extended: every field below is read with a mask, and
     # -0.0 is -32768.
     w = tl.load(x_ptr + start + i, mask=valid, other=0).to(tl.int32)
-    NEGZ: tl.constexpr = -(1 << (8 * ITEMSIZE - 1))
     is_neg = w == NEGZ
     e = (w >> MAN_BITS) & EMAX
     is_pos = valid & (w == 0)
@@ -93,30 +97,30 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     # --- codes (format.py, "fixed3") ---
     z = zp + zn
     lo, width = fixed_window(base, phase, z, EMAX)
-    # In the window: d + z; below or above it: width + z = 7 (ESC).
-    code = tl.minimum((e - lo).to(tl.uint32), width.to(tl.uint32)).to(tl.int32) + z
-    # A zero's exponent is 0, so its code when its sign is not flagged is
-    # the scalar c0; flagged, 0 (+0.0) or zp (-0.0).
-    c0 = tl.minimum((0 - lo).to(tl.uint32), width.to(tl.uint32)).to(tl.int32) + z
-    cpos = tl.where(zp != 0, 0, c0)
-    cneg = tl.where(zn != 0, zp, c0)
-    code = tl.where(w == 0, cpos, tl.where(is_neg, cneg, code))
-    code = tl.where(valid, code, 0)
+    code = _codes(w, e, valid, lo, width, zp, zn, NEGZ)
     esc = code == 7
-    # Ranks: kept elements (low 16 bits: codes z and up, the padding's code 0
-    # included only when z = 0, where no kept rank is used) and escapes
-    # (high), in element order.
-    f = (code >= z).to(tl.int32) | (esc.to(tl.int32) << 16)
-    row = tl.sum(f, axis=2)
-    pre = (tl.cumsum(row, axis=1) - row)[:, :, None] + tl.cumsum(f, axis=2) - f
-    per_t = tl.sum(row, axis=1)
-    tex = tl.cumsum(per_t, axis=0) - per_t  # the threads before this one
-    n_esc = (tl.sum(per_t, axis=0) >> 16) & 0xFFFF
-    keep = valid & (code >= z)
-    krank = (tex & 0xFFFF)[:, None, None] + (pre & 0xFFFF)
-    erank = (tex >> 16)[:, None, None] + (pre >> 16)
-    krank = (tex & 0xFFFF)[:, None, None] + (pre & 0xFFFF)
-    erank = (tex >> 16)[:, None, None] + (pre >> 16)
+    # Per thread: kept elements (codes z and up; the padding's code 0 is
+    # one only when z = 0, where no kept rank is used) and escapes (a mask,
+    # bit 8 g + q, when a thread's 8 G elements fit 32 bits).
+    q = tl.arange(0, 8)[None, None, :]
+    acc = tl.sum(code << (3 * q), axis=2)  # a row's eight codes, [T, G]
+    kp = (code >= z).to(tl.int32)
+    krow = tl.sum(kp, axis=2)
+    kept_t = tl.sum(krow, axis=1)
+    if SPARSE:
+        emask = tl.sum(esc_bits(acc) << (8 * tl.arange(0, G)[None, :]), axis=1)
+        esc_t = popc32(emask)
+    else:
+        esc_t = tl.sum(tl.sum(esc.to(tl.int32), axis=2), axis=1)
+    packed = kept_t | (esc_t << 16)
+    tex = tl.cumsum(packed, axis=0) - packed  # kept (low) and escapes (high) before the thread
+    if SPARSE:  # counts < 2**13, a thread's escapes < 64: one reduction
+        tot = tl.reduce(kept_t | (esc_t << 13) | (esc_t << 26), 0, _sum_sum_max)
+        n_esc = (tot >> 13) & 0x1FFF
+        kmax = (tot >> 26) & 63
+    else:
+        n_esc = tl.sum(esc_t, axis=0)
+        kmax = 0
 
     # --- raw or coded; the segment's size and offset ---
     codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg_c = fixed3_layout(
@@ -142,16 +146,15 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     if seg_c >= raw_seg:
         _write_raw(x_ptr, start, n, dst, ITEMSIZE, CP, T)
     else:
-        q = tl.arange(0, 8)[None, None, :]
         r = tl.arange(0, T)[:, None] * G + tl.arange(0, G)[None, :]  # row index, [T, G]
         a_sm = 16 * (a_sm >> 4)  # a product: its divisibility is known (wide stores)
         a_rem = 16 * (a_rem >> 4)
         a_esc = 16 * (a_esc >> 4)
         # codes: a row's eight 3-bit codes are 3 bytes at 3 r.
         if WIDE:
-            store_words24(dst, tl.sum(code << (3 * q), axis=2), a_sm, T, G // 4)
+            store_words24(dst, acc, a_sm, T, G // 4)
         else:
-            store_rows3(dst, tl.sum(code << (3 * q), axis=2), r, codes_nb)
+            store_rows3(dst, acc, r, codes_nb)
             zero_pad(dst, codes_nb, a_sm)
         sm_dst = dst + a_sm
         if ITEMSIZE == 4:
@@ -179,6 +182,9 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
                     zero_pad(rem_dst, rem_nb, a_esc - a_rem)
         else:
             # Zeros omitted: each kept element's sm at its rank among the kept.
+            keep = valid & (kp != 0)
+            krank = (tex & 0xFFFF)[:, None, None] + (tl.cumsum(krow, axis=1) - krow)[:, :, None] + (
+                tl.cumsum(kp, axis=2) - kp)
             if ITEMSIZE == 4:
                 smb = 3 - 2 * low16
                 for b in tl.static_range(3):
@@ -192,8 +198,81 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
                              a_esc - a_rem, i, CP)
         # esc: the escaped elements' exponent bytes at their rank among the escapes.
         esc_dst = dst + a_esc
-        tl.store(esc_dst + erank, e.to(tl.uint8), mask=esc)
+        e_at = (tex >> 16) & 0xFFFF
+        if SPARSE:
+            # Thread t's k-th escape (the k-th set bit of its mask) goes to
+            # byte e_at + k; its word is read again (from L1/L2: the input is
+            # read from memory once). ROUNDS rounds inline; a chunk with a
+            # thread of more escapes (Gaussian bf16: 2.5% escapes, about 2%
+            # of chunks) stores all its escapes again in a cold function.
+            xw = x_ptr + start + tl.arange(0, T) * (8 * G)
+            m = emask
+            for k in tl.static_range(ROUNDS):
+                if k < kmax:
+                    m = _store_escape(xw, esc_dst, m, e_at + k, k < esc_t, MAN_BITS, EMAX)
+            if kmax > ROUNDS:
+                _escapes_all(x_ptr, start, n, esc_dst, lo, width, zp, zn, ITEMSIZE, EXP_BITS,
+                             MAN_BITS, CP, T)
+        else:
+            _escapes_by_rank(esc_dst, e, esc, e_at)
         zero_pad(esc_dst, esc_nb, align16(esc_nb))
+
+
+@triton.jit
+def _codes(w, e, valid, lo, width, zp, zn, NEGZ: tl.constexpr):
+    """The fixed3 codes of a tile (format.py, "fixed3"); 0 past n."""
+    z = zp + zn
+    # In the window: d + z; below or above it: width + z = 7 (ESC).
+    code = tl.minimum((e - lo).to(tl.uint32), width.to(tl.uint32)).to(tl.int32) + z
+    # A zero's exponent is 0, so its code when its sign is not flagged is
+    # the scalar c0; flagged, 0 (+0.0) or zp (-0.0).
+    c0 = tl.minimum((0 - lo).to(tl.uint32), width.to(tl.uint32)).to(tl.int32) + z
+    cpos = tl.where(zp != 0, 0, c0)
+    cneg = tl.where(zn != 0, zp, c0)
+    code = tl.where(w == 0, cpos, tl.where(w == NEGZ, cneg, code))
+    return tl.where(valid, code, 0)
+
+
+@triton.jit
+def _escapes_by_rank(esc_dst, e, esc, e_at):
+    """Each escaped element's exponent byte at its rank among the escapes
+    (e_at: the escapes of the threads before, [T])."""
+    f = esc.to(tl.int32)
+    row = tl.sum(f, axis=2)
+    erank = e_at[:, None, None] + (tl.cumsum(row, axis=1) - row)[:, :, None] + (
+        tl.cumsum(f, axis=2) - f)
+    tl.store(esc_dst + erank, e.to(tl.uint8), mask=esc)
+
+
+@triton.jit(noinline=True)
+def _escapes_all(x_ptr, start, n, esc_dst, lo, width, zp, zn, ITEMSIZE: tl.constexpr,
+                 EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr, CP: tl.constexpr,
+                 T: tl.constexpr):
+    """Every escape byte of the chunk by rank (cold code: chunks with a
+    thread of more than ROUNDS escapes; it reads the chunk again, from L2,
+    and stores again the bytes the rounds stored, with the same values)."""
+    G: tl.constexpr = CP // (8 * T)
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    NEGZ: tl.constexpr = -(1 << (8 * ITEMSIZE - 1))
+    i = ttile(G, T)
+    valid = i < n
+    w = tl.load(x_ptr + start + i, mask=valid, other=0).to(tl.int32)
+    e = (w >> MAN_BITS) & EMAX
+    esc = _codes(w, e, valid, lo, width, zp, zn, NEGZ) == 7
+    per = tl.sum(tl.sum(esc.to(tl.int32), axis=2), axis=1)
+    _escapes_by_rank(esc_dst, e, esc, tl.cumsum(per, axis=0) - per)
+
+
+@triton.jit
+def _store_escape(xw, esc_dst, m, at, act, MAN_BITS: tl.constexpr, EMAX: tl.constexpr):
+    """One round of the escape stores: each thread whose ``act`` holds
+    takes the lowest set bit j of its mask m and stores the exponent of its
+    element j (x read again at xw + j) at esc byte ``at``."""
+    b = m & (0 - m)
+    j = low_bit_index(b)
+    w = tl.load(xw + j, mask=act, other=0).to(tl.int32)
+    tl.store(esc_dst + at, ((w >> MAN_BITS) & EMAX).to(tl.uint8), mask=act)
+    return m ^ b
 
 
 @triton.jit(noinline=True)
