@@ -233,9 +233,9 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
         # Patch: thread t's k-th escape (the k-th set bit of its mask) takes
         # escape byte tex_hi + k. The word is read back from dst (a volatile
         # load: after this thread's store of it) and its exponent replaced.
-        # ROUNDS rounds inline; a chunk with a thread of more escapes
-        # (Gaussian bf16: about 2% of chunks) patches every escape again in
-        # a cold function.
+        # ROUNDS rounds inline (a round is skipped when no thread has that
+        # many escapes); a chunk with a thread of more (rare, see ROUNDS)
+        # patches every escape again in a cold function.
         e_at = (tex >> 16) & 0xFFFF
         tw = tl.arange(0, T) * (8 * G)
         bad_e = tl.zeros([T], tl.int32)

@@ -27,9 +27,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._codec_common import (FIXED_ZERO_SHIFT, ROUNDS, _sum_sum_max, align16, esc_bits, fixed3_layout,
-                            fixed_window, low_bit_index, pack_bytes, popc32, store_rows3,
-                            store_words, store_words24, sum3, tile3, ttile, zero_pad)
+from ._codec_common import (FIXED_ZERO_SHIFT, ROUNDS, _sum_sum_max, align16, esc_bits,
+                            fixed3_layout, fixed_window, low_bit_index, pack_bytes, popc32,
+                            store_rows3, store_words, store_words24, sum3, tile3, ttile, zero_pad)
 from ._lookback import chunk_offset, ticket
 
 
@@ -63,24 +63,25 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     w = tl.load(x_ptr + start + i, mask=valid, other=0).to(tl.int32)
     is_neg = w == NEGZ
     e = (w >> MAN_BITS) & EMAX
-    is_pos = valid & (w == 0)
     normal = (e - 1).to(tl.uint32) < EMAX - 1  # 0 < e < EMAX (the padding has e = 0)
     if PACK:
         # Per thread: exponent sum (13 bits), normals, +0.0, -0.0 (6 bits
         # each), widened to 20 + 13 + 13 + 13 bits for one int64 sum.
-        v = tl.where(normal, e + (1 << 13), 0) + (is_pos.to(tl.int32) << 19) + (
-            is_neg.to(tl.int32) << 25)
+        # (Normals and zeros exclude each other: one value per element. The
+        # padding reads as +0.0 and is taken out of npos below.)
+        v = tl.where(normal, e + (1 << 13),
+                     tl.where(w == 0, 1 << 19, tl.where(is_neg, 1 << 25, 0)))
         per = tl.sum(tl.sum(v, axis=2), axis=1)
         wide = (per & 0x1FFF).to(tl.int64) | (((per >> 13) & 63).to(tl.int64) << 20) | (
             ((per >> 19) & 63).to(tl.int64) << 33) | ((per >> 25).to(tl.int64) << 46)
         tot = tl.sum(wide, axis=0)
         s_sum = (tot & 0xFFFFF).to(tl.int32)
         k_norm = ((tot >> 20) & 0x1FFF).to(tl.int32)
-        npos = ((tot >> 33) & 0x1FFF).to(tl.int32)
+        npos = ((tot >> 33) & 0x1FFF).to(tl.int32) - (CP - n)
         nneg = ((tot >> 46) & 0x1FFF).to(tl.int32)
     else:
         s_sum = sum3(tl.where(normal, e, 0))
-        cnt = sum3(normal.to(tl.int32) | (is_pos.to(tl.int32) << 16))
+        cnt = sum3(normal.to(tl.int32) | ((valid & (w == 0)).to(tl.int32) << 16))
         nneg = sum3(is_neg.to(tl.int32))
         k_norm = cnt & 0xFFFF
         npos = (cnt >> 16) & 0xFFFF
@@ -202,9 +203,10 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
         if SPARSE:
             # Thread t's k-th escape (the k-th set bit of its mask) goes to
             # byte e_at + k; its word is read again (from L1/L2: the input is
-            # read from memory once). ROUNDS rounds inline; a chunk with a
-            # thread of more escapes (Gaussian bf16: 2.5% escapes, about 2%
-            # of chunks) stores all its escapes again in a cold function.
+            # read from memory once). ROUNDS rounds inline (a round is skipped
+            # when no thread has that many escapes); a chunk with a thread of
+            # more (rare, see ROUNDS) stores all its escapes again in a cold
+            # function.
             xw = x_ptr + start + tl.arange(0, T) * (8 * G)
             m = emask
             for k in tl.static_range(ROUNDS):
