@@ -1,17 +1,23 @@
 """fixed3 decode (format v2) of one chunk, called by codec_decode.decode_kernel
-(one program per chunk, in the ``[G, T, 8]`` tile of _codec_common.py).
+(one program per chunk, in the thread-major ``[T, G, 8]`` tile of
+_codec_common.py).
 
 The chunk reads its table entry and its offset, and the next chunk's offset
 (or the body's length) to check its own segment's size, and nothing else
 of other chunks: no scan. Then, with every load masked to the body:
 
 - the entry is checked by the rules of ``format.validate_table``;
-- codes: a thread's 3 G bytes, unpacked in the thread;
-- esc: the escaped elements' exponent bytes at their rank among the escapes
-  (an exclusive prefix sum over the tile);
-- sm: element i's byte at position i when no zero is omitted, else at its
-  rank among the kept elements; 3 bytes an element for fp32 without LOW16;
+- codes: a thread's 3 G bytes as 32-bit words, unpacked in the thread;
+- sm: element i's byte(s) at position i, loaded as 16-byte words, when no
+  zero is omitted, else at its rank among the kept elements (byte loads);
+  3 bytes an element for fp32 without LOW16;
 - rem (fp16): 3 bits at bit 3 i (rows of 8, like the codes) or 3 rank;
+- the words are stored with the window's exponent; then each thread patches
+  its escaped elements, one per round over a 32-bit mask of them
+  (``ROUNDS`` inline, a cold function for a chunk with a thread of more):
+  the escape byte at the thread's exclusive escape count replaces the
+  exponent of the word read back from the output (a volatile load, after
+  this thread's store);
 - the decoded escape and zero counts against the entry, escapes naming an
   exponent the dtype has, and every padding byte zero.
 
@@ -211,8 +217,9 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
             smv = tl.zeros(i.shape, tl.int32)
             for b in tl.static_range(3):
                 at = smb * krank + b
-                smv = smv | (tl.load(sm_src + at, mask=kv & (at < sm_l) & (b < smb), other=0)
-                             .to(tl.int32) << (8 * b))
+                # (not & with a scalar: triton 3.9's interpreter)
+                mb = tl.where(b < smb, kv & (at < sm_l), False)
+                smv = smv | (tl.load(sm_src + at, mask=mb, other=0).to(tl.int32) << (8 * b))
             smv = smv << (16 * low16)
         else:
             smv = tl.load(sm_src + krank, mask=kv & (krank < sm_l), other=0).to(tl.int32)

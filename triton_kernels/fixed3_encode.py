@@ -2,25 +2,32 @@
 
 A program takes its chunk id from an atomic ticket (``_lookback.ticket``:
 every chunk it may wait on belongs to a program that has started), loads its
-chunk once (the only read of the input) into the ``[G, T, 8]`` tile
-(_codec_common.py), analyzes it (locator, +0.0 / -0.0 counts, fp32 LOW16),
-codes it, writes its chunk-table entry, computes its padded segment size in
-16-byte units, gets its segment offset by the decoupled look-back
-(``_lookback.chunk_offset``), writes ``offsets[c]`` and then its whole
-segment, padding included (format.py, "Body"). The last chunk's program
-also stores the body length (16-byte units) for the host and zeroes the gap
-after the offsets. The header is the launcher's (codec_encode.py).
+chunk once (the only read of the input from memory) into the thread-major
+``[T, G, 8]`` tile (``_codec_common.ttile``: thread t holds 8 G consecutive
+elements), analyzes it (locator, +0.0 / -0.0 counts, fp32 LOW16: one
+in-thread sum and one int64 sum across threads), codes it, writes its
+chunk-table entry, computes its padded segment size in 16-byte units, gets
+its segment offset by the decoupled look-back (``_lookback.chunk_offset``),
+writes ``offsets[c]`` and then its whole segment, padding included
+(format.py, "Body"). The last chunk's program also stores the body length
+(16-byte units) for the host and zeroes the gap after the offsets. The
+header is the launcher's (codec_encode.py).
 
-Sub-streams:
+Sub-streams (every store covers the padded sub-stream, so no padding is
+written apart when the tile covers it):
 
-- codes: a thread's 8 G codes are 3 G bytes at 3 G t, packed in the thread;
-- sm: element i's byte at position i when no zero is omitted (contiguous
-  per thread: wide stores), else at its rank among the kept elements (an
-  exclusive prefix sum over the tile); fp32 without LOW16 ships 3 bytes;
-- rem (fp16): the kept elements' top 3 sm bits; packed like the codes when
-  no zero is omitted, else OR-ed into the zeroed segment by 32-bit atomics
-  (a kept element's 3 bits land at bit 3 * rank, across threads);
-- esc: the escaped elements' exponent bytes at their rank among the escapes.
+- codes: a thread's 8 G codes are 3 G bytes at 3 G t, stored as 32-bit
+  words (three per 4 rows);
+- sm, no zero omitted: element i's byte(s) at position i, packed into
+  words in the thread and stored in 16-byte granules (3 bytes an element,
+  fp32 without LOW16: three words per 4 elements); zeros omitted: each kept
+  element's bytes at its rank among the kept (a byte scatter);
+- rem (fp16): the top 3 sm bits; packed like the codes when no zero is
+  omitted, else OR-ed into the zeroed segment by 32-bit atomics;
+- esc: each thread's escapes from a 32-bit mask of them, one per round
+  (``ROUNDS`` inline; the element's word read again, from L1/L2), at the
+  thread's exclusive escape count; a chunk with a thread of more escapes
+  stores all of them by rank in a cold function.
 """
 from __future__ import annotations
 
