@@ -245,6 +245,10 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
         # patches every escape again in a cold function.
         e_at = (tex >> 16) & 0xFFFF
         tw = tl.arange(0, T) * (8 * G)
+        # The words' store may come from another thread of the program (a
+        # layout conversion before a wide store): a barrier orders it
+        # before every read back.
+        tl.debug_barrier()
         bad_e = tl.zeros([T], tl.int32)
         m = emask
         for k in tl.static_range(ROUNDS):
