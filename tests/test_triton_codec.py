@@ -176,6 +176,33 @@ def test_fixed3_branches_and_aligned_segments(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fixed3_ragged_tails(device, dtype):
+    """The fixed3 kernels store and load the codes, sm and rem streams as
+    whole 32-bit words over each padded sub-stream: ragged last chunks of
+    several lengths (numel 262244 = 64 chunks + 100, at small scale), with
+    and without omitted zeros of both signs, fp32 with and without LOW16,
+    specials sprinkled in, runs of escapes. Byte-identical to torch (padding included) and
+    decoded bit for bit."""
+    g = _gen(41)
+    sp = _specials(dtype)
+    for tail in (1, 3, 100, 2051, C - 1):
+        x = torch.randn(C + tail, generator=g)
+        if dtype == torch.float32 and tail % 2:
+            x = x.bfloat16().float()  # LOW16 chunks
+        x = x.to(dtype)
+        if tail in (3, 2051):  # both signed zeros, flagged in the tail chunk
+            x = x * (torch.rand(x.numel(), generator=g) > 0.25).to(dtype)
+        x[torch.randint(0, x.numel(), (sp.numel(),), generator=g)] = sp
+        # Escape runs: a thread (32 elements) with more escapes than the
+        # kernels' inline rounds (ROUNDS), across a thread boundary, and in
+        # the tail chunk.
+        x[5:45] = 1e30
+        x[C + tail // 2:C + tail // 2 + 9] = -1e-30
+        _check_against_torch(x.to(device), "fixed3")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("codec", CODED)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_signed_zeros_from_a_mask(device, dtype, codec):

@@ -169,3 +169,170 @@ def byte_field(v, k, LO: tl.constexpr, NB: tl.constexpr):
     inside = (k >= LO) & (k < LO + NB)
     sh = tl.where(inside, 8 * (k - LO), 0).to(tl.int64)
     return tl.sum(tl.where(inside, v.to(tl.int64) << sh, 0), axis=0)
+
+
+# ---------------------------------------------------------------------------
+# Thread-major tile and word-wide stream helpers (fixed3 kernels)
+# ---------------------------------------------------------------------------
+@triton.jit
+def ttile(G: tl.constexpr, T: tl.constexpr):
+    """Element index of the [T, G, 8] chunk tile: thread t holds the 8 G
+    consecutive elements t*8G .. t*8G + 8G - 1 (its G rows of 8)."""
+    t = tl.arange(0, T)[:, None, None]
+    g = tl.arange(0, G)[None, :, None]
+    q = tl.arange(0, 8)[None, None, :]
+    return t * (8 * G) + g * 8 + q
+
+
+@triton.jit
+def split4(x, T: tl.constexpr, K: tl.constexpr):
+    """The four entries of each group of 4 along the last axis of a [T, 4K]
+    tile, as four [T, K] tiles (entry 4k + j in tile j)."""
+    r = tl.reshape(x, (T, K, 2, 2))
+    a, b = tl.split(r)  # a: entries 4k, 4k + 2; b: 4k + 1, 4k + 3
+    r0, r2 = tl.split(a)
+    r1, r3 = tl.split(b)
+    return r0, r1, r2, r3
+
+
+@triton.jit
+def words24(r0, r1, r2, r3):
+    """Four 24-bit values (non-negative int32) as the three little-endian
+    32-bit words of their 12 bytes, in order."""
+    w0 = r0 | (r1 << 24)
+    w1 = (r1 >> 8) | (r2 << 16)
+    w2 = (r2 >> 16) | (r3 << 8)
+    return w0, w1, w2
+
+
+@triton.jit
+def store_words24(dst, acc, limit, T: tl.constexpr, K: tl.constexpr):
+    """Store the [T, 4K] tile of 24-bit values (entry j of thread t at byte
+    3 (4Kt + j) of dst, dst 4-byte aligned) as 32-bit words, those that
+    start below ``limit`` (a multiple of 4)."""
+    r0, r1, r2, r3 = split4(acc, T, K)
+    w0, w1, w2 = words24(r0, r1, r2, r3)
+    at = tl.arange(0, T)[:, None] * (3 * K) + 3 * tl.arange(0, K)[None, :]
+    wp = dst.to(tl.pointer_type(tl.int32))
+    tl.store(wp + at, w0, mask=4 * at < limit)
+    tl.store(wp + at + 1, w1, mask=4 * at + 4 < limit)
+    tl.store(wp + at + 2, w2, mask=4 * at + 8 < limit)
+
+
+@triton.jit
+def pack_bytes(b, T: tl.constexpr, G: tl.constexpr):
+    """A [T, G, 8] tile of bytes (int32 0..255) as the [T, 2G] tile of the
+    little-endian 32-bit words they make, in order."""
+    b4 = tl.reshape(b, (T, G, 2, 4))
+    k = tl.arange(0, 4)[None, None, None, :]
+    return tl.reshape(tl.sum(b4 << (8 * k), axis=3), (T, 2 * G))
+
+
+@triton.jit
+def join4(r0, r1, r2, r3, T: tl.constexpr, K: tl.constexpr):
+    """Four [T, K] tiles interleaved into one [T, 4K] tile (split4's inverse)."""
+    return tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (T, 4 * K))
+
+
+@triton.jit
+def load_words24(src, limit, T: tl.constexpr, K: tl.constexpr):
+    """store_words24's inverse: the [T, 4K] tile of 24-bit values from the
+    32-bit words at src (4-byte aligned) that start below ``limit`` (a
+    multiple of 4; words at or past it read as 0)."""
+    at = tl.arange(0, T)[:, None] * (3 * K) + 3 * tl.arange(0, K)[None, :]
+    wp = src.to(tl.pointer_type(tl.int32))
+    w0 = tl.load(wp + at, mask=4 * at < limit, other=0)
+    w1 = tl.load(wp + at + 1, mask=4 * at + 4 < limit, other=0)
+    w2 = tl.load(wp + at + 2, mask=4 * at + 8 < limit, other=0)
+    r0 = w0 & 0xFFFFFF
+    r1 = ((w0 >> 24) & 0xFF) | ((w1 & 0xFFFF) << 8)
+    r2 = ((w1 >> 16) & 0xFFFF) | ((w2 & 0xFF) << 16)
+    r3 = (w2 >> 8) & 0xFFFFFF
+    return join4(r0, r1, r2, r3, T, K)
+
+
+@triton.jit
+def unpack_bytes(wd, T: tl.constexpr, G: tl.constexpr):
+    """pack_bytes' inverse: a [T, 2G] tile of words as the [T, G, 8] tile of their bytes."""
+    k = tl.arange(0, 4)[None, None, :]
+    return tl.reshape((wd[:, :, None] >> (8 * k)) & 0xFF, (T, G, 8))
+
+
+@triton.jit
+def pads_nonzero(ptr, s0, e0, s1, e1, s2, e2, s3, e3, limit):
+    """Whether any byte of the four ranges [s_k, e_k) of ptr (each shorter
+    than 16) is not zero, bytes at or past ``limit`` not read: one load and
+    one reduction for all four."""
+    k = tl.arange(0, 64)
+    j = k >> 4
+    s = tl.where(j == 0, s0, tl.where(j == 1, s1, tl.where(j == 2, s2, s3)))
+    e = tl.where(j == 0, e0, tl.where(j == 1, e1, tl.where(j == 2, e2, e3)))
+    at = s + (k & 15)
+    b = tl.load(ptr + at, mask=(at < e) & (at < limit), other=0)
+    return tl.max(b.to(tl.int32), axis=0) != 0
+
+
+@triton.jit
+def store_words(dst, wd, limit, T: tl.constexpr, W: tl.constexpr):
+    """Store the [T, W] tile of 32-bit words (thread t's W words at word
+    W t of dst, dst 16-byte aligned, W a multiple of 4 or less than 4) in
+    16-byte granules, those that start below ``limit`` (a multiple of 16):
+    the mask is constant over a granule, so each is one wide store."""
+    V: tl.constexpr = 4 if W >= 4 else W
+    w3 = tl.reshape(wd, (T, W // V, V))
+    at = tl.arange(0, T)[:, None, None] * W + tl.arange(0, W // V)[None, :, None] * V
+    k = tl.arange(0, V)[None, None, :]
+    tl.store(dst.to(tl.pointer_type(tl.int32)) + at + k, w3, mask=4 * at < limit)
+
+
+@triton.jit
+def load_words(src, limit, T: tl.constexpr, W: tl.constexpr):
+    """store_words' inverse: the [T, W] tile of words at src, granules at or
+    past ``limit`` read as 0."""
+    V: tl.constexpr = 4 if W >= 4 else W
+    at = tl.arange(0, T)[:, None, None] * W + tl.arange(0, W // V)[None, :, None] * V
+    k = tl.arange(0, V)[None, None, :]
+    w3 = tl.load(src.to(tl.pointer_type(tl.int32)) + at + k, mask=4 * at < limit, other=0)
+    return tl.reshape(w3, (T, W))
+
+
+@triton.jit
+def popc32(x):
+    """Set bits of each int32 (SWAR: no popc in the interpreter)."""
+    x = x - ((x >> 1) & 0x55555555)
+    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F
+    return ((x * 0x01010101) >> 24) & 0xFF
+
+
+@triton.jit
+def low_bit_index(b):
+    """The index of the one set bit of each int32 ``b`` (a power of two, bit
+    31 included), from the exponent of its float value; 0 gives -127."""
+    f = b.to(tl.uint32, bitcast=True).to(tl.float32)
+    return ((f.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+
+
+@triton.jit
+def esc_bits(acc):
+    """Rows of eight 3-bit codes (int32, 24 bits) -> the 8-bit mask of the
+    codes that are 7 (ESC), bit q for code q."""
+    x = acc & (acc >> 1) & (acc >> 2) & 0x249249  # bit 3q: code q is 7
+    x = (x | (x >> 2)) & 0x0C30C3
+    x = (x | (x >> 4)) & 0x00F00F
+    return (x | (x >> 8)) & 0xFF
+
+
+@triton.jit
+def _sum_sum_max(a, b):
+    """Combine of fields (bits 0..12: sum, 13..25: sum, 26..31: max)."""
+    lo = (a & 0x3FFFFFF) + (b & 0x3FFFFFF)
+    return lo | (tl.maximum((a >> 26) & 63, (b >> 26) & 63) << 26)
+
+
+# fixed3: escape rounds a program runs inline (a thread's escapes in order);
+# a chunk with a thread of more escapes takes a cold path for all of them.
+# Chunks of a thread's 32 elements with more than 10 escapes: Gaussian bf16
+# none; x * mask with 10% / 30% / 50% zeros (both zero signs flagged, a
+# window of 5 exponents) 0.4% / 0.2% / 0% (docs/benchmarks.md).
+ROUNDS = tl.constexpr(10)

@@ -1,17 +1,23 @@
 """fixed3 decode (format v2) of one chunk, called by codec_decode.decode_kernel
-(one program per chunk, in the ``[G, T, 8]`` tile of _codec_common.py).
+(one program per chunk, in the thread-major ``[T, G, 8]`` tile of
+_codec_common.py).
 
 The chunk reads its table entry and its offset, and the next chunk's offset
 (or the body's length) to check its own segment's size, and nothing else
 of other chunks: no scan. Then, with every load masked to the body:
 
 - the entry is checked by the rules of ``format.validate_table``;
-- codes: a thread's 3 G bytes, unpacked in the thread;
-- esc: the escaped elements' exponent bytes at their rank among the escapes
-  (an exclusive prefix sum over the tile);
-- sm: element i's byte at position i when no zero is omitted, else at its
-  rank among the kept elements; 3 bytes an element for fp32 without LOW16;
+- codes: a thread's 3 G bytes as 32-bit words, unpacked in the thread;
+- sm: element i's byte(s) at position i, loaded as 16-byte words, when no
+  zero is omitted, else at its rank among the kept elements (byte loads);
+  3 bytes an element for fp32 without LOW16;
 - rem (fp16): 3 bits at bit 3 i (rows of 8, like the codes) or 3 rank;
+- the words are stored with the window's exponent; then each thread patches
+  its escaped elements, one per round over a 32-bit mask of them
+  (``ROUNDS`` inline, a cold function for a chunk with a thread of more):
+  the escape byte at the thread's exclusive escape count replaces the
+  exponent of the word read back from the output (a volatile load, after
+  this thread's store);
 - the decoded escape and zero counts against the entry, escapes naming an
   exponent the dtype has, and every padding byte zero.
 
@@ -23,9 +29,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING, ERR_TABLE,
-                            align16, byte_field, fixed3_layout, fixed_window, load_rows3,
-                            pad_nonzero, tile_excl)
+from ._codec_common import (ROUNDS, ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING, ERR_TABLE,
+                            align16, fixed3_layout, fixed_window, load_rows3, load_words24,
+                            load_words, low_bit_index, pad_nonzero, pads_nonzero, popc32,
+                            ttile, unpack_bytes, esc_bits, _sum_sum_max)
 
 
 @triton.jit
@@ -91,15 +98,14 @@ def fixed3_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off,
     bad_off = (off + (seg >> 4) != nxt) | ((c == 0) & (off != 0))
     err = tl.where(bad, ERR_TABLE, tl.where(bad_off, ERR_OFFSETS, 0))
     if err == 0:
-        src = p_ptr + body_off + 16 * off
+        src = p_ptr + 16 * ((body_off >> 4) + off)  # a product: 16-byte aligned (wide loads)
         lim = body_nbytes - 16 * off  # body bytes from the segment's start (>= seg: checked)
         if mode == 0:
             decode_raw_words(src, dst, n, lim, ITEMSIZE, CP, T)
             nb = n * ITEMSIZE
             err = tl.where(pad_nonzero(src, nb, align16(nb), lim), ERR_PADDING, 0)
         else:
-            i = tl.arange(0, T)[None, :, None] * (8 * G) + tl.arange(0, G)[:, None, None] * 8 + (
-                tl.arange(0, 8)[None, None, :])
+            i = ttile(G, T)
             valid = i < n
             err = _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low16,
                                 codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg,
@@ -115,75 +121,199 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
     """A CODED chunk's segment at src (its layout checked against the body)."""
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
-    SIGN: tl.constexpr = 1 << (MAN_BITS + EXP_BITS)
+    SIGNW: tl.constexpr = -(1 << (8 * ITEMSIZE - 1))  # -0.0's word, sign-extended
+    WIDE: tl.constexpr = G % 4 == 0
+    SPARSE: tl.constexpr = G <= 4  # a thread's escapes fit one 32-bit mask
+    CP: tl.constexpr = 8 * G * T
     # Every load is masked to its sub-stream and to the body (lim bytes left).
+    # Sub-streams start 16-aligned and the body ends 16-aligned, so a word
+    # that starts inside a padded sub-stream and below lim ends inside both.
     lim = tl.minimum(tl.maximum(lim, 0), 1 << 30).to(tl.int32)
+    a_sm = 16 * (a_sm >> 4)  # products: their divisibility is known (wide loads)
+    a_rem = 16 * (a_rem >> 4)
+    a_esc = 16 * (a_esc >> 4)
     codes_l = tl.minimum(codes_nb, lim)
     sm_l = tl.minimum(sm_nb, lim - a_sm)
     rem_l = tl.minimum(rem_nb, lim - a_rem)
     esc_l = tl.minimum(esc_nb, lim - a_esc)
 
-    # --- codes and escapes ---
+    # --- codes ---
     q = tl.arange(0, 8)[None, None, :]
-    r = tl.arange(0, T)[None, :] * G + tl.arange(0, G)[:, None]  # row index, [G, T]
-    acc = load_rows3(src, r, codes_l)
-    code = tl.where(valid, (acc[:, :, None] >> (3 * q)) & 7, 0)
+    r = tl.arange(0, T)[:, None] * G + tl.arange(0, G)[None, :]  # row index, [T, G]
+    if WIDE:
+        acc = load_words24(src, tl.minimum(a_sm, lim), T, G // 4)
+        acc = tl.where(3 * r < codes_l, acc, 0)  # the padding is checked below
+    else:
+        acc = load_rows3(src, r, codes_l)
+    # The codes of elements past n read as 0 (bits past 3 n may be anything).
+    acc = acc & tl.where(8 * r + 8 <= n, 0xFFFFFF, (1 << tl.maximum(3 * (n - 8 * r), 0)) - 1)
+    code = (acc[:, :, None] >> (3 * q)) & 7
     zp = (flags >> 1) & 1
     zn = (flags >> 2) & 1
     z = zp + zn
     lo, width = fixed_window(base, phase, z, EMAX)
-    is_zero = valid & (code < z)
-    neg = tl.where(zn != 0, is_zero & (code == zp), False)
-    esc = valid & (code == 7)
-    keep = valid & ~is_zero
-    pre, tot = tile_excl(keep.to(tl.int32) | (esc.to(tl.int32) << 16))
-    kept = tot & 0xFFFF
-    got_esc = (tot >> 16) & 0xFFFF
-    erank = (pre >> 16) & 0xFFFF
-    esc_src = src + tl.multiple_of(a_esc, 16)
-    eb = tl.load(esc_src + erank, mask=esc & (erank < esc_l), other=0).to(tl.int32)
-    e = tl.where(esc, eb, lo + code - z)
+    keep = code >= z  # past n too when z = 0: after every element, counted out below
+    esc = code == 7
+    kp = keep.to(tl.int32)
+    krow = tl.sum(kp, axis=2)
+    kept_t = tl.sum(krow, axis=1)
+    if SPARSE:
+        # Escapes: one bit per element in a thread mask; each thread patches
+        # its escaped elements' exponents after the words are stored.
+        emask = tl.sum(esc_bits(acc) << (8 * tl.arange(0, G)[None, :]), axis=1)
+        esc_t = popc32(emask)
+    else:
+        esc_t = tl.sum(tl.sum(esc.to(tl.int32), axis=2), axis=1)
+    packed = kept_t | (esc_t << 16)
+    tex = tl.cumsum(packed, axis=0) - packed  # kept (low) and escapes (high) before the thread
+    if SPARSE:  # counts < 2**13, a thread's escapes < 64: one reduction
+        tot = tl.reduce(kept_t | (esc_t << 13) | (esc_t << 26), 0, _sum_sum_max)
+        kept = tot & 0x1FFF
+        got_esc = (tot >> 13) & 0x1FFF
+        kmax = (tot >> 26) & 63
+    else:
+        kept = tl.sum(kept_t, axis=0)
+        got_esc = tl.sum(esc_t, axis=0)
+        kmax = 0
+    kept = kept - tl.where(z == 0, CP - n, 0)  # the padding's codes 0
     err = tl.where((got_esc != nesc) | (n - kept != nz), ERR_COUNTS, 0)
-    if EXP_BITS < 8:
-        err = err | tl.where(tl.max(tl.max(tl.max((esc & (eb > EMAX)).to(tl.int32), axis=2),
-                                           axis=1), axis=0) != 0, ERR_EXPONENT, 0)
+    e = code + (lo - z)  # escapes: patched below
+    esc_src = src + a_esc
+    if not SPARSE:
+        erank = (tex >> 16)[:, None, None] + _excl(esc.to(tl.int32))
+        eb = tl.load(esc_src + erank, mask=valid & esc & (erank < esc_l), other=0).to(tl.int32)
+        e = tl.where(esc, eb, e)
+        if EXP_BITS < 8:
+            err = err | tl.where(tl.max(tl.max(tl.max(tl.where(valid & esc, eb, 0), axis=2),
+                                               axis=1), axis=0) > EMAX, ERR_EXPONENT, 0)
 
     # --- sign+mantissa ---
-    krank = pre & 0xFFFF
-    sm_src = src + tl.multiple_of(a_sm, 16)
-    if (ITEMSIZE == 2) | (low16 != 0):
-        if nz == 0:
-            smv = tl.load(sm_src + i, mask=valid & (i < sm_l), other=0).to(tl.int32)
+    sm_src = src + a_sm
+    rem_src = src + a_rem
+    if nz == 0:
+        # Every element's sm at its own position: whole words.
+        room = tl.minimum(a_rem - a_sm, lim - a_sm)
+        if (ITEMSIZE == 2) | (low16 != 0):
+            # (bytes past sm_nb are padding: zero, or the chunk is refused)
+            smv = unpack_bytes(load_words(sm_src, room, T, 2 * G), T, G)
+            if ITEMSIZE == 4:
+                smv = smv << 16
         else:
-            smv = tl.load(sm_src + krank, mask=keep & (krank < sm_l), other=0).to(tl.int32)
-        if ITEMSIZE == 4:
-            smv = smv << 16
+            smv = tl.reshape(load_words24(sm_src, room, T, 2 * G), (T, G, 8))
+        if IS_FP16:
+            if WIDE:
+                racc = load_words24(rem_src, tl.minimum(a_esc - a_rem, lim - a_rem), T, G // 4)
+                racc = tl.where(3 * r < rem_l, racc, 0)
+            else:
+                racc = load_rows3(rem_src, r, rem_l)
+            smv = smv | (((racc[:, :, None] >> (3 * q)) & 7) << 8)
     else:
-        smv = tl.zeros(i.shape, tl.int32)
-        for b in tl.static_range(3):
-            at = 3 * krank + b
-            smv = smv | (tl.load(sm_src + at, mask=keep & (at < sm_l), other=0).to(tl.int32)
-                         << (8 * b))
-    rem_src = src + tl.multiple_of(a_rem, 16)
-    if IS_FP16:
-        if nz == 0:
-            racc = load_rows3(rem_src, r, rem_l)
-            r3 = (racc[:, :, None] >> (3 * q)) & 7
+        # Zeros omitted: each kept element's sm at its rank among the kept.
+        krank = (tex & 0xFFFF)[:, None, None] + (tl.cumsum(krow, axis=1) - krow)[:, :, None] + (
+            tl.cumsum(kp, axis=2) - kp)
+        kv = valid & keep
+        if ITEMSIZE == 4:
+            smb = 3 - 2 * low16
+            smv = tl.zeros(i.shape, tl.int32)
+            for b in tl.static_range(3):
+                at = smb * krank + b
+                # (not & with a scalar: triton 3.9's interpreter)
+                mb = tl.where(b < smb, kv & (at < sm_l), False)
+                smv = smv | (tl.load(sm_src + at, mask=mb, other=0).to(tl.int32) << (8 * b))
+            smv = smv << (16 * low16)
         else:
+            smv = tl.load(sm_src + krank, mask=kv & (krank < sm_l), other=0).to(tl.int32)
+        if IS_FP16:
             bit = 3 * krank
             at = bit >> 3
-            two = tl.load(rem_src + at, mask=keep & (at < rem_l), other=0).to(tl.int32) | (
-                tl.load(rem_src + at + 1, mask=keep & (at + 1 < rem_l), other=0).to(tl.int32)
+            two = tl.load(rem_src + at, mask=kv & (at < rem_l), other=0).to(tl.int32) | (
+                tl.load(rem_src + at + 1, mask=kv & (at + 1 < rem_l), other=0).to(tl.int32)
                 << 8)
-            r3 = (two >> (bit & 7)) & 7
-        smv = smv | (r3 << 8)
-    word = ((smv >> MAN_BITS) & 1) << (MAN_BITS + EXP_BITS)
-    word = word | (tl.minimum(tl.maximum(e, 0), EMAX) << MAN_BITS) | (smv & ((1 << MAN_BITS) - 1))
-    word = tl.where(is_zero, tl.where(neg, SIGN, 0), word)
+            smv = smv | (((two >> (bit & 7)) & 7) << 8)
+    word = (((smv >> MAN_BITS) & 1) << (MAN_BITS + EXP_BITS)) | ((e & EMAX) << MAN_BITS) | (
+        smv & ((1 << MAN_BITS) - 1))
+    # Flagged zeros (codes below z): -0.0 has code zp when ZNEG is set.
+    word = tl.where(code < z, tl.where(code == zp, SIGNW * zn, 0), word)
     tl.store(dst + i, word.to(dst.dtype.element_ty), mask=valid)
 
+    if SPARSE:
+        # Patch: thread t's k-th escape (the k-th set bit of its mask) takes
+        # escape byte tex_hi + k. The word is read back from dst (a volatile
+        # load: after this thread's store of it) and its exponent replaced.
+        # ROUNDS rounds inline (a round is skipped when no thread has that
+        # many escapes); a chunk with a thread of more (rare, see ROUNDS)
+        # patches every escape again in a cold function.
+        e_at = (tex >> 16) & 0xFFFF
+        tw = tl.arange(0, T) * (8 * G)
+        # The words' store may come from another thread of the program (a
+        # layout conversion before a wide store): a barrier orders it
+        # before every read back.
+        tl.debug_barrier()
+        bad_e = tl.zeros([T], tl.int32)
+        m = emask
+        for k in tl.static_range(ROUNDS):
+            if k < kmax:
+                m, bad_e = _patch_escape(dst, esc_src, m, bad_e, tw, e_at + k, k < esc_t,
+                                         esc_l, EMAX, MAN_BITS)
+        if EXP_BITS < 8:
+            err = err | tl.where(tl.max(bad_e, axis=0) != 0, ERR_EXPONENT, 0)
+        if kmax > ROUNDS:
+            err = err | _patch_all(src, dst, n, tl.minimum(a_sm, lim), codes_l, esc_src, esc_l,
+                                   lo - z, EXP_BITS, MAN_BITS, G, T)
+
     # --- padding ---
-    padbad = pad_nonzero(src, codes_nb, a_sm, lim) | pad_nonzero(src, a_sm + sm_nb, a_rem, lim)
-    padbad = padbad | pad_nonzero(src, a_rem + rem_nb, a_esc, lim)
-    padbad = padbad | pad_nonzero(src, a_esc + esc_nb, seg, lim)
+    padbad = pads_nonzero(src, codes_nb, a_sm, a_sm + sm_nb, a_rem, a_rem + rem_nb, a_esc,
+                          a_esc + esc_nb, seg, lim)
     return err | tl.where(padbad, ERR_PADDING, 0)
+
+
+@triton.jit(noinline=True)
+def _patch_all(src, dst, n, codes_w, codes_l, esc_src, esc_l, lo_z, EXP_BITS: tl.constexpr,
+               MAN_BITS: tl.constexpr, G: tl.constexpr, T: tl.constexpr):
+    """Every escaped element's exponent by its rank among the escapes
+    (cold code: chunks with a thread of more than ROUNDS escapes; the
+    words the rounds patched get the same value again). Returns
+    ERR_EXPONENT when an escape names no exponent of the dtype."""
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    q = tl.arange(0, 8)[None, None, :]
+    r = tl.arange(0, T)[:, None] * G + tl.arange(0, G)[None, :]
+    i = ttile(G, T)
+    if G % 4 == 0:
+        acc = tl.where(3 * r < codes_l, load_words24(src, codes_w, T, G // 4), 0)
+    else:
+        acc = load_rows3(src, r, codes_l)
+    acc = acc & tl.where(8 * r + 8 <= n, 0xFFFFFF, (1 << tl.maximum(3 * (n - 8 * r), 0)) - 1)
+    esc = ((acc[:, :, None] >> (3 * q)) & 7) == 7
+    f = esc.to(tl.int32)
+    per = tl.sum(tl.sum(f, axis=2), axis=1)
+    erank = (tl.cumsum(per, axis=0) - per)[:, None, None] + _excl(f)
+    eb = tl.load(esc_src + erank, mask=esc & (erank < esc_l), other=0).to(tl.int32)
+    p = dst + i
+    old = tl.load(p, mask=esc, other=0, volatile=True).to(tl.int32)
+    new = (old & ~(EMAX << MAN_BITS)) | ((eb & EMAX) << MAN_BITS)
+    tl.store(p, new.to(dst.dtype.element_ty), mask=esc)
+    bad = tl.max(tl.max(tl.max(tl.where(esc, eb, 0), axis=2), axis=1), axis=0) > EMAX
+    return tl.where(bad, ERR_EXPONENT, 0)
+
+
+@triton.jit
+def _excl(f):
+    """In-thread exclusive prefix sums, element order, of a [T, G, 8] tile."""
+    row = tl.sum(f, axis=2)
+    return (tl.cumsum(row, axis=1) - row)[:, :, None] + tl.cumsum(f, axis=2) - f
+
+
+@triton.jit
+def _patch_escape(dst, esc_src, m, bad_e, tw, at, act, esc_l, EMAX: tl.constexpr,
+                  MAN_BITS: tl.constexpr):
+    """One round of the escape patch: each thread whose ``act`` holds takes
+    the lowest set bit j of its mask m, reads escape byte ``at`` and writes
+    it into the exponent of its element tw + j (already stored)."""
+    b = m & (0 - m)
+    j = low_bit_index(b)
+    eb = tl.load(esc_src + at, mask=act & (at < esc_l), other=0).to(tl.int32)
+    p = dst + tw + j
+    old = tl.load(p, mask=act, other=0, volatile=True).to(tl.int32)
+    new = (old & ~(EMAX << MAN_BITS)) | ((eb & EMAX) << MAN_BITS)
+    tl.store(p, new.to(dst.dtype.element_ty), mask=act)
+    return m ^ b, bad_e | (act & (eb > EMAX)).to(tl.int32)

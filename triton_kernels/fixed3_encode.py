@@ -2,34 +2,44 @@
 
 A program takes its chunk id from an atomic ticket (``_lookback.ticket``:
 every chunk it may wait on belongs to a program that has started), loads its
-chunk once (the only read of the input) into the ``[G, T, 8]`` tile
-(_codec_common.py), analyzes it (locator, +0.0 / -0.0 counts, fp32 LOW16),
-codes it, writes its chunk-table entry, computes its padded segment size in
-16-byte units, gets its segment offset by the decoupled look-back
-(``_lookback.chunk_offset``), writes ``offsets[c]`` and then its whole
-segment, padding included (format.py, "Body"). The last chunk's program
-also stores the body length (16-byte units) for the host and zeroes the gap
-after the offsets. The header is the launcher's (codec_encode.py).
+chunk once (the only read of the input from memory) into the thread-major
+``[T, G, 8]`` tile (``_codec_common.ttile``: thread t holds 8 G consecutive
+elements), analyzes it (locator, +0.0 / -0.0 counts, fp32 LOW16: one
+in-thread sum and one int64 sum across threads), codes it, writes its
+chunk-table entry, computes its padded segment size in 16-byte units, gets
+its segment offset by the decoupled look-back (``_lookback.chunk_offset``),
+writes ``offsets[c]`` and then its whole segment, padding included
+(format.py, "Body"). The last chunk's program also stores the body length
+(16-byte units) for the host and zeroes the gap after the offsets. The
+header is the launcher's (codec_encode.py).
 
-Sub-streams:
+Sub-streams (every store covers the padded sub-stream, so no padding is
+written apart when the tile covers it):
 
-- codes: a thread's 8 G codes are 3 G bytes at 3 G t, packed in the thread;
-- sm: element i's byte at position i when no zero is omitted (contiguous
-  per thread: wide stores), else at its rank among the kept elements (an
-  exclusive prefix sum over the tile); fp32 without LOW16 ships 3 bytes;
-- rem (fp16): the kept elements' top 3 sm bits; packed like the codes when
-  no zero is omitted, else OR-ed into the zeroed segment by 32-bit atomics
-  (a kept element's 3 bits land at bit 3 * rank, across threads);
-- esc: the escaped elements' exponent bytes at their rank among the escapes.
+- codes: a thread's 8 G codes are 3 G bytes at 3 G t, stored as 32-bit
+  words (three per 4 rows);
+- sm, no zero omitted: element i's byte(s) at position i, packed into
+  words in the thread and stored in 16-byte granules (3 bytes an element,
+  fp32 without LOW16: three words per 4 elements); zeros omitted: each kept
+  element's bytes at its rank among the kept (a byte scatter);
+- rem (fp16): the top 3 sm bits; packed like the codes when no zero is
+  omitted, else OR-ed into the zeroed segment by 32-bit atomics;
+- esc: each thread's escapes from a 32-bit mask of them, one per round
+  (``ROUNDS`` inline; the element's word read again, from L1/L2), at the
+  thread's exclusive escape count; a chunk with a thread of more escapes
+  stores all of them by rank in a cold function.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from ._codec_common import (FIXED_ZERO_SHIFT, align16, fixed3_layout, fixed_window, store_rows3,
-                            sum3, tile3, tile_excl, zero_pad)
+from ._codec_common import (FIXED_ZERO_SHIFT, ROUNDS, _sum_sum_max, align16, esc_bits,
+                            fixed3_layout, fixed_window, low_bit_index, pack_bytes, popc32,
+                            store_rows3, store_words, store_words24, sum3, tile3, ttile, zero_pad)
 from ._lookback import chunk_offset, ticket
+
+
 
 
 @triton.jit
@@ -41,58 +51,88 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     SIGN_SHIFT: tl.constexpr = MAN_BITS + EXP_BITS
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
+    # Per-thread counts packed in one int32 (8 G <= 32 elements a thread).
+    PACK: tl.constexpr = G <= 4
+    # Whole words for the codes (groups of 4 rows) and sm (the tile covers
+    # every padded sub-stream).
+    WIDE: tl.constexpr = G % 4 == 0
+    SPARSE: tl.constexpr = G <= 4  # a thread's escapes fit one 32-bit mask
+    NEGZ: tl.constexpr = -(1 << (8 * ITEMSIZE - 1))  # -0.0's word, sign-extended
     c = ticket(ticket_ptr)
     start = c.to(tl.int64) * C
     n = tl.minimum(numel - start, C).to(tl.int32)
 
     # --- load and analyze (the input's only read) ---
-    i = tile3(G, T)
+    i = ttile(G, T)
     valid = i < n
-    row_live = (tl.arange(0, T)[None, :, None] * (8 * G) + tl.arange(0, G)[:, None, None] * 8) < n
+    # 16-bit words sign-extended: every field below is read with a mask, and
+    # -0.0 is -32768.
     w = tl.load(x_ptr + start + i, mask=valid, other=0).to(tl.int32)
-    if ITEMSIZE == 2:
-        w = w & 0xFFFF
-        is_neg = w == 0x8000
-    else:
-        is_neg = (w != 0) & ((w & 0x7FFFFFFF) == 0)
+    is_neg = w == NEGZ
     e = (w >> MAN_BITS) & EMAX
-    sm = (((w >> SIGN_SHIFT) & 1) << MAN_BITS) | (w & ((1 << MAN_BITS) - 1))
-    is_pos = valid & (w == 0)
     normal = (e - 1).to(tl.uint32) < EMAX - 1  # 0 < e < EMAX (the padding has e = 0)
-    s_sum = sum3(tl.where(normal, e, 0))
-    cnt = sum3(normal.to(tl.int32) | (is_pos.to(tl.int32) << 16))
-    nneg = sum3(is_neg.to(tl.int32))
-    k_norm = cnt & 0xFFFF
-    npos = (cnt >> 16) & 0xFFFF
+    if PACK:
+        # Per thread: exponent sum (13 bits), normals, +0.0, -0.0 (6 bits
+        # each), widened to 20 + 13 + 13 + 13 bits for one int64 sum.
+        # (Normals and zeros exclude each other: one value per element. The
+        # padding reads as +0.0 and is taken out of npos below.)
+        v = tl.where(normal, e + (1 << 13),
+                     tl.where(w == 0, 1 << 19, tl.where(is_neg, 1 << 25, 0)))
+        per = tl.sum(tl.sum(v, axis=2), axis=1)
+        wide = (per & 0x1FFF).to(tl.int64) | (((per >> 13) & 63).to(tl.int64) << 20) | (
+            ((per >> 19) & 63).to(tl.int64) << 33) | ((per >> 25).to(tl.int64) << 46)
+        tot = tl.sum(wide, axis=0)
+        s_sum = (tot & 0xFFFFF).to(tl.int32)
+        k_norm = ((tot >> 20) & 0x1FFF).to(tl.int32)
+        npos = ((tot >> 33) & 0x1FFF).to(tl.int32) - (CP - n)
+        nneg = ((tot >> 46) & 0x1FFF).to(tl.int32)
+    else:
+        s_sum = sum3(tl.where(normal, e, 0))
+        cnt = sum3(normal.to(tl.int32) | ((valid & (w == 0)).to(tl.int32) << 16))
+        nneg = sum3(is_neg.to(tl.int32))
+        k_norm = cnt & 0xFFFF
+        npos = (cnt >> 16) & 0xFFFF
     qq = tl.where(k_norm > 0, (4 * s_sum) // tl.maximum(k_norm, 1), 0)
     base = qq >> 2
     phase = qq & 3
     low16 = 0
     if ITEMSIZE == 4:
-        low16 = (sum3(((w & 0xFFFF) != 0).to(tl.int32)) == 0).to(tl.int32)
+        low16 = (tl.max(tl.max(tl.max(w & 0xFFFF, axis=2), axis=1), axis=0) == 0).to(tl.int32)
     zp = ((npos << FIXED_ZERO_SHIFT) >= n).to(tl.int32)
     zn = ((nneg << FIXED_ZERO_SHIFT) >= n).to(tl.int32)
+    nz = zp * npos + zn * nneg  # elements coded as a flagged zero: no sm
 
     # --- codes (format.py, "fixed3") ---
     z = zp + zn
-    cneg = zp  # the code of -0.0 when ZNEG is set
     lo, width = fixed_window(base, phase, z, EMAX)
-    d = e - lo
-    code = tl.where(d.to(tl.uint32) < width.to(tl.uint32), d + z, 7)
-    zpos_c = tl.where(zp != 0, is_pos, False)  # not & with a scalar: triton 3.9
-    zneg_c = tl.where(zn != 0, is_neg, False)
-    code = tl.where(zpos_c, 0, code)
-    code = tl.where(zneg_c, cneg, code)
-    code = tl.where(valid, code, 0)
+    code = _codes(w, e, valid, lo, width, zp, zn, NEGZ)
     esc = code == 7
-    keep = valid & ~(zpos_c | zneg_c)
-    pre, tot = tile_excl(keep.to(tl.int32) | (esc.to(tl.int32) << 16))
-    kept = tot & 0xFFFF
-    n_esc = (tot >> 16) & 0xFFFF
-    nz = n - kept
+    # Per thread: kept elements (codes z and up; the padding's code 0 is
+    # one only when z = 0, where no kept rank is used) and escapes (a mask,
+    # bit 8 g + q, when a thread's 8 G elements fit 32 bits).
+    q = tl.arange(0, 8)[None, None, :]
+    acc = tl.sum(code << (3 * q), axis=2)  # a row's eight codes, [T, G]
+    kp = (code >= z).to(tl.int32)
+    krow = tl.sum(kp, axis=2)
+    kept_t = tl.sum(krow, axis=1)
+    if SPARSE:
+        emask = tl.sum(esc_bits(acc) << (8 * tl.arange(0, G)[None, :]), axis=1)
+        esc_t = popc32(emask)
+    else:
+        esc_t = tl.sum(tl.sum(esc.to(tl.int32), axis=2), axis=1)
+    packed = kept_t | (esc_t << 16)
+    tex = tl.cumsum(packed, axis=0) - packed  # kept (low) and escapes (high) before the thread
+    if SPARSE:  # counts < 2**13, a thread's escapes < 64: one reduction
+        tot = tl.reduce(kept_t | (esc_t << 13) | (esc_t << 26), 0, _sum_sum_max)
+        n_esc = (tot >> 13) & 0x1FFF
+        kmax = (tot >> 26) & 63
+    else:
+        n_esc = tl.sum(esc_t, axis=0)
+        kmax = 0
 
     # --- raw or coded; the segment's size and offset ---
-    _, _, _, _, _, _, _, seg_c = fixed3_layout(n, True, low16, nz, n_esc, ITEMSIZE, IS_FP16)
+    codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg_c = fixed3_layout(
+        n, True, low16, nz, n_esc, ITEMSIZE, IS_FP16)
     raw_seg = align16(n * ITEMSIZE)
     coded = seg_c < raw_seg
     units = tl.where(coded, seg_c, raw_seg) >> 4
@@ -114,39 +154,134 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     if seg_c >= raw_seg:
         _write_raw(x_ptr, start, n, dst, ITEMSIZE, CP, T)
     else:
-        codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, _ = fixed3_layout(
-            n, True, low16, nz, n_esc, ITEMSIZE, IS_FP16)
-        q = tl.arange(0, 8)[None, None, :]
-        r = tl.arange(0, T)[None, :] * G + tl.arange(0, G)[:, None]  # row index, [G, T]
-        store_rows3(dst, tl.sum(code << (3 * q), axis=2), r, codes_nb)
-        zero_pad(dst, codes_nb, a_sm)
+        r = tl.arange(0, T)[:, None] * G + tl.arange(0, G)[None, :]  # row index, [T, G]
+        a_sm = 16 * (a_sm >> 4)  # a product: its divisibility is known (wide stores)
+        a_rem = 16 * (a_rem >> 4)
+        a_esc = 16 * (a_esc >> 4)
+        # codes: a row's eight 3-bit codes are 3 bytes at 3 r.
+        if WIDE:
+            store_words24(dst, acc, a_sm, T, G // 4)
+        else:
+            store_rows3(dst, acc, r, codes_nb)
+            zero_pad(dst, codes_nb, a_sm)
+        sm_dst = dst + a_sm
+        if ITEMSIZE == 4:
+            smv = ((((w >> SIGN_SHIFT) & 1) << MAN_BITS) | (w & ((1 << MAN_BITS) - 1))) >> (
+                16 * low16)
+        else:
+            smv = ((w >> EXP_BITS) & (1 << MAN_BITS)) | (w & ((1 << MAN_BITS) - 1))
         if nz == 0:
-            # Element i's sm at position i (i's rank among the kept elements).
-            sm_dst = dst + tl.multiple_of(a_sm, 16)
-            if ITEMSIZE == 4:
-                smv = tl.where(low16 != 0, sm >> 16, sm)
-            else:
-                smv = sm
+            # Every element's sm at its own position: whole words.
+            room = a_rem - a_sm
             if (ITEMSIZE == 2) | (low16 != 0):
-                # Masked by row: a row that starts inside the chunk ends inside
-                # its padded sm segment, and the tile holds zeros past n, so
-                # the mask is constant along a row and the row is one store.
-                tl.store(sm_dst + i, (smv & 0xFF).to(tl.uint8), mask=row_live)
+                store_words(sm_dst, pack_bytes(smv & 0xFF, T, G), room, T, 2 * G)
             else:
+                s4 = tl.reshape(smv, (T, 8 * G))
+                store_words24(sm_dst, s4, room, T, 2 * G)
+            if CP < 16:
+                zero_pad(sm_dst, sm_nb, room)
+            if IS_FP16:
+                rem_dst = dst + a_rem
+                racc = tl.sum(((smv >> 8) & 7) << (3 * q), axis=2)
+                if WIDE:
+                    store_words24(rem_dst, racc, a_esc - a_rem, T, G // 4)
+                else:
+                    store_rows3(rem_dst, racc, r, rem_nb)
+                    zero_pad(rem_dst, rem_nb, a_esc - a_rem)
+        else:
+            # Zeros omitted: each kept element's sm at its rank among the kept.
+            keep = valid & (kp != 0)
+            krank = (tex & 0xFFFF)[:, None, None] + (tl.cumsum(krow, axis=1) - krow)[:, :, None] + (
+                tl.cumsum(kp, axis=2) - kp)
+            if ITEMSIZE == 4:
+                smb = 3 - 2 * low16
                 for b in tl.static_range(3):
-                    tl.store(sm_dst + 3 * i + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
-                             mask=valid)
+                    tl.store(sm_dst + smb * krank + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
+                             mask=tl.where(b < smb, keep, False))
+            else:
+                tl.store(sm_dst + krank, (smv & 0xFF).to(tl.uint8), mask=keep)
             zero_pad(sm_dst, sm_nb, a_rem - a_sm)
             if IS_FP16:
-                rem_dst = dst + tl.multiple_of(a_rem, 16)
-                store_rows3(rem_dst, tl.sum(((sm >> 8) & 7) << (3 * q), axis=2), r, rem_nb)
-                zero_pad(rem_dst, rem_nb, a_esc - a_rem)
-            esc_dst = dst + tl.multiple_of(a_esc, 16)
-            tl.store(esc_dst + ((pre >> 16) & 0xFFFF), e.to(tl.uint8), mask=esc)
-            zero_pad(esc_dst, esc_nb, align16(esc_nb))
+                _rem_scatter(dst + a_rem, tl.where(keep, (smv >> 8) & 7, 0), krank, keep,
+                             a_esc - a_rem, i, CP)
+        # esc: the escaped elements' exponent bytes at their rank among the escapes.
+        esc_dst = dst + a_esc
+        e_at = (tex >> 16) & 0xFFFF
+        if SPARSE:
+            # Thread t's k-th escape (the k-th set bit of its mask) goes to
+            # byte e_at + k; its word is read again (from L1/L2: the input is
+            # read from memory once). ROUNDS rounds inline (a round is skipped
+            # when no thread has that many escapes); a chunk with a thread of
+            # more (rare, see ROUNDS) stores all its escapes again in a cold
+            # function.
+            xw = x_ptr + start + tl.arange(0, T) * (8 * G)
+            m = emask
+            for k in tl.static_range(ROUNDS):
+                if k < kmax:
+                    m = _store_escape(xw, esc_dst, m, e_at + k, k < esc_t, MAN_BITS, EMAX)
+            if kmax > ROUNDS:
+                _escapes_all(x_ptr, start, n, esc_dst, lo, width, zp, zn, ITEMSIZE, EXP_BITS,
+                             MAN_BITS, CP, T)
         else:
-            _write_omitting(x_ptr, start, n, dst, lo, z, zp, zn, low16, sm_nb, rem_nb, esc_nb,
-                            a_sm, a_rem, a_esc, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
+            _escapes_by_rank(esc_dst, e, esc, e_at)
+        zero_pad(esc_dst, esc_nb, align16(esc_nb))
+
+
+@triton.jit
+def _codes(w, e, valid, lo, width, zp, zn, NEGZ: tl.constexpr):
+    """The fixed3 codes of a tile (format.py, "fixed3"); 0 past n."""
+    z = zp + zn
+    # In the window: d + z; below or above it: width + z = 7 (ESC).
+    code = tl.minimum((e - lo).to(tl.uint32), width.to(tl.uint32)).to(tl.int32) + z
+    # A zero's exponent is 0, so its code when its sign is not flagged is
+    # the scalar c0; flagged, 0 (+0.0) or zp (-0.0).
+    c0 = tl.minimum((0 - lo).to(tl.uint32), width.to(tl.uint32)).to(tl.int32) + z
+    cpos = tl.where(zp != 0, 0, c0)
+    cneg = tl.where(zn != 0, zp, c0)
+    code = tl.where(w == 0, cpos, tl.where(w == NEGZ, cneg, code))
+    return tl.where(valid, code, 0)
+
+
+@triton.jit
+def _escapes_by_rank(esc_dst, e, esc, e_at):
+    """Each escaped element's exponent byte at its rank among the escapes
+    (e_at: the escapes of the threads before, [T])."""
+    f = esc.to(tl.int32)
+    row = tl.sum(f, axis=2)
+    erank = e_at[:, None, None] + (tl.cumsum(row, axis=1) - row)[:, :, None] + (
+        tl.cumsum(f, axis=2) - f)
+    tl.store(esc_dst + erank, e.to(tl.uint8), mask=esc)
+
+
+@triton.jit(noinline=True)
+def _escapes_all(x_ptr, start, n, esc_dst, lo, width, zp, zn, ITEMSIZE: tl.constexpr,
+                 EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr, CP: tl.constexpr,
+                 T: tl.constexpr):
+    """Every escape byte of the chunk by rank (cold code: chunks with a
+    thread of more than ROUNDS escapes; it reads the chunk again, from L2,
+    and stores again the bytes the rounds stored, with the same values)."""
+    G: tl.constexpr = CP // (8 * T)
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    NEGZ: tl.constexpr = -(1 << (8 * ITEMSIZE - 1))
+    i = ttile(G, T)
+    valid = i < n
+    w = tl.load(x_ptr + start + i, mask=valid, other=0).to(tl.int32)
+    e = (w >> MAN_BITS) & EMAX
+    esc = _codes(w, e, valid, lo, width, zp, zn, NEGZ) == 7
+    per = tl.sum(tl.sum(esc.to(tl.int32), axis=2), axis=1)
+    _escapes_by_rank(esc_dst, e, esc, tl.cumsum(per, axis=0) - per)
+
+
+@triton.jit
+def _store_escape(xw, esc_dst, m, at, act, MAN_BITS: tl.constexpr, EMAX: tl.constexpr):
+    """One round of the escape stores: each thread whose ``act`` holds
+    takes the lowest set bit j of its mask m and stores the exponent of its
+    element j (x read again at xw + j) at esc byte ``at``."""
+    b = m & (0 - m)
+    j = low_bit_index(b)
+    w = tl.load(xw + j, mask=act, other=0).to(tl.int32)
+    tl.store(esc_dst + at, ((w >> MAN_BITS) & EMAX).to(tl.uint8), mask=act)
+    return m ^ b
 
 
 @triton.jit(noinline=True)
@@ -161,54 +296,6 @@ def _write_raw(x_ptr, start, n, dst, ITEMSIZE: tl.constexpr, CP: tl.constexpr,
     tl.store(dst.to(x_ptr.dtype) + i, w, mask=valid)
     nb = n * ITEMSIZE
     zero_pad(dst, nb, align16(nb))
-
-
-@triton.jit(noinline=True)
-def _write_omitting(x_ptr, start, n, dst, lo, z, zp, zn, low16, sm_nb, rem_nb, esc_nb, a_sm,
-                    a_rem, a_esc, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
-                    MAN_BITS: tl.constexpr, CP: tl.constexpr, T: tl.constexpr):
-    """sm, rem and esc of a coded chunk with zeros omitted (cold code: it
-    reads the chunk again, from L2, and recomputes its codes): each kept
-    element's sm bytes and rem bits at its rank among the kept elements."""
-    G: tl.constexpr = CP // (8 * T)
-    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
-    SIGN_SHIFT: tl.constexpr = MAN_BITS + EXP_BITS
-    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
-    i = tile3(G, T)
-    valid = i < n
-    w = tl.load(x_ptr + start + i, mask=valid, other=0).to(tl.int32)
-    if ITEMSIZE == 2:
-        w = w & 0xFFFF
-        is_neg = w == 0x8000
-    else:
-        is_neg = (w != 0) & ((w & 0x7FFFFFFF) == 0)
-    e = (w >> MAN_BITS) & EMAX
-    sm = (((w >> SIGN_SHIFT) & 1) << MAN_BITS) | (w & ((1 << MAN_BITS) - 1))
-    is_pos = valid & (w == 0)
-    d = e - lo
-    esc = valid & ~(d.to(tl.uint32) < (7 - z).to(tl.uint32))
-    zpos_c = tl.where(zp != 0, is_pos, False)  # not & with a scalar: triton 3.9
-    zneg_c = tl.where(zn != 0, is_neg, False)
-    esc = esc & ~zpos_c & ~zneg_c
-    keep = valid & ~(zpos_c | zneg_c)
-    pre, tot = tile_excl(keep.to(tl.int32) | (esc.to(tl.int32) << 16))
-    krank = pre & 0xFFFF
-    sm_dst = dst + a_sm
-    if ITEMSIZE == 4:
-        smv = tl.where(low16 != 0, sm >> 16, sm)
-        smb = 3 - 2 * low16
-        for b in tl.static_range(3):
-            tl.store(sm_dst + smb * krank + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
-                     mask=tl.where(b < smb, keep, False))
-    else:
-        tl.store(sm_dst + krank, (sm & 0xFF).to(tl.uint8), mask=keep)
-    zero_pad(sm_dst, sm_nb, a_rem - a_sm)
-    if IS_FP16:
-        _rem_scatter(dst + a_rem, tl.where(keep, (sm >> 8) & 7, 0), krank, keep, a_esc - a_rem, i,
-                     CP)
-    esc_dst = dst + a_esc
-    tl.store(esc_dst + ((pre >> 16) & 0xFFFF), e.to(tl.uint8), mask=esc)
-    zero_pad(esc_dst, esc_nb, align16(esc_nb))
 
 
 @triton.jit
