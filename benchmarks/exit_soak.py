@@ -10,6 +10,12 @@ shuts down the way ``tests/dist_utils.py`` does: ``background.stop()`` (the
 worker's calls run and their Works waited) and ``destroy_process_group()``.
 ``--no-stop`` leaves the worker out of the shutdown, for contrast.
 
+Every rank enables ``faulthandler`` for all threads, so a rank that aborts
+prints each Python thread's stack to stderr; ``--cores DIR`` also lets it
+write a core file (``ulimit -c unlimited`` for the ranks; where the file
+goes is the kernel's ``core_pattern``) for ``gdb -batch -ex "thread apply
+all bt"``. The load average is printed at the start and at the end.
+
 ``--load`` starts one spinning process per core for the whole soak, so that
 the ranks run on a machine whose cores are all busy; ``--load-nice N`` runs
 those spinners at niceness N, so that on a machine already busy with other
@@ -36,7 +42,15 @@ PG_TIMEOUT_S = 20
 RUN_LIMIT_S = 600  # a run that takes longer is counted as hung and killed
 
 
-def _rank(rank: int, world: int, init_file: str, stop: bool) -> None:
+def _rank(rank: int, world: int, init_file: str, stop: bool, cores: str | None = None) -> None:
+    import faulthandler
+
+    faulthandler.enable(all_threads=True)
+    if cores:
+        import resource
+
+        os.chdir(cores)
+        resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -69,10 +83,10 @@ def _spin(nice: int = 0) -> None:
         pass
 
 
-def one_run(ctx, world: int, stop: bool) -> list:
+def one_run(ctx, world: int, stop: bool, cores: str | None = None) -> list:
     """The ranks' exit codes (None: still running at the limit, then killed)."""
     with tempfile.TemporaryDirectory(prefix="zipccl_exit_") as d:
-        procs = [ctx.Process(target=_rank, args=(r, world, os.path.join(d, "rdv"), stop))
+        procs = [ctx.Process(target=_rank, args=(r, world, os.path.join(d, "rdv"), stop, cores))
                  for r in range(world)]
         for p in procs:
             p.start()
@@ -95,6 +109,10 @@ def _describe(code) -> str:
     return f"exit {code}"
 
 
+def _loadavg() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=200)
@@ -103,7 +121,11 @@ def main(argv=None) -> int:
     ap.add_argument("--load-nice", type=int, default=0, metavar="N",
                     help="niceness of the --load spinners (default 0)")
     ap.add_argument("--no-stop", action="store_true", help="leave the worker out of shutdown")
+    ap.add_argument("--cores", metavar="DIR", help="let the ranks dump core, from DIR")
     args = ap.parse_args(argv)
+    cores = os.path.abspath(args.cores) if args.cores else None
+    print(f"exit_soak: start {datetime.datetime.now(datetime.timezone.utc):%H:%M:%S} UTC, "
+          f"load average {_loadavg()}", flush=True)
     ctx = mp.get_context("spawn")
     burners = []
     if args.load:
@@ -114,7 +136,7 @@ def main(argv=None) -> int:
     t0 = time.monotonic()
     try:
         for i in range(args.runs):
-            codes = one_run(ctx, args.world, not args.no_stop)
+            codes = one_run(ctx, args.world, not args.no_stop, cores)
             for rank, code in enumerate(codes):
                 if code != 0:
                     bad[_describe(code)] += 1
@@ -126,6 +148,8 @@ def main(argv=None) -> int:
         for b in burners:
             b.kill()
             b.join(5)
+    print(f"exit_soak: end {datetime.datetime.now(datetime.timezone.utc):%H:%M:%S} UTC, "
+          f"load average {_loadavg()}", flush=True)
     how = "without" if args.no_stop else "with"
     print(f"exit_soak: {args.runs} runs of {args.world} ranks ({how} background.stop(); load: {len(burners)} spinning processes at nice {args.load_nice}), "
           f"{time.monotonic() - t0:.0f} s; rank exits other than 0: {dict(bad) or 'none'}")

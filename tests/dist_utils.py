@@ -27,6 +27,9 @@ PG_TIMEOUT_S = 60
 
 
 def _worker(rank: int, world: int, init_file: str, tasks, results, pg_timeout_s: int) -> None:
+    import faulthandler
+
+    faulthandler.enable(all_threads=True)  # a rank that aborts prints every thread's stack
     import torch
     import torch.distributed as dist
 
@@ -50,9 +53,10 @@ def _worker(rank: int, world: int, init_file: str, tasks, results, pg_timeout_s:
 
 
 def _stop_worker() -> None:
-    """End zipccl's worker thread (its calls run, their Works waited) before the
-    process group goes: a thread or a Work left inside gloo while the group is
-    destroyed or the process exits can end the process with SIGABRT."""
+    """Shut zipccl down (``background.stop()``: its calls run, their Works
+    waited, its references to process groups dropped, gloo's workers idle)
+    before the process group goes: a gloo worker still about to take the GIL
+    when the interpreter finalizes ends the process with SIGABRT."""
     import sys
 
     background = sys.modules.get("zipccl_fsdp.background")

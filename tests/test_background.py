@@ -157,3 +157,129 @@ def test_stop_runs_every_job_waits_for_its_work_and_ends_the_thread():
     assert background.idle()
     assert background.submit(lambda: None, result).wait() is result  # a new worker starts
     assert background._worker.thread is not thread
+
+
+# --------------------------------------------------------------------------
+# Shutdown (see background.py's module docstring): no gloo thread is left
+# touching Python when the interpreter finalizes.
+# --------------------------------------------------------------------------
+def _thread_name(native_id: int) -> str:
+    with open(f"/proc/self/task/{native_id}/comm") as f:
+        return f.read().strip()
+
+
+def _gloo_workers() -> int:
+    import os
+
+    return sum(1 for tid in os.listdir("/proc/self/task")
+               if _thread_name(int(tid)).startswith("pt_gloo_runloop"))
+
+
+def _group_goes_with_destroy() -> tuple:
+    """A gloo group that ran zipccl's all_reduce (raw and compressed): after
+    stop() and destroy_process_group, is its backend gone (its workers joined)?"""
+    import gc
+
+    import zipccl_fsdp as Z
+
+    before = _gloo_workers()
+    group = dist.new_group(backend="gloo")
+    for policy in ("never", "always"):
+        x = torch.arange(4096, dtype=torch.float32) * (dist.get_rank() + 1)
+        Z.all_reduce(x, group=group, config=Z.ZipCCLConfig(policy=policy, min_bytes=0))
+    with_group = _gloo_workers()
+    assert background.stop(timeout_s=30)
+    dist.destroy_process_group(group)
+    del group
+    gc.collect()
+    return before, with_group, _gloo_workers()
+
+
+@pytest.mark.timeout(300)
+def test_stop_leaves_no_reference_that_keeps_a_destroyed_group_alive(pool2):
+    for before, with_group, after in pool2.run(_group_goes_with_destroy):
+        assert with_group > before  # the group has workers of its own
+        assert after == before  # its backend was destroyed: nothing of zipccl's held it
+
+
+def _completion_threads() -> dict:
+    """Where the callbacks of futures from ``submit`` run when the Work the call
+    returns is gloo's and still pending (rank 1 joins the all-reduce late)."""
+    import time
+
+    names = {}
+    for how, here in (("queued", False), ("here", True)):
+        t = torch.ones(1 << 16)
+        if dist.get_rank() == 1:
+            time.sleep(0.5)
+        fut = background.submit(lambda: dist.all_reduce(t, async_op=True), t, here=here)
+        seen = fut.then(lambda f: (threading.current_thread().name,
+                                   _thread_name(threading.get_native_id())))
+        names[how] = seen.wait()
+        assert torch.equal(fut.wait(), torch.full((1 << 16,), 2.0))
+    assert background.stop(timeout_s=30)
+    return names
+
+
+@pytest.mark.timeout(300)
+def test_a_pending_gloo_work_completes_its_future_on_a_zipccl_thread(pool2):
+    names = pool2.run(_completion_threads)[0]  # rank 0: its Work was pending for 0.5 s
+    assert not any(os_name.startswith("pt_gloo") for _, os_name in names.values()), names
+    assert {how: py for how, (py, _) in names.items()} == {
+        "queued": "zipccl-completions", "here": "zipccl-completions"}, names
+
+
+def _named_spinner(name: bytes, spin_s: float, release: threading.Event):
+    """A thread whose OS name is ``name``: it runs for ``spin_s``, then sleeps
+    until ``release`` is set (as a backend worker runs a Work, then waits)."""
+    import ctypes
+    import time
+
+    libc = ctypes.CDLL(None)
+    started = threading.Event()
+
+    def run():
+        libc.prctl(15, name, 0, 0, 0)  # PR_SET_NAME, this thread only
+        started.set()
+        end = time.monotonic() + spin_s
+        while time.monotonic() < end:
+            pass
+        release.wait(timeout=30)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    started.wait(timeout=10)
+    return thread
+
+
+def test_settle_waits_while_a_backend_worker_runs():
+    import time
+
+    release = threading.Event()
+    thread = _named_spinner(b"pt_gloo_runloop", 0.6, release)
+    try:
+        t0 = time.monotonic()
+        assert background._settle_backend_threads(0.1) is False  # still running at the limit
+        assert background._settle_backend_threads(20) is True
+        assert time.monotonic() - t0 >= 0.5  # not before the worker went to sleep
+        assert thread.is_alive()  # asleep, not ended
+        t1 = time.monotonic()
+        assert background._settle_backend_threads(20) is True
+        assert time.monotonic() - t1 < 5
+    finally:
+        release.set()
+        thread.join(timeout=10)
+
+
+def test_settle_ignores_other_threads():
+    import time
+
+    release = threading.Event()
+    thread = _named_spinner(b"not_a_backend", 3.0, release)
+    try:
+        t0 = time.monotonic()
+        assert background._settle_backend_threads(2) is True
+        assert time.monotonic() - t0 < 1.5  # it did not wait for the spinning thread
+    finally:
+        release.set()
+        thread.join(timeout=20)

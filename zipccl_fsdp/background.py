@@ -22,6 +22,27 @@ waits for that, then runs the call on the caller's thread. The DDP hook
 does so for the call that calibrates the policy and, when idle, for calls
 that go raw; DDP issues nothing else until it has waited for every bucket.
 
+Completion: a raw call's pending ``Work`` is waited on a second thread of
+zipccl's (``zipccl-completions``), which then completes the future; no
+Python callback is ever attached to a CPU backend's future, so gloo's worker
+threads run no Python of zipccl's (a callback, or the release of the
+callback and its value, which take the GIL on that thread).
+
+Shutdown: ``stop()`` (also run at interpreter exit, before finalization)
+runs the queued calls, waits their Works, ends both threads, drops zipccl's
+references to process groups (``runtime.release_groups``) and then waits
+until gloo's worker threads are idle. Why the last step: torch releases a
+tensor's Python object from whichever thread drops the last C++ reference
+to it, and a gloo worker drops its ``Work``'s tensors (taking the GIL) just
+after the waiter on that Work has been released. If the interpreter starts
+to finalize before that thread gets the GIL, CPython ends the thread with
+``pthread_exit`` inside a ``noexcept`` C++ frame, and the process aborts
+(``terminate called without an active exception``, SIGABRT). The process
+group's destructor joins those threads, but anything that still holds the
+group (a DDP model does, even once deleted) keeps them alive into
+finalization. Call ``stop()`` before ``torch.distributed.destroy_process_group``
+and issue no collective after it.
+
 CUDA: the call runs on a stream of the worker's, made to wait at submission
 for the caller's current stream (an event), and the future names the
 result's device, so ``wait()`` on it makes the waiting stream wait for the
@@ -35,14 +56,17 @@ import atexit
 import os
 import queue
 import threading
+import time
 from typing import Callable
 
 import torch
 
+from . import runtime as _runtime
 from ._layout import stream_per_device
 
 _lock = threading.Lock()
 _worker: "_Worker | None" = None
+_completer: "_Completer | None" = None
 _STREAMS: dict = {}  # device index -> the worker's stream (used on the worker only)
 
 
@@ -74,12 +98,37 @@ class _Worker:
                 self.pending -= 1
 
 
+class _Completer:
+    """One daemon thread that waits pending CPU Works in the order they were
+    handed over and completes each one's future (so that the future's
+    callbacks run here, on a thread of zipccl's, never on gloo's)."""
+
+    def __init__(self) -> None:
+        self.items: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="zipccl-completions", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self.items.get()
+            if item is None:  # stop(): every Work before it has been waited
+                return
+            work, result, fut = item
+            try:
+                work.get_future().wait()  # raises what the collective failed with
+            except BaseException as e:  # noqa: BLE001 - it belongs to whoever waits on fut
+                fut.set_exception(e)
+                continue
+            fut.set_result(result)
+
+
 def _after_fork_in_child() -> None:
-    # A forked child inherits the worker object but not its thread, and
-    # _lock as it was at the fork (the worker may have held it): start over.
-    global _lock, _worker
+    # A forked child inherits the worker objects but not their threads, and
+    # _lock as it was at the fork (a worker may have held it): start over.
+    global _lock, _worker, _completer
     _lock = threading.Lock()
     _worker = None
+    _completer = None
     _STREAMS.clear()
 
 
@@ -93,6 +142,15 @@ def _the_worker() -> _Worker:
         if _worker is None:
             _worker = _Worker()
         return _worker
+
+
+def _the_completer() -> _Completer:
+    """The process's completion thread, started on first use."""
+    global _completer
+    with _lock:
+        if _completer is None:
+            _completer = _Completer()
+        return _completer
 
 
 def submit(call: Callable[[], object], result: torch.Tensor, *,
@@ -111,7 +169,13 @@ def submit(call: Callable[[], object], result: torch.Tensor, *,
     if here or (cuda and torch.cuda.is_current_stream_capturing()):
         drain()
         work = call()
-        return _done(result) if work is None else work.get_future().then(lambda _: result)
+        if work is None:
+            return _done(result)
+        if cuda:  # the child future carries the Work's stream dependencies
+            return work.get_future().then(lambda _: result)
+        fut = torch.futures.Future()
+        _complete(work, result, fut)
+        return fut
     fut = torch.futures.Future(devices=[result.device] if cuda else None)
     ready = None
     if cuda:
@@ -139,32 +203,94 @@ def drain() -> None:
 
 
 def stop(timeout_s: float = 60.0) -> bool:
-    """Run every job submitted so far, wait for the ``Work`` each returned, and
-    end the worker thread (a later ``submit`` starts a new one); return whether
-    it ended within ``timeout_s``.
+    """Shut zipccl's threads down cleanly before the process group goes or the
+    interpreter exits; return whether everything ended within ``timeout_s``.
 
-    Call it before ``torch.distributed.destroy_process_group``: a thread still
-    inside a collective, or a ``Work`` still pending, while the process group
-    is torn down or the process exits is what a backend's destructors cannot
-    survive. It also runs at interpreter exit. A failure of a call belongs to
-    whoever waits on its future and is not raised here."""
-    global _worker
+    In order: run every job submitted so far, wait for the ``Work`` each
+    returned, end both threads (a later ``submit`` starts new ones), drop
+    zipccl's references to process groups (``runtime.release_groups``), and
+    wait until gloo's worker threads are idle (``_settle_backend_threads``):
+    see the module docstring for why. Call it before
+    ``torch.distributed.destroy_process_group``; it also runs at interpreter
+    exit, before finalization begins. A failure of a call belongs to whoever
+    waits on its future and is not raised here."""
+    global _worker, _completer
+    deadline = time.monotonic() + timeout_s
     with _lock:
         worker, _worker = _worker, None
-    if worker is None:
-        return True
-    worker.put(None)  # runs after every job before it; no job follows it
-    worker.thread.join(timeout_s)
-    if worker.thread.is_alive():  # a call is stuck: its future would never complete
-        return False
-    with _lock:
-        futures, worker.futures = worker.futures, []
+    futures: list = []
+    if worker is not None:
+        worker.put(None)  # runs after every job before it; no job follows it
+        worker.thread.join(max(0.0, deadline - time.monotonic()))
+        if worker.thread.is_alive():  # a call is stuck: its future would never complete
+            return False
+        with _lock:
+            futures, worker.futures = worker.futures, []
+    with _lock:  # after the worker: no job of its hands over a Work any more
+        completer, _completer = _completer, None
+    if completer is not None:
+        completer.items.put(None)
+        completer.thread.join(max(0.0, deadline - time.monotonic()))
+        if completer.thread.is_alive():  # a Work never completes
+            return False
     for fut in futures:
         try:
             fut.wait()
         except BaseException:  # noqa: BLE001 - the waiter's to handle
             pass
+    _runtime.release_groups()
+    return _settle_backend_threads(max(0.0, deadline - time.monotonic()))
+
+
+_BACKEND_THREADS = ("pt_gloo_runloop",)
+"""Name prefixes of the backend threads that run a Work and then release its
+tensors (torch names gloo's workers ``pt_gloo_runloop``)."""
+
+
+def _settle_backend_threads(timeout_s: float, poll_s: float = 0.02) -> bool:
+    """Return once no backend worker thread (``_BACKEND_THREADS``) can still be
+    about to take the GIL: every one of them sleeping, at two readings
+    ``poll_s`` apart, each after the GIL was free for ``poll_s`` (this thread
+    sleeps meanwhile). A worker that was waiting for the GIL has taken it
+    then and is running; one still busy with a Work's tail is running or
+    runnable; a sleeping one waits for work. Return False if that is not
+    reached within ``timeout_s`` (a collective still in flight). Reads
+    ``/proc/self/task`` (Linux); elsewhere it frees the GIL for a few polls
+    and returns True. Without such threads (no gloo group alive) it returns
+    at once."""
+    tasks = "/proc/self/task"
+    if not os.path.isdir(tasks):
+        time.sleep(3 * poll_s)
+        return True
+    if _backend_threads_sleeping(tasks) is None:
+        return True
+    deadline = time.monotonic() + timeout_s
+    quiet = 0
+    while quiet < 2:
+        time.sleep(poll_s)
+        quiet = quiet + 1 if _backend_threads_sleeping(tasks) is not False else 0
+        if quiet < 2 and time.monotonic() > deadline:
+            return False
     return True
+
+
+def _backend_threads_sleeping(tasks: str) -> "bool | None":
+    """Whether every backend worker thread of this process is asleep (state S);
+    None when there is none."""
+    found = None
+    for tid in os.listdir(tasks):
+        try:
+            with open(f"{tasks}/{tid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # the thread ended
+            continue
+        name_end = stat.rfind(b")")
+        name = stat[stat.find(b"(") + 1:name_end].decode(errors="replace")
+        if name.startswith(_BACKEND_THREADS):
+            if stat[name_end + 2:name_end + 3] not in (b"S", b"Z", b"X"):
+                return False
+            found = True
+    return found
 
 
 atexit.register(stop)
@@ -194,20 +320,23 @@ def _done(result: torch.Tensor) -> torch.futures.Future:
 
 
 def _complete(work, result: torch.Tensor, fut: torch.futures.Future) -> None:
-    """Complete ``fut`` with ``result`` when ``work`` (None: nothing to wait for) has."""
+    """Complete ``fut`` with ``result`` when ``work`` (None: nothing to wait for)
+    has: here if it is complete, else on the completion thread (a callback on
+    the Work's future would run on the backend's thread; see the module
+    docstring)."""
     if work is None:
         fut.set_result(result)
         return
-
-    def forward(done: torch.futures.Future) -> None:
-        try:
-            done.value()  # raises what the collective failed with
-        except BaseException as e:  # noqa: BLE001
-            fut.set_exception(e)
-            return
-        fut.set_result(result)
-
-    work.get_future().add_done_callback(forward)
+    done = work.get_future()
+    if not done.done():
+        _the_completer().items.put((work, result, fut))
+        return
+    try:
+        done.wait()  # raises what the collective failed with
+    except BaseException as e:  # noqa: BLE001 - it belongs to whoever waits on fut
+        fut.set_exception(e)
+        return
+    fut.set_result(result)
 
 
 def _stream(device: torch.device):

@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import weakref
 
-__all__ = ["Runtime", "ConfigState"]
+__all__ = ["Runtime", "ConfigState", "release_groups"]
+
+_RUNTIMES: "weakref.WeakSet" = weakref.WeakSet()
+"""Every live ``Runtime`` (weakly: an owner's runtime goes with its owner)."""
 
 
 class ConfigState:
@@ -53,6 +56,7 @@ class Runtime:
         self._states: dict = {}   # id(config) -> (weakref to config, ConfigState)
         self.last: tuple = (None, None)
         """(config, state) of the last ``state`` call, read by the raw lanes."""
+        _RUNTIMES.add(self)
 
     def state(self, config) -> ConfigState:
         """The state of ``config`` (created on first use, dropped when the config
@@ -81,3 +85,20 @@ class Runtime:
     def states(self) -> list:
         """Every live config's state, in the order first used."""
         return [state for _, state in self._states.values()]
+
+
+def release_groups() -> None:
+    """Drop every reference zipccl keeps to a process group: the raw lanes of
+    every live runtime and the collectives' last-group cache
+    (``collectives/_call.py``). A lane or the cache would otherwise keep a
+    group's backend alive after ``torch.distributed.destroy_process_group``,
+    and with it gloo's worker threads, into interpreter shutdown. Later calls
+    open their lanes and look their group up again."""
+    for runtime in list(_RUNTIMES):
+        for state in runtime.states():
+            state.lanes.clear()
+        runtime.last = (None, None)
+    import sys
+    call = sys.modules.get("zipccl_fsdp.collectives._call")
+    if call is not None:
+        call._LAST_GROUP = (None, None)
