@@ -421,6 +421,75 @@ def test_raw_all_reduce_gives_the_compressed_bits_across_the_gather_threshold(po
             assert compressed == int(name == "compressed" and n > 0), (n, op, name)
 
 
+SPECIAL_BITS = {
+    torch.bfloat16: (0x7FC0, 0x7FC1, 0xFFA5, 0x7F81, 0x7F80, 0xFF80, 0x0000, 0x8000, 0x0001,
+                     0x807F, 0x7F7F, 0xFF7F),
+    torch.float16: (0x7E00, 0x7E01, 0xFE35, 0x7C01, 0x7C00, 0xFC00, 0x0000, 0x8000, 0x0001,
+                    0x83FF, 0x7BFF, 0xFBFF),
+    torch.float32: F32_SPECIALS,
+}
+"""Per dtype: quiet NaNs with and without a payload, a negative one, a
+signalling one, +-inf, both zeros, subnormals, and +-max (whose sums overflow)."""
+
+
+def two_rank_data(n: int, dtype: torch.dtype, rank: int) -> torch.Tensor:
+    """Values over a wide range of exponents (so the sums round, and tie, in
+    every way), with ``SPECIAL_BITS`` at every third element: at i % 6 == 0 one
+    that differs between the ranks, at i % 6 == 3 the same on both."""
+    g = torch.Generator().manual_seed(91 + rank)
+    x = (torch.randn(n, generator=g) * torch.exp2(torch.randint(-30, 30, (n,), generator=g)
+                                                 .float())).to(dtype)
+    bits = SPECIAL_BITS[dtype]
+    int_dtype = {2: torch.int16, 4: torch.int32}[dtype.itemsize]
+    width = 8 * dtype.itemsize
+    table = torch.tensor([b - (1 << width) if b >> (width - 1) else b for b in bits],
+                         dtype=int_dtype).view(dtype)
+    i = torch.arange(n)
+    x[0::6] = table[(i[0::6] // 6 + 5 * rank) % len(bits)]
+    x[3::6] = table[(i[3::6] // 6) % len(bits)]
+    return x
+
+
+TWO_RANK_SIZES = (0, 1, 2, 3, 4097, 300001)
+
+
+def task_two_rank_raw_all_reduce():
+    """On two gloo ranks a raw SUM all-reduce (and an fp32 AVG) is torch's (its
+    lane calls the process group's allreduce), and every op's raw call, first
+    or through the lane, gives the bits of the compressed call and of the
+    rank-order reference, in bf16, fp16 and fp32, at every size, with NaN
+    payloads, infinities, both zeros, subnormals and overflowing sums."""
+    from zipccl_fsdp.collectives import _call as C
+    from zipccl_fsdp.collectives import _lanes
+    rank, world = dist.get_rank(), dist.get_world_size()
+    never = ZipCCLConfig(policy="never", min_bytes=0)
+    vias = set()
+    for dtype in SPECIAL_BITS:
+        for n in TWO_RANK_SIZES:
+            xs = [two_rank_data(n, dtype, r) for r in range(world)]
+            for op, factor in OPS:
+                want = reference_reduce(xs, op, factor, dtype)
+                for name, cfg in (("raw", FORCED_RAW), ("never", never), ("lane", never),
+                                  ("compressed", ALWAYS_COMPRESSED)):
+                    t = xs[rank].clone()
+                    all_reduce(t, make_op(op, factor), config=cfg)
+                    assert_bits_equal(t, want, f"{dtype} n={n} {op}: {name} vs the reference")
+            want = reference_reduce(xs, "sum", 1.0, dtype)
+            native = xs[rank].clone()
+            dist.all_reduce(native)
+            assert torch.equal(native.isnan(), want.isnan())  # the data does make NaNs
+    for (kind, _, dtype, _), lane in C._STATS.runtime.state(never).lanes.items():
+        if kind == "all_reduce":
+            vias.add((str(dtype), lane.via is _lanes.ALL_REDUCE))
+    return sorted(vias)
+
+
+def test_two_rank_raw_all_reduce_is_torchs_with_the_rank_order_bits(pool2):
+    for vias in pool2.run(task_two_rank_raw_all_reduce, timeout_s=240):
+        assert vias == [("torch.bfloat16", True), ("torch.float16", True),
+                        ("torch.float32", True)], vias
+
+
 def task_captured_calls_go_raw():
     """Under CUDA graph capture every call goes raw, with no agreement check
     and no policy (both read the host). No CUDA here: the capture predicate

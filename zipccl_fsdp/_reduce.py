@@ -8,6 +8,9 @@ Why the NaNs: which NaN an add returns depends on where the element falls in
 the kernel (torch's vectorised CPU add keeps an operand's payload, its scalar
 tail and CUDA return a default NaN), so without it the bits of a NaN result
 would depend on how a call is cut into pieces and on the device.
+
+``torch_sums_alike`` says when torch's own all-reduce gives the same bits
+(two ranks, SUM, gloo), so that a raw all-reduce can be torch's.
 """
 from __future__ import annotations
 
@@ -70,6 +73,68 @@ def sum_rows(out: torch.Tensor, rows: torch.Tensor, op) -> None:
     _finish(acc, out, op.kind, world)
 
 
+def torch_sums_alike(world: int, op, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether torch's SUM all-reduce of ``world`` ranks, finished by
+    ``finish_torch_sum``, gives the bits of the rank-order reduction with ``op``.
+
+    On two ranks every element is one addition, ``a + b``, and addition is
+    commutative, so no order can differ. In fp32 that addition is the
+    rank-order sum's own (and AVG then divides it as ``RankOrderSum`` does);
+    in bf16 and fp16 gloo adds in c10's scalar types (widen to fp32, add,
+    round once to nearest even), and the rank-order sum adds in fp32 and
+    rounds the result: the same value, since fp32 carries at least twice
+    their precision plus two bits (rounding twice then equals rounding once).
+    Their AVG would divide a rounded sum, so it is not alike; nor is
+    PREMUL_SUM, which multiplies before adding. Only gloo (CPU tensors):
+    NCCL's algorithms (NVLS reduces in the switch) are not checked here."""
+    return (world == 2 and device.type == "cpu"
+            and (op.kind == "sum" or (op.kind == "avg" and dtype == torch.float32)))
+
+
+def finish_torch_sum(t: torch.Tensor, op, world: int) -> None:
+    """What turns torch's SUM of ``t`` (flat) into the rank-order reduction
+    where ``torch_sums_alike``: AVG's division, then canonical NaNs."""
+    if op.kind == "avg":
+        t.div_(world)
+    canonical_nans(t)
+
+
+def canonical_nans(t: torch.Tensor) -> None:
+    """Make every NaN of ``t`` (flat, bf16, fp16 or fp32) the bits
+    ``RankOrderSum.finish`` leaves: the quiet NaN in fp32, and in bf16 and
+    fp16 what torch's cast of it gives on ``t``'s device (its vectorised CPU
+    cast makes a bf16 NaN 0xFFFF, a scalar fill 0x7FC0: hence the cast)."""
+    if not _may_hold_nan(t):
+        return
+    nans = t.isnan()
+    if t.dtype == torch.float32:
+        t.masked_fill_(nans, float("nan"))
+    else:
+        t.copy_(torch.where(nans, _cast_nan(t.dtype, t.device), t))
+
+
+_CAST_NANS: dict = {}
+
+
+def _cast_nan(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The fp32 quiet NaN cast to ``dtype`` on ``device`` (a 1-element tensor)."""
+    key = (dtype, device)
+    if key not in _CAST_NANS:
+        _CAST_NANS[key] = torch.full((1,), float("nan"), device=device).to(dtype)
+    return _CAST_NANS[key]
+
+
+def _may_hold_nan(t: torch.Tensor) -> bool:
+    """False only when ``t`` holds no NaN. On a CPU its sum tells, at a
+    fraction of the cost of ``isnan``: a NaN element makes the sum NaN, and
+    a NaN sum without one (infinities of both signs, or partial sums that
+    overflowed both ways) only costs the full check. Elsewhere reading the
+    sum would be a host sync, so always True."""
+    if t.device.type != "cpu":
+        return True
+    return bool(torch.isnan(t.sum()))
+
+
 def _fp32_factor(factor, device):
     """A PREMUL_SUM factor as the sums use it: a Python number, or a 0-dim fp32 tensor."""
     if isinstance(factor, torch.Tensor):
@@ -81,6 +146,6 @@ def _finish(acc: torch.Tensor, out: torch.Tensor, kind: str, world: int) -> None
     """Scale (AVG) the fp32 sum ``acc``, make its NaNs canonical, cast it into ``out``."""
     if kind == "avg":
         acc.div_(world)
-    acc.masked_fill_(acc.isnan(), float("nan"))
+    canonical_nans(acc)
     if acc is not out:
         out.copy_(acc)

@@ -25,8 +25,10 @@ running profiler (the general path records its ranges), torch's coalescing
 manager, arguments the collective's checks refuse (``checked`` returns
 ``MISS``), an all-to-all whose output overlaps its input, and under
 ``verify``, where raw calls are framed and checked (no lane opens). The
-all-reduce's lane takes only the calls its general path would sum from one
-all-gather of the whole tensors (``all_reduce.gathers_whole``).
+all-reduce's lane takes only the calls its general path would hand to
+torch's all-reduce (``_reduce.torch_sums_alike``) or
+sum from one all-gather of the whole tensors (``all_reduce.gathers_whole``),
+whichever opened it.
 """
 from __future__ import annotations
 
@@ -35,13 +37,14 @@ import time
 
 import torch
 from torch._C import _has_torch_function
-from torch.distributed.distributed_c10d import AllgatherOptions, AllToAllOptions, _world
+from torch.distributed.distributed_c10d import (AllgatherOptions, AllreduceOptions,
+                                                AllToAllOptions, _world)
 
 from ..config import DEFAULT_CONFIG
 from ..stats import MODULE_STATS
 from ..stats import profiling as _profiling
 
-__all__ = ["MISS", "GATHER", "ALL_TO_ALL", "Lane", "open_lane", "find", "checked"]
+__all__ = ["MISS", "GATHER", "ALL_TO_ALL", "ALL_REDUCE", "Lane", "open_lane", "find", "checked"]
 
 MISS = object()
 """What ``checked`` returns for arguments the collective's checks refuse."""
@@ -53,21 +56,23 @@ _clock = time.perf_counter
 # type and the ProcessGroup method that torch's wrapper calls.
 GATHER = (AllgatherOptions, "all_gather_single")
 ALL_TO_ALL = (AllToAllOptions, "all_to_all_single")
+ALL_REDUCE = (AllreduceOptions, "allreduce")  # options' reduceOp: SUM, their default
 
 
 class Lane:
     """What a raw call of one (kind, group, stats, dtype, device) needs: the
     group's size and this rank, the stats fields it adds to, the policy's
     decision counter, the process group's method and torch's options
-    objects, at ``opts[async_op]``."""
+    objects, at ``opts[async_op]``; ``via``: what it calls (``GATHER``, ...)."""
 
-    __slots__ = ("world", "rank", "fields", "decisions", "decision", "method", "opts")
+    __slots__ = ("world", "rank", "fields", "decisions", "decision", "method", "opts", "via")
 
     def __init__(self, kind: str, via: tuple, pg, world: int, rank: int, fields: dict,
                  decisions) -> None:
         self.world, self.rank, self.fields = world, rank, fields
         self.decisions = decisions if decisions is not None else collections.Counter()
         self.decision = (kind, "raw", 1)
+        self.via = via
         options, method = via
         self.method = getattr(pg, method)
         self.opts = tuple(_options(options, async_op) for async_op in (False, True))

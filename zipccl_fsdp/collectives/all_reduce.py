@@ -12,7 +12,7 @@ from torch.distributed import ReduceOp
 from .. import pipeline as _pipeline
 from .. import policy as _policy
 from .._layout import split_flat
-from .._reduce import sum_rows
+from .._reduce import finish_torch_sum, sum_rows, torch_sums_alike
 from ..config import DEFAULT_CONFIG, ZipCCLConfig
 from ..stats import CommStats
 from . import _call as K
@@ -64,11 +64,12 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *,
     numel: rank r reduces elements [start_r, start_r + count_r) with counts
     differing by at most one. Same numerics as ``reduce_scatter_single``
     whether the call goes raw or compressed: every element is summed in fp32
-    in rank order 0..world-1, never by torch's all-reduce, whose summation
-    order is its own. A small raw call (``gathers_whole``) is one all-gather
-    of the whole tensors and that sum on every rank, a larger one the
-    schedule on raw bytes (an all-to-all of the chunks, the sum, an
-    all-gather). With ``async_op=True`` a completed ``Work``.
+    in rank order 0..world-1. A raw call is torch's all-reduce where that
+    gives the same bits (``_reduce.torch_sums_alike``: two gloo ranks, SUM,
+    or AVG in fp32), then finished as the rank-order sum would be; elsewhere a small one (``gathers_whole``)
+    is one all-gather of the whole tensors and that sum on every rank, a
+    larger one the schedule on raw bytes (an all-to-all of the chunks, the
+    sum, an all-gather). With ``async_op=True`` a completed ``Work``.
 
     Example::
 
@@ -78,7 +79,16 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *,
     if lane is not None:
         parsed = _lanes.checked(_checked, lane.world, lane.rank, tensor, op)
         nbytes = tensor.numel() * tensor.element_size()
-        if parsed is not _lanes.MISS and gathers_whole(lane.world, nbytes):
+        if parsed is _lanes.MISS:
+            pass
+        elif lane.via is _lanes.ALL_REDUCE:
+            if torch_sums_alike(lane.world, parsed, tensor.dtype, tensor.device):
+                lane.send(nbytes, False, [tensor])
+                start = _clock()
+                finish_torch_sum(tensor.view(-1), parsed, lane.world)
+                lane.fields["reduce_s"] += _clock() - start
+                return K._completed_work(async_op, tensor)
+        elif gathers_whole(lane.world, nbytes):
             flat = tensor.view(-1)
             every = _whole(flat, lane.world)
             lane.send(nbytes, False, every, flat)
@@ -120,7 +130,15 @@ def _all_reduce(tensor, op, group, async_op: bool, config: ZipCCLConfig | None,
            **K._decided(plan, world > 1))
     sent = K._verified(cfg, plan) if world > 1 else plan
     flat = tensor.view(-1)
-    # Raw or compressed, one rank-order sum (see the docstring).
+    # Raw or compressed, the bits of one rank-order sum (see the docstring).
+    if not sent.compress and world > 1 and torch_sums_alike(world, parsed, tensor.dtype,
+                                                            tensor.device):
+        if K._raw_for_good(cfg, plan):
+            K._open_lane(call, "all_reduce", tensor, _lanes.ALL_REDUCE)
+        K._to_torch(st, "all_reduce", numel * itemsize, dist.all_reduce, tensor, group=group)
+        with st.phase("all_reduce", "reduce"):
+            finish_torch_sum(flat, parsed, world)
+        return K._completed_work(async_op, tensor)
     if not sent.compress and world > 1 and gathers_whole(world, numel * itemsize):
         if K._raw_for_good(cfg, plan):
             K._open_lane(call, "all_reduce", tensor, _lanes.GATHER)
