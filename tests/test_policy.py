@@ -599,3 +599,19 @@ def test_given_speeds_make_two_runs_train_the_same_bits():
         assert first["compressed_calls"] > 0 and first["raw_fallback_calls"] > 0, first
         for key in ("calls", "compressed_calls", "raw_fallback_calls", "wire_bytes"):
             assert first[key] == second[key], (key, first, second)
+
+
+def test_calibration_codes_fp32_as_bf16_casts():
+    """The calibration's fp32 data are bf16 casts (what fp32 collectives carry
+    in training), so its in-situ A/B compares a raw transfer with one a third
+    as long; bf16 and fp16 data are plain Gaussian values of the dtype."""
+    from zipccl_fsdp.calibration import probe_data
+    g = lambda: torch.Generator().manual_seed(3)  # noqa: E731
+    x = probe_data(4096, torch.float32, g(), torch.device("cpu"))
+    assert x.dtype == torch.float32
+    assert torch.equal(x.view(torch.int32), x.bfloat16().float().view(torch.int32))
+    assert x.view(torch.int32).bitwise_and(0xFFFF).eq(0).all()
+    assert x.std() > 0.5
+    for dtype in (torch.bfloat16, torch.float16):
+        y = probe_data(4096, dtype, g(), torch.device("cpu"))
+        assert y.dtype == dtype and y.float().std() > 0.5

@@ -15,7 +15,7 @@ Where the figures come from, and why every rank holds the same:
   same, slowest-rank, figures.
 * codec speeds ``E``, ``D`` and cost per call ``c``: ``codec_gbps`` from the
   config, else measured per (dtype, device type, codec) on
-  ``CODEC_PROBE_BYTES`` of seeded Gaussian data and on
+  ``CODEC_PROBE_BYTES`` of seeded ``probe_data`` and on
   ``CODEC_SMALL_ELEMS`` elements (for ``c``), once per process, then agreed
   per group the same way (MAX of the times).
 * when the link is measured too, one in-situ A/B follows (``_in_situ``): a
@@ -72,6 +72,23 @@ LINK_PROBE_BYTES = 2 << 20
 CODEC_PROBE_BYTES = 1 << 20
 CODEC_SMALL_ELEMS = 1024
 
+CODEC_RUNS = 5
+"""Timed runs of each codec measurement (the minimum is taken): a codec timed
+alone is fast, and one run slowed by a neighbour's burst would otherwise
+stand for the whole process (docs/benchmarks.md, section "Calibration under
+load")."""
+
+
+def probe_data(numel: int, dtype: torch.dtype, generator, device) -> torch.Tensor:
+    """What the calibration codes: Gaussian values, in fp32 cast from bf16 (the
+    fp32 that moves in training is mostly bf16 gradients reduced in fp32,
+    ``cost.BEST_FRACTION``), so that the in-situ A/B's compressed transfer is
+    as much shorter as real calls' and the slowdown it fits is well posed."""
+    x = torch.randn(numel, generator=generator)
+    if dtype == torch.float32:
+        x = x.bfloat16()
+    return x.to(dtype=dtype, device=device)
+
 
 def codecs(cfg) -> tuple:
     """The codecs the adaptive policy chooses among: the config's, or with
@@ -118,16 +135,17 @@ def measure_link_local(group, world: int, device: torch.device) -> list:
 def measure_codec_local(dtype: torch.dtype, device: torch.device, codec: str, backend: str,
                         verify: bool) -> list:
     """[encode s, decode s of CODEC_PROBE_BYTES, encode + decode s of
-    CODEC_SMALL_ELEMS elements]: minimum of two runs each, after a warm-up."""
+    CODEC_SMALL_ELEMS elements]: minimum of ``CODEC_RUNS`` runs each, after a
+    warm-up."""
     numel = CODEC_PROBE_BYTES // dtype.itemsize
     g = torch.Generator().manual_seed(0)
-    big = torch.randn(numel, generator=g).to(dtype=dtype, device=device)
+    big = probe_data(numel, dtype, g, device)
     small = big[:CODEC_SMALL_ELEMS].clone()
     times = []
     for x in (big, small):
         out = torch.empty_like(x)
         enc = dec = float("inf")
-        for i in range(3):
+        for i in range(CODEC_RUNS + 1):
             _sync(device)
             t0 = time.perf_counter()
             payload = _codec.encode(x, codec=codec, backend=backend, verify=verify)
@@ -262,7 +280,7 @@ class Calibration:
     def _in_situ(self, group, world: int, dtype: torch.dtype, device: torch.device,
                  speeds: dict, st) -> dict:
         """Correct measured speeds with one A/B on the real link: a raw and a
-        pipelined compressed all-gather of Gaussian data, sized to take about
+        pipelined compressed all-gather of ``probe_data``, sized to take about
         ``PROBE_SECONDS`` raw (1 to 8 MiB per rank), best of ``AB_ROUNDS`` after a
         warm-up, the slowest rank's times. The raw time refines the link's
         bandwidth; the compressed one gives the factor ``k`` by which the
@@ -276,7 +294,7 @@ class Calibration:
         per_rank = link.bytes_per_s * PROBE_SECONDS / (world - 1)
         numel = int(min(max(per_rank, 1 << 20), 8 << 20)) // itemsize
         g = torch.Generator().manual_seed(17 + rank)
-        x = torch.randn(numel, generator=g).to(dtype=dtype, device=device)
+        x = probe_data(numel, dtype, g, device)
         parts = cost.traffic("all_gather", world, numel * itemsize)
         local_f = [_codec.encode(x[:1 << 16], codec=c, backend=self.cfg.backend).numel()
                    / (min(numel, 1 << 16) * itemsize) for c in speeds]
