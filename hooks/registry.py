@@ -88,6 +88,17 @@ class ZipCCLHook:
         all_gather, reduce_scatter, all_reduce, all_to_all (see zipccl_fsdp/stats.py)."""
         return self.comm_stats.snapshot()
 
+    def calibration(self) -> dict:
+        """What the adaptive policy measured for this hook's calls, or took from
+        the config (``calibration.Calibration.report``): ``{"links": {group key:
+        LinkSpeed}, "speeds": {(group key, dtype, device type): {codec:
+        CodecSpeed}}, "probes": {(group key, dtype, device type): {...,
+        "slowdown": k}}}``; empty before the first decision."""
+        policy = self.runtime.state(self.config).policy
+        if policy is None:
+            return {"links": {}, "speeds": {}, "probes": {}}
+        return policy.calibration.report()
+
     def reset_stats(self) -> None:
         """Zero this hook's counters."""
         self.comm_stats.reset()

@@ -159,7 +159,7 @@ def task_disagreeing_measurements():
         call = codec[2] / 2
         own_codec = M.CodecSpeed(Cal.CODEC_PROBE_BYTES / (codec[0] - call),
                                  Cal.CODEC_PROBE_BYTES / (codec[1] - call), call)
-        alone = M.best_plan(M.traffic("all_gather", world, 1 << 22), own_link,
+        alone = M.best_plan((M.gather(world, 1 << 22),), own_link,
                             {"dense": own_codec}, {"dense": 0.7})[0].compress
         cfg = ZipCCLConfig(policy="adaptive")
         st = CommStats()
@@ -347,16 +347,37 @@ def test_cost_model_pipelines_large_messages_on_slow_links():
     fast = M.LinkSpeed(150e-6, 3.7e9)         # an unthrottled loopback, as measured once
     codec = {"dense": M.CodecSpeed(1.0e9, 1.5e9, 50e-6)}
     f = {"dense": 0.67}
-    big = M.traffic("all_gather", 2, 32 << 20)
+    big = (M.gather(2, 32 << 20),)
     plan, t, raw = M.best_plan(big, slow, codec, f)
     assert plan.compress and plan.pieces > 1 and t < M.MARGIN * raw
     # more pieces hide more of the codec, up to the per-piece latencies
     assert M.predict(big, slow, codec["dense"], 0.67, 8) < M.predict(big, slow, codec["dense"],
                                                                       0.67, 1)
     assert not M.best_plan(big, fast, codec, f)[0].compress
-    assert not M.best_plan(M.traffic("all_gather", 2, 64), slow, codec, f)[0].compress
-    # all-reduce = reduce-scatter + all-gather parts
-    assert len(M.traffic("all_reduce", 4, 1 << 20)) == 2
+    assert not M.best_plan((M.gather(2, 64),), slow, codec, f)[0].compress
+
+
+def test_cost_model_prices_the_rank_order_sum():
+    """A reduce-scatter part sums every rank's chunk, compressed and raw; where
+    torch's all-reduce sums (two ranks), the raw call has no sum of its own."""
+    link = M.LinkSpeed(150e-6, 62e6)
+    fast_sum = M.CodecSpeed(1.0e9, 1.5e9, 50e-6)                  # no reduce_bps: free
+    slow_sum = M.CodecSpeed(1.0e9, 1.5e9, 50e-6, reduce_bps=0.5e9)
+    rs = M.scatter_reduce(4, 1 << 20)
+    assert rs.reduce == rs.raw_reduce == 4 << 20
+    torch_sums = M.scatter_reduce(2, 1 << 20, raw_reduces=False)
+    assert torch_sums.reduce == 2 << 20 and torch_sums.raw_reduce == 0
+    assert M.predict_raw((rs,), link, slow_sum) == pytest.approx(
+        M.predict_raw((rs,), link) + (4 << 20) / 0.5e9)
+    assert M.predict_raw((torch_sums,), link, slow_sum) == M.predict_raw((torch_sums,), link)
+    one = M.predict((rs,), link, fast_sum, 0.6, 1)
+    assert M.predict((rs,), link, slow_sum, 0.6, 1) == pytest.approx(one + (4 << 20) / 0.5e9)
+    # in pieces, each piece's share is summed beside the next piece's transfer
+    four = M.predict((rs,), link, fast_sum, 0.6, 4)
+    assert four + (1 << 20) / 0.5e9 <= M.predict((rs,), link, slow_sum, 0.6, 4) < (
+        four + (4 << 20) / 0.5e9)
+    # the in-situ slowdown slows the sum with the codec
+    assert slow_sum.slowed(2.0).reduce_bps == 0.25e9
 
 
 def test_a_new_site_measures_its_own_ratio():
@@ -366,7 +387,7 @@ def test_a_new_site_measures_its_own_ratio():
     its own ratio decides."""
     cfg = ZipCCLConfig(policy="adaptive", codec="dense", link_gbps=0.5, codec_gbps=2.0)
     pol, cpu, f32 = P.Policy(cfg), torch.device("cpu"), torch.float32
-    parts = M.traffic("reduce_scatter", 2, 1 << 20)
+    parts = (M.scatter_reduce(2, 1 << 20),)
 
     def decide(site):
         return pol.decide("reduce_scatter", None, 2, site, f32, cpu, parts)
@@ -546,11 +567,15 @@ def task_fsdp2_default_hook_stats(steps: int):
         loss.backward()
         opt.step()
         opt.zero_grad()
-    return hook.stats()
+    from zipccl_fsdp.tensorboard_stats import calibration_scalars
+    return hook.stats(), calibration_scalars(hook.calibration())
 
 
 def test_fsdp2_default_hook_books_calibration_apart(pool2):
-    for s in pool2.run(task_fsdp2_default_hook_stats, 3, timeout_s=300):
+    for s, measured in pool2.run(task_fsdp2_default_hook_stats, 3, timeout_s=300):
+        # what it measured, as the demo and TensorBoard show it (fp32 parameters)
+        assert sorted(measured) == ["link_MBps", "slowdown_fp32"], measured
+        assert measured["link_MBps"] > 0 and measured["slowdown_fp32"] >= 1.0, measured
         for kind in ("all_gather", "reduce_scatter"):
             k = s[kind]
             assert k["calls"] > 0 and k["compressed_calls"] == 0, (kind, k)  # the loopback: raw

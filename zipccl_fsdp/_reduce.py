@@ -19,6 +19,21 @@ import torch
 from ._layout import overlaps
 
 
+class Op:
+    """A parsed reduce op (``collectives._call._parse_op``): ``kind`` in
+    sum/avg/premul_sum, and PREMUL_SUM's ``factor``."""
+
+    __slots__ = ("kind", "factor")
+
+    def __init__(self, kind: str, factor=None) -> None:
+        self.kind = kind
+        self.factor = factor
+
+
+SUM = Op("sum")
+AVG = Op("avg")
+
+
 class RankOrderSum:
     """An fp32 accumulator for ``out`` (flat), fed one rank's chunk at a time.
 

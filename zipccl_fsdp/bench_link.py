@@ -100,6 +100,7 @@ def _data(spec: dict, kind: str, size: int, rank: int, world: int) -> torch.Tens
 def _calls(kind: str, x: torch.Tensor, world: int, cfg, dist, zc, st):
     """(raw call, zipccl call counted in ``st``, its call site, its traffic for the model)."""
     from . import cost as M
+    from ._reduce import SUM, torch_sums_alike
     from ._wire import all_gather_single as ag_raw
     from ._wire import reduce_scatter_single as rs_raw
     numel, itemsize = x.numel(), x.element_size()
@@ -109,18 +110,20 @@ def _calls(kind: str, x: torch.Tensor, world: int, cfg, dist, zc, st):
         return (lambda: ag_raw(out, inp),
                 lambda: zc.all_gather_single(out, inp, config=cfg, stats=st),
                 ("all_gather", tuple(inp.shape), x.dtype),
-                M.traffic("all_gather", world, inp.numel() * itemsize))
+                (M.gather(world, inp.numel() * itemsize),))
     if kind == "reduce_scatter":
         out = torch.empty(numel // world, dtype=x.dtype)
         return (lambda: rs_raw(out, x),
                 lambda: zc.reduce_scatter_single(out, x, config=cfg, stats=st),
                 ("reduce_scatter", tuple(x.shape), x.dtype),
-                M.traffic("reduce_scatter", world, out.numel() * itemsize))
+                (M.scatter_reduce(world, out.numel() * itemsize),))
     if kind == "all_reduce":
         buf = x.clone()
         return (lambda: dist.all_reduce(buf), lambda: zc.all_reduce(buf, config=cfg, stats=st),
                 ("all_reduce", tuple(buf.shape), x.dtype),
-                M.traffic("all_reduce", world, numel // world * itemsize))
+                (M.scatter_reduce(world, numel // world * itemsize,
+                                  not torch_sums_alike(world, SUM, x.dtype, x.device)),
+                 M.gather(world, numel // world * itemsize)))
     out = torch.empty_like(x)
     send = numel // world * (world - 1) * itemsize
     return (lambda: dist.all_to_all_single(out, x),

@@ -17,11 +17,13 @@ Where the figures come from, and why every rank holds the same:
   config, else measured per (dtype, device type, codec) on
   ``CODEC_PROBE_BYTES`` of seeded ``probe_data`` and on
   ``CODEC_SMALL_ELEMS`` elements (for ``c``), once per process, then agreed
-  per group the same way (MAX of the times).
+  per group the same way (MAX of the times); the rank-order sum's speed
+  ``R`` alike, per (dtype, device type) (``measure_reduce_local``), or
+  ``codec_gbps`` too when that is given.
 * when the link is measured too, one in-situ A/B follows (``_in_situ``): a
   raw and a pipelined compressed all-gather of about ``PROBE_SECONDS``; the
   raw one refines ``B``, the compressed one says how much slower the codec
-  runs inside a collective than alone, and ``E``, ``D``, ``c`` are corrected
+  runs inside a collective than alone, and ``E``, ``D``, ``c``, ``R`` are corrected
   by that factor (``cost.fit_slowdown``). On a loopback, where moving bytes is
   itself CPU work competing with the codec, that factor is what keeps the
   policy raw (docs/benchmarks.md, section "Unthrottled loopback: the policy
@@ -39,12 +41,13 @@ import torch.distributed as dist
 
 from . import codec as _codec
 from . import cost
+from ._reduce import SUM, RankOrderSum
 from ._wire import all_gather_single as _all_gather
 from ._wire import group_key
 from .stats import CALIBRATION, CommStats
 
-__all__ = ["Calibration", "codecs", "measure_link_local", "measure_codec_local",
-           "measure_ab_local"]
+__all__ = ["Calibration", "codecs", "probe_data", "measure_link_local",
+           "measure_codec_local", "measure_reduce_local", "measure_ab_local"]
 
 DEFAULT_LATENCY_US = 100.0
 """Latency assumed when ``link_gbps`` is given without ``link_latency_us``."""
@@ -160,6 +163,28 @@ def measure_codec_local(dtype: torch.dtype, device: torch.device, codec: str, ba
     return [times[0], times[1], times[2] + times[3]]
 
 
+def measure_reduce_local(dtype: torch.dtype, device: torch.device) -> float:
+    """Seconds of a two-rank rank-order sum of CODEC_PROBE_BYTES per rank
+    (``_reduce.RankOrderSum``, as a reduce-scatter's chunk is summed): the
+    minimum of ``CODEC_RUNS`` runs after a warm-up."""
+    numel = CODEC_PROBE_BYTES // dtype.itemsize
+    g = torch.Generator().manual_seed(1)
+    parts = [probe_data(numel, dtype, g, device) for _ in range(2)]
+    out = torch.empty(numel, dtype=dtype, device=device)
+    best = float("inf")
+    for i in range(CODEC_RUNS + 1):
+        _sync(device)
+        t0 = time.perf_counter()
+        total = RankOrderSum(out, parts[0], SUM)
+        for r, x in enumerate(parts):
+            total.add(x, r)
+        total.finish(len(parts))
+        _sync(device)
+        if i:
+            best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def measure_ab_local(group, world: int, rank: int, x: torch.Tensor, plan: cost.Plan,
                      cfg) -> list:
     """[raw all-gather s, pipelined compressed all-gather s, bytes sent] of ``x``
@@ -251,8 +276,9 @@ class Calibration:
         if key not in self.speeds_of:
             cfg = self.cfg
             if cfg.codec_gbps is not None:
-                bps = cfg.codec_gbps * 1e9
-                self.speeds_of[key] = {c: cost.CodecSpeed(bps, bps, CONFIG_CODEC_OVERHEAD_S)
+                bps = cfg.codec_gbps * 1e9  # the rank-order sum's speed too
+                self.speeds_of[key] = {c: cost.CodecSpeed(bps, bps, CONFIG_CODEC_OVERHEAD_S,
+                                                          bps)
                                        for c in self.codecs}
             else:
                 local = []
@@ -262,16 +288,22 @@ class Calibration:
                         self._local_codec[lk] = measure_codec_local(dtype, device, c,
                                                                     cfg.backend, cfg.verify)
                     local += self._local_codec[lk]
+                lk = (dtype, device.type, "reduce")
+                if lk not in self._local_codec:
+                    self._local_codec[lk] = [measure_reduce_local(dtype, device)]
+                local += self._local_codec[lk]
                 agreed = _agree_max(local, group, device)
                 if st is not None:
                     st.add(CALIBRATION, calls=1, wire_bytes=8 * len(local),
                            size_bytes=8 * len(local))
                 speeds = {}
+                reduce_bps = 2 * CODEC_PROBE_BYTES / max(agreed[-1], 1e-9)
                 for i, c in enumerate(self.codecs):
                     enc, dec, small = agreed[3 * i:3 * i + 3]
                     call = small / 2
                     speeds[c] = cost.CodecSpeed(CODEC_PROBE_BYTES / max(enc - call, 1e-9),
-                                                CODEC_PROBE_BYTES / max(dec - call, 1e-9), call)
+                                                CODEC_PROBE_BYTES / max(dec - call, 1e-9), call,
+                                                reduce_bps)
                 if cfg.link_gbps is None:
                     speeds = self._in_situ(group, world, dtype, device, speeds, st)
                 self.speeds_of[key] = speeds
@@ -295,7 +327,7 @@ class Calibration:
         numel = int(min(max(per_rank, 1 << 20), 8 << 20)) // itemsize
         g = torch.Generator().manual_seed(17 + rank)
         x = probe_data(numel, dtype, g, device)
-        parts = cost.traffic("all_gather", world, numel * itemsize)
+        parts = (cost.gather(world, numel * itemsize),)
         local_f = [_codec.encode(x[:1 << 16], codec=c, backend=self.cfg.backend).numel()
                    / (min(numel, 1 << 16) * itemsize) for c in speeds]
         fractions = dict(zip(speeds, _agree_max(local_f, group, device)))

@@ -5,15 +5,17 @@ the speeds and ``policy.py`` decides with them.
 
 The model takes one rank's view, all ranks sending at once. A collective is
 one or two *parts* (all-reduce: its reduce-scatter and its all-gather), each
-described by ``Traffic``: the raw bytes the rank sends, encodes and decodes,
-and how many codec calls a piece costs. With the link's latency ``L`` and
-bandwidth ``B`` (bytes/s a rank gets while every rank sends), the codec's
-speeds ``E``, ``D`` (bytes/s) and fixed cost per call ``c``, and the expected
+described by ``Traffic`` (each collective builds its own from ``gather`` and
+``scatter_reduce``): the raw bytes the rank sends, encodes and decodes, how
+many codec calls a piece costs, and the bytes its local reduction reads, raw
+and compressed. With the link's latency ``L`` and bandwidth ``B`` (bytes/s a
+rank gets while every rank sends), the codec's speeds ``E``, ``D`` and the
+reduction's ``R`` (bytes/s) and fixed cost per call ``c``, and the expected
 wire fraction ``f`` (payload / raw bytes) of the call site::
 
-    raw:       L + send / B
-    P pieces:  e = encode / (P E) + calls_e c      (per piece, CPU)
-               d = decode / (P D) + calls_d c      (per piece, CPU)
+    raw:       L + send / B + raw_reduce / R
+    P pieces:  e = encode / (P E) + calls_e c                 (per piece, CPU)
+               d = decode / (P D) + calls_d c + reduce / (P R)  (per piece, CPU)
                w = 2 L + f send / (P B) + PIECE_OVERHEAD_S   (size row + payload)
                T = e + w + d + (P - 1) max(e + d, w)
 
@@ -31,7 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Plan", "RAW", "LINK_RAW", "Traffic", "LinkSpeed", "CodecSpeed", "traffic",
+__all__ = ["Plan", "RAW", "LINK_RAW", "Traffic", "LinkSpeed", "CodecSpeed", "gather",
+           "scatter_reduce",
            "predict_raw", "predict", "best_plan", "piece_counts", "could_ever_compress",
            "fit_slowdown",
            "BEST_FRACTION", "MARGIN", "PIECE_COUNTS", "MIN_PIECE_BYTES", "PIECE_OVERHEAD_S"]
@@ -84,6 +87,10 @@ class Traffic:
     decode: float
     encode_calls: int = 1
     decode_calls: int = 1
+    reduce: float = 0.0
+    """Bytes the compressed call's rank-order sum reads on this rank."""
+    raw_reduce: float = 0.0
+    """Bytes the raw call's sum reads on this rank (0 where torch reduces)."""
 
 
 @dataclass(frozen=True)
@@ -94,33 +101,44 @@ class LinkSpeed:
 
 @dataclass(frozen=True)
 class CodecSpeed:
+    """A codec's speeds on one device and dtype, and the rank-order sum's there
+    (``reduce_bps``: the device's, the same for every codec; it runs on the
+    codec's thread, so an in-situ slowdown slows it too)."""
+
     encode_bps: float
     decode_bps: float
     call_s: float
+    reduce_bps: float = float("inf")
 
     def slowed(self, k: float) -> "CodecSpeed":
         """The speed of a codec running ``k`` times slower (``fit_slowdown``)."""
-        return CodecSpeed(self.encode_bps / k, self.decode_bps / k, self.call_s * k)
+        return CodecSpeed(self.encode_bps / k, self.decode_bps / k, self.call_s * k,
+                          self.reduce_bps / k)
 
 
-def traffic(kind: str, world: int, unit: int) -> tuple:
-    """The parts of an all-gather (``unit``: the shard), reduce-scatter
-    (``unit``: the chunk per rank) or all-reduce (``unit``: a chunk), in bytes."""
+def gather(world: int, unit: int) -> Traffic:
+    """The part of an all-gather of a ``unit``-byte shard per rank: it sends
+    and encodes the shard once, decodes every peer's."""
     peers = world - 1
-    ag = Traffic(peers * unit, unit, peers * unit, 1, peers)
-    rs = Traffic(peers * unit, peers * unit, peers * unit, peers, peers)
-    if kind == "all_gather":
-        return (ag,)
-    if kind == "reduce_scatter":
-        return (rs,)
-    if kind == "all_reduce":
-        return (rs, ag)
-    raise ValueError(f"no traffic model for {kind!r}")
+    return Traffic(peers * unit, unit, peers * unit, 1, peers)
 
 
-def predict_raw(parts: tuple, link: LinkSpeed) -> float:
-    """Seconds the raw collective takes in the model."""
-    return sum(link.latency_s + p.send / link.bytes_per_s for p in parts)
+def scatter_reduce(world: int, unit: int, raw_reduces: bool = True) -> Traffic:
+    """The part of a reduce-scatter of ``unit`` bytes per rank's chunk: it
+    sends and encodes a chunk to each peer, decodes theirs and sums all
+    ``world`` chunks in rank order; ``raw_reduces``: the raw call sums them too
+    (false where torch's all-reduce does, ``_reduce.torch_sums_alike``)."""
+    peers = world - 1
+    return Traffic(peers * unit, peers * unit, peers * unit, peers, peers,
+                   world * unit, world * unit if raw_reduces else 0.0)
+
+
+def predict_raw(parts: tuple, link: LinkSpeed, speed: CodecSpeed | None = None) -> float:
+    """Seconds the raw collective takes in the model (its sums at ``speed``'s
+    ``reduce_bps``)."""
+    reduce_bps = speed.reduce_bps if speed is not None else float("inf")
+    return sum(link.latency_s + p.send / link.bytes_per_s + p.raw_reduce / reduce_bps
+               for p in parts)
 
 
 def predict(parts: tuple, link: LinkSpeed, speed: CodecSpeed, fraction: float,
@@ -129,7 +147,8 @@ def predict(parts: tuple, link: LinkSpeed, speed: CodecSpeed, fraction: float,
     total = 0.0
     for p in parts:
         e = p.encode / (pieces * speed.encode_bps) + p.encode_calls * speed.call_s
-        d = p.decode / (pieces * speed.decode_bps) + p.decode_calls * speed.call_s
+        d = (p.decode / (pieces * speed.decode_bps) + p.decode_calls * speed.call_s
+             + p.reduce / (pieces * speed.reduce_bps))
         w = (2 * link.latency_s + fraction * p.send / (pieces * link.bytes_per_s)
              + PIECE_OVERHEAD_S)
         total += e + w + d + (pieces - 1) * max(e + d, w)
@@ -147,7 +166,8 @@ def best_plan(parts: tuple, link: LinkSpeed, speeds: dict, fractions: dict,
               forced_pieces: int = 0) -> tuple:
     """(plan, predicted seconds, predicted raw seconds); plan is ``RAW`` unless
     some (codec, pieces) beats raw by the margin."""
-    raw_s = predict_raw(parts, link)
+    # Every codec's reduce_bps is the device's: any of them prices the raw sums.
+    raw_s = predict_raw(parts, link, next(iter(speeds.values()), None))
     counts = piece_counts(max(p.send for p in parts), forced_pieces)
     best, best_s = RAW, raw_s * MARGIN
     for codec, speed in speeds.items():

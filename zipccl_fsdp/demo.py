@@ -211,6 +211,12 @@ def format_table(runs: dict, *, link: str, steps: int, out: Path, seconds: float
     lines.append(f"{'':<16}per step, rank 0, mean of steps 2-{steps}; compressed: the")
     lines.append(f"{'':<16}calls the policy (ZipCCLConfig.policy) sent compressed")
     lines.append("-" * len(head))
+    link = zc.get("zipccl/calibration/link_MBps", {})
+    if link:
+        slow = ", ".join(f"{zc[tag][max(zc[tag])]:.1f}x ({tag.rsplit('_', 1)[1]})"
+                         for tag in sorted(zc) if tag.startswith("zipccl/calibration/slowdown_"))
+        lines.append(f"{'policy measured':<16}link {link[max(link)]:.0f} MB/s per rank"
+                     + (f"; codec {slow} slower inside a collective than alone" if slow else ""))
     t_raw = warm(raw.get("time_metrics/end_to_end(s)", {}))
     t_zc = warm(zc.get("time_metrics/end_to_end(s)", {}))
     if t_raw and t_zc:

@@ -171,7 +171,7 @@ class Policy:
     def decide(self, kind: str, group, world: int, site: tuple, dtype: torch.dtype,
                device: torch.device, parts: tuple, st=None) -> Plan:
         """The plan of one call of an all-gather, reduce-scatter or all-reduce
-        (``parts`` from ``cost.traffic``), or of an all-to-all once its sizes are
+        (``parts``: its ``cost.Traffic``), or of an all-to-all once its sizes are
         agreed. A first call on a group may calibrate (collectives on
         ``group``, counted in ``st`` under "calibration")."""
         plan = self._decide(group, world, site, dtype, device, parts, st)
@@ -277,10 +277,11 @@ def of(cfg, st) -> Policy:
     return pol
 
 
-def plan(cfg, st, kind: str, group, world: int, t: torch.Tensor, unit: int,
+def plan(cfg, st, kind: str, group, world: int, t: torch.Tensor, parts: tuple,
          compress: bool) -> Plan:
     """The plan of an all-gather, reduce-scatter or all-reduce of ``t`` whose
-    unit of encoding holds ``unit`` bytes; ``compress``: ``min_bytes``, the
+    traffic is ``parts`` (``cost.gather``, ``cost.scatter_reduce``: the
+    collective's own description); ``compress``: ``min_bytes``, the
     ``compress_*`` switch and the caller let it compress. Every rank gets the
     same plan."""
     if not compress or cfg.policy == "never":
@@ -293,7 +294,7 @@ def plan(cfg, st, kind: str, group, world: int, t: torch.Tensor, unit: int,
         return LINK_RAW
     with st.phase(kind, "policy"):
         return pol.decide(kind, group, world, (kind, tuple(t.shape), t.dtype), t.dtype,
-                          t.device, cost.traffic(kind, world, unit), st)
+                          t.device, parts, st)
 
 
 def all_to_all_plan(cfg, st, group, world: int, rank: int, t: torch.Tensor, in_counts: list,

@@ -83,6 +83,26 @@ class StepDeltas:
         return out
 
 
+_SHORT_DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}
+
+
+def calibration_scalars(report: Mapping) -> dict[str, float]:
+    """The adaptive policy's measurements (a ``ZipCCLHook.calibration()``
+    report) as scalars, tags ``zipccl/calibration/<name>``: ``link_MBps``, the
+    bandwidth per rank of the slowest group (10**6 bytes/s), and per dtype
+    ``slowdown_<bf16|fp16|fp32>``, how many times slower the codec ran inside
+    the in-situ collective than alone: the two figures that tell why the
+    policy compressed or not. Empty until the first decision."""
+    out: dict[str, float] = {}
+    links = report.get("links", {})
+    if links:
+        out["link_MBps"] = min(link.bytes_per_s for link in links.values()) * 1e-6
+    for (_, dtype, _), probe in report.get("probes", {}).items():
+        name = f"slowdown_{_SHORT_DTYPES.get(str(dtype), str(dtype))}"
+        out[name] = max(out.get(name, 0.0), float(probe["slowdown"]))
+    return out
+
+
 class TensorBoardStats:
     """Write ``StepDeltas`` of every collective kind to a ``SummaryWriter``.
 

@@ -17,6 +17,7 @@ from torch.distributed import ReduceOp
 
 from .. import integrity as _integrity
 from .. import pipeline as _pipeline
+from .. import _reduce
 from .. import policy as _policy
 from . import _lanes
 from .._wire import all_gather_single as _all_gather_single
@@ -55,17 +56,7 @@ def _bad(cls, why: int, text: str) -> Exception:
     return err
 
 
-class _Op:
-    """A parsed reduce op: ``kind`` in sum/avg/premul_sum and the premul factor."""
-
-    __slots__ = ("kind", "factor")
-
-    def __init__(self, kind: str, factor=None) -> None:
-        self.kind = kind
-        self.factor = factor
-
-
-def _parse_op(op, where: str) -> _Op:
+def _parse_op(op, where: str) -> _reduce.Op:
     if isinstance(op, ReduceOp.RedOpType):
         red, wrapped = op, None
     elif isinstance(op, ReduceOp):
@@ -74,16 +65,16 @@ def _parse_op(op, where: str) -> _Op:
         raise _bad(TypeError, 4, f"zipccl {where}: op must be a torch.distributed.ReduceOp, "
                    f"got {type(op).__name__}")
     if red == ReduceOp.SUM:
-        return _Op("sum")
+        return _reduce.SUM
     if red == ReduceOp.AVG:
-        return _Op("avg")
+        return _reduce.AVG
     if red == ReduceOp.PREMUL_SUM:
         if wrapped is None:
             raise _bad(ValueError, 4, f"zipccl {where}: PREMUL_SUM needs its factor; pass "
                        f"torch.distributed._make_nccl_premul_sum(factor)")
         # ``.factor`` since torch 2.13; before, only the pickle state carries it.
         factor = wrapped.factor if hasattr(wrapped, "factor") else wrapped.__getstate__()[1]
-        return _Op("premul_sum", factor)
+        return _reduce.Op("premul_sum", factor)
     raise _bad(ValueError, 4, f"zipccl {where}: op {red} is not supported; zipccl reduces "
                f"with SUM, AVG and PREMUL_SUM")
 
@@ -148,12 +139,13 @@ def _compresses(cfg: ZipCCLConfig, kind: str, unit_nbytes: int) -> bool:
     return cfg.compresses(kind) and unit_nbytes > 0 and unit_nbytes >= cfg.min_bytes
 
 
-def _plan(cfg: ZipCCLConfig, kind: str, group, world: int, t: torch.Tensor, unit: int,
+def _plan(cfg: ZipCCLConfig, kind: str, group, world: int, t: torch.Tensor, parts: tuple,
           compress: bool, st: CommStats) -> _policy.Plan:
-    """The policy's plan for a call that ``min_bytes`` and the ``compress_*``
-    switches let compress (``policy.plan``); raw otherwise, and while a CUDA
-    graph is captured. Every rank gets the same plan."""
-    return _policy.plan(cfg, st, kind, group, world, t, unit, compress and not _capturing(t))
+    """The policy's plan for a call whose traffic is ``parts`` and that
+    ``min_bytes`` and the ``compress_*`` switches let compress
+    (``policy.plan``); raw otherwise, and while a CUDA graph is captured.
+    Every rank gets the same plan."""
+    return _policy.plan(cfg, st, kind, group, world, t, parts, compress and not _capturing(t))
 
 
 def _decided(plan: _policy.Plan, codable: bool) -> dict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import cost
 from .. import pipeline as _pipeline
 from .. import policy as _policy
 from .._layout import same_memory
@@ -55,7 +56,8 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
     call, unit, coded = setup
     cfg, st, group, world, rank = call
     compress = coded and world > 1 and K._compresses(cfg, "all_gather", unit)
-    plan = K._plan(cfg, "all_gather", group, world, input_tensor, unit, compress, st)
+    plan = K._plan(cfg, "all_gather", group, world, input_tensor, (cost.gather(world, unit),),
+                   compress, st)
     if not plan.compress and world > 1 and not (coded and cfg.verify):
         # the lean path of every raw call
         st.add("all_gather", calls=1, raw_bytes=unit, raw_fallback_calls=int(coded))

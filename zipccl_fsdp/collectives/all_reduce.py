@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
+from .. import cost
 from .. import pipeline as _pipeline
 from .. import policy as _policy
 from .._layout import split_flat
@@ -125,7 +126,10 @@ def _all_reduce(tensor, op, group, async_op: bool, config: ZipCCLConfig | None,
     base, extra = divmod(numel, world)
     unit = (base + (extra > 0)) * itemsize
     compress = world > 1 and K._compresses(cfg, "all_reduce", unit)
-    plan = K._plan(cfg, "all_reduce", group, world, tensor, unit, compress, st)
+    parts = (cost.scatter_reduce(world, unit, not torch_sums_alike(world, parsed, tensor.dtype,
+                                                                   tensor.device)),
+             cost.gather(world, unit))
+    plan = K._plan(cfg, "all_reduce", group, world, tensor, parts, compress, st)
     st.add("all_reduce", calls=1, raw_bytes=numel * itemsize if world > 1 else 0,
            **K._decided(plan, world > 1))
     sent = K._verified(cfg, plan) if world > 1 else plan

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch.distributed import ReduceOp
 
+from .. import cost
 from .. import pipeline as _pipeline
 from ..config import ZipCCLConfig
 from ..stats import CommStats
@@ -54,7 +55,8 @@ def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=F
         return K._to_torch(st, "reduce_scatter", (world - 1) * unit, K._reduce_scatter_single,
                            output, input, op=op, group=group, async_op=async_op)
     compress = world > 1 and K._compresses(cfg, "reduce_scatter", unit)
-    plan = K._plan(cfg, "reduce_scatter", group, world, input, unit, compress, st)
+    plan = K._plan(cfg, "reduce_scatter", group, world, input,
+                   (cost.scatter_reduce(world, unit),), compress, st)
     st.add("reduce_scatter", calls=1, raw_bytes=(world - 1) * unit,
            **K._decided(plan, world > 1))
     # Raw or compressed, the same schedule and the same rank-order sum: the

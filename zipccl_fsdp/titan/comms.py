@@ -70,7 +70,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
 from ..stats import KINDS
-from ..tensorboard_stats import StepDeltas
+from ..tensorboard_stats import StepDeltas, calibration_scalars
 from .metrics import attach_scalar_source
 
 logger = logging.getLogger(__name__)
@@ -191,6 +191,10 @@ def _install_zipccl(
     if stats_fns and (settings is None or settings.telemetry):
         stats = functools.partial(_summed_stats, stats_fns)
         sources = [(kind, StepDeltas(stats, kind)) for kind in KINDS]
+        if hook_fsdp:
+            fsdp_hook = hook
+            sources.append(("calibration",
+                            lambda step: calibration_scalars(fsdp_hook.calibration())))
         for part in model_parts:
             for kind, source in sources:
                 attach_scalar_source(part, kind, source)
