@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import weakref
 
-__all__ = ["Runtime", "ConfigState", "release_groups"]
+__all__ = ["Runtime", "ConfigState", "holds_groups", "release_groups"]
 
 _RUNTIMES: "weakref.WeakSet" = weakref.WeakSet()
 """Every live ``Runtime`` (weakly: an owner's runtime goes with its owner)."""
@@ -87,10 +87,20 @@ class Runtime:
         return [state for _, state in self._states.values()]
 
 
+_GROUP_CACHES: list = []
+
+
+def holds_groups(forget) -> None:
+    """Register ``forget()``, which drops a module's own cached references to
+    process groups, to be called by ``release_groups`` (each cache keeps its
+    owner; this module need not know them)."""
+    _GROUP_CACHES.append(forget)
+
+
 def release_groups() -> None:
     """Drop every reference zipccl keeps to a process group: the raw lanes of
-    every live runtime and the collectives' last-group cache
-    (``collectives/_call.py``). A lane or the cache would otherwise keep a
+    every live runtime and the caches registered with ``holds_groups`` (the
+    collectives' last group). A lane or a cache would otherwise keep a
     group's backend alive after ``torch.distributed.destroy_process_group``,
     and with it gloo's worker threads, into interpreter shutdown. Later calls
     open their lanes and look their group up again."""
@@ -98,7 +108,5 @@ def release_groups() -> None:
         for state in runtime.states():
             state.lanes.clear()
         runtime.last = (None, None)
-    import sys
-    call = sys.modules.get("zipccl_fsdp.collectives._call")
-    if call is not None:
-        call._LAST_GROUP = (None, None)
+    for forget in _GROUP_CACHES:
+        forget()

@@ -22,6 +22,7 @@ from .. import policy as _policy
 from . import _lanes
 from .._wire import all_gather_single as _all_gather_single
 from .._wire import reduce_scatter_single as _reduce_scatter_single
+from .. import runtime as _runtime
 from ..config import DEFAULT_CONFIG, ZipCCLConfig
 from ..stats import MODULE_STATS, CommStats
 
@@ -115,6 +116,14 @@ _LAST_GROUP: tuple = (None, None)
 noticeable share of a raw call's Python. Replaced whole, so a thread reads
 a consistent pair; holds one reference, so a new group, or a new default group
 after re-initialisation, is a different object."""
+
+
+def _forget_last_group() -> None:
+    global _LAST_GROUP
+    _LAST_GROUP = (None, None)
+
+
+_runtime.holds_groups(_forget_last_group)
 
 
 def _group_info(group):
