@@ -84,3 +84,22 @@ def test_no_import_cycle():
         if name not in state:
             walk(name, [name])
     assert not cycles, cycles
+
+
+def test_each_kind_is_declared_by_its_switch_and_has_its_module():
+    """A collective kind is declared once, by its ``compress_<kind>`` field;
+    ``stats.KINDS`` (which the stats, the size rows and TensorBoard read) is
+    that list, and each kind has its module in ``zipccl_fsdp/collectives``."""
+    import dataclasses
+    import importlib
+
+    from zipccl_fsdp.config import ZipCCLConfig
+    from zipccl_fsdp.stats import KINDS
+
+    switches = [f.name for f in dataclasses.fields(ZipCCLConfig)
+                if f.name.startswith("compress_")]
+    assert KINDS == tuple(s[len("compress_"):] for s in switches)
+    assert KINDS == ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")  # row ids
+    for kind in KINDS:
+        module = importlib.import_module(f"zipccl_fsdp.collectives.{kind}")
+        assert module.__all__, kind

@@ -207,5 +207,10 @@ class ZipCCLConfig:
 _SWITCHES = tuple(f.name for f in fields(ZipCCLConfig) if f.name.startswith("compress_"))
 """The ``compress_<kind>`` fields: each is a protocol field and a bool."""
 
+KINDS = tuple(name[len("compress_"):] for name in _SWITCHES)
+"""The collectives zipccl implements, one per ``compress_<kind>`` switch, in
+field order: the switch is where a kind is declared, and every module reads
+the kinds from here (``stats.KINDS``; the size rows send a kind's index)."""
+
 
 DEFAULT_CONFIG = ZipCCLConfig()

@@ -25,10 +25,9 @@ import torch.autograd.profiler as _autograd_profiler
 from torch._C._autograd import _profiler_enabled
 from torch.profiler import record_function
 
+from .config import KINDS  # noqa: F401  (re-exported: the kinds, declared by config's switches)
 from .runtime import Runtime
 
-KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
-"""The collectives zipccl implements: the one definition every module reads."""
 CALIBRATION = "calibration"
 """The key of the adaptive policy's own measurements (``calibration.py``): their
 collectives are counted here, never in a collective's kind, so that a kind's
