@@ -141,13 +141,13 @@ def _cast_nan(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 
 def _may_hold_nan(t: torch.Tensor) -> bool:
     """False only when ``t`` holds no NaN. On a CPU its sum tells, at a
-    fraction of the cost of ``isnan``: a NaN element makes the sum NaN, and
-    a NaN sum without one (infinities of both signs, or partial sums that
-    overflowed both ways) only costs the full check. Elsewhere reading the
-    sum would be a host sync, so always True."""
+    fraction of the cost of ``isnan``: a NaN element makes the sum NaN; a NaN
+    sum without one (infinities of both signs, or partial sums that overflowed
+    both ways) is settled by the maximum, which only a NaN element makes NaN.
+    Elsewhere reading either would be a host sync, so always True."""
     if t.device.type != "cpu":
         return True
-    return bool(torch.isnan(t.sum()))
+    return bool(torch.isnan(t.sum())) and bool(torch.isnan(t.amax()))
 
 
 def _fp32_factor(factor, device):
