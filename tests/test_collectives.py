@@ -553,3 +553,26 @@ def test_config_validation():
         ZipCCLConfig(unsupported_dtype="ignore")
     with pytest.raises(ValueError, match="compress_all_gather"):
         ZipCCLConfig(compress_all_gather=1)
+
+
+@pytest.mark.parametrize("dtype", list(SPECIAL_BITS))
+def test_canonical_nans_rewrites_every_nan_and_nothing_else(dtype):
+    """Every NaN (any payload, either sign, anywhere in a long or short tensor)
+    becomes the bits the rank-order sum's cast gives; every other element,
+    infinities of both signs included (whose sum is NaN), keeps its bits."""
+    from zipccl_fsdp._reduce import canonical_nans
+    canon = torch.full((1,), float("nan")).to(dtype)
+    bits = {2: torch.int16, 4: torch.int32}[dtype.itemsize]
+    for n in (1, 5, 4097):
+        for make_nan in (False, True):
+            x = two_rank_data(n, dtype, 0)
+            x[x.isnan()] = 1.0
+            if n > 1:
+                x[1], x[-1] = float("inf"), float("-inf")
+            if make_nan:
+                x[n // 2] = -float("nan")
+            want = torch.where(x.isnan(), canon, x)
+            got = x.clone()
+            canonical_nans(got)
+            assert_bits_equal(got, want, f"{dtype} n={n} nan={make_nan}")
+            assert make_nan == bool((got.view(bits) != x.view(bits)).any()), (dtype, n)
