@@ -15,14 +15,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
+from .. import _reduce
 from .. import integrity as _integrity
 from .. import pipeline as _pipeline
-from .. import _reduce
 from .. import policy as _policy
+from .. import runtime as _runtime
 from . import _lanes
 from .._wire import all_gather_single as _all_gather_single
 from .._wire import reduce_scatter_single as _reduce_scatter_single
-from .. import runtime as _runtime
 from ..config import DEFAULT_CONFIG, ZipCCLConfig
 from ..stats import MODULE_STATS, CommStats
 
