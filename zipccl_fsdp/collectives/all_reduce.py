@@ -67,10 +67,11 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *,
     whether the call goes raw or compressed: every element is summed in fp32
     in rank order 0..world-1. A raw call is torch's all-reduce where that
     gives the same bits (``_reduce.torch_sums_alike``: two gloo ranks, SUM,
-    or AVG in fp32), then finished as the rank-order sum would be; elsewhere a small one (``gathers_whole``)
-    is one all-gather of the whole tensors and that sum on every rank, a
-    larger one the schedule on raw bytes (an all-to-all of the chunks, the
-    sum, an all-gather). With ``async_op=True`` a completed ``Work``.
+    or AVG in fp32), then finished as the rank-order sum would be; elsewhere
+    a small one (``gathers_whole``) is one all-gather of the whole tensors
+    and that sum on every rank, a larger one the schedule on raw bytes (an
+    all-to-all of the chunks, the sum, an all-gather). With
+    ``async_op=True`` a completed ``Work``.
 
     Example::
 
