@@ -181,9 +181,9 @@ def all_reduce_outlook(tensor: torch.Tensor, group=None, config: ZipCCLConfig | 
       beside backward looks slower than it is, and the policy's decision for
       every later call flips from run to run (docs/benchmarks.md);
     * ``""``: anything else: compressed or raw, it waits on the host (a raw
-      all-reduce too: it sums in rank order, from the schedule or from one
-      all-gather of the whole tensors, so no all-reduce of a coded dtype is
-      handed to torch pending)."""
+      all-reduce too: torch's, then its NaNs made canonical, or zipccl's
+      rank-order sum, so no all-reduce of a coded dtype is handed to torch
+      pending)."""
     cfg = config or DEFAULT_CONFIG
     if tensor.dtype not in K.CODED_DTYPES or K._capturing(tensor):
         return ""
