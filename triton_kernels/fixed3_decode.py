@@ -209,8 +209,10 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
             smv = smv | (((racc[:, :, None] >> (3 * q)) & 7) << 8)
     else:
         # Zeros omitted: each kept element's sm at its rank among the kept.
-        krank = (tex & 0xFFFF)[:, None, None] + (tl.cumsum(krow, axis=1) - krow)[:, :, None] + (
-            tl.cumsum(kp, axis=2) - kp)
+        kstart = tex & 0xFFFF  # kept elements before the thread
+        rowx = tl.cumsum(krow, axis=1) - krow  # kept before the row, in the thread
+        inrow = tl.cumsum(kp, axis=2) - kp  # kept before the element, in the row
+        krank = kstart[:, None, None] + rowx[:, :, None] + inrow
         kv = valid & keep
         if ITEMSIZE == 4:
             smb = 3 - 2 * low16
@@ -224,12 +226,15 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
         else:
             smv = tl.load(sm_src + krank, mask=kv & (krank < sm_l), other=0).to(tl.int32)
         if IS_FP16:
-            bit = 3 * krank
-            at = bit >> 3
-            two = tl.load(rem_src + at, mask=kv & (at < rem_l), other=0).to(tl.int32) | (
-                tl.load(rem_src + at + 1, mask=kv & (at + 1 < rem_l), other=0).to(tl.int32)
-                << 8)
-            smv = smv | (((two >> (bit & 7)) & 7) << 8)
+            if SPARSE:
+                smv = smv | (_rem_runs_load(rem_src, inrow, rowx, kstart, rem_l) << 8)
+            else:
+                bit = 3 * krank
+                at = bit >> 3
+                two = tl.load(rem_src + at, mask=kv & (at < rem_l), other=0).to(tl.int32) | (
+                    tl.load(rem_src + at + 1, mask=kv & (at + 1 < rem_l), other=0).to(tl.int32)
+                    << 8)
+                smv = smv | (((two >> (bit & 7)) & 7) << 8)
     word = (((smv >> MAN_BITS) & 1) << (MAN_BITS + EXP_BITS)) | ((e & EMAX) << MAN_BITS) | (
         smv & ((1 << MAN_BITS) - 1))
     # Flagged zeros (codes below z): -0.0 has code zp when ZNEG is set.
@@ -317,3 +322,32 @@ def _patch_escape(dst, esc_src, m, bad_e, tw, at, act, esc_l, EMAX: tl.constexpr
     new = (old & ~(EMAX << MAN_BITS)) | ((eb & EMAX) << MAN_BITS)
     tl.store(p, new.to(dst.dtype.element_ty), mask=act)
     return m ^ b, bad_e | (act & (eb > EMAX)).to(tl.int32)
+
+
+@triton.jit
+def _rem_runs_load(rem_src, inrow, rowx, kstart, rem_l):
+    """fp16 rem with zeros omitted, a thread's 8 G <= 32 elements (the
+    encoder's _rem_runs): the thread's run of 3-bit values from bit 3 kstart,
+    four 32-bit words loaded and shifted down (words at or past rem_l read
+    as 0), each row's 24 bits cut from it, each element's 3 bits from its
+    row's; elements not kept get what follows (their words are flagged
+    zeros)."""
+    bit = 3 * kstart
+    sh = (bit & 31).to(tl.uint64)
+    at = bit >> 5
+    words = rem_src.to(tl.pointer_type(tl.uint32))
+    w0 = tl.load(words + at, mask=4 * at < rem_l, other=0).to(tl.uint64)
+    w1 = tl.load(words + at + 1, mask=4 * at + 4 < rem_l, other=0).to(tl.uint64)
+    w2 = tl.load(words + at + 2, mask=4 * at + 8 < rem_l, other=0).to(tl.uint64)
+    w3 = tl.load(words + at + 3, mask=4 * at + 12 < rem_l, other=0).to(tl.uint64)
+    o01 = w0 | (w1 << 32)
+    o23 = w2 | (w3 << 32)
+    # The run's bits 0..63 and 64..: logical shifts ((o23 << 1) << (63 - sh) is 0 for sh = 0).
+    lo = ((o01 >> sh) | ((o23 << 1) << (63 - sh)))[:, None]
+    hi = (o23 >> sh)[:, None]
+    s = 3 * rowx  # the row's first bit in the run (< 96)
+    rv = tl.where(s < 64, lo >> tl.minimum(s, 63).to(tl.uint64), 0) | tl.where(
+        s >= 64, hi >> tl.maximum(s - 64, 0).to(tl.uint64),
+        tl.where(s > 40, hi << tl.maximum(64 - s, 0).to(tl.uint64), 0))
+    rv = (rv & 0xFFFFFF).to(tl.int32)
+    return (rv[:, :, None] >> (3 * inrow)) & 7

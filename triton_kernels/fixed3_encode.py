@@ -191,19 +191,26 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
         else:
             # Zeros omitted: each kept element's sm at its rank among the kept.
             keep = valid & (kp != 0)
-            krank = (tex & 0xFFFF)[:, None, None] + (tl.cumsum(krow, axis=1) - krow)[:, :, None] + (
-                tl.cumsum(kp, axis=2) - kp)
+            kstart = tex & 0xFFFF  # kept elements before the thread
+            rowx = tl.cumsum(krow, axis=1) - krow  # kept before the row, in the thread
+            inrow = tl.cumsum(kp, axis=2) - kp  # kept before the element, in the row
+            krank = kstart[:, None, None] + rowx[:, :, None] + inrow
             if ITEMSIZE == 4:
-                smb = 3 - 2 * low16
-                for b in tl.static_range(3):
-                    tl.store(sm_dst + smb * krank + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
-                             mask=tl.where(b < smb, keep, False))
+                if low16 != 0:
+                    tl.store(sm_dst + krank, (smv & 0xFF).to(tl.uint8), mask=keep)
+                else:
+                    p3 = sm_dst + 3 * krank
+                    for b in tl.static_range(3):
+                        tl.store(p3 + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8), mask=keep)
             else:
                 tl.store(sm_dst + krank, (smv & 0xFF).to(tl.uint8), mask=keep)
             zero_pad(sm_dst, sm_nb, a_rem - a_sm)
             if IS_FP16:
-                _rem_scatter(dst + a_rem, tl.where(keep, (smv >> 8) & 7, 0), krank, keep,
-                             a_esc - a_rem, i, CP)
+                r3 = tl.where(keep, (smv >> 8) & 7, 0)
+                if SPARSE:
+                    _rem_runs(dst + a_rem, r3, inrow, rowx, kstart, a_esc - a_rem, CP, T)
+                else:
+                    _rem_scatter(dst + a_rem, r3, krank, keep, a_esc - a_rem, i, CP)
         # esc: the escaped elements' exponent bytes at their rank among the escapes.
         esc_dst = dst + a_esc
         e_at = (tex >> 16) & 0xFFFF
@@ -313,3 +320,38 @@ def _rem_scatter(rem_dst, r3, krank, keep, room, i, CP: tl.constexpr):
     tl.atomic_or(words + at, r3 << sh, mask=keep & (r3 != 0))
     hi = r3 >> ((32 - sh) & 31)  # the bits past the word, when sh > 29
     tl.atomic_or(words + at + 1, hi, mask=keep & (sh > 29) & (hi != 0))
+
+
+@triton.jit
+def _rem_runs(rem_dst, r3, inrow, rowx, kstart, room, CP: tl.constexpr, T: tl.constexpr):
+    """fp16 rem with zeros omitted, a thread's 8 G <= 32 elements: its kept
+    elements' 3-bit values are one run of bits from bit 3 kstart (kept
+    ranks are consecutive in a thread), packed in the thread (each row's
+    run, then the rows' runs joined: at most 96 bits) and OR-ed into the
+    zeroed segment of ``room`` bytes (a multiple of 16) as four 32-bit
+    atomics per thread (the run's first and last words are shared with
+    the neighbouring threads)."""
+    G: tl.constexpr = CP // (8 * T)
+    NG: tl.constexpr = (3 * CP // 8 + 16 * T - 1) // (16 * T)  # 16-byte granules a thread zeroes
+    store_words(rem_dst, tl.zeros([T, 4 * NG], tl.int32), room, T, 4 * NG)
+    # A row's kept values at 3 bits each from its bit 0 (24 bits at most).
+    rv = tl.sum(r3 << (3 * inrow), axis=2).to(tl.uint64)  # [T, G]
+    s = 3 * rowx  # the row's first bit in the thread's run (< 96)
+    lo = tl.sum(tl.where(s < 64, rv << tl.minimum(s, 63).to(tl.uint64), 0), axis=1)
+    hi = tl.sum(tl.where(s >= 64, rv << tl.maximum(s - 64, 0).to(tl.uint64),
+                         tl.where(s > 40, rv >> tl.minimum(64 - s, 63).to(tl.uint64), 0)), axis=1)
+    bit = 3 * kstart
+    sh = (bit & 31).to(tl.uint64)
+    at = bit >> 5
+    # The 96-bit run (hi:lo) shifted left by sh: four words from word at
+    # (logical shifts: (lo >> 1) >> (63 - sh) is 0 for sh = 0).
+    o01 = lo << sh
+    o23 = (hi << sh) | ((lo >> 1) >> (63 - sh))
+    tl.debug_barrier()
+    words = rem_dst.to(tl.pointer_type(tl.int32))
+    for k in tl.static_range(4):
+        if k < 2:
+            v = ((o01 >> (32 * k)) & 0xFFFFFFFF).to(tl.int32)
+        else:
+            v = ((o23 >> (32 * (k - 2))) & 0xFFFFFFFF).to(tl.int32)
+        tl.atomic_or(words + at + k, v, mask=v != 0, sem="relaxed")
