@@ -185,6 +185,23 @@ def ttile(G: tl.constexpr, T: tl.constexpr):
 
 
 @triton.jit
+def load_rows(src, i, n, ITEMSIZE: tl.constexpr, G: tl.constexpr, T: tl.constexpr):
+    """The [T, G, 8] tile of words at src + i (i: ttile), sign-extended to
+    int32, 0 at or past n. 32-bit words are loaded as two [T, G, 4] halves
+    (one 16-byte load each) joined in the thread: one load of the whole
+    tile would be split into 16-byte vectors with a row's halves in two
+    threads, and every in-thread sum over a row would cross threads."""
+    if ITEMSIZE == 4:
+        h = tl.arange(0, T)[:, None, None] * (8 * G) + tl.arange(0, G)[None, :, None] * 8 + (
+            tl.arange(0, 4)[None, None, :])
+        a = tl.load(src + h, mask=h < n, other=0)
+        b = tl.load(src + h + 4, mask=h + 4 < n, other=0)
+        return tl.reshape(tl.permute(tl.join(a, b), (0, 1, 3, 2)), (T, G, 8)).to(tl.int32)
+    else:
+        return tl.load(src + i, mask=i < n, other=0).to(tl.int32)
+
+
+@triton.jit
 def split4(x, T: tl.constexpr, K: tl.constexpr):
     """The four entries of each group of 4 along the last axis of a [T, 4K]
     tile, as four [T, K] tiles (entry 4k + j in tile j)."""

@@ -36,7 +36,8 @@ import triton.language as tl
 
 from ._codec_common import (FIXED_ZERO_SHIFT, ROUNDS, _sum_sum_max, align16, esc_bits,
                             fixed3_layout, fixed_window, low_bit_index, pack_bytes, popc32,
-                            store_rows3, store_words, store_words24, sum3, tile3, ttile, zero_pad)
+                            load_rows, store_rows3, store_words, store_words24, sum3, tile3, ttile,
+                            zero_pad)
 from ._lookback import chunk_offset, ticket
 
 
@@ -67,7 +68,7 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     valid = i < n
     # 16-bit words sign-extended: every field below is read with a mask, and
     # -0.0 is -32768.
-    w = tl.load(x_ptr + start + i, mask=valid, other=0).to(tl.int32)
+    w = load_rows(x_ptr + start, i, n, ITEMSIZE, G, T)
     is_neg = w == NEGZ
     e = (w >> MAN_BITS) & EMAX
     normal = (e - 1).to(tl.uint32) < EMAX - 1  # 0 < e < EMAX (the padding has e = 0)
