@@ -202,6 +202,21 @@ def load_rows(src, i, n, ITEMSIZE: tl.constexpr, G: tl.constexpr, T: tl.constexp
 
 
 @triton.jit
+def store_rows(dst, i, n, v, ITEMSIZE: tl.constexpr, G: tl.constexpr, T: tl.constexpr):
+    """load_rows' inverse: the [T, G, 8] tile v stored at dst + i, below n;
+    32-bit words as two [T, G, 4] halves (one 16-byte store each), split in
+    the thread."""
+    if ITEMSIZE == 4:
+        h = tl.arange(0, T)[:, None, None] * (8 * G) + tl.arange(0, G)[None, :, None] * 8 + (
+            tl.arange(0, 4)[None, None, :])
+        a, b = tl.split(tl.permute(tl.reshape(v, (T, G, 2, 4)), (0, 1, 3, 2)))
+        tl.store(dst + h, a, mask=h < n)
+        tl.store(dst + h + 4, b, mask=h + 4 < n)
+    else:
+        tl.store(dst + i, v, mask=i < n)
+
+
+@triton.jit
 def split4(x, T: tl.constexpr, K: tl.constexpr):
     """The four entries of each group of 4 along the last axis of a [T, 4K]
     tile, as four [T, K] tiles (entry 4k + j in tile j)."""

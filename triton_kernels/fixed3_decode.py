@@ -32,7 +32,7 @@ import triton.language as tl
 from ._codec_common import (ROUNDS, ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING, ERR_TABLE,
                             align16, fixed3_layout, fixed_window, load_rows3, load_words24,
                             load_words, low_bit_index, pad_nonzero, pads_nonzero, popc32,
-                            ttile, unpack_bytes, esc_bits, _sum_sum_max)
+                            ttile, unpack_bytes, esc_bits, _sum_sum_max, store_rows)
 
 
 @triton.jit
@@ -215,14 +215,17 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
         krank = kstart[:, None, None] + rowx[:, :, None] + inrow
         kv = valid & keep
         if ITEMSIZE == 4:
+            # Three bytes from byte smb * rank (LOW16: one; the two after it
+            # are the next elements' or padding, masked off below). Past the
+            # first byte the loads are masked to the padded sm room only.
             smb = 3 - 2 * low16
-            smv = tl.zeros(i.shape, tl.int32)
-            for b in tl.static_range(3):
-                at = smb * krank + b
-                # (not & with a scalar: triton 3.9's interpreter)
-                mb = tl.where(b < smb, kv & (at < sm_l), False)
-                smv = smv | (tl.load(sm_src + at, mask=mb, other=0).to(tl.int32) << (8 * b))
-            smv = smv << (16 * low16)
+            at = smb * krank
+            room_l = tl.minimum(a_rem - a_sm, lim - a_sm)
+            m1 = kv & (at + 2 < room_l)
+            smv = tl.load(sm_src + at, mask=kv & (at < sm_l), other=0).to(tl.int32)
+            smv = smv | (tl.load(sm_src + at + 1, mask=m1, other=0).to(tl.int32) << 8)
+            smv = smv | (tl.load(sm_src + at + 2, mask=m1, other=0).to(tl.int32) << 16)
+            smv = (smv & tl.where(low16 != 0, 0xFF, 0xFFFFFF)) << (16 * low16)
         else:
             smv = tl.load(sm_src + krank, mask=kv & (krank < sm_l), other=0).to(tl.int32)
         if IS_FP16:
@@ -239,7 +242,7 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
         smv & ((1 << MAN_BITS) - 1))
     # Flagged zeros (codes below z): -0.0 has code zp when ZNEG is set.
     word = tl.where(code < z, tl.where(code == zp, SIGNW * zn, 0), word)
-    tl.store(dst + i, word.to(dst.dtype.element_ty), mask=valid)
+    store_rows(dst, i, n, word.to(dst.dtype.element_ty), ITEMSIZE, G, T)
 
     if SPARSE:
         # Patch: thread t's k-th escape (the k-th set bit of its mask) takes
