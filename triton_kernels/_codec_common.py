@@ -217,6 +217,22 @@ def store_rows(dst, i, n, v, ITEMSIZE: tl.constexpr, G: tl.constexpr, T: tl.cons
 
 
 @triton.jit
+def cols_or(x, SH: tl.constexpr, T: tl.constexpr, G: tl.constexpr):
+    """sum_g x[:, g] << (SH g) of a [T, G] tile (G = 1, 2 or 4), by splits:
+    in the thread (a sum over an arange of g lays G across lanes)."""
+    if G == 1:
+        return tl.reshape(x, (T,))
+    elif G == 2:
+        a, b = tl.split(x)
+        return a | (b << SH)
+    else:
+        a, b = tl.split(tl.reshape(x, (T, 2, 2)))  # a: columns 0, 2; b: 1, 3
+        c0, c2 = tl.split(a)
+        c1, c3 = tl.split(b)
+        return c0 | (c1 << SH) | (c2 << (2 * SH)) | (c3 << (3 * SH))
+
+
+@triton.jit
 def split4(x, T: tl.constexpr, K: tl.constexpr):
     """The four entries of each group of 4 along the last axis of a [T, 4K]
     tile, as four [T, K] tiles (entry 4k + j in tile j)."""
@@ -353,6 +369,18 @@ def esc_bits(acc):
     x = (x | (x >> 2)) & 0x0C30C3
     x = (x | (x >> 4)) & 0x00F00F
     return (x | (x >> 8)) & 0xFF
+
+
+@triton.jit
+def kept_bits(acc, z):
+    """Rows of eight 3-bit codes (int32, 24 bits) -> the number of codes of
+    at least z (0, 1 or 2) in each row, from the row word (no reduction over
+    a tile of codes): a bit at 3q per kept code, counted by a multiply."""
+    one = acc | (acc >> 1)
+    f = tl.where(z == 0, 0x249249, tl.where(z == 1, one | (acc >> 2), (acc >> 1) | (acc >> 2)))
+    f = f & 0x249249
+    # Bits 3, 6, .., 21 shifted to 0, .., 18: the product's bits 18..20 sum them.
+    return (((f >> 3) * 0x249249) >> 18 & 7) + (f & 1)
 
 
 @triton.jit

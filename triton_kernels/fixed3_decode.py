@@ -32,7 +32,8 @@ import triton.language as tl
 from ._codec_common import (ROUNDS, ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING, ERR_TABLE,
                             align16, fixed3_layout, fixed_window, load_rows3, load_words24,
                             load_words, low_bit_index, pad_nonzero, pads_nonzero, popc32,
-                            ttile, unpack_bytes, esc_bits, _sum_sum_max, store_rows)
+                            ttile, unpack_bytes, esc_bits, _sum_sum_max, store_rows, cols_or,
+                            kept_bits)
 
 
 @triton.jit
@@ -155,12 +156,12 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
     keep = code >= z  # past n too when z = 0: after every element, counted out below
     esc = code == 7
     kp = keep.to(tl.int32)
-    krow = tl.sum(kp, axis=2)
+    krow = kept_bits(acc, z)  # (a sum of kp over rows would cross lanes: its layout)
     kept_t = tl.sum(krow, axis=1)
     if SPARSE:
         # Escapes: one bit per element in a thread mask; each thread patches
         # its escaped elements' exponents after the words are stored.
-        emask = tl.sum(esc_bits(acc) << (8 * tl.arange(0, G)[None, :]), axis=1)
+        emask = cols_or(esc_bits(acc), 8, T, G)
         esc_t = popc32(emask)
     else:
         esc_t = tl.sum(tl.sum(esc.to(tl.int32), axis=2), axis=1)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._codec_common import (FIXED_ZERO_SHIFT, ROUNDS, _sum_sum_max, align16, esc_bits,
+from ._codec_common import (FIXED_ZERO_SHIFT, ROUNDS, _sum_sum_max, align16, cols_or, esc_bits,
                             fixed3_layout, fixed_window, low_bit_index, pack_bytes, popc32,
                             load_rows, store_rows3, store_words, store_words24, sum3, tile3, ttile,
                             zero_pad)
@@ -117,7 +117,7 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     krow = tl.sum(kp, axis=2)
     kept_t = tl.sum(krow, axis=1)
     if SPARSE:
-        emask = tl.sum(esc_bits(acc) << (8 * tl.arange(0, G)[None, :]), axis=1)
+        emask = cols_or(esc_bits(acc), 8, T, G)
         esc_t = popc32(emask)
     else:
         esc_t = tl.sum(tl.sum(esc.to(tl.int32), axis=2), axis=1)
