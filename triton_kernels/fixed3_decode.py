@@ -32,8 +32,8 @@ import triton.language as tl
 from ._codec_common import (ROUNDS, ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING, ERR_TABLE,
                             align16, fixed3_layout, fixed_window, load_rows3, load_words24,
                             load_words, low_bit_index, pad_nonzero, pads_nonzero, popc32,
-                            ttile, unpack_bytes, esc_bits, _sum_sum_max, store_rows, cols_or,
-                            kept_bits)
+                            ttile, unpack_bytes, esc_bits, store_rows,
+                            kept_bits, fixed3_thread_counts)
 
 
 @triton.jit
@@ -157,25 +157,9 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
     esc = code == 7
     kp = keep.to(tl.int32)
     krow = kept_bits(acc, z)  # (a sum of kp over rows would cross lanes: its layout)
-    kept_t = tl.sum(krow, axis=1)
-    if SPARSE:
-        # Escapes: one bit per element in a thread mask; each thread patches
-        # its escaped elements' exponents after the words are stored.
-        emask = cols_or(esc_bits(acc), 8, T, G)
-        esc_t = popc32(emask)
-    else:
-        esc_t = tl.sum(tl.sum(esc.to(tl.int32), axis=2), axis=1)
-    packed = kept_t | (esc_t << 16)
-    tex = tl.cumsum(packed, axis=0) - packed  # kept (low) and escapes (high) before the thread
-    if SPARSE:  # counts < 2**13, a thread's escapes < 64: one reduction
-        tot = tl.reduce(kept_t | (esc_t << 13) | (esc_t << 26), 0, _sum_sum_max)
-        kept = tot & 0x1FFF
-        got_esc = (tot >> 13) & 0x1FFF
-        kmax = (tot >> 26) & 63
-    else:
-        kept = tl.sum(kept_t, axis=0)
-        got_esc = tl.sum(esc_t, axis=0)
-        kmax = 0
+    # Escapes (SPARSE): one bit per element in a thread mask; each thread
+    # patches its escaped elements' exponents after the words are stored.
+    tex, emask, esc_t, kept, got_esc, kmax = fixed3_thread_counts(krow, acc, esc, T, G)
     kept = kept - tl.where(z == 0, CP - n, 0)  # the padding's codes 0
     err = tl.where((got_esc != nesc) | (n - kept != nz), ERR_COUNTS, 0)
     e = code + (lo - z)  # escapes: patched below

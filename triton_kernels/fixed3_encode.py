@@ -34,7 +34,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._codec_common import (FIXED_ZERO_SHIFT, ROUNDS, _sum_sum_max, align16, cols_or, esc_bits,
+from ._codec_common import (FIXED_ZERO_SHIFT, ROUNDS, align16, fixed3_thread_counts,
                             fixed3_layout, fixed_window, low_bit_index, pack_bytes, popc32,
                             load_rows, store_rows3, store_words, store_words24, sum3, tile3, ttile,
                             zero_pad)
@@ -115,21 +115,7 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     acc = tl.sum(code << (3 * q), axis=2)  # a row's eight codes, [T, G]
     kp = (code >= z).to(tl.int32)
     krow = tl.sum(kp, axis=2)
-    kept_t = tl.sum(krow, axis=1)
-    if SPARSE:
-        emask = cols_or(esc_bits(acc), 8, T, G)
-        esc_t = popc32(emask)
-    else:
-        esc_t = tl.sum(tl.sum(esc.to(tl.int32), axis=2), axis=1)
-    packed = kept_t | (esc_t << 16)
-    tex = tl.cumsum(packed, axis=0) - packed  # kept (low) and escapes (high) before the thread
-    if SPARSE:  # counts < 2**13, a thread's escapes < 64: one reduction
-        tot = tl.reduce(kept_t | (esc_t << 13) | (esc_t << 26), 0, _sum_sum_max)
-        n_esc = (tot >> 13) & 0x1FFF
-        kmax = (tot >> 26) & 63
-    else:
-        n_esc = tl.sum(esc_t, axis=0)
-        kmax = 0
+    tex, emask, esc_t, _, n_esc, kmax = fixed3_thread_counts(krow, acc, esc, T, G)
 
     # --- raw or coded; the segment's size and offset ---
     codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg_c = fixed3_layout(
