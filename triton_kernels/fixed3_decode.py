@@ -198,7 +198,7 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
         rowx = tl.cumsum(krow, axis=1) - krow  # kept before the row, in the thread
         inrow = tl.cumsum(kp, axis=2) - kp  # kept before the element, in the row
         krank = kstart[:, None, None] + rowx[:, :, None] + inrow
-        kv = valid & keep
+        kv = keep  # (z > 0 here, the entry checked: codes past n read as 0, not kept)
         if ITEMSIZE == 4:
             # Three bytes from byte smb * rank (LOW16: one; the two after it
             # are the next elements' or padding, masked off below). Past the

@@ -177,7 +177,7 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
                     zero_pad(rem_dst, rem_nb, a_esc - a_rem)
         else:
             # Zeros omitted: each kept element's sm at its rank among the kept.
-            keep = valid & (kp != 0)
+            keep = kp != 0  # (z > 0 here: the padding's code 0 is not kept)
             kstart = tex & 0xFFFF  # kept elements before the thread
             rowx = tl.cumsum(krow, axis=1) - krow  # kept before the row, in the thread
             inrow = tl.cumsum(kp, axis=2) - kp  # kept before the element, in the row
@@ -193,7 +193,7 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
                 tl.store(sm_dst + krank, (smv & 0xFF).to(tl.uint8), mask=keep)
             zero_pad(sm_dst, sm_nb, a_rem - a_sm)
             if IS_FP16:
-                r3 = tl.where(keep, (smv >> 8) & 7, 0)
+                r3 = ((smv >> 8) & 7) * kp  # (0 where not kept: padding has kp 0 here, z > 0)
                 if SPARSE:
                     _rem_runs(dst + a_rem, r3, inrow, rowx, kstart, a_esc - a_rem, CP, T)
                 else:
