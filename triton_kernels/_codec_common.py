@@ -185,6 +185,54 @@ def ttile(G: tl.constexpr, T: tl.constexpr):
 
 
 @triton.jit
+def load_rows(src, i, n, ITEMSIZE: tl.constexpr, G: tl.constexpr, T: tl.constexpr):
+    """The [T, G, 8] tile of words at src + i (i: ttile), sign-extended to
+    int32, 0 at or past n. 32-bit words are loaded as two [T, G, 4] halves
+    (one 16-byte load each) joined in the thread: one load of the whole
+    tile would be split into 16-byte vectors with a row's halves in two
+    threads, and every in-thread sum over a row would cross threads."""
+    if ITEMSIZE == 4:
+        h = tl.arange(0, T)[:, None, None] * (8 * G) + tl.arange(0, G)[None, :, None] * 8 + (
+            tl.arange(0, 4)[None, None, :])
+        a = tl.load(src + h, mask=h < n, other=0)
+        b = tl.load(src + h + 4, mask=h + 4 < n, other=0)
+        return tl.reshape(tl.permute(tl.join(a, b), (0, 1, 3, 2)), (T, G, 8)).to(tl.int32)
+    else:
+        return tl.load(src + i, mask=i < n, other=0).to(tl.int32)
+
+
+@triton.jit
+def store_rows(dst, i, n, v, ITEMSIZE: tl.constexpr, G: tl.constexpr, T: tl.constexpr):
+    """load_rows' inverse: the [T, G, 8] tile v stored at dst + i, below n;
+    32-bit words as two [T, G, 4] halves (one 16-byte store each), split in
+    the thread."""
+    if ITEMSIZE == 4:
+        h = tl.arange(0, T)[:, None, None] * (8 * G) + tl.arange(0, G)[None, :, None] * 8 + (
+            tl.arange(0, 4)[None, None, :])
+        a, b = tl.split(tl.permute(tl.reshape(v, (T, G, 2, 4)), (0, 1, 3, 2)))
+        tl.store(dst + h, a, mask=h < n)
+        tl.store(dst + h + 4, b, mask=h + 4 < n)
+    else:
+        tl.store(dst + i, v, mask=i < n)
+
+
+@triton.jit
+def cols_or(x, SH: tl.constexpr, T: tl.constexpr, G: tl.constexpr):
+    """sum_g x[:, g] << (SH g) of a [T, G] tile (G = 1, 2 or 4), by splits:
+    in the thread (a sum over an arange of g lays G across lanes)."""
+    if G == 1:
+        return tl.reshape(x, (T,))
+    elif G == 2:
+        a, b = tl.split(x)
+        return a | (b << SH)
+    else:
+        a, b = tl.split(tl.reshape(x, (T, 2, 2)))  # a: columns 0, 2; b: 1, 3
+        c0, c2 = tl.split(a)
+        c1, c3 = tl.split(b)
+        return c0 | (c1 << SH) | (c2 << (2 * SH)) | (c3 << (3 * SH))
+
+
+@triton.jit
 def split4(x, T: tl.constexpr, K: tl.constexpr):
     """The four entries of each group of 4 along the last axis of a [T, 4K]
     tile, as four [T, K] tiles (entry 4k + j in tile j)."""
@@ -321,6 +369,49 @@ def esc_bits(acc):
     x = (x | (x >> 2)) & 0x0C30C3
     x = (x | (x >> 4)) & 0x00F00F
     return (x | (x >> 8)) & 0xFF
+
+
+@triton.jit
+def kept_bits(acc, z):
+    """Rows of eight 3-bit codes (int32, 24 bits) -> the number of codes of
+    at least z (0, 1 or 2) in each row, from the row word (no reduction over
+    a tile of codes): a bit at 3q per kept code, counted by a multiply."""
+    one = acc | (acc >> 1)
+    f = tl.where(z == 0, 0x249249, tl.where(z == 1, one | (acc >> 2), (acc >> 1) | (acc >> 2)))
+    f = f & 0x249249
+    # Bits 3, 6, .., 21 shifted to 0, .., 18: the product's bits 18..20 sum them.
+    return (((f >> 3) * 0x249249) >> 18 & 7) + (f & 1)
+
+
+@triton.jit
+def fixed3_thread_counts(krow, acc, esc, T: tl.constexpr, G: tl.constexpr):
+    """The per-thread counts both fixed3 kernels take from a chunk's codes
+    (krow: kept codes a row, [T, G]; acc: the rows' code words; esc: the
+    [T, G, 8] tile of escapes): ``tex``, each thread's exclusive kept count
+    (low 16 bits) and escape count (high 16 bits); the thread's escape mask
+    (bit 8 g + q; when its 8 G elements fit 32 bits, else 0) and count; the
+    chunk's kept and escape totals and its largest per-thread escape count
+    (0 without a mask)."""
+    SPARSE: tl.constexpr = G <= 4
+    kept_t = tl.sum(krow, axis=1)
+    if SPARSE:
+        emask = cols_or(esc_bits(acc), 8, T, G)
+        esc_t = popc32(emask)
+    else:
+        emask = tl.zeros([T], tl.int32)
+        esc_t = tl.sum(tl.sum(esc.to(tl.int32), axis=2), axis=1)
+    packed = kept_t | (esc_t << 16)
+    tex = tl.cumsum(packed, axis=0) - packed
+    if SPARSE:  # counts < 2**13, a thread's escapes < 64: one reduction
+        tot = tl.reduce(kept_t | (esc_t << 13) | (esc_t << 26), 0, _sum_sum_max)
+        kept = tot & 0x1FFF
+        n_esc = (tot >> 13) & 0x1FFF
+        kmax = (tot >> 26) & 63
+    else:
+        kept = tl.sum(kept_t, axis=0)
+        n_esc = tl.sum(esc_t, axis=0)
+        kmax = 0 * kept
+    return tex, emask, esc_t, kept, n_esc, kmax
 
 
 @triton.jit

@@ -32,7 +32,8 @@ import triton.language as tl
 from ._codec_common import (ROUNDS, ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING, ERR_TABLE,
                             align16, fixed3_layout, fixed_window, load_rows3, load_words24,
                             load_words, low_bit_index, pad_nonzero, pads_nonzero, popc32,
-                            ttile, unpack_bytes, esc_bits, _sum_sum_max)
+                            ttile, unpack_bytes, esc_bits, store_rows,
+                            kept_bits, fixed3_thread_counts)
 
 
 @triton.jit
@@ -155,26 +156,10 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
     keep = code >= z  # past n too when z = 0: after every element, counted out below
     esc = code == 7
     kp = keep.to(tl.int32)
-    krow = tl.sum(kp, axis=2)
-    kept_t = tl.sum(krow, axis=1)
-    if SPARSE:
-        # Escapes: one bit per element in a thread mask; each thread patches
-        # its escaped elements' exponents after the words are stored.
-        emask = tl.sum(esc_bits(acc) << (8 * tl.arange(0, G)[None, :]), axis=1)
-        esc_t = popc32(emask)
-    else:
-        esc_t = tl.sum(tl.sum(esc.to(tl.int32), axis=2), axis=1)
-    packed = kept_t | (esc_t << 16)
-    tex = tl.cumsum(packed, axis=0) - packed  # kept (low) and escapes (high) before the thread
-    if SPARSE:  # counts < 2**13, a thread's escapes < 64: one reduction
-        tot = tl.reduce(kept_t | (esc_t << 13) | (esc_t << 26), 0, _sum_sum_max)
-        kept = tot & 0x1FFF
-        got_esc = (tot >> 13) & 0x1FFF
-        kmax = (tot >> 26) & 63
-    else:
-        kept = tl.sum(kept_t, axis=0)
-        got_esc = tl.sum(esc_t, axis=0)
-        kmax = 0
+    krow = kept_bits(acc, z)  # (a sum of kp over rows would cross lanes: its layout)
+    # Escapes (SPARSE): one bit per element in a thread mask; each thread
+    # patches its escaped elements' exponents after the words are stored.
+    tex, emask, esc_t, kept, got_esc, kmax = fixed3_thread_counts(krow, acc, esc, T, G)
     kept = kept - tl.where(z == 0, CP - n, 0)  # the padding's codes 0
     err = tl.where((got_esc != nesc) | (n - kept != nz), ERR_COUNTS, 0)
     e = code + (lo - z)  # escapes: patched below
@@ -209,32 +194,40 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
             smv = smv | (((racc[:, :, None] >> (3 * q)) & 7) << 8)
     else:
         # Zeros omitted: each kept element's sm at its rank among the kept.
-        krank = (tex & 0xFFFF)[:, None, None] + (tl.cumsum(krow, axis=1) - krow)[:, :, None] + (
-            tl.cumsum(kp, axis=2) - kp)
-        kv = valid & keep
+        kstart = tex & 0xFFFF  # kept elements before the thread
+        rowx = tl.cumsum(krow, axis=1) - krow  # kept before the row, in the thread
+        inrow = tl.cumsum(kp, axis=2) - kp  # kept before the element, in the row
+        krank = kstart[:, None, None] + rowx[:, :, None] + inrow
+        kv = keep  # (z > 0 here, the entry checked: codes past n read as 0, not kept)
         if ITEMSIZE == 4:
+            # Three bytes from byte smb * rank (LOW16: one; the two after it
+            # are the next elements' or padding, masked off below). Past the
+            # first byte the loads are masked to the padded sm room only.
             smb = 3 - 2 * low16
-            smv = tl.zeros(i.shape, tl.int32)
-            for b in tl.static_range(3):
-                at = smb * krank + b
-                # (not & with a scalar: triton 3.9's interpreter)
-                mb = tl.where(b < smb, kv & (at < sm_l), False)
-                smv = smv | (tl.load(sm_src + at, mask=mb, other=0).to(tl.int32) << (8 * b))
-            smv = smv << (16 * low16)
+            at = smb * krank
+            room_l = tl.minimum(a_rem - a_sm, lim - a_sm)
+            m1 = kv & (at + 2 < room_l)
+            smv = tl.load(sm_src + at, mask=kv & (at < sm_l), other=0).to(tl.int32)
+            smv = smv | (tl.load(sm_src + at + 1, mask=m1, other=0).to(tl.int32) << 8)
+            smv = smv | (tl.load(sm_src + at + 2, mask=m1, other=0).to(tl.int32) << 16)
+            smv = (smv & tl.where(low16 != 0, 0xFF, 0xFFFFFF)) << (16 * low16)
         else:
             smv = tl.load(sm_src + krank, mask=kv & (krank < sm_l), other=0).to(tl.int32)
         if IS_FP16:
-            bit = 3 * krank
-            at = bit >> 3
-            two = tl.load(rem_src + at, mask=kv & (at < rem_l), other=0).to(tl.int32) | (
-                tl.load(rem_src + at + 1, mask=kv & (at + 1 < rem_l), other=0).to(tl.int32)
-                << 8)
-            smv = smv | (((two >> (bit & 7)) & 7) << 8)
+            if SPARSE:
+                smv = smv | (_rem_runs_load(rem_src, inrow, rowx, kstart, rem_l) << 8)
+            else:
+                bit = 3 * krank
+                at = bit >> 3
+                two = tl.load(rem_src + at, mask=kv & (at < rem_l), other=0).to(tl.int32) | (
+                    tl.load(rem_src + at + 1, mask=kv & (at + 1 < rem_l), other=0).to(tl.int32)
+                    << 8)
+                smv = smv | (((two >> (bit & 7)) & 7) << 8)
     word = (((smv >> MAN_BITS) & 1) << (MAN_BITS + EXP_BITS)) | ((e & EMAX) << MAN_BITS) | (
         smv & ((1 << MAN_BITS) - 1))
     # Flagged zeros (codes below z): -0.0 has code zp when ZNEG is set.
     word = tl.where(code < z, tl.where(code == zp, SIGNW * zn, 0), word)
-    tl.store(dst + i, word.to(dst.dtype.element_ty), mask=valid)
+    store_rows(dst, i, n, word.to(dst.dtype.element_ty), ITEMSIZE, G, T)
 
     if SPARSE:
         # Patch: thread t's k-th escape (the k-th set bit of its mask) takes
@@ -317,3 +310,32 @@ def _patch_escape(dst, esc_src, m, bad_e, tw, at, act, esc_l, EMAX: tl.constexpr
     new = (old & ~(EMAX << MAN_BITS)) | ((eb & EMAX) << MAN_BITS)
     tl.store(p, new.to(dst.dtype.element_ty), mask=act)
     return m ^ b, bad_e | (act & (eb > EMAX)).to(tl.int32)
+
+
+@triton.jit
+def _rem_runs_load(rem_src, inrow, rowx, kstart, rem_l):
+    """fp16 rem with zeros omitted, a thread's 8 G <= 32 elements (the
+    encoder's _rem_runs): the thread's run of 3-bit values from bit 3 kstart,
+    four 32-bit words loaded and shifted down (words at or past rem_l read
+    as 0), each row's 24 bits cut from it, each element's 3 bits from its
+    row's; elements not kept get what follows (their words are flagged
+    zeros)."""
+    bit = 3 * kstart
+    sh = (bit & 31).to(tl.uint64)
+    at = bit >> 5
+    words = rem_src.to(tl.pointer_type(tl.uint32))
+    w0 = tl.load(words + at, mask=4 * at < rem_l, other=0).to(tl.uint64)
+    w1 = tl.load(words + at + 1, mask=4 * at + 4 < rem_l, other=0).to(tl.uint64)
+    w2 = tl.load(words + at + 2, mask=4 * at + 8 < rem_l, other=0).to(tl.uint64)
+    w3 = tl.load(words + at + 3, mask=4 * at + 12 < rem_l, other=0).to(tl.uint64)
+    o01 = w0 | (w1 << 32)
+    o23 = w2 | (w3 << 32)
+    # The run's bits 0..63 and 64..: logical shifts ((o23 << 1) << (63 - sh) is 0 for sh = 0).
+    lo = ((o01 >> sh) | ((o23 << 1) << (63 - sh)))[:, None]
+    hi = (o23 >> sh)[:, None]
+    s = 3 * rowx  # the row's first bit in the run (< 96)
+    rv = tl.where(s < 64, lo >> tl.minimum(s, 63).to(tl.uint64), 0) | tl.where(
+        s >= 64, hi >> tl.maximum(s - 64, 0).to(tl.uint64),
+        tl.where(s > 40, hi << tl.maximum(64 - s, 0).to(tl.uint64), 0))
+    rv = (rv & 0xFFFFFF).to(tl.int32)
+    return (rv[:, :, None] >> (3 * inrow)) & 7

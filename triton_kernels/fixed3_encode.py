@@ -34,9 +34,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._codec_common import (FIXED_ZERO_SHIFT, ROUNDS, _sum_sum_max, align16, esc_bits,
+from ._codec_common import (FIXED_ZERO_SHIFT, ROUNDS, align16, fixed3_thread_counts,
                             fixed3_layout, fixed_window, low_bit_index, pack_bytes, popc32,
-                            store_rows3, store_words, store_words24, sum3, tile3, ttile, zero_pad)
+                            load_rows, store_rows3, store_words, store_words24, sum3, tile3, ttile,
+                            zero_pad)
 from ._lookback import chunk_offset, ticket
 
 
@@ -67,7 +68,7 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     valid = i < n
     # 16-bit words sign-extended: every field below is read with a mask, and
     # -0.0 is -32768.
-    w = tl.load(x_ptr + start + i, mask=valid, other=0).to(tl.int32)
+    w = load_rows(x_ptr + start, i, n, ITEMSIZE, G, T)
     is_neg = w == NEGZ
     e = (w >> MAN_BITS) & EMAX
     normal = (e - 1).to(tl.uint32) < EMAX - 1  # 0 < e < EMAX (the padding has e = 0)
@@ -114,21 +115,7 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     acc = tl.sum(code << (3 * q), axis=2)  # a row's eight codes, [T, G]
     kp = (code >= z).to(tl.int32)
     krow = tl.sum(kp, axis=2)
-    kept_t = tl.sum(krow, axis=1)
-    if SPARSE:
-        emask = tl.sum(esc_bits(acc) << (8 * tl.arange(0, G)[None, :]), axis=1)
-        esc_t = popc32(emask)
-    else:
-        esc_t = tl.sum(tl.sum(esc.to(tl.int32), axis=2), axis=1)
-    packed = kept_t | (esc_t << 16)
-    tex = tl.cumsum(packed, axis=0) - packed  # kept (low) and escapes (high) before the thread
-    if SPARSE:  # counts < 2**13, a thread's escapes < 64: one reduction
-        tot = tl.reduce(kept_t | (esc_t << 13) | (esc_t << 26), 0, _sum_sum_max)
-        n_esc = (tot >> 13) & 0x1FFF
-        kmax = (tot >> 26) & 63
-    else:
-        n_esc = tl.sum(esc_t, axis=0)
-        kmax = 0
+    tex, emask, esc_t, _, n_esc, kmax = fixed3_thread_counts(krow, acc, esc, T, G)
 
     # --- raw or coded; the segment's size and offset ---
     codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg_c = fixed3_layout(
@@ -190,20 +177,27 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
                     zero_pad(rem_dst, rem_nb, a_esc - a_rem)
         else:
             # Zeros omitted: each kept element's sm at its rank among the kept.
-            keep = valid & (kp != 0)
-            krank = (tex & 0xFFFF)[:, None, None] + (tl.cumsum(krow, axis=1) - krow)[:, :, None] + (
-                tl.cumsum(kp, axis=2) - kp)
+            keep = kp != 0  # (z > 0 here: the padding's code 0 is not kept)
+            kstart = tex & 0xFFFF  # kept elements before the thread
+            rowx = tl.cumsum(krow, axis=1) - krow  # kept before the row, in the thread
+            inrow = tl.cumsum(kp, axis=2) - kp  # kept before the element, in the row
+            krank = kstart[:, None, None] + rowx[:, :, None] + inrow
             if ITEMSIZE == 4:
-                smb = 3 - 2 * low16
-                for b in tl.static_range(3):
-                    tl.store(sm_dst + smb * krank + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
-                             mask=tl.where(b < smb, keep, False))
+                if low16 != 0:
+                    tl.store(sm_dst + krank, (smv & 0xFF).to(tl.uint8), mask=keep)
+                else:
+                    p3 = sm_dst + 3 * krank
+                    for b in tl.static_range(3):
+                        tl.store(p3 + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8), mask=keep)
             else:
                 tl.store(sm_dst + krank, (smv & 0xFF).to(tl.uint8), mask=keep)
             zero_pad(sm_dst, sm_nb, a_rem - a_sm)
             if IS_FP16:
-                _rem_scatter(dst + a_rem, tl.where(keep, (smv >> 8) & 7, 0), krank, keep,
-                             a_esc - a_rem, i, CP)
+                r3 = ((smv >> 8) & 7) * kp  # (0 where not kept: padding has kp 0 here, z > 0)
+                if SPARSE:
+                    _rem_runs(dst + a_rem, r3, inrow, rowx, kstart, a_esc - a_rem, CP, T)
+                else:
+                    _rem_scatter(dst + a_rem, r3, krank, keep, a_esc - a_rem, i, CP)
         # esc: the escaped elements' exponent bytes at their rank among the escapes.
         esc_dst = dst + a_esc
         e_at = (tex >> 16) & 0xFFFF
@@ -313,3 +307,38 @@ def _rem_scatter(rem_dst, r3, krank, keep, room, i, CP: tl.constexpr):
     tl.atomic_or(words + at, r3 << sh, mask=keep & (r3 != 0))
     hi = r3 >> ((32 - sh) & 31)  # the bits past the word, when sh > 29
     tl.atomic_or(words + at + 1, hi, mask=keep & (sh > 29) & (hi != 0))
+
+
+@triton.jit
+def _rem_runs(rem_dst, r3, inrow, rowx, kstart, room, CP: tl.constexpr, T: tl.constexpr):
+    """fp16 rem with zeros omitted, a thread's 8 G <= 32 elements: its kept
+    elements' 3-bit values are one run of bits from bit 3 kstart (kept
+    ranks are consecutive in a thread), packed in the thread (each row's
+    run, then the rows' runs joined: at most 96 bits) and OR-ed into the
+    zeroed segment of ``room`` bytes (a multiple of 16) as four 32-bit
+    atomics per thread (the run's first and last words are shared with
+    the neighbouring threads)."""
+    G: tl.constexpr = CP // (8 * T)
+    NG: tl.constexpr = (3 * CP // 8 + 16 * T - 1) // (16 * T)  # 16-byte granules a thread zeroes
+    store_words(rem_dst, tl.zeros([T, 4 * NG], tl.int32), room, T, 4 * NG)
+    # A row's kept values at 3 bits each from its bit 0 (24 bits at most).
+    rv = tl.sum(r3 << (3 * inrow), axis=2).to(tl.uint64)  # [T, G]
+    s = 3 * rowx  # the row's first bit in the thread's run (< 96)
+    lo = tl.sum(tl.where(s < 64, rv << tl.minimum(s, 63).to(tl.uint64), 0), axis=1)
+    hi = tl.sum(tl.where(s >= 64, rv << tl.maximum(s - 64, 0).to(tl.uint64),
+                         tl.where(s > 40, rv >> tl.minimum(64 - s, 63).to(tl.uint64), 0)), axis=1)
+    bit = 3 * kstart
+    sh = (bit & 31).to(tl.uint64)
+    at = bit >> 5
+    # The 96-bit run (hi:lo) shifted left by sh: four words from word at
+    # (logical shifts: (lo >> 1) >> (63 - sh) is 0 for sh = 0).
+    o01 = lo << sh
+    o23 = (hi << sh) | ((lo >> 1) >> (63 - sh))
+    tl.debug_barrier()
+    words = rem_dst.to(tl.pointer_type(tl.int32))
+    for k in tl.static_range(4):
+        if k < 2:
+            v = ((o01 >> (32 * k)) & 0xFFFFFFFF).to(tl.int32)
+        else:
+            v = ((o23 >> (32 * (k - 2))) & 0xFFFFFFFF).to(tl.int32)
+        tl.atomic_or(words + at + k, v, mask=v != 0, sem="relaxed")
