@@ -378,15 +378,22 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
                 tl.arange(0, 4)[None, None, :])
             w = tl.reshape(tl.load(x_ptr + start + i4), (T, G, 8))
         else:
-            w = tl.load(x_ptr + start + i).to(tl.int32)
+            # Pairs of 16-bit words as int32 [T, G, 4], split by shifts into
+            # sign-extended elements: loaded as int16 and widened, LLVM packs
+            # the element math into 16x2 SIMD ops with a repack per step.
+            i2 = tl.arange(0, T)[:, None, None] * (4 * G) + tl.arange(0, G)[None, :, None] * 4 + (
+                tl.arange(0, 4)[None, None, :])
+            wp = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + start // 2 + i2)
+            w = tl.reshape(tl.join((wp << 16) >> 16, wp >> 16), (T, G, 8))
         vi = 1
     else:
         n = tl.minimum(numel - start, C).to(tl.int32)
         w = tl.load(x_ptr + start + i, mask=i < n, other=0).to(tl.int32)
         vi = (i < n).to(tl.int32)
     if ITEMSIZE == 2:
-        w = w & 0xFFFF
-        is_neg = w == 0x8000
+        if not FULL:
+            w = (w << 16) >> 16  # sign-extended, as the full chunk's
+        is_neg = w == -32768
     else:
         is_neg = (w != 0) & ((w & 0x7FFFFFFF) == 0)
     is_pos = w == 0
@@ -493,10 +500,11 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     dst = out_ptr + body_off + 16 * off
     if seg_c >= raw_seg:
         _write_raw(x_ptr, start, n, dst, ITEMSIZE, C, T)
-    # The coded writes, predicated on ``coded`` rather than branched around
-    # (tensors used inside an ``if`` region trip a layout pass of triton).
-    # 0/1 int, not a bool: triton 3.9's interpreter takes no scalar bool in a
-    # mask; ``x * 0 + cz != 0`` is a uniform mask the compiler folds.
+    # The coded writes: the per-element scatters (sm, esc) in a uniform
+    # branch each, so their masks do not carry ``coded`` (the compiler kept
+    # that test per element: ~4 instructions an element); the rest predicated
+    # on it. 0/1 int, not a bool: triton 3.9's interpreter takes no scalar
+    # bool in a mask; ``x * 0 + cz != 0`` is a uniform mask the compiler folds.
     cz = coded.to(tl.int32)
     # Tier 0: a row's eight 2-bit digits are the 16-bit word 2 * row.
     rows = tl.arange(0, T)[:, None] * G + gq
@@ -524,15 +532,16 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     at = kpre + kex[:, None, None]  # (escape rank, kept rank << 16)
     krank = at >> 16
     sm_dst = dst + a_sm
-    kc = tl.where(cz != 0, keep != 0, False)
     if ITEMSIZE == 4:
         smb = 3 - 2 * low16
         smv = tl.where(low16 != 0, smv >> 16, smv)
-        for b in tl.static_range(3):
-            tl.store(sm_dst + krank * smb + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
-                     mask=tl.where(b < smb, kc, False))
+        if seg_c < raw_seg:
+            for b in tl.static_range(3):
+                tl.store(sm_dst + krank * smb + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
+                         mask=tl.where(b < smb, keep != 0, False))
     else:
-        tl.store(sm_dst + krank, (smv & 0xFF).to(tl.uint8), mask=kc)
+        if seg_c < raw_seg:
+            tl.store(sm_dst + krank, (smv & 0xFF).to(tl.uint8), mask=keep != 0)
     zero_pad(sm_dst, sm_nb, (a_rem - a_sm) * cz)
     if IS_FP16:
         # rem: the kept elements' top 3 sm bits, 3 bits each.
@@ -541,7 +550,8 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
                   3 * kept, True, 3 * G + 1)
         zero_pad(dst + a_rem, rem_nb, (a_esc - a_rem) * cz)
     # esc: the escaped elements' exponent bytes, in order.
-    tl.store(dst + a_esc + (at & 0xFFFF), e.to(tl.uint8), mask=tl.where(cz != 0, esc != 0, False))
+    if seg_c < raw_seg:
+        tl.store(dst + a_esc + (at & 0xFFFF), e.to(tl.uint8), mask=esc != 0)
     zero_pad(dst + a_esc, esc_nb, ((esc_nb + 15) & -16) * cz)
 
 
