@@ -207,7 +207,7 @@ def _decode_block(src, dst, k0, n, base, lut, low16, a_sm, a_rem, a_esc, nkept, 
     # it when empty: still inside the segment (its codes start it).
     erank = tl.minimum(ebase + (at & 0xFFFF), esc_nb - 1)
     krank = tl.minimum(kbase + (at >> 16), nkept - 1)
-    ebyte = tl.load(src + a_esc + erank, mask=esc != 0, other=0)
+    ebyte = tl.load(src + a_esc + erank)  # (erank clamped: inside the segment)
     e = tl.where(esc != 0, ebyte.to(tl.int32) & 0xFF, base + nib - 8)
     e = tl.where(keep != 0, e, 0)
     bad = tl.reduce(tl.reduce(e, 2, _or), 1, _or)
@@ -232,8 +232,11 @@ def _decode_block(src, dst, k0, n, base, lut, low16, a_sm, a_rem, a_esc, nkept, 
             hi_b = tl.load(rsrc + 1, mask=rat + 1 < rem_nb, other=0).to(tl.int32) & 0xFF
             sm = sm | ((((lo_b | (hi_b << 8)) >> (bit & 7)) & 7) << 8)
     sm = tl.where(zero != 0, (15 - nib) << MAN_BITS, sm)
-    w = ((sm >> MAN_BITS) << (MAN_BITS + EXP_BITS)) | (e << MAN_BITS) | (
-        sm & ((1 << MAN_BITS) - 1))
+    if ITEMSIZE == 2 and MAN_BITS == 7:  # bf16: sm * 0x101 is sm | sm << 8 (8-bit sm)
+        w = ((sm * 0x101) & 0x807F) | (e << MAN_BITS)
+    else:
+        w = ((sm >> MAN_BITS) << (MAN_BITS + EXP_BITS)) | (e << MAN_BITS) | (
+            sm & ((1 << MAN_BITS) - 1))
     if FULL:
         if ITEMSIZE == 2:
             tl.store(dst + i, w.to(tl.int16))
