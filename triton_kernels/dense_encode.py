@@ -31,7 +31,8 @@ exclusive prefix of the threads' counts. Runs of neighbouring threads share
 bytes (a run may be shorter than a byte), so the streams past tier 0 are
 written by zeroing their granules, a barrier, and 32-bit atomic ORs of each
 run's (at most three) words: no thread needs another's bits. The fp16 rem
-stream (3 bits per kept element) is written the same way.
+stream (3 bits per kept element) is written the same way, a row of 8
+elements (<= 24 bits, two words) at a time.
 """
 from __future__ import annotations
 
@@ -112,10 +113,11 @@ def row_excl(row, G: tl.constexpr):
 @triton.jit
 def thread_excl(f):
     """In-thread exclusive prefix sums (element order) of a [T, G, 8] tile of
-    packed counters, and each thread's total ([T])."""
+    packed counters, each thread's total ([T]) and the prefix at each row's
+    start ([T, G])."""
     row = tl.sum(f, axis=2)
     rpre, tot = row_excl(row, f.shape[1])
-    return rpre[:, :, None] + tl.cumsum(f, axis=2) - f, tot
+    return rpre[:, :, None] + tl.cumsum(f, axis=2) - f, tot, rpre
 
 
 @triton.jit
@@ -161,17 +163,6 @@ def zero_pad(ptr, start, end):
 # Bit-stream runs
 # ---------------------------------------------------------------------------
 @triton.jit
-def _pack_run128(d, pos, BITS: tl.constexpr):
-    """_pack_run for runs up to 128 bits: (bits 0..63, bits 64..127)."""
-    s = BITS * pos
-    du = d.to(tl.uint64)
-    lo = tl.where(s < 64, du << tl.minimum(s, 63).to(tl.uint64), 0)
-    hi = tl.where(s >= 64, du << tl.maximum(s - 64, 0).to(tl.uint64),
-                  (du >> 1) >> (63 - tl.minimum(s, 63)).to(tl.uint64))
-    return (tl.sum(tl.sum(lo, axis=2), axis=1), tl.sum(tl.sum(hi, axis=2), axis=1))
-
-
-@triton.jit
 def _or_run(words, Q, run, WIDE: tl.constexpr):
     """OR a thread's run (uint64 [T], zeros above its length: <= 32 bits,
     or <= 64 with WIDE) into the zeroed 32-bit words at bit Q ([T]) of
@@ -185,21 +176,6 @@ def _or_run(words, Q, run, WIDE: tl.constexpr):
     if WIDE:
         p2 = (run >> 32) >> (32 - s)
         tl.atomic_or(at + 2, p2.to(tl.int32), mask=p2 != 0, sem="relaxed")
-
-
-@triton.jit
-def _or_run128(words, Q, lo, hi):
-    """_or_run for a run of <= 96 bits (lo: bits 0..63, hi: 64..95)."""
-    s = (Q & 31).to(tl.uint64)
-    at = words + (Q >> 5)
-    p0 = (lo << s) & 0xFFFFFFFF
-    p1 = (lo >> (32 - s)) & 0xFFFFFFFF
-    p2 = (((lo >> 32) >> (32 - s)) | (hi << s)) & 0xFFFFFFFF
-    p3 = (hi >> (32 - s)) & 0xFFFFFFFF
-    tl.atomic_or(at, p0.to(tl.int32), mask=p0 != 0, sem="relaxed")
-    tl.atomic_or(at + 1, p1.to(tl.int32), mask=p1 != 0, sem="relaxed")
-    tl.atomic_or(at + 2, p2.to(tl.int32), mask=p2 != 0, sem="relaxed")
-    tl.atomic_or(at + 3, p3.to(tl.int32), mask=p3 != 0, sem="relaxed")
 
 
 # ---------------------------------------------------------------------------
@@ -258,12 +234,17 @@ def _pick64(i, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr, D: tl.constexp
                              tl.where(i == 2, tl.full([], C, tl.int64), tl.full([], D, tl.int64))))
 
 
+SIGNED_8888 = tl.constexpr(_signed64(0x8888888888888888))
+SIGNED_BBBB = tl.constexpr(_signed64(0xBBBBBBBBBBBBBBBB))
+
+
 @triton.jit
 def _chunk_lut(base, phase, zp, zn):
-    """The chunk's exponent-index -> rank nibbles (_rank_lut): nibble 0 is
-    +0.0's, 15 -0.0's (format.dense_symbol_table: a flagged zero's rank, +0.0
-    last without flags, else the rank exponent 0 has); and the 12-bit mask
-    of the ranks that are zeros (no sm byte)."""
+    """The chunk's exponent-index -> rank nibbles: _rank_lut's nibbles with
+    nibble 0 for +0.0 and 15 for -0.0 (format.dense_symbol_table: a flagged
+    zero's rank, +0.0 last without flags, else the rank exponent 0 has),
+    turned into ranks (min(nibble + zpos + zneg - 2, ESC)); and the 12-bit
+    mask of the ranks that are zeros (no sm byte)."""
     lut = _pick64(phase, RL0, RL1, RL2, RL3)
     z = zp + zn
     nat = ((lut >> (4 * tl.minimum(tl.maximum(8 - base, 1), 14)).to(tl.int64)) & 15).to(tl.int32)
@@ -273,6 +254,13 @@ def _chunk_lut(base, phase, zp, zn):
     nib15 = tl.where(zn != 0, zp + 2 - z, nat)
     keep = tl.full([], 0x0FFFFFFFFFFFFFF0, tl.int64)
     lut = (lut & keep) | nib0.to(tl.int64) | (nib15.to(tl.int64) << 60)
+    # Ranks: min(nibble + z - 2, ESC), for all 16 nibbles at once (every
+    # nibble is at least 2 - z, so the subtraction borrows from none; 12
+    # and 13, bits 3 and 2 set, become 11).
+    lut = lut - (2 - z).to(tl.int64) * 0x1111111111111111
+    big = (lut & (lut << 1) & tl.full([], SIGNED_8888, tl.int64)) >> 3
+    big = (big & 0x1111111111111111) * 15
+    lut = (lut & ~big) | (big & tl.full([], SIGNED_BBBB, tl.int64))
     zmask = tl.where(pos_coded, 1 << r_pos, 0) | tl.where(zn != 0, 1 << zp, 0)
     return lut, zmask
 
@@ -356,8 +344,7 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     lut, zmask = _chunk_lut(base, phase, zp, zn)
     idx = tl.minimum(tl.maximum(e - base + 8, 1), 14)
     idx = tl.where(is_pos, 0, tl.where(is_neg, 15, idx))
-    nib = _nib(lut, (4 * idx).to(tl.int64))
-    rank = tl.minimum(nib + (zp + zn - 2), 11)
+    rank = _nib(lut, (4 * idx).to(tl.int64))
     sh = (4 * rank).to(tl.int64)
     m = _nib(tl.full([], RANK_M, tl.int64), sh)
     dv = _nib(tl.full([], RANK_D, tl.int64), sh)
@@ -389,7 +376,7 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     run4 = tl.sum(r4.to(tl.uint64) << (rpre >> 24).to(tl.uint64), axis=1)
     # Escapes (low half) and kept elements (high half): in-thread ranks.
     esc = ev >> 2
-    kpre, ktot = thread_excl(esc | (keep << 16))
+    kpre, ktot, krpre = thread_excl(esc | (keep << 16))
     L1 = ttot & 0xFF
     L2 = (ttot >> 8) & 0xFF
     L3 = (ttot >> 16) & 0xFF
@@ -461,7 +448,7 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
         z0 = 16 * ((len0 + 15) >> 4)
         zero_pad(dst, len0, tl.minimum(z0, a_sm))
         store_words(dst + z0, tl.zeros([T, 4 * ZG], tl.int32), a_sm - z0, T, 4 * ZG)
-        if IS_FP16:  # rem (the kept elements' top 3 sm bits, 3 bits each), the same way
+        if IS_FP16:  # rem (the kept elements' top 3 sm bits, 3 bits each): zeroed too
             a_rem16 = 16 * (a_rem >> 4)
             store_words(dst + a_rem16, tl.zeros([T, 4 * RG], tl.int32), a_esc - a_rem16, T,
                         4 * RG)
@@ -472,9 +459,18 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
         _or_run(words, 8 * b3 + p3, run3, True)
         _or_run(words, 8 * b4 + p4, run4, True)
         if IS_FP16:
-            rlo, rhi = _pack_run128(tl.where(keep != 0, ((w >> EXP_BITS) & (1 << MAN_BITS)) | (
-                w & ((1 << MAN_BITS) - 1)), 0) >> 8, kpre >> 16, 3)
-            _or_run128(words + (a_rem >> 2), 3 * (kex >> 16), rlo, rhi)
+            # A row's kept elements' 3 bits (<= 24) at their rank in the row,
+            # OR-ed in at the row's first kept rank: two words a row.
+            rem3 = tl.where(keep != 0, ((w >> 13) & 4) | ((w >> 8) & 3), 0)
+            rk = krpre >> 16  # kept elements before the row, in the thread
+            run = tl.sum(rem3 << (3 * ((kpre >> 16) - rk[:, :, None])), axis=2).to(tl.uint64)
+            bit = 3 * ((kex >> 16)[:, None] + rk)
+            s3 = (bit & 31).to(tl.uint64)
+            rw = words + (a_rem >> 2) + (bit >> 5)
+            q0 = (run << s3) & 0xFFFFFFFF
+            q1 = (run << s3) >> 32
+            tl.atomic_or(rw, q0.to(tl.int32), mask=q0 != 0, sem="relaxed")
+            tl.atomic_or(rw + 1, q1.to(tl.int32), mask=q1 != 0, sem="relaxed")
     # sm: the kept elements' sign+mantissa bytes at their rank among the kept.
     smv = (((w >> SIGN_SHIFT) & 1) << MAN_BITS) | (w & ((1 << MAN_BITS) - 1))
     at = kpre + kex[:, None, None]  # (escape rank, kept rank << 16)
