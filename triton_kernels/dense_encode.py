@@ -363,8 +363,9 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     frow = tl.sum(f, axis=2)  # [T, G]
     q = tl.arange(0, 8)[None, None, :]
     r0 = tl.sum((dv & 3) << (2 * q), axis=2)
-    r1 = tl.sum(((m >> 1) & 1).to(tl.uint32) << (fpre & 0xFF), axis=2)
-    r2 = tl.sum(((m >> 2) & 1).to(tl.uint32) << ((fpre >> 8) & 0xFF), axis=2)
+    # (The digit bits shifted where they are in m, the row's sum shifted back.)
+    r1 = tl.sum((m & 2).to(tl.uint32) << (fpre & 0xFF), axis=2) >> 1
+    r2 = tl.sum((m & 4).to(tl.uint32) << ((fpre >> 8) & 0xFF), axis=2) >> 2
     r3 = tl.sum((dv >> 2).to(tl.uint32) << ((fpre >> 16) & 0xFF), axis=2)
     r4 = tl.sum((ev & 3).to(tl.uint32) << (fpre >> 24), axis=2)
     rpre, ttot = row_excl(frow, G)  # a thread's fields stay below 65
