@@ -474,10 +474,12 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
             tl.atomic_or(rw + 1, q1.to(tl.int32), mask=q1 != 0, sem="relaxed")
     # sm: the kept elements' sign+mantissa bytes at their rank among the kept.
     smv = (((w >> SIGN_SHIFT) & 1) << MAN_BITS) | (w & ((1 << MAN_BITS) - 1))
-    at = kpre + kex[:, None, None]  # (escape rank, kept rank << 16)
-    krank = at >> 16
+    # Ranks among the kept (high half) and escaped (low half) elements: a
+    # pointer per thread at its first one, the in-thread rank added per element.
     sm_dst = dst + a_sm
-    if ITEMSIZE == 4:
+    if ITEMSIZE == 4:  # (fp32 counts fewer instructions with the ranks added first)
+        at = kpre + kex[:, None, None]
+        krank = at >> 16
         smb = 3 - 2 * low16
         smv = tl.where(low16 != 0, smv >> 16, smv)
         if seg_c < raw_seg:
@@ -486,11 +488,16 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
                          mask=tl.where(b < smb, keep != 0, False))
     else:
         if seg_c < raw_seg:
-            tl.store(sm_dst + krank, (smv & 0xFF).to(tl.uint8), mask=keep != 0)
+            tl.store((sm_dst + (kex >> 16))[:, None, None] + (kpre >> 16),
+                     (smv & 0xFF).to(tl.uint8), mask=keep != 0)
     zero_pad(sm_dst, sm_nb, (a_rem - a_sm) * cz)
     # esc: the escaped elements' exponent bytes, in order.
     if seg_c < raw_seg:
-        tl.store(dst + a_esc + (at & 0xFFFF), e.to(tl.uint8), mask=esc != 0)
+        if ITEMSIZE == 2:
+            tl.store((dst + a_esc + (kex & 0xFFFF))[:, None, None] + (kpre & 0xFFFF),
+                     e.to(tl.uint8), mask=esc != 0)
+        else:
+            tl.store(dst + a_esc + (at & 0xFFFF), e.to(tl.uint8), mask=esc != 0)
     zero_pad(dst + a_esc, esc_nb, ((esc_nb + 15) & -16) * cz)
 
 
