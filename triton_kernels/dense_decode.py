@@ -112,7 +112,7 @@ def _excl(f, G: tl.constexpr, HALF: tl.constexpr):
             g = tl.arange(0, G)[None, :, None]
             first = tl.sum(tl.sum(tl.where(g < G // 2, row, 0), axis=2), axis=1)
             rpre = rpre - tl.where(g >= G // 2, first[:, None, None], 0)
-    return inc - f + rpre, tot, first
+    return inc - f + rpre, tot, first, rpre
 
 
 @triton.jit
@@ -123,7 +123,7 @@ def _tier(codes64, nwords, pos, opened, G: tl.constexpr, BITS: tl.constexpr):
     past them give 0), and where each thread's run ends ([T] bit positions).
     A run is <= 32 bits for 1-bit digits; 2-bit ones are read as two runs
     of <= 32 bits, one per half of the thread's rows."""
-    pre, cnt, first = _excl(opened, G, BITS == 2)
+    pre, cnt, first, _ = _excl(opened, G, BITS == 2)
     bits = cnt * BITS
     incl = tl.cumsum(bits, axis=0)
     P = pos + incl - bits
@@ -199,7 +199,7 @@ def _decode_block(src, dst, k0, n, base, lut, low16, a_sm, a_rem, a_esc, nkept, 
         zero = zero * vi
     keep = vi - zero
     # Ranks among the block's escapes (low half) and kept elements (high half).
-    pre, tot, _ = _excl(esc | (keep << 16), G, False)
+    pre, tot, _, rpre = _excl(esc | (keep << 16), G, False)
     incl = tl.cumsum(tot, axis=0)
     at = pre + (incl - tot)[:, None, None]
     # Ranks past the table's counts (a corrupt segment; the count check
@@ -207,7 +207,7 @@ def _decode_block(src, dst, k0, n, base, lut, low16, a_sm, a_rem, a_esc, nkept, 
     # it when empty: still inside the segment (its codes start it).
     erank = tl.minimum(ebase + (at & 0xFFFF), esc_nb - 1)
     krank = tl.minimum(kbase + (at >> 16), nkept - 1)
-    ebyte = tl.load(src + a_esc + erank, mask=esc != 0, other=0)
+    ebyte = tl.load(src + a_esc + erank)  # (erank clamped: inside the segment)
     e = tl.where(esc != 0, ebyte.to(tl.int32) & 0xFF, base + nib - 8)
     e = tl.where(keep != 0, e, 0)
     bad = tl.reduce(tl.reduce(e, 2, _or), 1, _or)
@@ -224,16 +224,25 @@ def _decode_block(src, dst, k0, n, base, lut, low16, a_sm, a_rem, a_esc, nkept, 
         sm = tl.where(low16 != 0, word << 16, word)
     else:
         sm = tl.load(sm_src + krank).to(tl.int32) & 0xFF  # (a zero's: replaced below)
-        if IS_FP16:  # rem: 3 bits at bit 3 krank
-            bit = 3 * krank
-            rat = bit >> 3
-            rsrc = src + a_rem + rat
-            lo_b = tl.load(rsrc).to(tl.int32) & 0xFF  # (krank clamped: inside rem)
-            hi_b = tl.load(rsrc + 1, mask=rat + 1 < rem_nb, other=0).to(tl.int32) & 0xFF
-            sm = sm | ((((lo_b | (hi_b << 8)) >> (bit & 7)) & 7) << 8)
+        if IS_FP16:
+            # rem: a row's kept elements' 3-bit values are <= 24 bits from
+            # bit 3 k of the rem stream (k: the row's first kept rank), read
+            # as two aligned words a row (words past the padded rem not read).
+            rk = tl.minimum(kbase + (((incl - tot)[:, None, None] + rpre) >> 16), nkept)
+            bit = 3 * rk  # [T, G, 1]
+            wi = bit >> 5
+            rem32 = (src + a_rem).to(tl.pointer_type(tl.int32))
+            room = (a_esc - a_rem) >> 2
+            r0w = tl.load(rem32 + wi, mask=wi < room, other=0).to(tl.uint32).to(tl.uint64)
+            r1w = tl.load(rem32 + wi + 1, mask=wi + 1 < room, other=0).to(tl.uint32).to(tl.uint64)
+            run = ((r0w | (r1w << 32)) >> (bit & 31).to(tl.uint64)).to(tl.uint32)
+            sm = sm | (((run >> (3 * ((pre - rpre) >> 16)).to(tl.uint32)) & 7).to(tl.int32) << 8)
     sm = tl.where(zero != 0, (15 - nib) << MAN_BITS, sm)
-    w = ((sm >> MAN_BITS) << (MAN_BITS + EXP_BITS)) | (e << MAN_BITS) | (
-        sm & ((1 << MAN_BITS) - 1))
+    if ITEMSIZE == 2 and MAN_BITS == 7:  # bf16: sm * 0x101 is sm | sm << 8 (8-bit sm)
+        w = ((sm * 0x101) & 0x807F) | (e << MAN_BITS)
+    else:
+        w = ((sm >> MAN_BITS) << (MAN_BITS + EXP_BITS)) | (e << MAN_BITS) | (
+            sm & ((1 << MAN_BITS) - 1))
     if FULL:
         if ITEMSIZE == 2:
             tl.store(dst + i, w.to(tl.int16))

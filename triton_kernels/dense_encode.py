@@ -28,13 +28,11 @@ Tier streams. Tier t of the dense code is a bit stream of one digit per
 element open at that tier, in element order. A thread packs its own digits
 into a run (<= 64 bits) with in-thread shifts; its runs start at the
 exclusive prefix of the threads' counts. Runs of neighbouring threads share
-bytes, so each byte is written by the thread that holds the byte's last bit:
-that thread needs the up to 7 stream bits before its run, which an
-associative scan of (length, last 8 bits) windows over the threads gives
-(exclusive: the previous thread's inclusive window, by ``tl.gather``). Every
-byte of the segment is written by exactly one thread and no atomics are
-needed on the data. The fp16 rem stream (3 bits per kept element) is
-written the same way.
+bytes (a run may be shorter than a byte), so the streams past tier 0 are
+written by zeroing their granules, a barrier, and 32-bit atomic ORs of each
+run's (at most three) words: no thread needs another's bits. The fp16 rem
+stream (3 bits per kept element) is written the same way, a row of 8
+elements (<= 24 bits, two words) at a time.
 """
 from __future__ import annotations
 
@@ -43,6 +41,7 @@ import triton.language as tl
 
 from zipccl_fsdp import format as F
 
+from ._codec_common import store_words
 from ._lookback import chunk_offset, ticket
 
 # The shape of the format this kernel is written for (fails loudly if it changes).
@@ -114,10 +113,11 @@ def row_excl(row, G: tl.constexpr):
 @triton.jit
 def thread_excl(f):
     """In-thread exclusive prefix sums (element order) of a [T, G, 8] tile of
-    packed counters, and each thread's total ([T])."""
+    packed counters, each thread's total ([T]) and the prefix at each row's
+    start ([T, G])."""
     row = tl.sum(f, axis=2)
     rpre, tot = row_excl(row, f.shape[1])
-    return rpre[:, :, None] + tl.cumsum(f, axis=2) - f, tot
+    return rpre[:, :, None] + tl.cumsum(f, axis=2) - f, tot, rpre
 
 
 @triton.jit
@@ -163,117 +163,19 @@ def zero_pad(ptr, start, end):
 # Bit-stream runs
 # ---------------------------------------------------------------------------
 @triton.jit
-def _win_combine(la, wa, lb, wb):
-    """Concatenate two stream pieces (bit length, last 8 bits at the top of a
-    byte, zeros below when shorter): the result's last 8 bits are b's above
-    a's shifted down by b's length."""
-    return la + lb, (wa >> tl.minimum(lb, 8)) | wb
-
-
-@triton.jit
-def write_run(dst, P, L, lo, hi, total, HAS_HI: tl.constexpr, MAXB: tl.constexpr):
-    """Write each thread's run of a bit stream: L bits (lo, then hi above
-    bit 64) starting at bit P of the stream at ``dst`` (int32 [T] each;
-    ``total`` bits in the stream). A thread writes the bytes whose last bit
-    is in its run, and the thread holding the stream's last bit its
-    partial last byte (zeros above); MAXB bounds the bytes one run touches."""
-    # This run's last 8 bits, at the top of a byte.
-    off = tl.maximum(L - 8, 0)
-    x = lo >> tl.minimum(off, 63).to(tl.uint64)
-    if HAS_HI:
-        x = tl.where(off >= 64, hi >> tl.maximum(off - 64, 0).to(tl.uint64),
-                     x | ((hi << 1) << (63 - tl.minimum(off, 63)).to(tl.uint64)))
-    own = tl.where(L >= 8, x, lo << tl.maximum(8 - L, 0).to(tl.uint64))
-    own = (own & 0xFF).to(tl.int32)
-    _, win = tl.associative_scan((L, own), 0, _win_combine)
-    # Exclusive: the previous thread's inclusive window.
-    t = tl.arange(0, L.shape[0])
-    prev = tl.gather(win, tl.maximum(t - 1, 0), 0)
-    prev = tl.where(t > 0, prev, 0)
-    h = P & 7
-    head = (prev >> (8 - h)).to(tl.uint64)
-    hu = h.to(tl.uint64)
-    xlo = head | (lo << hu)
-    xhi = (lo >> 1) >> (63 - hu)
-    if HAS_HI:
-        xhi = xhi | (hi << hu)
-    nb = (h + L) >> 3
-    end = P + L
-    tail = (L > 0) & (end == total) & ((end & 7) != 0)
-    at = dst + (P >> 3)
-    for k in tl.static_range(MAXB):
-        if k < 8:
-            byte = (xlo >> (8 * k)) & 0xFF
-        else:
-            byte = (xhi >> (8 * (k - 8))) & 0xFF
-        tl.store(at + k, byte.to(tl.uint8), mask=(k < nb) | (tail & (k == nb)))
-
-
-@triton.jit
-def _own_window(L, lo):
-    """A run's last 8 bits at the top of a byte (L <= 64 bits in lo)."""
-    x = lo >> tl.maximum(L - 8, 0).to(tl.uint64)
-    own = tl.where(L >= 8, x, lo << tl.maximum(8 - L, 0).to(tl.uint64))
-    return (own & 0xFF).to(tl.int32)
-
-
-@triton.jit
-def _win4_combine(la1, wa1, la2, wa2, la3, wa3, la4, wa4, lb1, wb1, lb2, wb2, lb3, wb3, lb4, wb4):
-    """_win_combine for four streams at once."""
-    l1, w1 = _win_combine(la1, wa1, lb1, wb1)
-    l2, w2 = _win_combine(la2, wa2, lb2, wb2)
-    l3, w3 = _win_combine(la3, wa3, lb3, wb3)
-    l4, w4 = _win_combine(la4, wa4, lb4, wb4)
-    return l1, w1, l2, w2, l3, w3, l4, w4
-
-
-@triton.jit
-def _store_run(dst, P, L, lo, prev, total, MAXB: tl.constexpr):
-    """The stores of write_run for a run of <= 64 bits, given the previous
-    thread's inclusive window ``prev``."""
-    h = P & 7
-    hu = h.to(tl.uint64)
-    xlo = (prev >> (8 - h)).to(tl.uint64) | (lo << hu)
-    xhi = (lo >> 1) >> (63 - hu)
-    nb = (h + L) >> 3
-    end = P + L
-    tail = (L > 0) & (end == total) & ((end & 7) != 0)
-    at = dst + (P >> 3)
-    for k in tl.static_range(MAXB):
-        if k < 8:
-            byte = (xlo >> (8 * k)) & 0xFF
-        else:
-            byte = (xhi >> (8 * (k - 8))) & 0xFF
-        tl.store(at + k, byte.to(tl.uint8), mask=(k < nb) | (tail & (k == nb)))
-
-
-@triton.jit
-def write_runs4(dst1, P1, L1, v1, t1, dst2, P2, L2, v2, t2, dst3, P3, L3, v3, t3,
-                dst4, P4, L4, v4, t4, G: tl.constexpr):
-    """write_run for the four tier streams with one scan and one gather:
-    tiers 1 and 2 hold <= 8G bits a thread, tiers 3 and 4 <= 16G."""
-    _, w1, _, w2, _, w3, _, w4 = tl.associative_scan(
-        (L1, _own_window(L1, v1), L2, _own_window(L2, v2), L3, _own_window(L3, v3), L4,
-         _own_window(L4, v4)), 0, _win4_combine)
-    t = tl.arange(0, L1.shape[0])
-    both = w1 | (w2 << 8) | (w3 << 16) | (w4 << 24)
-    prev = tl.gather(both, tl.maximum(t - 1, 0), 0)
-    prev = tl.where(t > 0, prev, 0)
-    _store_run(dst1, P1, L1, v1, prev & 0xFF, t1, G + 1)
-    _store_run(dst2, P2, L2, v2, (prev >> 8) & 0xFF, t2, G + 1)
-    _store_run(dst3, P3, L3, v3, (prev >> 16) & 0xFF, t3, 2 * G + 1)
-    _store_run(dst4, P4, L4, v4, (prev >> 24) & 0xFF, t4, 2 * G + 1)
-
-
-@triton.jit
-def _pack_run128(d, pos, BITS: tl.constexpr):
-    """_pack_run for runs up to 128 bits: (bits 0..63, bits 64..127)."""
-    s = BITS * pos
-    du = d.to(tl.uint64)
-    lo = tl.where(s < 64, du << tl.minimum(s, 63).to(tl.uint64), 0)
-    hi = tl.where(s >= 64, du << tl.maximum(s - 64, 0).to(tl.uint64),
-                  (du >> 1) >> (63 - tl.minimum(s, 63)).to(tl.uint64))
-    return (tl.sum(tl.sum(lo, axis=2), axis=1), tl.sum(tl.sum(hi, axis=2), axis=1))
+def _or_run(words, Q, run, WIDE: tl.constexpr):
+    """OR a thread's run (uint64 [T], zeros above its length: <= 32 bits,
+    or <= 64 with WIDE) into the zeroed 32-bit words at bit Q ([T]) of
+    ``words``: one relaxed atomic per word it touches (none for zeros)."""
+    s = (Q & 31).to(tl.uint64)
+    at = words + (Q >> 5)
+    p0 = (run << s) & 0xFFFFFFFF
+    p1 = (run >> (32 - s)) & 0xFFFFFFFF
+    tl.atomic_or(at, p0.to(tl.int32), mask=p0 != 0, sem="relaxed")
+    tl.atomic_or(at + 1, p1.to(tl.int32), mask=p1 != 0, sem="relaxed")
+    if WIDE:
+        p2 = (run >> 32) >> (32 - s)
+        tl.atomic_or(at + 2, p2.to(tl.int32), mask=p2 != 0, sem="relaxed")
 
 
 # ---------------------------------------------------------------------------
@@ -332,12 +234,17 @@ def _pick64(i, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr, D: tl.constexp
                              tl.where(i == 2, tl.full([], C, tl.int64), tl.full([], D, tl.int64))))
 
 
+SIGNED_8888 = tl.constexpr(_signed64(0x8888888888888888))
+SIGNED_BBBB = tl.constexpr(_signed64(0xBBBBBBBBBBBBBBBB))
+
+
 @triton.jit
 def _chunk_lut(base, phase, zp, zn):
-    """The chunk's exponent-index -> rank nibbles (_rank_lut): nibble 0 is
-    +0.0's, 15 -0.0's (format.dense_symbol_table: a flagged zero's rank, +0.0
-    last without flags, else the rank exponent 0 has); and the 12-bit mask
-    of the ranks that are zeros (no sm byte)."""
+    """The chunk's exponent-index -> rank nibbles: _rank_lut's nibbles with
+    nibble 0 for +0.0 and 15 for -0.0 (format.dense_symbol_table: a flagged
+    zero's rank, +0.0 last without flags, else the rank exponent 0 has),
+    turned into ranks (min(nibble + zpos + zneg - 2, ESC)); and the 12-bit
+    mask of the ranks that are zeros (no sm byte)."""
     lut = _pick64(phase, RL0, RL1, RL2, RL3)
     z = zp + zn
     nat = ((lut >> (4 * tl.minimum(tl.maximum(8 - base, 1), 14)).to(tl.int64)) & 15).to(tl.int32)
@@ -347,6 +254,13 @@ def _chunk_lut(base, phase, zp, zn):
     nib15 = tl.where(zn != 0, zp + 2 - z, nat)
     keep = tl.full([], 0x0FFFFFFFFFFFFFF0, tl.int64)
     lut = (lut & keep) | nib0.to(tl.int64) | (nib15.to(tl.int64) << 60)
+    # Ranks: min(nibble + z - 2, ESC), for all 16 nibbles at once (every
+    # nibble is at least 2 - z, so the subtraction borrows from none; 12
+    # and 13, bits 3 and 2 set, become 11).
+    lut = lut - (2 - z).to(tl.int64) * 0x1111111111111111
+    big = (lut & (lut << 1) & tl.full([], SIGNED_8888, tl.int64)) >> 3
+    big = (big & 0x1111111111111111) * 15
+    lut = (lut & ~big) | (big & tl.full([], SIGNED_BBBB, tl.int64))
     zmask = tl.where(pos_coded, 1 << r_pos, 0) | tl.where(zn != 0, 1 << zp, 0)
     return lut, zmask
 
@@ -365,6 +279,10 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     chunk has C elements (the hot path; the ragged last chunk is the cold
     _encode_tail)."""
     G: tl.constexpr = C // (8 * T)
+    # 16-byte granules per thread that cover the tier 1..4 streams (at most
+    # 3/4 of a byte an element) and their padding.
+    ZG: tl.constexpr = (C * 3 // 4 + 16 + 16 * T - 1) // (16 * T)
+    RG: tl.constexpr = (C * 3 // 8 + 16 + 16 * T - 1) // (16 * T)  # the same for fp16 rem
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     SIGN_SHIFT: tl.constexpr = MAN_BITS + EXP_BITS
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
@@ -378,15 +296,22 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
                 tl.arange(0, 4)[None, None, :])
             w = tl.reshape(tl.load(x_ptr + start + i4), (T, G, 8))
         else:
-            w = tl.load(x_ptr + start + i).to(tl.int32)
+            # Pairs of 16-bit words as int32 [T, G, 4], split by shifts into
+            # sign-extended elements: loaded as int16 and widened, LLVM packs
+            # the element math into 16x2 SIMD ops with a repack per step.
+            i2 = tl.arange(0, T)[:, None, None] * (4 * G) + tl.arange(0, G)[None, :, None] * 4 + (
+                tl.arange(0, 4)[None, None, :])
+            wp = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + start // 2 + i2)
+            w = tl.reshape(tl.join((wp << 16) >> 16, wp >> 16), (T, G, 8))
         vi = 1
     else:
         n = tl.minimum(numel - start, C).to(tl.int32)
         w = tl.load(x_ptr + start + i, mask=i < n, other=0).to(tl.int32)
         vi = (i < n).to(tl.int32)
     if ITEMSIZE == 2:
-        w = w & 0xFFFF
-        is_neg = w == 0x8000
+        if not FULL:
+            w = (w << 16) >> 16  # sign-extended, as the full chunk's
+        is_neg = w == -32768
     else:
         is_neg = (w != 0) & ((w & 0x7FFFFFFF) == 0)
     is_pos = w == 0
@@ -419,8 +344,7 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     lut, zmask = _chunk_lut(base, phase, zp, zn)
     idx = tl.minimum(tl.maximum(e - base + 8, 1), 14)
     idx = tl.where(is_pos, 0, tl.where(is_neg, 15, idx))
-    nib = _nib(lut, (4 * idx).to(tl.int64))
-    rank = tl.minimum(nib + (zp + zn - 2), 11)
+    rank = _nib(lut, (4 * idx).to(tl.int64))
     sh = (4 * rank).to(tl.int64)
     m = _nib(tl.full([], RANK_M, tl.int64), sh)
     dv = _nib(tl.full([], RANK_D, tl.int64), sh)
@@ -439,8 +363,9 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     frow = tl.sum(f, axis=2)  # [T, G]
     q = tl.arange(0, 8)[None, None, :]
     r0 = tl.sum((dv & 3) << (2 * q), axis=2)
-    r1 = tl.sum(((m >> 1) & 1).to(tl.uint32) << (fpre & 0xFF), axis=2)
-    r2 = tl.sum(((m >> 2) & 1).to(tl.uint32) << ((fpre >> 8) & 0xFF), axis=2)
+    # (The digit bits shifted where they are in m, the row's sum shifted back.)
+    r1 = tl.sum((m & 2).to(tl.uint32) << (fpre & 0xFF), axis=2) >> 1
+    r2 = tl.sum((m & 4).to(tl.uint32) << ((fpre >> 8) & 0xFF), axis=2) >> 2
     r3 = tl.sum((dv >> 2).to(tl.uint32) << ((fpre >> 16) & 0xFF), axis=2)
     r4 = tl.sum((ev & 3).to(tl.uint32) << (fpre >> 24), axis=2)
     rpre, ttot = row_excl(frow, G)  # a thread's fields stay below 65
@@ -452,7 +377,7 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     run4 = tl.sum(r4.to(tl.uint64) << (rpre >> 24).to(tl.uint64), axis=1)
     # Escapes (low half) and kept elements (high half): in-thread ranks.
     esc = ev >> 2
-    kpre, ktot = thread_excl(esc | (keep << 16))
+    kpre, ktot, krpre = thread_excl(esc | (keep << 16))
     L1 = ttot & 0xFF
     L2 = (ttot >> 8) & 0xFF
     L3 = (ttot >> 16) & 0xFF
@@ -493,10 +418,11 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     dst = out_ptr + body_off + 16 * off
     if seg_c >= raw_seg:
         _write_raw(x_ptr, start, n, dst, ITEMSIZE, C, T)
-    # The coded writes, predicated on ``coded`` rather than branched around
-    # (tensors used inside an ``if`` region trip a layout pass of triton).
-    # 0/1 int, not a bool: triton 3.9's interpreter takes no scalar bool in a
-    # mask; ``x * 0 + cz != 0`` is a uniform mask the compiler folds.
+    # The coded writes: the per-element scatters (sm, esc) in a uniform
+    # branch each, so their masks do not carry ``coded`` (the compiler kept
+    # that test per element: ~4 instructions an element); the rest predicated
+    # on it. 0/1 int, not a bool: triton 3.9's interpreter takes no scalar
+    # bool in a mask; ``x * 0 + cz != 0`` is a uniform mask the compiler folds.
     cz = coded.to(tl.int32)
     # Tier 0: a row's eight 2-bit digits are the 16-bit word 2 * row.
     rows = tl.arange(0, T)[:, None] * G + gq
@@ -516,32 +442,62 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     b2 = b1 + ((n1 + 7) >> 3)
     b3 = b2 + ((n2 + 7) >> 3)
     b4 = b3 + ((2 * n3 + 7) >> 3)
-    write_runs4(dst + b1, p1, L1 * cz, run1, n1, dst + b2, p2, L2 * cz, run2, n2,
-                dst + b3, p3, L3 * cz, run3, 2 * n3, dst + b4, p4, L4 * cz, run4, 2 * n4, G)
-    zero_pad(dst, codes_nb, a_sm * cz)
+    if seg_c < raw_seg:
+        # Tiers 1..4: the codes past tier 0 zeroed, then each thread's runs
+        # OR-ed in by 32-bit atomics (no scan of stream windows over the
+        # threads; the barrier orders the zeros before the ORs).
+        z0 = 16 * ((len0 + 15) >> 4)
+        zero_pad(dst, len0, tl.minimum(z0, a_sm))
+        store_words(dst + z0, tl.zeros([T, 4 * ZG], tl.int32), a_sm - z0, T, 4 * ZG)
+        if IS_FP16:  # rem (the kept elements' top 3 sm bits, 3 bits each): zeroed too
+            a_rem16 = 16 * (a_rem >> 4)
+            store_words(dst + a_rem16, tl.zeros([T, 4 * RG], tl.int32), a_esc - a_rem16, T,
+                        4 * RG)
+        tl.debug_barrier()
+        words = dst.to(tl.pointer_type(tl.int32))
+        _or_run(words, 8 * b1 + p1, run1, False)
+        _or_run(words, 8 * b2 + p2, run2, False)
+        _or_run(words, 8 * b3 + p3, run3, True)
+        _or_run(words, 8 * b4 + p4, run4, True)
+        if IS_FP16:
+            # A row's kept elements' 3 bits (<= 24) at their rank in the row,
+            # OR-ed in at the row's first kept rank: two words a row.
+            rem3 = tl.where(keep != 0, ((w >> 13) & 4) | ((w >> 8) & 3), 0)
+            rk = krpre >> 16  # kept elements before the row, in the thread
+            run = tl.sum(rem3 << (3 * ((kpre >> 16) - rk[:, :, None])), axis=2).to(tl.uint64)
+            bit = 3 * ((kex >> 16)[:, None] + rk)
+            s3 = (bit & 31).to(tl.uint64)
+            rw = words + (a_rem >> 2) + (bit >> 5)
+            q0 = (run << s3) & 0xFFFFFFFF
+            q1 = (run << s3) >> 32
+            tl.atomic_or(rw, q0.to(tl.int32), mask=q0 != 0, sem="relaxed")
+            tl.atomic_or(rw + 1, q1.to(tl.int32), mask=q1 != 0, sem="relaxed")
     # sm: the kept elements' sign+mantissa bytes at their rank among the kept.
     smv = (((w >> SIGN_SHIFT) & 1) << MAN_BITS) | (w & ((1 << MAN_BITS) - 1))
-    at = kpre + kex[:, None, None]  # (escape rank, kept rank << 16)
-    krank = at >> 16
+    # Ranks among the kept (high half) and escaped (low half) elements: a
+    # pointer per thread at its first one, the in-thread rank added per element.
     sm_dst = dst + a_sm
-    kc = tl.where(cz != 0, keep != 0, False)
-    if ITEMSIZE == 4:
+    if ITEMSIZE == 4:  # (fp32 counts fewer instructions with the ranks added first)
+        at = kpre + kex[:, None, None]
+        krank = at >> 16
         smb = 3 - 2 * low16
         smv = tl.where(low16 != 0, smv >> 16, smv)
-        for b in tl.static_range(3):
-            tl.store(sm_dst + krank * smb + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
-                     mask=tl.where(b < smb, kc, False))
+        if seg_c < raw_seg:
+            for b in tl.static_range(3):
+                tl.store(sm_dst + krank * smb + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
+                         mask=tl.where(b < smb, keep != 0, False))
     else:
-        tl.store(sm_dst + krank, (smv & 0xFF).to(tl.uint8), mask=kc)
+        if seg_c < raw_seg:
+            tl.store((sm_dst + (kex >> 16))[:, None, None] + (kpre >> 16),
+                     (smv & 0xFF).to(tl.uint8), mask=keep != 0)
     zero_pad(sm_dst, sm_nb, (a_rem - a_sm) * cz)
-    if IS_FP16:
-        # rem: the kept elements' top 3 sm bits, 3 bits each.
-        rlo, rhi = _pack_run128(tl.where(keep != 0, smv >> 8, 0), kpre >> 16, 3)
-        write_run(dst + a_rem, 3 * (kex >> 16), 3 * (ktot >> 16) * cz, rlo, rhi,
-                  3 * kept, True, 3 * G + 1)
-        zero_pad(dst + a_rem, rem_nb, (a_esc - a_rem) * cz)
     # esc: the escaped elements' exponent bytes, in order.
-    tl.store(dst + a_esc + (at & 0xFFFF), e.to(tl.uint8), mask=tl.where(cz != 0, esc != 0, False))
+    if seg_c < raw_seg:
+        if ITEMSIZE == 2:
+            tl.store((dst + a_esc + (kex & 0xFFFF))[:, None, None] + (kpre & 0xFFFF),
+                     e.to(tl.uint8), mask=esc != 0)
+        else:
+            tl.store(dst + a_esc + (at & 0xFFFF), e.to(tl.uint8), mask=esc != 0)
     zero_pad(dst + a_esc, esc_nb, ((esc_nb + 15) & -16) * cz)
 
 
