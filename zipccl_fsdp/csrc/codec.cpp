@@ -1717,6 +1717,20 @@ static bool entry_ok(int codec, const Entry& en, int64_t n) {
   return true;
 }
 
+// The first kHeadBytes of a segment's codes and sign+mantissa streams, asked
+// for before the chunk decoder starts: its own prefetches run kHeadBytes
+// ahead of where it reads, so without these the head of each stream of each
+// chunk would be fetched on demand, a line at a time.
+constexpr int kHeadBytes = 1024;
+static inline void prefetch_head(const uint8_t* codes, const uint8_t* sm, int64_t ncodes,
+                                 int64_t nsm) {
+#if defined(__GNUC__)
+  for (int64_t k = 0; k < std::min<int64_t>(ncodes, kHeadBytes); k += 64)
+    __builtin_prefetch(codes + k);
+  for (int64_t k = 0; k < std::min<int64_t>(nsm, kHeadBytes); k += 64) __builtin_prefetch(sm + k);
+#endif
+}
+
 // With sums (not null), also the checksums of what was decoded: per chunk
 // while it is in cache when chunks are the checksum's runs (every encoder
 // writes those), else in a second pass.
@@ -1772,6 +1786,7 @@ static int64_t decode_impl(const uint8_t* p, int64_t total, int codec, int64_t n
         } else {
           DecIn in{seg + l.sm, seg + l.sm + s.sm, BitReader(seg + l.rem, s.rem), seg + l.esc,
                    seg + l.esc + s.esc, p + total};
+          prefetch_head(seg, seg + l.sm, s.codes, s.sm);
           err = decode_dispatch<T>(codec, en, n, seg, in, out + c * C, isa);
         }
         if (err)
