@@ -90,11 +90,13 @@ _COMPILED: list = []
 _RECORD: list | None = None
 
 
-def _plain(record):
-    """A launch record with tensors as (dtype, address), comparable with ==."""
+def _plain(record, addresses_only: bool = False):
+    """A launch record with tensors as (dtype, address) (or as the address),
+    comparable with ==."""
     tag, grid, packed, args = record
-    return tag, grid, packed, tuple((a.dtype, a.data_ptr()) if isinstance(a, torch.Tensor)
-                                    else a for a in args)
+    return tag, grid, packed, tuple(
+        (a.data_ptr() if addresses_only else (a.dtype, a.data_ptr()))
+        if isinstance(a, torch.Tensor) else a for a in args)
 
 
 def _codecs() -> tuple:
@@ -103,7 +105,7 @@ def _codecs() -> tuple:
     return ("fixed3",) + (("dense",) if E._dense_kernel() is not None else ())
 
 
-def _runs(codec: str, x, numel: int) -> list:
+def _runs(codec: str, x, numel: int, by_address: bool = False) -> list:
     """The encode and decode launches of ``numel`` elements read from ``x``."""
     from triton_kernels import codec_decode as D
     from triton_kernels import codec_encode as E
@@ -117,8 +119,15 @@ def _runs(codec: str, x, numel: int) -> list:
     enc = E.launcher(info, codec, C)
     dec = D.launcher(info, C)
     args = E.launch_args(enc.kernel, x, out, scratch, numel, nch, C, header)
-    return [lambda: enc(nch, *args),
-            lambda: dec(nch, out, x, err, 4096 + 16 * nch, numel, nch, C, F.nchunks_for(numel), 0)]
+    dargs = (out, x, err, 4096 + 16 * nch, numel, nch, C, F.nchunks_for(numel), 0)
+    if by_address:  # Launcher.by_address, the pointers as addresses
+        return [lambda: enc.by_address(nch, _addresses(args), lambda: args),
+                lambda: dec.by_address(nch, _addresses(dargs), lambda: dargs)]
+    return [lambda: enc(nch, *args), lambda: dec(nch, *dargs)]
+
+
+def _addresses(args: tuple) -> tuple:
+    return tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
 
 
 def check_direct_launch() -> None:
@@ -133,18 +142,29 @@ def check_direct_launch() -> None:
     checked = 0
     for codec in _codecs():
         for x, numel in ((buf, 3 * C + 5), (buf[1:], 20 * C), (buf, 100), (buf[1:], C + 1)):
-            for run in _runs(codec, x, numel):
-                got = []
-                for direct in (False, True, True):  # triton's path; a miss; a hit
-                    _launch.DIRECT = direct
-                    _RECORD = []
-                    run()
-                    got.append(_RECORD)
-                _RECORD = None
-                got = [[_plain(r) for r in g] for g in got]
-                assert len(got[0]) == 1 and got[0] == got[1] == got[2], (codec, numel, got)
-                checked += 1
+            for by_address in (False, True):
+                for run in _runs(codec, x, numel, by_address):
+                    got = []
+                    for direct in (False, True, True):  # triton's path; a miss; a hit
+                        _launch.DIRECT = direct
+                        _RECORD = []
+                        run()
+                        got.append(_RECORD)
+                    _RECORD = None
+                    # by address: the launcher gets ints where triton passes tensors
+                    got = [[_plain(r, by_address) for r in g] for g in got]
+                    assert len(got[0]) == 1 and got[0] == got[1] == got[2], (codec, numel, got)
+                    checked += 1
     _launch.DIRECT = True
+    # The codec's own calls: a Launcher's first by_address call checks that
+    # the addresses are those of the tensors triton's path gets.
+    from triton_kernels import codec_decode as D
+    from triton_kernels import codec_encode as E
+    for codec in _codecs():
+        for n in (C + 3, 5 * C):
+            x = torch.randn(n).bfloat16()
+            for _ in range(2):
+                D.decode_into(E.encode(x, codec), torch.empty_like(x))
     print(f"direct launches match kernel[grid]: {checked} cases, "
           f"{len(_COMPILED)} compiled kernels")
 

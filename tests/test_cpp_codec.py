@@ -313,6 +313,47 @@ def test_flipped_stream_bytes_match_the_reference(isa):
             assert_same_outcome(q, what)
 
 
+def refusal(p: torch.Tensor, backend: str) -> str:
+    with pytest.raises(z.CorruptPayloadError) as e:
+        z.decode(p, backend=backend)
+    return str(e.value)
+
+
+def test_offset_and_body_length_faults_are_refused_like_the_reference(isa):
+    # Each chunk checks its own offset against the next one's (the last: the
+    # body length): every way the prefix-sum rule can break must still be
+    # refused, with the reference's message. The inserted bytes are zero, so
+    # only the offsets or the body length are wrong.
+    zeros = torch.zeros(16, dtype=torch.uint8)
+    for dtype in DTYPES:
+        for c in CODED:
+            x = case("gauss", 3 * F.CHUNK_ELEMS + 77, dtype, seed=5)
+            p = codec_cpp.encode(x, c)
+            h = F.parse_header(p)
+            table, off = F.read_table(p, h)
+            body = p[h.body_offset:h.body_offset + h.body_nbytes]
+
+            def build(offsets, new_body):
+                h2 = F.Header(h.codec, h.dtype, h.shape, h.numel, h.chunk_elems, h.nchunks,
+                              new_body.numel())
+                return torch.cat([torch.frombuffer(bytearray(h2.pack()), dtype=torch.uint8),
+                                  table.to_bytes(), F.offsets_to_bytes(offsets),
+                                  p[h.offsets_offset + 4 * h.nchunks:h.body_offset], new_body])
+
+            assert torch.equal(bits(cpp_decode(build(off, body))), bits(x))  # the builder is exact
+            at2 = 16 * int(off[2])
+            cases = {
+                "first offset not 0": build(off + 1, torch.cat([zeros, body])),
+                "body longer than the segments": build(off, torch.cat([body, zeros])),
+                "a gap before chunk 2": build(torch.cat([off[:2], off[2:] + 1]),
+                                              torch.cat([body[:at2], zeros, body[at2:]])),
+                "last offset inside chunk 2": build(torch.cat([off[:-1], off[-1:] - 1]), body),
+                "body shorter than the segments": build(off, body[:-16]),
+            }
+            for what, q in cases.items():
+                assert refusal(q, "cpp") == refusal(q, "torch"), (dtype, c, what)
+
+
 def test_table_checks_match_validate_table():
     # codec_cpp checks the table in C++ (format.py's torch ops are slow for a
     # hot path); it must refuse exactly the entries validate_table refuses,

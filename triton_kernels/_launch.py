@@ -15,6 +15,13 @@ compiling, triton's caches and its checks stay triton's. Under the
 interpreter (``TRITON_INTERPRET=1``, CPU tensors) and when a launch hook is
 installed (profilers such as proton read launch metadata) every call takes
 that path too.
+
+``Launcher.by_address`` launches with every pointer argument given as its
+address (an int), which the compiled launcher takes as it is: the caller then
+builds no tensor views for the kernel's pointers (a dtype view, a split of a
+scratch buffer), and the launcher reads no ``data_ptr`` back. The tensors
+are built only when triton's path runs (a new specialization, the
+interpreter, a hook).
 """
 from __future__ import annotations
 
@@ -68,6 +75,8 @@ class Launcher:
             self.tail = tuple(self.constexprs[p.name] if p.name in self.constexprs
                               else p.default for p in params[first:])
         self._compiled: dict = {}
+        self._by_addr: dict = {}  # by_address's key -> the entry of _compiled
+        self._ptr_dtypes = None  # by_address: each argument's dtype (None: an int)
 
     def __call__(self, grid: int, *args) -> None:
         if not (self.compiled_path and DIRECT) or _hooked():
@@ -86,3 +95,41 @@ class Launcher:
         run, function, packed = hit
         run(grid, 1, 1, driver.active.get_current_stream(device), function, packed, None,
             None, None, *args, *self.tail)
+
+    def by_address(self, grid: int, args: tuple, tensor_args, *parts) -> None:
+        """Launch ``grid`` programs with ``args``, the runtime arguments with
+        each pointer given as its address (``data_ptr()``, an int);
+        ``tensor_args(*parts)`` gives the same arguments with tensors, and is
+        called only when triton's path runs.
+
+        The key is ``_key`` of ``args``, with an address specialized as an int
+        (its 16-byte alignment and range), so a pointer's dtype is not in it:
+        every call of one Launcher must pass the same dtype at each pointer
+        position (a codec's plan fixes them; checked whenever the tensors are
+        built)."""
+        if not (self.compiled_path and DIRECT) or _hooked():
+            self(grid, *tensor_args(*parts))
+            return
+        device = driver.active.get_current_device()
+        key = _key(device, args)
+        hit = self._by_addr.get(key)
+        if hit is None:
+            tensors = tensor_args(*parts)
+            self._check_addresses(args, tensors)
+            self(grid, *tensors)
+            self._by_addr[key] = self._compiled[_key(device, tensors)]
+            return
+        run, function, packed = hit
+        run(grid, 1, 1, driver.active.get_current_stream(device), function, packed, None,
+            None, None, *args, *self.tail)
+
+    def _check_addresses(self, args: tuple, tensors: tuple) -> None:
+        """That ``args`` are ``tensors`` with addresses for pointers, and that
+        each position's dtype is the one of this Launcher's earlier calls."""
+        assert len(args) == len(tensors) == self.n_runtime, (self.kernel, len(args))
+        dtypes = tuple(None if type(t) is int else t.dtype for t in tensors)
+        assert all(a == (t if d is None else t.data_ptr())
+                   for a, t, d in zip(args, tensors, dtypes)), (self.kernel, args)
+        if self._ptr_dtypes is None:
+            self._ptr_dtypes = dtypes
+        assert dtypes == self._ptr_dtypes, (self.kernel, dtypes, self._ptr_dtypes)

@@ -213,9 +213,17 @@ def _launch(payload, out, numel, C, body_only) -> torch.Tensor:
     payload = _aligned(payload)
     err = torch.zeros(1, dtype=torch.int32, device=payload.device)
     if nch:
-        launch(nch, payload, out.view(word), err, payload.numel(), numel, nch, C,
-               nsums, body_only)
+        # the pointers as addresses (no view of out as words): Launcher.by_address
+        launch.by_address(nch, (payload.data_ptr(), out.data_ptr(), err.data_ptr(),
+                                payload.numel(), numel, nch, C, nsums, body_only),
+                          _launch_tensors, payload, out, err, word, numel, nch, C, nsums,
+                          body_only)
     return err
+
+
+def _launch_tensors(payload, out, err, word, numel, nch, C, nsums, body_only) -> tuple:
+    """The decode launch's arguments with tensors (triton's path)."""
+    return (payload, out.view(word), err, payload.numel(), numel, nch, C, nsums, body_only)
 
 
 def _read_error(err: torch.Tensor) -> int:

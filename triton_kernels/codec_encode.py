@@ -23,6 +23,7 @@ length, one look-back status word per chunk): one memset.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
 from typing import NamedTuple
@@ -119,10 +120,17 @@ class _Plan(NamedTuple):
     word: torch.dtype
 
 
+def _check_size(numel: int, info: F.DTypeInfo) -> None:
+    if numel * info.itemsize > F.MAX_BODY_NBYTES - F.ALIGN:
+        raise ValueError(f"a tensor of {numel * info.itemsize} bytes exceeds what format "
+                         f"version {F.VERSION} addresses ({F.MAX_BODY_NBYTES - F.ALIGN} bytes)")
+
+
 @functools.lru_cache(maxsize=1024)
 def _plan(dtype: torch.dtype, codec: str, shape: tuple, C: int, warps: int) -> _Plan:
     info = F.dtype_info(dtype)
     numel = math.prod(shape)
+    _check_size(numel, info)  # raises each call: lru_cache keeps no exception
     nch = F.nchunks_for(numel, C)
     header = F.Header(codec, dtype, tuple(shape), numel, C, nch, 0)
     launch = _launcher(info, codec, C, warps)
@@ -143,30 +151,39 @@ def _read_units(total: torch.Tensor) -> int:
     through a pinned buffer (one per device, reused: the read waits for it)."""
     if total.device.type != "cuda":
         return int(total.item())
-    buf = _PINNED.get(total.device)
-    if buf is None:
-        buf = _PINNED[total.device] = torch.empty(1, dtype=torch.int64, pin_memory=True)
-    buf.copy_(total, non_blocking=True)
+    got = _PINNED.get(total.device)
+    if got is None:
+        buf = torch.empty(1, dtype=torch.int64, pin_memory=True)
+        # the value, read from host memory without a torch op
+        got = _PINNED[total.device] = (buf, ctypes.c_int64.from_address(buf.data_ptr()))
+    got[0].copy_(total, non_blocking=True)
     torch.cuda.current_stream(total.device).synchronize()
-    return int(buf[0])
+    return got[1].value
 
 
 def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
-    info = F.dtype_info(x.dtype)
-    numel = x.numel()
-    if numel * info.itemsize > F.MAX_BODY_NBYTES - F.ALIGN:
-        raise ValueError(f"a tensor of {numel * info.itemsize} bytes exceeds what format "
-                         f"version {F.VERSION} addresses ({F.MAX_BODY_NBYTES - F.ALIGN} bytes)")
-    if codec == "raw" or numel == 0:
+    if x.numel() == 0 or codec == "raw":
+        info = F.dtype_info(x.dtype)
+        _check_size(x.numel(), info)
         return _encode_trivial(x, codec, info)
     plan = _plan(x.dtype, codec, x.shape, F.CHUNK_ELEMS, SETTINGS[codec])
+    if not x.is_contiguous():
+        x = x.reshape(-1)
     out = torch.empty(plan.bound, dtype=torch.uint8, device=x.device)
     scratch = torch.zeros(plan.nch + 2, dtype=torch.int64, device=x.device)
-    tensors = _tensor_args(_words(x, plan.word), out, scratch)
-    plan.launch(plan.nch, *tensors, *plan.ints)
-    body = F.ALIGN * _read_units(tensors[4])
+    # The kernel's pointers as addresses (no views; see _tensor_args for the
+    # tensors): the ticket at word 0, the body length at 1, the status from 2.
+    s = scratch.data_ptr()
+    plan.launch.by_address(plan.nch, (x.data_ptr(), out.data_ptr(), s, s + 16, s + 8) + plan.ints,
+                           _launch_tensors, x, out, scratch, plan)
+    body = F.ALIGN * _read_units(scratch[1:2])
     F.copy_header_into(plan.head.with_body(body), out)
     return out[:plan.body_offset + body]
+
+
+def _launch_tensors(x, out, scratch, plan) -> tuple:
+    """The encode launch's arguments with tensors (triton's path)."""
+    return _tensor_args(_words(x, plan.word), out, scratch) + plan.ints
 
 
 def _encode_trivial(x: torch.Tensor, codec: str, info: F.DTypeInfo) -> torch.Tensor:

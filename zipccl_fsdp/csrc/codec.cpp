@@ -1614,26 +1614,46 @@ static int64_t plan_impl(const typename T::W* w, int64_t numel, int codec, Entry
                          int64_t* off, int nthreads, int isa) {
   const int64_t C = kChunkElems, nch = (numel + C - 1) / C;
 #pragma omp parallel for schedule(dynamic, kChunksPerGrab) num_threads(nthreads) if (nch >= kMinParallelChunks)
-  for (int64_t c = 0; c < nch; ++c)
-    ent[c] = analyze_dispatch<T>(w + c * C, chunk_len(numel, C, c), codec, isa);
+  for (int64_t c = 0; c < nch; ++c) {
+    const int n = chunk_len(numel, C, c);
+    ent[c] = analyze_dispatch<T>(w + c * C, n, codec, isa);
+    off[c] = segment_layout<T>(codec, ent[c], n, nullptr).size;  // the scan below makes it an offset
+  }
   int64_t at = 0;
   for (int64_t c = 0; c < nch; ++c) {
+    const int64_t size = off[c];
     off[c] = at;
-    at += segment_layout<T>(codec, ent[c], chunk_len(numel, C, c), nullptr).size;
+    at += size;
   }
   return at;
 }
 
+// The padding after a sub-stream of len bytes lies in the one 16-byte block at
+// len & ~15 (none when len is a multiple of 16): its bytes from len & 15 on.
+// Both helpers touch that block as two little-endian words, a fixed cost per
+// sub-stream in place of a byte loop or a variable-length memset.
+static inline uint64_t low_bytes_mask(int64_t k) {  // bytes [0, k) of a word, k in [0, 8]
+  return k >= 8 ? ~uint64_t(0) : (uint64_t(1) << (8 * k)) - 1;
+}
+
 // Whether bytes [p + len, p + align16(len)) are zero.
 static inline bool pad_ok(const uint8_t* p, int64_t len) {
-  uint8_t any = 0;
-  for (int64_t i = len; i < align16(len); ++i) any |= p[i];
-  return any == 0;
+  const int64_t t = len & (kAlign - 1);
+  if (!t) return true;
+  uint64_t w[2];
+  std::memcpy(w, p + (len - t), 16);
+  return !((w[0] & ~low_bytes_mask(t)) | (w[1] & ~low_bytes_mask(t - 8 < 0 ? 0 : t - 8)));
 }
 
 // Zero bytes [p + len, p + align16(len)): the padding after a sub-stream.
 static inline void zero_pad(uint8_t* p, int64_t len) {
-  std::memset(p + len, 0, size_t(align16(len) - len));
+  const int64_t t = len & (kAlign - 1);
+  if (!t) return;
+  uint64_t w[2];
+  std::memcpy(w, p + (len - t), 16);
+  w[0] &= low_bytes_mask(t);
+  w[1] &= low_bytes_mask(t - 8 < 0 ? 0 : t - 8);
+  std::memcpy(p + (len - t), w, 16);
 }
 
 // Encode pass 2: the table, offsets and every chunk's segment at its offset,
@@ -1697,61 +1717,92 @@ static bool entry_ok(int codec, const Entry& en, int64_t n) {
   return true;
 }
 
+// The first kHeadBytes of a segment's codes and sign+mantissa streams, asked
+// for before the chunk decoder starts: its own prefetches run kHeadBytes
+// ahead of where it reads, so without these the head of each stream of each
+// chunk would be fetched on demand, a line at a time.
+constexpr int kHeadBytes = 1024;
+static inline void prefetch_head(const uint8_t* codes, const uint8_t* sm, int64_t ncodes,
+                                 int64_t nsm) {
+#if defined(__GNUC__)
+  for (int64_t k = 0; k < std::min<int64_t>(ncodes, kHeadBytes); k += 64)
+    __builtin_prefetch(codes + k);
+  for (int64_t k = 0; k < std::min<int64_t>(nsm, kHeadBytes); k += 64) __builtin_prefetch(sm + k);
+#endif
+}
+
 // With sums (not null), also the checksums of what was decoded: per chunk
 // while it is in cache when chunks are the checksum's runs (every encoder
 // writes those), else in a second pass.
+//
+// Every check is made by the chunk it concerns, inside the parallel loop (no
+// serial pass over the table): its entry (entry_ok), its offset against the
+// next one (or, for the last chunk, against the body length) and the segment
+// size the entry implies, which together are the prefix-sum rule of
+// format.py; then its padding, then its data. A chunk decodes only when its own
+// entry and offsets hold, so every read stays inside its segment, inside the
+// body. The error returned is the lowest chunk's among the table, offset and
+// length faults (the faults format.py's check_table finds before decoding
+// anything), else the lowest chunk's among padding and data faults.
 template <class T>
 static int64_t decode_impl(const uint8_t* p, int64_t total, int codec, int64_t numel, int64_t C,
                            int64_t nch, int64_t table, int64_t body, int64_t body_nbytes,
                            typename T::W* out, uint8_t* sums, int nthreads, int isa) {
-  std::vector<Entry> ent(nch);  // an aligned copy of the table, 16 B per chunk
-  std::memcpy(ent.data(), p + table, size_t(kEntryBytes) * nch);
   const uint8_t* offs = p + table + kEntryBytes * nch;
-  std::vector<int64_t> off(nch);
-  int64_t at = 0;
-  for (int64_t c = 0; c < nch; ++c) {
-    if (!entry_ok<T>(codec, ent[c], chunk_len(numel, C, c))) return (c << 8) | kErrTable;
-    uint32_t o;
-    std::memcpy(&o, offs + kOffsetBytes * c, 4);
-    if (int64_t(o) * kAlign != at) return (c << 8) | kErrOffsets;
-    off[c] = at;
-    at += segment_layout<T>(codec, ent[c], chunk_len(numel, C, c), nullptr).size;
-  }
-  if (at != body_nbytes || body + body_nbytes > total) return kErrLengths;
   for (const uint8_t* q = offs + kOffsetBytes * nch; q < p + body; ++q)
     if (*q) return kErrGap;
   const uint8_t* b = p + body;
+  // A table, offset or length fault ranks before any padding or data fault.
+  constexpr int64_t kDataFault = int64_t(1) << 56;
   std::atomic<int64_t> first_err{INT64_MAX};
 #pragma omp parallel for schedule(dynamic, kChunksPerGrab) num_threads(nthreads) if (nch >= kMinParallelChunks)
   for (int64_t c = 0; c < nch; ++c) {
     const int n = chunk_len(numel, C, c);
-    Seg s;
-    const Layout l = segment_layout<T>(codec, ent[c], n, &s);
-    const uint8_t* seg = b + off[c];
-    int err = pad_ok(seg, s.codes) && pad_ok(seg + l.sm, s.sm) && pad_ok(seg + l.rem, s.rem) &&
-                      pad_ok(seg + l.esc, s.esc)
-                  ? kOk
-                  : kErrPadding;
-    if (err) {
-    } else if (ent[c].mode != kModeCoded) {
-      std::memcpy(out + c * C, seg, size_t(n) * T::kItem);
-      err = kOk;
+    Entry en;  // an aligned copy of the entry
+    std::memcpy(&en, p + table + kEntryBytes * c, kEntryBytes);
+    int64_t tag = 0;
+    if (!entry_ok<T>(codec, en, n)) {
+      tag = (c << 8) | kErrTable;
     } else {
-      DecIn in{seg + l.sm, seg + l.sm + s.sm, BitReader(seg + l.rem, s.rem), seg + l.esc,
-               seg + l.esc + s.esc, p + total};
-      err = decode_dispatch<T>(codec, ent[c], n, seg, in, out + c * C, isa);
+      Seg s;
+      const Layout l = segment_layout<T>(codec, en, n, &s);
+      uint32_t o[2];
+      std::memcpy(o, offs + kOffsetBytes * c, c + 1 < nch ? 8 : 4);
+      const int64_t at = int64_t(o[0]) * kAlign;
+      if ((c == 0 && at != 0) || at + l.size > body_nbytes ||
+          (c + 1 < nch && int64_t(o[1]) * kAlign != at + l.size)) {
+        tag = (c << 8) | kErrOffsets;
+      } else if (c + 1 == nch && at + l.size != body_nbytes) {
+        tag = (c << 8) | kErrLengths;
+      } else {
+        const uint8_t* seg = b + at;
+        int err;
+        if (!(pad_ok(seg, s.codes) && pad_ok(seg + l.sm, s.sm) && pad_ok(seg + l.rem, s.rem) &&
+              pad_ok(seg + l.esc, s.esc))) {
+          err = kErrPadding;
+        } else if (en.mode != kModeCoded) {
+          std::memcpy(out + c * C, seg, size_t(n) * T::kItem);
+          err = kOk;
+        } else {
+          DecIn in{seg + l.sm, seg + l.sm + s.sm, BitReader(seg + l.rem, s.rem), seg + l.esc,
+                   seg + l.esc + s.esc, p + total};
+          prefetch_head(seg, seg + l.sm, s.codes, s.sm);
+          err = decode_dispatch<T>(codec, en, n, seg, in, out + c * C, isa);
+        }
+        if (err)
+          tag = kDataFault | (c << 8) | err;
+        else if (sums && C == kChunkElems)
+          store_u32(sums + 4 * c, sum_dispatch<T>(out + c * C, n, isa));
+      }
     }
-    if (err) {
-      const int64_t tag = (c << 8) | err;
+    if (tag) {
       int64_t cur = first_err.load();
       while (tag < cur && !first_err.compare_exchange_weak(cur, tag)) {
       }
-    } else if (sums && C == kChunkElems) {
-      store_u32(sums + 4 * c, sum_dispatch<T>(out + c * C, n, isa));
     }
   }
   const int64_t e = first_err.load();
-  if (e != INT64_MAX) return e;
+  if (e != INT64_MAX) return e & (kDataFault - 1);
   if (sums && C != kChunkElems) sums_impl<T>(out, numel, sums, nthreads, isa);
   return 0;
 }
