@@ -62,8 +62,8 @@ def gather_all(x: torch.Tensor, group=None) -> list:
 
 
 def reference_reduce(parts: list, op: str, factor: float, dtype: torch.dtype) -> torch.Tensor:
-    """fp32 sum in rank order (numpy float32), then AVG / PREMUL_SUM, every NaN
-    made the canonical quiet NaN, then cast."""
+    """fp32 sum in rank order (numpy float32), then AVG / PREMUL_SUM, cast, and
+    every NaN made the positive quiet NaN without payload (``NAN_BITS``)."""
     acc = None
     for p in parts:
         v = p.float().numpy().astype(np.float32)
@@ -72,8 +72,14 @@ def reference_reduce(parts: list, op: str, factor: float, dtype: torch.dtype) ->
         acc = v.copy() if acc is None else acc + v
     if op == "avg":
         acc = acc / np.float32(len(parts))
-    acc[np.isnan(acc)] = np.float32("nan")
-    return torch.from_numpy(acc).to(dtype)
+    out = torch.from_numpy(acc).to(dtype)
+    out.view(BITS[dtype.itemsize])[out.isnan()] = NAN_BITS[dtype]
+    return out
+
+
+NAN_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00, torch.float32: 0x7FC00000}
+"""The one NaN a reduction returns, per dtype."""
+BITS = {2: torch.int16, 4: torch.int32}
 
 
 def make_op(op: str, factor: float):

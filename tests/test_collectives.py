@@ -12,8 +12,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from collective_cases import (OPS, assert_bits_equal, check_reduce_scatter, gather_all,
-                              make_data, make_op, reference_reduce, torch_all_gather_single)
+from collective_cases import (NAN_BITS, OPS, assert_bits_equal, check_reduce_scatter,
+                              gather_all, make_data, make_op, reference_reduce,
+                              torch_all_gather_single)
 from zipccl_fsdp.collectives import (all_gather_single, all_reduce, all_to_all_single,
                                      reduce_scatter_single, reset_stats, stats)
 from zipccl_fsdp.config import ZipCCLConfig
@@ -558,19 +559,20 @@ def test_config_validation():
 @pytest.mark.parametrize("dtype", list(SPECIAL_BITS))
 def test_canonical_nans_rewrites_every_nan_and_nothing_else(dtype):
     """Every NaN (any payload, either sign, anywhere in a long or short tensor)
-    becomes the bits the rank-order sum's cast gives; every other element,
-    infinities of both signs included (whose sum is NaN), keeps its bits."""
+    becomes the positive quiet NaN without payload; every other element,
+    infinities of both signs included, keeps its bits."""
     from zipccl_fsdp._reduce import canonical_nans
-    canon = torch.full((1,), float("nan")).to(dtype)
     bits = {2: torch.int16, 4: torch.int32}[dtype.itemsize]
+    canon = torch.tensor([NAN_BITS[dtype]], dtype=bits).view(dtype)
     for n in (1, 5, 4097):
         for make_nan in (False, True):
             x = two_rank_data(n, dtype, 0)
             x[x.isnan()] = 1.0
             if n > 1:
                 x[1], x[-1] = float("inf"), float("-inf")
-            if make_nan:
-                x[n // 2] = -float("nan")
+            if make_nan:  # a negative NaN with a payload, written as bits
+                neg = SPECIAL_BITS[dtype][2]
+                x.view(bits)[n // 2] = neg - (1 << (8 * dtype.itemsize))
             want = torch.where(x.isnan(), canon, x)
             got = x.clone()
             canonical_nans(got)

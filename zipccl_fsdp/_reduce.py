@@ -1,13 +1,16 @@
 """The reduction of a reduce-scatter and of an all-reduce (``pipeline.py``).
 
 The chunks are summed in fp32 in rank order 0..world-1, then AVG divides by
-the world size, every NaN becomes the canonical quiet NaN, and the sum is
-cast to the output's dtype.
+the world size, the sum is cast to the output's dtype, and every NaN becomes
+the canonical one: the positive quiet NaN without payload (``CANONICAL_NAN``).
 
-Why the NaNs: which NaN an add returns depends on where the element falls in
-the kernel (torch's vectorised CPU add keeps an operand's payload, its scalar
-tail and CUDA return a default NaN), so without it the bits of a NaN result
-would depend on how a call is cut into pieces and on the device.
+Why the NaNs: which NaN an add or a cast returns depends on where the element
+falls in the kernel and on the device (torch's vectorised CPU add keeps an
+operand's payload, its scalar tail and CUDA return a default NaN; its
+vectorised bf16 cast writes 0xFFFF, c10's scalar one 0x7FC0, CUDA's 0x7FFF),
+so without it the bits of a NaN result would depend on how a call is cut into
+pieces and on the machine. The canonical bits are written through an integer
+view, so they are the same on every device.
 
 ``torch_sums_alike`` says when torch's own all-reduce gives the same bits
 (two ranks, SUM, gloo), so that a raw all-reduce can be torch's.
@@ -75,7 +78,7 @@ def sum_rows(out: torch.Tensor, rows: torch.Tensor, op) -> None:
     """``out`` (flat) := the rank-order sum of ``rows`` (one row per rank, the
     whole tensors of an all-gather), which it may overwrite: element by
     element the operations of ``RankOrderSum`` (widen, premultiply, add in
-    rank order 0..world-1, scale, make NaNs canonical, cast), so the same
+    rank order 0..world-1, scale, cast, make NaNs canonical), so the same
     bits, in a few whole-tensor ops instead of a few per rank."""
     world = rows.shape[0]
     if rows.dtype != torch.float32:
@@ -101,53 +104,49 @@ def torch_sums_alike(world: int, op, dtype: torch.dtype, device: torch.device) -
     their precision plus two bits (rounding twice then equals rounding once).
     Their AVG would divide a rounded sum, so it is not alike; nor is
     PREMUL_SUM, which multiplies before adding. Only gloo (CPU tensors):
-    NCCL's algorithms (NVLS reduces in the switch) are not checked here."""
+    NCCL's algorithms (NVLS reduces in the switch) are not checked here.
+    The NaNs' bits are ``finish_torch_sum``'s."""
     return (world == 2 and device.type == "cpu"
             and (op.kind == "sum" or (op.kind == "avg" and dtype == torch.float32)))
 
 
 def finish_torch_sum(t: torch.Tensor, op, world: int) -> None:
     """What turns torch's SUM of ``t`` (flat) into the rank-order reduction
-    where ``torch_sums_alike``: AVG's division, then canonical NaNs."""
+    where ``torch_sums_alike``: AVG's division, then canonical NaNs. A bf16
+    sum is left as it is: gloo adds bf16 in c10's scalar type, whose cast
+    from fp32 returns ``CANONICAL_NAN`` for every NaN (its payload and sign
+    dropped), so there is nothing to rewrite and no pass over the result;
+    fp16's cast keeps the sign and fp32 the operand's payload."""
     if op.kind == "avg":
         t.div_(world)
-    canonical_nans(t)
+    if t.dtype != torch.bfloat16:
+        canonical_nans(t)
+
+
+CANONICAL_NAN = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00, torch.float32: 0x7FC00000}
+"""Per dtype, the bits every NaN of a reduction's result has: the positive
+quiet NaN without payload (what c10's scalar casts from fp32 return)."""
+
+_BITS = {2: torch.int16, 4: torch.int32}
 
 
 def canonical_nans(t: torch.Tensor) -> None:
-    """Make every NaN of ``t`` (flat, bf16, fp16 or fp32) the bits
-    ``RankOrderSum.finish`` leaves: the quiet NaN in fp32, and in bf16 and
-    fp16 what torch's cast of it gives on ``t``'s device (its vectorised CPU
-    cast makes a bf16 NaN 0xFFFF, a scalar fill 0x7FC0: hence the cast)."""
+    """Make every NaN of ``t`` (flat, bf16, fp16 or fp32) ``CANONICAL_NAN``'s
+    bits, written through an integer view (a float fill would go through the
+    device's cast, whose NaN differs between devices)."""
     if not _may_hold_nan(t):
         return
-    nans = t.isnan()
-    if t.dtype == torch.float32:
-        t.masked_fill_(nans, float("nan"))
-    else:
-        t.copy_(torch.where(nans, _cast_nan(t.dtype, t.device), t))
-
-
-_CAST_NANS: dict = {}
-
-
-def _cast_nan(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The fp32 quiet NaN cast to ``dtype`` on ``device`` (a 1-element tensor)."""
-    key = (dtype, device)
-    if key not in _CAST_NANS:
-        _CAST_NANS[key] = torch.full((1,), float("nan"), device=device).to(dtype)
-    return _CAST_NANS[key]
+    t.view(_BITS[t.element_size()]).masked_fill_(t.isnan(), CANONICAL_NAN[t.dtype])
 
 
 def _may_hold_nan(t: torch.Tensor) -> bool:
-    """False only when ``t`` holds no NaN. On a CPU its sum tells, at a
-    fraction of the cost of ``isnan``: a NaN element makes the sum NaN; a NaN
-    sum without one (infinities of both signs, or partial sums that overflowed
-    both ways) is settled by the maximum, which only a NaN element makes NaN.
-    Elsewhere reading either would be a host sync, so always True."""
+    """False only when ``t`` holds no NaN. On a CPU its maximum tells (torch's
+    propagates NaN, and only a NaN element makes it NaN), in one vectorised
+    pass at a fraction of the cost of ``isnan``. Elsewhere reading it would be
+    a host sync, so always True."""
     if t.device.type != "cpu":
         return True
-    return bool(torch.isnan(t.sum())) and bool(torch.isnan(t.amax()))
+    return t.numel() > 0 and bool(torch.isnan(t.amax()))
 
 
 def _fp32_factor(factor, device):
@@ -158,9 +157,10 @@ def _fp32_factor(factor, device):
 
 
 def _finish(acc: torch.Tensor, out: torch.Tensor, kind: str, world: int) -> None:
-    """Scale (AVG) the fp32 sum ``acc``, make its NaNs canonical, cast it into ``out``."""
+    """Scale (AVG) the fp32 sum ``acc``, cast it into ``out``, make the NaNs
+    canonical (after the cast, which may change them)."""
     if kind == "avg":
         acc.div_(world)
-    canonical_nans(acc)
     if acc is not out:
         out.copy_(acc)
+    canonical_nans(out)
