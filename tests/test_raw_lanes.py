@@ -215,6 +215,11 @@ def task_lane_misses():
                     lambda: all_gather_single(torch.empty(world * n + 1), x, config=cfg),
                     lambda: all_to_all_single(torch.empty(n, dtype=torch.float64), x,
                                               config=cfg),
+                    # the shapes of an even-split call the lane has seen, but
+                    # a non-contiguous output; then rows that do not split
+                    lambda: all_to_all_single(torch.empty(2 * n)[::2], x, config=cfg),
+                    lambda: all_to_all_single(torch.empty(n + 1), torch.empty(n + 1),
+                                              config=cfg),
                     lambda: all_reduce(torch.empty(2 * n)[::2], config=cfg),
                     lambda: all_reduce(x.clone(), op=ReduceOp.MAX, config=cfg)):
             try:

@@ -63,9 +63,14 @@ class Lane:
     """What a raw call of one (kind, group, stats, dtype, device) needs: the
     group's size and this rank, the stats fields it adds to, the policy's
     decision counter, the process group's method and torch's options
-    objects, at ``opts[async_op]``; ``via``: what it calls (``GATHER``, ...)."""
+    objects, at ``opts[async_op]``; ``via``: what it calls (``GATHER``, ...);
+    ``memo``: what the collective's checks concluded for arguments it has
+    seen, by a key of its choosing (``remember``)."""
 
-    __slots__ = ("world", "rank", "fields", "decisions", "decision", "method", "opts", "via")
+    __slots__ = ("world", "rank", "fields", "decisions", "decision", "method", "opts", "via",
+                 "memo")
+
+    MEMO_SIZE = 64  # shapes a lane remembers: a training step repeats a few
 
     def __init__(self, kind: str, via: tuple, pg, world: int, rank: int, fields: dict,
                  decisions) -> None:
@@ -76,6 +81,13 @@ class Lane:
         options, method = via
         self.method = getattr(pg, method)
         self.opts = tuple(_options(options, async_op) for async_op in (False, True))
+        self.memo = {}
+
+    def remember(self, key, value) -> None:
+        """Keep ``value`` under ``key`` in ``memo``, forgetting all of it when full."""
+        if len(self.memo) >= self.MEMO_SIZE:
+            self.memo.clear()
+        self.memo[key] = value
 
     def send(self, nbytes: int, async_op: bool, *args):
         """Count a call that sends ``nbytes`` as the general path counts a raw
