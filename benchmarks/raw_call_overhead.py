@@ -16,6 +16,7 @@ real calls.
 
     python benchmarks/raw_call_overhead.py            # 1 and 4 MiB, three collectives
     python benchmarks/raw_call_overhead.py --mib 1 --kinds all_to_all --rounds 6000
+    python benchmarks/raw_call_overhead.py --kinds all_reduce --dtype fp32 --mib 4,16
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from zipccl_fsdp.stats import CommStats  # noqa: E402
 
 KINDS = ("all_to_all", "all_gather", "all_reduce")
 WAYS = ("torch", "torch_again", "lane", "general")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _GENERAL = CommStats()
 """The general way's counters, whose runtime keeps no lane."""
 
@@ -51,12 +53,12 @@ class _NoLanes(dict):
         pass
 
 
-def _calls(kind: str, numel: int, world: int) -> dict:
-    """way -> a no-argument call of ``kind`` on fresh buffers of ``numel`` bf16."""
+def _calls(kind: str, numel: int, world: int, dtype: torch.dtype) -> dict:
+    """way -> a no-argument call of ``kind`` on fresh buffers of ``numel`` ``dtype``."""
     cfg = ZipCCLConfig()
     _GENERAL.runtime.state(cfg).lanes = _NoLanes()
     warnings.filterwarnings("ignore", category=FutureWarning)  # all_gather_into_tensor
-    x = torch.randn(numel).bfloat16()
+    x = torch.randn(numel).to(dtype)
     # One lambda per way around one call each: an extra Python frame costs
     # several microseconds here, which would show as overhead.
     if kind == "all_gather":
@@ -80,10 +82,12 @@ def _calls(kind: str, numel: int, world: int) -> dict:
             "refill": (x, x.clone())}
 
 
-def measure(kind: str, mib: float, rounds: int, gap_ms: float = 0.0) -> dict:
+def measure(kind: str, mib: float, rounds: int, gap_ms: float = 0.0,
+            dtype: str = "bf16") -> dict:
     """On each rank: median microseconds of each way, rounds interleaved."""
     world = dist.get_world_size()
-    calls = _calls(kind, int(mib * (1 << 20)) // 2, world)
+    t = DTYPES[dtype]
+    calls = _calls(kind, int(mib * (1 << 20)) // t.itemsize, world, t)
     for _ in range(5):  # calibrates the policies, which then keep this loopback raw
         calls["lane"]()
         calls["general"]()
@@ -116,15 +120,16 @@ def main(argv=None) -> int:
     p.add_argument("--gap-ms", type=float, default=0.0,
                    help="idle milliseconds before each call's barrier (zipccl bench link "
                         "waits 10 ms: the code after it runs colder still)")
+    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     args = p.parse_args(argv)
-    print(f"raw_call_overhead: 2 gloo ranks, plain loopback, bf16, {args.rounds} rounds "
+    print(f"raw_call_overhead: 2 gloo ranks, plain loopback, {args.dtype}, {args.rounds} rounds "
           f"interleaved (medians in us; ratios to torch's; rank 0 | rank 1)")
     print(f"{'collective':<12}{'MiB':>5}{'torch':>9}{'lane':>9}{'general':>9}"
           f"{'torch_again/torch':>19}{'lane/torch':>19}{'general/torch':>19}")
     for kind in args.kinds.split(","):
         for mib in (float(m) for m in args.mib.split(",")):
             results = run_gloo_ranks("raw_call_overhead", measure,
-                                     (kind, mib, args.rounds, args.gap_ms))
+                                     (kind, mib, args.rounds, args.gap_ms, args.dtype))
             if results is None:
                 return 2
             r = results[0]
