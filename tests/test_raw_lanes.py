@@ -1,7 +1,8 @@
 """Raw lanes (``zipccl_fsdp/collectives/_lanes.py``) on real gloo process groups.
 
 Once a call went raw for good (a link faster than the codec, or "never"), the
-next calls of its (kind, group, stats, dtype, device) skip the general path.
+next calls of its (kind, group, stats, dtype, device) skip the general path;
+once one went raw for its size (below ``min_bytes``), the next ones as small.
 They must give torch's results bit for bit (all-reduce: the fp32 rank-order
 reference) and count the stats the general path counts; calls a lane is not
 sure of (bad arguments, tensors that require grad, a profiler, other groups,
@@ -162,6 +163,54 @@ def test_lane_stats_match_the_general_path(pool2):
     for (general, lane), (dec_general, dec_lane) in pool2.run(task_stats_match_general_path):
         assert general == lane
         assert dec_general == dec_lane and dec_lane
+
+
+def task_small_calls_lane():
+    """A call raw for its size opens a lane for calls below ``min_bytes``: they
+    skip the general path and count what it counts (no policy decision), and
+    a larger call still takes the general path and compresses."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = ZipCCLConfig(policy="always", min_bytes=1 << 14)
+    small = make_data(1 << 12, torch.bfloat16, seed=3, rank=rank)  # units of 4 and 8 KiB
+    big = make_data(1 << 15, torch.bfloat16, seed=4, rank=rank)  # 32 and 64 KiB
+
+    def calls(x, st):
+        y = x.clone()
+        all_reduce(y, config=cfg, stats=st)
+        assert_bits_equal(y, reference_reduce(gather_all(x), "sum", 1.0, x.dtype),
+                          f"all_reduce {x.numel()}")
+        out = torch.empty(world * x.numel(), dtype=x.dtype)
+        all_gather_single(out, x, config=cfg, stats=st)
+        assert_bits_equal(out, torch.cat(gather_all(x)), f"all_gather {x.numel()}")
+
+    laned, general_only = CommStats(), CommStats()
+    for st in (laned, general_only):
+        calls(small, st)  # opens the lanes (and checks the configs agree)
+    below = {k[0]: lane.below for k, lane in laned.runtime.state(cfg).lanes.items()}
+    laned.reset()
+    general_only.reset()
+    with _GeneralPath() as general:
+        for _ in range(3):
+            calls(small, laned)
+        lane_misses = general.calls
+        calls(big, laned)
+        big_calls = general.calls - lane_misses
+    for _ in range(3):
+        general_only.runtime.state(cfg).lanes.clear()
+        calls(small, general_only)
+    calls(big, general_only)
+    snaps = [{k: {f: v for f, v in st.snapshot()[k].items() if not f.endswith("_s")}
+              for k in ("all_reduce", "all_gather")} for st in (laned, general_only)]
+    return below, lane_misses, big_calls, snaps
+
+
+def test_small_calls_take_a_lane_of_their_size(pool2):
+    for below, lane_misses, big_calls, (laned, general) in pool2.run(task_small_calls_lane):
+        assert below == {"all_reduce": 1 << 14, "all_gather": 1 << 14}, below
+        assert lane_misses == 0 and big_calls == 2
+        assert laned == general
+        assert {k: (s["calls"], s["compressed_calls"]) for k, s in laned.items()} == \
+            {"all_reduce": (4, 1), "all_gather": (4, 1)}, laned
 
 
 def task_lane_misses():

@@ -180,19 +180,30 @@ def _observer(cfg: ZipCCLConfig, st: CommStats, plan: _policy.Plan):
     return None if plan is VERIFIED_RAW else _policy.of(cfg, st)
 
 
-def _raw_for_good(cfg: ZipCCLConfig, plan: _policy.Plan) -> bool:
-    """``policy.raw_for_good``, and not under ``verify`` (those calls are
-    framed and checked, ``VERIFIED_RAW``: no lane)."""
-    return _policy.raw_for_good(cfg, plan) and not cfg.verify
-
-
-def _open_lane(call: _Setup, kind: str, t: torch.Tensor, via: tuple) -> None:
+def _open_lane(call: _Setup, kind: str, t: torch.Tensor, via: tuple,
+               below: int = _lanes.EVERY) -> None:
     """Open the raw lane of this call's (kind, group, dtype, device), calling
-    what ``via`` names (``_lanes.py``), in the runtime of the call's stats;
-    only for a call sent raw for good (``_raw_for_good``)."""
+    what ``via`` names (``_lanes.py``), in the runtime of the call's stats,
+    for calls whose unit is under ``below`` bytes (``_lane_bound``)."""
     cfg, st = call.cfg, call.st
+    decisions = _policy.lane_decisions(cfg, st) if below == _lanes.EVERY else None
     _lanes.open_lane(st.runtime.state(cfg), kind, via, call.group, call.world, call.rank,
-                     st.fields(kind), t.dtype, t.device, _policy.lane_decisions(cfg, st))
+                     st.fields(kind), t.dtype, t.device, decisions, below)
+
+
+def _lane_bound(cfg: ZipCCLConfig, kind: str, plan: _policy.Plan, unit: int) -> int:
+    """Which later calls a raw lane may take after this raw call of a coded
+    dtype whose unit of encoding has ``unit`` bytes: every call
+    (``_lanes.EVERY``) when none can go otherwise (``policy.raw_for_good``, or the
+    kind's ``compress_*`` switch off), those below ``min_bytes`` when this one
+    went raw for its size (the policy never saw it, so its calls are not
+    counted as decisions), none (0) under ``verify``, whose raw calls are
+    framed, or when this call was raw for a reason a later call may not share."""
+    if cfg.verify:
+        return 0
+    if _policy.raw_for_good(cfg, plan) or not cfg.compresses(kind):
+        return _lanes.EVERY
+    return cfg.min_bytes if unit < cfg.min_bytes else 0
 
 
 def _pipelined_done(st: CommStats, kind: str, *outcomes: _pipeline.Outcome,

@@ -3,9 +3,11 @@ for calls that are sure to go raw.
 
 Once a call has gone raw for a reason that no later call can change (the
 adaptive policy found this group's link faster than any codec for the dtype,
-or ``policy="never"``), the collective opens a lane for its (kind, group,
-dtype, device) in the runtime state of its config in its stats' owner
-(``runtime.py``). The next such calls find it (``find``), run the
+``policy="never"``, or the kind's ``compress_*`` switch off), the collective
+opens a lane for its (kind, group, dtype, device) in the runtime state of its
+config in its stats' owner (``runtime.py``); a call raw for its size (below
+``min_bytes``) opens one that takes only calls below that size
+(``Lane.below``). The next such calls find it (``find``), run the
 collective's own argument checks (the function its general path runs, so a
 check and its error text live once, in the collective's module), count
 their stats as the general path would and call the ``ProcessGroup`` method
@@ -44,10 +46,14 @@ from ..config import DEFAULT_CONFIG
 from ..stats import MODULE_STATS
 from ..stats import profiling as _profiling
 
-__all__ = ["MISS", "GATHER", "ALL_TO_ALL", "ALL_REDUCE", "Lane", "open_lane", "find", "checked"]
+__all__ = ["MISS", "EVERY", "GATHER", "ALL_TO_ALL", "ALL_REDUCE", "Lane", "open_lane", "find",
+           "checked"]
 
 MISS = object()
 """What ``checked`` returns for arguments the collective's checks refuse."""
+
+EVERY = 1 << 62
+"""``Lane.below`` of a lane that takes a call of any size."""
 
 _Tensor = torch.Tensor
 _clock = time.perf_counter
@@ -65,16 +71,19 @@ class Lane:
     decision counter, the process group's method and torch's options
     objects, at ``opts[async_op]``; ``via``: what it calls (``GATHER``, ...);
     ``memo``: what the collective's checks concluded for arguments it has
-    seen, by a key of its choosing (``remember``)."""
+    seen, by a key of its choosing (``remember``); ``below``: the lane takes
+    only calls whose unit of encoding (the collective's, as ``min_bytes``
+    reads it) has fewer bytes (``EVERY``: any call)."""
 
     __slots__ = ("world", "rank", "fields", "decisions", "decision", "method", "opts", "via",
-                 "memo")
+                 "memo", "below")
 
     MEMO_SIZE = 64  # shapes a lane remembers: a training step repeats a few
 
     def __init__(self, kind: str, via: tuple, pg, world: int, rank: int, fields: dict,
-                 decisions) -> None:
+                 decisions, below: int | None = None) -> None:
         self.world, self.rank, self.fields = world, rank, fields
+        self.below = EVERY if below is None else below
         self.decisions = decisions if decisions is not None else collections.Counter()
         self.decision = (kind, "raw", 1)
         self.via = via
@@ -117,18 +126,21 @@ def _options(options, async_op: bool):
 
 
 def open_lane(state, kind: str, via: tuple, pg, world: int, rank: int, fields: dict,
-              dtype: torch.dtype, device: torch.device, decisions=None) -> None:
+              dtype: torch.dtype, device: torch.device, decisions=None,
+              below: int = EVERY) -> None:
     """Open the lane of ``kind`` calls on process group ``pg`` (resolved: never
     None) with tensors of ``dtype`` on ``device`` in ``state`` (the
     ``runtime.ConfigState`` of the call's config in its stats' runtime),
     calling what ``via`` names (``GATHER``, ``ALL_TO_ALL``). Only for a call
-    just sent raw for a reason no later call can change (see the module
-    docstring); ``fields`` is the stats object's dict for ``kind``
-    (``CommStats.fields``), ``decisions`` the policy's counter of its plans,
-    if it has one."""
+    just sent raw for a reason no later call of a unit under ``below`` bytes
+    can change (see the module docstring); ``fields`` is the stats object's
+    dict for ``kind`` (``CommStats.fields``), ``decisions`` the policy's
+    counter of its plans, if it counted this call. A lane for calls below a
+    size gives way to one for every call."""
     key = (kind, pg, dtype, device)
-    if key not in state.lanes:
-        state.lanes[key] = Lane(kind, via, pg, world, rank, fields, decisions)
+    lane = state.lanes.get(key)
+    if lane is None or lane.below < below:
+        state.lanes[key] = Lane(kind, via, pg, world, rank, fields, decisions, below)
 
 
 def _lanes(config, stats) -> dict:

@@ -47,7 +47,7 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
     lane = _lanes.find("all_gather", output_tensor, input_tensor, group, config, stats)
     if lane is not None:
         unit = _lanes.checked(_checked, lane.world, lane.rank, output_tensor, input_tensor)
-        if unit is not _lanes.MISS:
+        if unit is not _lanes.MISS and unit < lane.below:
             return lane.send(unit, async_op, output_tensor, input_tensor)
     setup = K._enter("all_gather", WHERE, input_tensor, K._nbytes(input_tensor), group, config,
                      stats, _checked, output_tensor, input_tensor)
@@ -61,8 +61,9 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
     if not plan.compress and world > 1 and not (coded and cfg.verify):
         # the lean path of every raw call
         st.add("all_gather", calls=1, raw_bytes=unit, raw_fallback_calls=int(coded))
-        if coded and _policy.raw_for_good(cfg, plan):
-            K._open_lane(call, "all_gather", input_tensor, _lanes.GATHER)
+        below = K._lane_bound(cfg, "all_gather", plan, unit) if coded else 0
+        if below:
+            K._open_lane(call, "all_gather", input_tensor, _lanes.GATHER, below)
         with K._no_grad_if_needed(output_tensor, input_tensor):
             return K._to_torch(st, "all_gather", unit, K._all_gather_single, output_tensor,
                                input_tensor, group=group, async_op=async_op)

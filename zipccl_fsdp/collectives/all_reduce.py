@@ -81,7 +81,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *,
     if lane is not None:
         parsed = _lanes.checked(_checked, lane.world, lane.rank, tensor, op)
         nbytes = tensor.numel() * tensor.element_size()
-        if parsed is _lanes.MISS:
+        if parsed is _lanes.MISS or _unit(tensor, lane.world) >= lane.below:
             pass
         elif lane.via is _lanes.ALL_REDUCE:
             if torch_sums_alike(lane.world, parsed, tensor.dtype, tensor.device):
@@ -100,6 +100,11 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *,
             return K._completed_work(async_op, tensor)
     with torch.no_grad():
         return _all_reduce(tensor, op, group, async_op, config, stats)
+
+
+def _unit(tensor: torch.Tensor, world: int) -> int:
+    """The bytes of one rank's chunk, the all-reduce's unit of encoding."""
+    return -(-tensor.numel() // world) * tensor.element_size()
 
 
 def _whole(flat: torch.Tensor, world: int) -> torch.Tensor:
@@ -125,7 +130,7 @@ def _all_reduce(tensor, op, group, async_op: bool, config: ZipCCLConfig | None,
         return K._to_torch(st, "all_reduce", raw, dist.all_reduce, tensor, op=op, group=group,
                            async_op=async_op)
     base, extra = divmod(numel, world)
-    unit = (base + (extra > 0)) * itemsize
+    unit = _unit(tensor, world)
     compress = world > 1 and K._compresses(cfg, "all_reduce", unit)
     parts = (cost.scatter_reduce(world, unit, not torch_sums_alike(world, parsed, tensor.dtype,
                                                                    tensor.device)),
@@ -138,15 +143,17 @@ def _all_reduce(tensor, op, group, async_op: bool, config: ZipCCLConfig | None,
     # Raw or compressed, the bits of one rank-order sum (see the docstring).
     if not sent.compress and world > 1 and torch_sums_alike(world, parsed, tensor.dtype,
                                                             tensor.device):
-        if K._raw_for_good(cfg, plan):
-            K._open_lane(call, "all_reduce", tensor, _lanes.ALL_REDUCE)
+        below = K._lane_bound(cfg, "all_reduce", plan, unit)
+        if below:
+            K._open_lane(call, "all_reduce", tensor, _lanes.ALL_REDUCE, below)
         K._to_torch(st, "all_reduce", numel * itemsize, dist.all_reduce, tensor, group=group)
         with st.phase("all_reduce", "reduce"):
             finish_torch_sum(flat, parsed, world)
         return K._completed_work(async_op, tensor)
     if not sent.compress and world > 1 and gathers_whole(world, numel * itemsize):
-        if K._raw_for_good(cfg, plan):
-            K._open_lane(call, "all_reduce", tensor, _lanes.GATHER)
+        below = K._lane_bound(cfg, "all_reduce", plan, unit)
+        if below:
+            K._open_lane(call, "all_reduce", tensor, _lanes.GATHER, below)
         every = _whole(flat, world)
         K._to_torch(st, "all_reduce", numel * itemsize, K._all_gather_single, every, flat,
                     group=group)
