@@ -152,8 +152,12 @@ def _fp32_sum(parts: list, dtype) -> torch.Tensor:
     acc = parts[0].to(torch.float32, copy=True)
     for p in parts[1:]:
         acc.add_(p)
-    acc.masked_fill_(acc.isnan(), float("nan"))  # zipccl's sums give the canonical NaN
-    return acc.to(dtype)
+    out = acc.to(dtype)
+    # zipccl's sums give one NaN: the positive quiet NaN without payload
+    bits = {2: (torch.int16, {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}),
+            4: (torch.int32, {torch.float32: 0x7FC00000})}[out.element_size()]
+    out.view(bits[0]).masked_fill_(out.isnan(), bits[1][dtype])
+    return out
 
 
 def run_case(kind: str, xs: list, rank: int, world: int, cfg: ZipCCLConfig):
