@@ -203,9 +203,10 @@ def _aligned(payload: torch.Tensor) -> torch.Tensor:
 @functools.lru_cache(maxsize=1024)
 def _plan(dtype: torch.dtype, numel: int, C: int, body_only: int, warps: int) -> tuple:
     """(launch, chunks, word dtype) of a decode of ``numel`` elements of
-    ``dtype`` in chunks of C, computed once per geometry: ``launch`` is the
-    Launcher (of ``warps`` warps, NUM_WARPS when the plan was made) with the
-    int arguments after the payload's length bound (``_launch.Bound``)."""
+    ``dtype`` in chunks of C, computed once per geometry and warp count
+    (``warps`` is NUM_WARPS; gpu_check.py's sweep changes it and clears
+    ``launcher``'s cache): ``launch`` is ``launcher(info, C)`` with the int
+    arguments after the payload's length bound (``_launch.Bound``)."""
     info = F.dtype_info(dtype)
     nch = F.nchunks_for(numel, C)
     return (launcher(info, C).bind((numel, nch, C, F.nchunks_for(numel), body_only)), nch,
@@ -216,7 +217,8 @@ _TLS = threading.local()
 
 
 def _take_error_word(device: torch.device) -> tuple:
-    """(a zeroed int32 error word on ``device``, its address), this thread's:
+    """(a zeroed int32 error word on ``device``, its address, the device),
+    this thread's:
     its cache holds the word only between calls (``_read_error`` puts it
     back once the kernel that ORs into it is done), so no two calls in
     flight share one."""
@@ -236,7 +238,7 @@ def _launch(payload, out, numel, C, body_only) -> tuple:
     payload = _aligned(payload)
     err = _take_error_word(payload.device)
     if nch:
-        # the pointers as addresses (no view of out as words): Launcher.by_address
+        # the pointers as addresses (no view of out as words): _launch.Bound
         launch(nch, (payload.data_ptr(), out.data_ptr(), err[1], payload.numel()),
                _launch_tensors, payload, out, err[0], word, launch.fixed)
     return err
