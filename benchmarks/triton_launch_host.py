@@ -16,7 +16,9 @@ Two tables, each with both launch paths side by side in one run:
   has) with CPU tensors, i.e. the launchers' whole host path, torch ops
   included (on CPU, not CUDA: a CUDA op's host cost is not measured here).
   The stand-in launch leaves the body length 0, so the call goes on as for
-  an empty body.
+  an empty body. One more row makes the fixed3 calls through
+  ``zipccl_fsdp.encode`` / ``decode(out=)``: what the public API's checks
+  and backend dispatch add (the triton backend taken for CPU tensors).
 
 Medians of 5 runs of N calls after a warm-up, for 3 rounds::
 
@@ -105,8 +107,10 @@ def _codecs() -> tuple:
     return ("fixed3",) + (("dense",) if E._dense_kernel() is not None else ())
 
 
-def _runs(codec: str, x, numel: int, by_address: bool = False) -> list:
-    """The encode and decode launches of ``numel`` elements read from ``x``."""
+def _runs(codec: str, x, numel: int, by_address: bool = False, bound: bool = False) -> list:
+    """The encode and decode launches of ``numel`` elements read from ``x``
+    (``bound``: through ``Launcher.bind`` of the int arguments after the
+    addresses, as the codec's plans launch)."""
     from triton_kernels import codec_decode as D
     from triton_kernels import codec_encode as E
     info = F.dtype_info(torch.bfloat16)
@@ -120,6 +124,10 @@ def _runs(codec: str, x, numel: int, by_address: bool = False) -> list:
     dec = D.launcher(info, C)
     args = E.launch_args(enc.kernel, x, out, scratch, numel, nch, C, header)
     dargs = (out, x, err, 4096 + 16 * nch, numel, nch, C, F.nchunks_for(numel), 0)
+    if bound:  # Launcher.bind: the leading arguments only, the pointers as addresses
+        eb, db = enc.bind(args[5:]), dec.bind(dargs[4:])
+        return [lambda: eb(nch, _addresses(args[:5]), lambda: args),
+                lambda: db(nch, _addresses(dargs[:4]), lambda: dargs)]
     if by_address:  # Launcher.by_address, the pointers as addresses
         return [lambda: enc.by_address(nch, _addresses(args), lambda: args),
                 lambda: dec.by_address(nch, _addresses(dargs), lambda: dargs)]
@@ -134,16 +142,19 @@ def check_direct_launch() -> None:
     """The cached Launcher hands the driver's launcher exactly what
     ``kernel[grid]`` does, the same compiled kernel included, for aligned
     and misaligned inputs and for a size whose chunk count is 1 (triton
-    specializes an int 1 as a constant) or not a multiple of 16."""
+    specializes an int 1 as a constant) or not a multiple of 16, through
+    ``Launcher``, ``Launcher.by_address`` and ``Launcher.bind``."""
     global _RECORD
     from triton_kernels import _launch
+    from triton_kernels import codec_decode as D
+    from triton_kernels import codec_encode as E
     C = F.CHUNK_ELEMS
     buf = torch.zeros(1 << 16, dtype=torch.int16)
     checked = 0
     for codec in _codecs():
         for x, numel in ((buf, 3 * C + 5), (buf[1:], 20 * C), (buf, 100), (buf[1:], C + 1)):
-            for by_address in (False, True):
-                for run in _runs(codec, x, numel, by_address):
+            for by_address, bound in ((False, False), (True, False), (True, True)):
+                for run in _runs(codec, x, numel, by_address, bound):
                     got = []
                     for direct in (False, True, True):  # triton's path; a miss; a hit
                         _launch.DIRECT = direct
@@ -155,11 +166,39 @@ def check_direct_launch() -> None:
                     got = [[_plain(r, by_address) for r in g] for g in got]
                     assert len(got[0]) == 1 and got[0] == got[1] == got[2], (codec, numel, got)
                     checked += 1
+    # One Bound across calls of different alignments (as a codec plan's is,
+    # for inputs at any address): each call gets the kernel triton picks.
+    for codec in _codecs():
+        for numel in (3 * C + 5, 1):
+            views = (buf, buf[1:], buf[8:], buf[1:])
+            info = F.dtype_info(torch.bfloat16)
+            el, dl = E.launcher(info, codec, C), D.launcher(info, C)
+            nch = F.nchunks_for(numel, C)
+            header = F.Header(codec, torch.bfloat16, (numel,), numel, C, nch, 0)
+            out = torch.zeros(1 << 16, dtype=torch.uint8)
+            scratch = torch.zeros(nch + 2, dtype=torch.int64)
+            err = torch.zeros(1, dtype=torch.int32)
+            eb = el.bind(E.launch_args(el.kernel, buf, out, scratch, numel, nch, C, header)[5:])
+            db = dl.bind((numel, nch, C, F.nchunks_for(numel), 0))
+            for v in views + views:
+                ea = E.launch_args(el.kernel, v, out, scratch, numel, nch, C, header)
+                da = (out, v, err, 4096 + 16 * nch) + db.fixed
+                for launcher, b, a, n_head in ((el, eb, ea, 5), (dl, db, da, 4)):
+                    got = []
+                    for direct in (False, True):
+                        _launch.DIRECT = direct
+                        _RECORD = []
+                        if direct:
+                            b(nch, _addresses(a[:n_head]), lambda a=a: a)
+                        else:
+                            launcher(nch, *a)
+                        got.append([_plain(r, True) for r in _RECORD])
+                    _RECORD = None
+                    assert len(got[0]) == 1 and got[0] == got[1], (codec, numel, got)
+                    checked += 1
     _launch.DIRECT = True
     # The codec's own calls: a Launcher's first by_address call checks that
     # the addresses are those of the tensors triton's path gets.
-    from triton_kernels import codec_decode as D
-    from triton_kernels import codec_encode as E
     for codec in _codecs():
         for n in (C + 3, 5 * C):
             x = torch.randn(n).bfloat16()
@@ -187,7 +226,15 @@ def calls() -> dict:
     def call(codec):
         D.decode_into(E.encode(x, codec), out)
 
-    return {f"1 MiB {c} encode+decode(out=)": (lambda c=c: call(c)) for c in _codecs()}
+    def public(codec):  # zipccl_fsdp's argument checks and backend dispatch too
+        z.decode(z.encode(x, codec=codec, backend="triton"), out=out, backend="triton")
+
+    import zipccl_fsdp as z
+    from zipccl_fsdp import codec as C
+    C._triton_usable = lambda device: True  # a CPU tensor stands in for a CUDA one
+    rows = {f"1 MiB {c} encode+decode(out=)": (lambda c=c: call(c)) for c in _codecs()}
+    rows["1 MiB fixed3 zipccl_fsdp.encode+decode(out=)"] = lambda: public("fixed3")
+    return rows
 
 
 def _median_us(fn, n: int) -> float:

@@ -376,6 +376,52 @@ def test_out_that_does_not_fit_is_refused(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_kept_buffers_start_clean_every_call(device):
+    """Each thread keeps its encode scratch (ticket, body length, look-back
+    status words) per chunk count, and its decode error word, across calls:
+    a call whose buffer still held the last call's words would take the
+    wrong tickets, offsets or errors. Calls alternate dtypes, codecs and
+    sizes of one chunk count and of others, each payload byte-equal to the
+    torch backend's and each decode bit-exact; a corrupt payload's error
+    must not reach the next decode; two threads encoding at once get their
+    own buffers."""
+    import threading
+    xs = [mixed(3 * C + 5, torch.bfloat16, seed=1).to(device),
+          mixed(3 * C + 5, torch.float32, seed=2).to(device),
+          mixed(4 * C, torch.float16, seed=3).to(device),  # the same chunk count
+          mixed(C + 1, torch.bfloat16, seed=4).to(device)]
+    bad = None
+    for rnd in range(2):
+        for i, x in enumerate(xs):
+            codec = CODED[(i + rnd) % 2]
+            p = z.encode(x, codec=codec, backend="triton")
+            assert torch.equal(p, z.encode(x, codec=codec, backend="torch")), (rnd, i, codec)
+            out = torch.empty_like(x)
+            z.decode(p, out=out, backend="triton")
+            assert torch.equal(bits(out), bits(x)), (rnd, i, codec)
+            if bad is None and x.dtype == torch.bfloat16:
+                bad = p.clone()
+                bad[-1] = 0xFF  # a padding byte: the error word gets a bit set
+                with pytest.raises(z.CorruptPayloadError):
+                    z.decode(bad, out=torch.empty_like(x), backend="triton")
+    got, errors = {}, []
+
+    def run(k):
+        try:
+            got[k] = z.encode(xs[k], codec="fixed3", backend="triton")
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=run, args=(k,)) for k in (0, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for k in (0, 2):
+        assert torch.equal(got[k], z.encode(xs[k], codec="fixed3", backend="torch")), k
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_checksummed_payloads(device):
     """verify=True payloads from triton: decode(out=) learns from the
     device word that sums follow and checks them; a changed sm byte that

@@ -22,6 +22,12 @@ builds no tensor views for the kernel's pointers (a dtype view, a split of a
 scratch buffer), and the launcher reads no ``data_ptr`` back. The tensors
 are built only when triton's path runs (a new specialization, the
 interpreter, a hook).
+
+``Launcher.bind(fixed)`` is ``by_address`` for launches whose last runtime
+arguments are the same ints every call (a codec plan's geometry: numel,
+chunk count, offsets): their part of the specialization key and the
+launcher's argument tail are computed once, so a call keys only its leading
+arguments (the addresses and any int that varies per call).
 """
 from __future__ import annotations
 
@@ -53,6 +59,14 @@ def _key(device: int, args: tuple) -> tuple:
         else:
             key.append((a.dtype, a.data_ptr() % 16 == 0))
     return tuple(key)
+
+
+def _head_key(device: int, head: tuple) -> tuple:
+    """``_key`` of int arguments, cheaper: an int of at least 2**31 (every
+    address in practice) is never 1 nor 32-bit, so its divisibility by 16 is
+    all of its key."""
+    return device, *[(not a & 15) if a >= _I32[1] else (a == 1, not a & 15, a >= _I32[0])
+                     for a in head]
 
 
 class Launcher:
@@ -123,6 +137,11 @@ class Launcher:
         run(grid, 1, 1, driver.active.get_current_stream(device), function, packed, None,
             None, None, *args, *self.tail)
 
+    def bind(self, fixed: tuple) -> "Bound":
+        """Launches of this kernel whose runtime arguments end with ``fixed``
+        (ints); see ``Bound``."""
+        return Bound(self, fixed)
+
     def _check_addresses(self, args: tuple, tensors: tuple) -> None:
         """That ``args`` are ``tensors`` with addresses for pointers, and that
         each position's dtype is the one of this Launcher's earlier calls."""
@@ -133,3 +152,40 @@ class Launcher:
         if self._ptr_dtypes is None:
             self._ptr_dtypes = dtypes
         assert dtypes == self._ptr_dtypes, (self.kernel, dtypes, self._ptr_dtypes)
+
+
+class Bound:
+    """``launcher.by_address`` with the trailing int arguments ``fixed``:
+    ``bound(grid, head, tensor_args, *parts)`` launches with the runtime
+    arguments ``head + fixed`` (pointers in ``head`` as addresses).
+
+    The compiled kernel is kept per key of ``head`` alone (``_head_key``):
+    ``fixed``'s part of triton's specialization is the same every call. A
+    new key goes through ``launcher.by_address`` (its checks, then triton's
+    path) and keeps what that found."""
+    __slots__ = ("launcher", "fixed", "_tail", "_hits")
+
+    def __init__(self, launcher: Launcher, fixed: tuple):
+        assert all(type(a) is int for a in fixed), fixed
+        self.launcher = launcher
+        self.fixed = tuple(fixed)
+        self._tail = self.fixed + (launcher.tail if launcher.compiled_path else ())
+        self._hits: dict = {}
+
+    def __call__(self, grid: int, head: tuple, tensor_args, *parts) -> None:
+        launcher = self.launcher
+        if not (launcher.compiled_path and DIRECT) or _hooked():
+            launcher(grid, *tensor_args(*parts))
+            return
+        active = driver.active
+        device = active.get_current_device()
+        key = _head_key(device, head)
+        hit = self._hits.get(key)
+        if hit is None:
+            args = head + self.fixed
+            launcher.by_address(grid, args, tensor_args, *parts)
+            self._hits[key] = launcher._by_addr[_key(device, args)]
+            return
+        run, function, packed = hit
+        run(grid, 1, 1, active.get_current_stream(device), function, packed, None, None, None,
+            *head, *self._tail)

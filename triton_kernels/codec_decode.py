@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 
 import torch
 import triton
@@ -200,35 +201,60 @@ def _aligned(payload: torch.Tensor) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(dtype: torch.dtype, numel: int, C: int) -> tuple:
-    """(launcher, chunks, checksums, word dtype) of a decode of ``numel``
-    elements of ``dtype`` in chunks of C, computed once per geometry."""
+def _plan(dtype: torch.dtype, numel: int, C: int, body_only: int, warps: int) -> tuple:
+    """(launch, chunks, word dtype) of a decode of ``numel`` elements of
+    ``dtype`` in chunks of C, computed once per geometry and warp count
+    (``warps`` is NUM_WARPS; gpu_check.py's sweep changes it and clears
+    ``launcher``'s cache): ``launch`` is ``launcher(info, C)`` with the int
+    arguments after the payload's length bound (``_launch.Bound``)."""
     info = F.dtype_info(dtype)
-    return (launcher(info, C), F.nchunks_for(numel, C), F.nchunks_for(numel),
+    nch = F.nchunks_for(numel, C)
+    return (launcher(info, C).bind((numel, nch, C, F.nchunks_for(numel), body_only)), nch,
             _INT_VIEW[info.itemsize])
 
 
-def _launch(payload, out, numel, C, body_only) -> torch.Tensor:
-    launch, nch, nsums, word = _plan(out.dtype, numel, C)
+_TLS = threading.local()
+
+
+def _take_error_word(device: torch.device) -> tuple:
+    """(a zeroed int32 error word on ``device``, its address, the device),
+    this thread's:
+    its cache holds the word only between calls (``_read_error`` puts it
+    back once the kernel that ORs into it is done), so no two calls in
+    flight share one."""
+    kept = _TLS.__dict__.get("err")
+    if kept is None:
+        kept = _TLS.err = {}
+    got = kept.pop(device, None)
+    if got is None:
+        err = torch.zeros(1, dtype=torch.int32, device=device)
+        return err, err.data_ptr(), device
+    got[0].zero_()
+    return got
+
+
+def _launch(payload, out, numel, C, body_only) -> tuple:
+    launch, nch, word = _plan(out.dtype, numel, C, body_only, NUM_WARPS)
     payload = _aligned(payload)
-    err = torch.zeros(1, dtype=torch.int32, device=payload.device)
+    err = _take_error_word(payload.device)
     if nch:
-        # the pointers as addresses (no view of out as words): Launcher.by_address
-        launch.by_address(nch, (payload.data_ptr(), out.data_ptr(), err.data_ptr(),
-                                payload.numel(), numel, nch, C, nsums, body_only),
-                          _launch_tensors, payload, out, err, word, numel, nch, C, nsums,
-                          body_only)
+        # the pointers as addresses (no view of out as words): _launch.Bound
+        launch(nch, (payload.data_ptr(), out.data_ptr(), err[1], payload.numel()),
+               _launch_tensors, payload, out, err[0], word, launch.fixed)
     return err
 
 
-def _launch_tensors(payload, out, err, word, numel, nch, C, nsums, body_only) -> tuple:
+def _launch_tensors(payload, out, err, word, fixed) -> tuple:
     """The decode launch's arguments with tensors (triton's path)."""
-    return (payload, out.view(word), err, payload.numel(), numel, nch, C, nsums, body_only)
+    return (payload, out.view(word), err, payload.numel()) + fixed
 
 
-def _read_error(err: torch.Tensor) -> int:
-    """The error word: the call's one device-to-host read."""
-    return int(err.item())
+def _read_error(err: tuple) -> int:
+    """The error word: the call's one device-to-host read. The word goes
+    back to this thread's cache after it."""
+    bits = int(err[0].item())
+    _TLS.err[err[2]] = err
+    return bits
 
 
 def decode_into(payload: torch.Tensor, out: torch.Tensor) -> bool:

@@ -18,14 +18,23 @@ length anyway, and a device-side CRC would put a serial loop of some
 hundreds of steps, or a per-ndim table upload, at the end of every encode.
 Work queued after ``encode`` on the stream sees the header.
 
-Scratch: one zeroed int64 buffer per call (the ticket counter, the body
-length, one look-back status word per chunk): one memset.
+Scratch: one int64 buffer (the ticket counter, the body length, one
+look-back status word per chunk), zeroed by one memset per call. Each thread
+keeps its buffers per (device, chunk count) across calls (``_take_scratch``):
+a call takes its buffer out of the thread's cache and puts it back only
+after its length read, when the kernel is done, so no two calls in flight
+share one (another thread, another stream, a call that raised).
+
+Host work per call is otherwise the payload's allocation, the launch
+(``_launch.Bound``: the plan's int arguments and their key computed once),
+the length read and the header: what depends on the data.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
 import math
+import threading
 from typing import NamedTuple
 
 import torch
@@ -33,7 +42,7 @@ import torch
 from zipccl_fsdp import format as F
 
 from ._codec_common import tile_shape
-from ._launch import Launcher
+from ._launch import Bound, Launcher
 from .fixed3_encode import fixed3_encode_kernel
 
 _INT_VIEW = {2: torch.int16, 4: torch.int32}
@@ -111,7 +120,7 @@ class _Plan(NamedTuple):
     """What an encode of one dtype, codec and shape launches with, computed
     once (the host work per call is then allocations, the launch, the length
     read and the header's CRC)."""
-    launch: Launcher
+    launch: Bound  # the int arguments (``ints``) bound
     nch: int
     bound: int  # payload bytes allocated: format.max_encoded_nbytes for this ndim
     body_offset: int
@@ -138,26 +147,56 @@ def _plan(dtype: torch.dtype, codec: str, shape: tuple, C: int, warps: int) -> _
     # never takes more than its raw bytes rounded up to 16, and C * itemsize
     # is a multiple of 16 (C % 8 == 0).
     bound = header.body_offset + F.align16(numel * info.itemsize)
-    return _Plan(launch, nch, bound, header.body_offset,
-                 _int_args(launch.kernel, numel, nch, C, header), F.HeaderBytes(header),
+    ints = _int_args(launch.kernel, numel, nch, C, header)
+    return _Plan(launch.bind(ints), nch, bound, header.body_offset, ints, F.HeaderBytes(header),
                  _INT_VIEW[info.itemsize])
 
 
 _PINNED: dict = {}
+_TLS = threading.local()
+SCRATCH_KEPT = 16  # scratch buffers a thread keeps (distinct chunk counts)
 
 
-def _read_units(total: torch.Tensor) -> int:
+class _Scratch(NamedTuple):
+    words: torch.Tensor  # int64: ticket, body length, status words
+    total: torch.Tensor  # words[1:2]
+    address: int
+    cuda: bool
+
+
+def _take_scratch(device: torch.device, nch: int) -> _Scratch:
+    """A zeroed scratch buffer of nch + 2 words on ``device``, this thread's
+    (its cache holds it only between calls)."""
+    kept = _TLS.__dict__.get("scratch")
+    if kept is None:
+        kept = _TLS.scratch = {}
+    got = kept.pop((device, nch), None)
+    if got is None:
+        words = torch.zeros(nch + 2, dtype=torch.int64, device=device)
+        return _Scratch(words, words[1:2], words.data_ptr(), device.type == "cuda")
+    got.words.zero_()
+    return got
+
+
+def _keep_scratch(device: torch.device, nch: int, got: _Scratch) -> None:
+    """Back into this thread's cache, once the kernel that used it is done."""
+    kept = _TLS.scratch
+    if len(kept) < SCRATCH_KEPT:
+        kept[(device, nch)] = got
+
+
+def _read_units(scratch: _Scratch) -> int:
     """The body length in 16-byte units: the call's one device-to-host read,
     through a pinned buffer (one per device, reused: the read waits for it)."""
-    if total.device.type != "cuda":
+    total = scratch.total
+    if not scratch.cuda:
         return int(total.item())
     got = _PINNED.get(total.device)
     if got is None:
         buf = torch.empty(1, dtype=torch.int64, pin_memory=True)
         # the value, read from host memory without a torch op
         got = _PINNED[total.device] = (buf, ctypes.c_int64.from_address(buf.data_ptr()))
-    got[0].copy_(total, non_blocking=True)
-    torch.cuda.current_stream(total.device).synchronize()
+    got[0].copy_(total)  # to pinned memory, not non_blocking: waits for the current stream
     return got[1].value
 
 
@@ -169,14 +208,16 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
     plan = _plan(x.dtype, codec, x.shape, F.CHUNK_ELEMS, SETTINGS[codec])
     if not x.is_contiguous():
         x = x.reshape(-1)
-    out = torch.empty(plan.bound, dtype=torch.uint8, device=x.device)
-    scratch = torch.zeros(plan.nch + 2, dtype=torch.int64, device=x.device)
+    device = x.device
+    out = torch.empty(plan.bound, dtype=torch.uint8, device=device)
+    scratch = _take_scratch(device, plan.nch)
     # The kernel's pointers as addresses (no views; see _tensor_args for the
     # tensors): the ticket at word 0, the body length at 1, the status from 2.
-    s = scratch.data_ptr()
-    plan.launch.by_address(plan.nch, (x.data_ptr(), out.data_ptr(), s, s + 16, s + 8) + plan.ints,
-                           _launch_tensors, x, out, scratch, plan)
-    body = F.ALIGN * _read_units(scratch[1:2])
+    s = scratch.address
+    plan.launch(plan.nch, (x.data_ptr(), out.data_ptr(), s, s + 16, s + 8), _launch_tensors, x,
+                out, scratch.words, plan)
+    body = F.ALIGN * _read_units(scratch)
+    _keep_scratch(device, plan.nch, scratch)
     F.copy_header_into(plan.head.with_body(body), out)
     return out[:plan.body_offset + body]
 

@@ -41,9 +41,14 @@ def _check_codec(codec: str) -> str:
     return codec
 
 
+_TRITON_AVAILABLE: list = []  # triton_kernels.available(), asked once (an import per call otherwise)
+
+
 def _triton_usable(device: torch.device) -> bool:
-    from triton_kernels import available
-    if not available():
+    if not _TRITON_AVAILABLE:
+        from triton_kernels import available
+        _TRITON_AVAILABLE.append(available())
+    if not _TRITON_AVAILABLE[0]:
         return False
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 

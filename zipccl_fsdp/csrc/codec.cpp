@@ -650,6 +650,8 @@ ZC_AVX2 static inline uint32_t movemask(__m256i v) { return uint32_t(_mm256_move
 // Software prefetch this far ahead of a stream (measured better than the
 // hardware prefetcher alone on the fixed3 write pass).
 constexpr int kPrefetchBytes = 1024;
+// The fixed3 write pass's prefetch distance on its output streams.
+constexpr int kWriteAheadBytes = 512;
 static inline void prefetch_ahead(const void* p) {
   _mm_prefetch(static_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T0);
 }
@@ -1294,6 +1296,13 @@ ZC_AVX2 static void write_fixed3(const typename T::W* w, int n, const Entry& en,
     const __m256i inwin = _mm256_cmpeq_epi8(_mm256_min_epu8(d, vw), d);
     __m256i code = _mm256_blendv_epi8(v7, _mm256_add_epi8(d, vzf), inwin);
     if (zf) code = _mm256_andnot_si256(zero, code);
+    // The two output streams a block writes, a few lines ahead: a chunk's
+    // codes and sign+mantissa streams start afresh in every segment, too
+    // short for the hardware prefetcher to pick up before they end.
+    _mm_prefetch(reinterpret_cast<const char*>(st.sm) + kWriteAheadBytes, _MM_HINT_T0);
+    if ((b & 3) == 0)  // 48 code bytes per 4 blocks: about a line
+      _mm_prefetch(reinterpret_cast<const char*>(codes + 12 * b) + kWriteAheadBytes * 3 / 4,
+                   _MM_HINT_T0);
     store_pack3(codes + 12 * b, code);
     esc = put_compact(e8, movemask(_mm256_cmpeq_epi8(code, v7)), esc, esc_end);
     L::emit(raw, w + 32 * b, zf ? ~movemask(zero) : ~0u, low16, st);
@@ -1630,8 +1639,8 @@ static int64_t plan_impl(const typename T::W* w, int64_t numel, int codec, Entry
 
 // The padding after a sub-stream of len bytes lies in the one 16-byte block at
 // len & ~15 (none when len is a multiple of 16): its bytes from len & 15 on.
-// Both helpers touch that block as two little-endian words, a fixed cost per
-// sub-stream in place of a byte loop or a variable-length memset.
+// pad_ok reads that block as two little-endian words, a fixed cost per
+// sub-stream in place of a byte loop.
 static inline uint64_t low_bytes_mask(int64_t k) {  // bytes [0, k) of a word, k in [0, 8]
   return k >= 8 ? ~uint64_t(0) : (uint64_t(1) << (8 * k)) - 1;
 }
@@ -1645,15 +1654,14 @@ static inline bool pad_ok(const uint8_t* p, int64_t len) {
   return !((w[0] & ~low_bytes_mask(t)) | (w[1] & ~low_bytes_mask(t - 8 < 0 ? 0 : t - 8)));
 }
 
-// Zero bytes [p + len, p + align16(len)): the padding after a sub-stream.
-static inline void zero_pad(uint8_t* p, int64_t len) {
-  const int64_t t = len & (kAlign - 1);
-  if (!t) return;
-  uint64_t w[2];
-  std::memcpy(w, p + (len - t), 16);
-  w[0] &= low_bytes_mask(t);
-  w[1] &= low_bytes_mask(t - 8 < 0 ? 0 : t - 8);
-  std::memcpy(p + (len - t), w, 16);
+// Zero the 16-byte block that holds the padding after a sub-stream of len
+// bytes (none when len is a multiple of 16), before the stream is written:
+// every chunk writer stores exactly its stream's bytes, none past its end,
+// so the padding stays zero and the data overwrites the rest of the block.
+// A store ahead of the data, not a load and store after it (which would
+// wait for the data's stores to reach the cache).
+static inline void zero_last_block(uint8_t* p, int64_t len) {
+  if (len & (kAlign - 1)) std::memset(p + (len & ~int64_t(kAlign - 1)), 0, kAlign);
 }
 
 // Encode pass 2: the table, offsets and every chunk's segment at its offset,
@@ -1676,11 +1684,11 @@ static void write_impl(const typename T::W* w, int64_t numel, int codec, const E
     const Layout l = segment_layout<T>(codec, ent[c], n, &s);
     uint8_t* seg = b + off[c];
     if (sums) store_u32(sums + 4 * c, sum_dispatch<T>(w + c * C, n, isa));
+    zero_last_block(seg, s.codes);
+    zero_last_block(seg + l.sm, s.sm);
+    zero_last_block(seg + l.rem, s.rem);
+    zero_last_block(seg + l.esc, s.esc);
     write_dispatch<T>(w + c * C, n, codec, ent[c], seg, seg + l.sm, seg + l.rem, seg + l.esc, isa);
-    zero_pad(seg, s.codes);
-    zero_pad(seg + l.sm, s.sm);
-    zero_pad(seg + l.rem, s.rem);
-    zero_pad(seg + l.esc, s.esc);
   }
 }
 
