@@ -304,9 +304,12 @@ def _patch_escape(dst, esc_src, m, bad_e, tw, at, act, esc_l, EMAX: tl.constexpr
     it into the exponent of its element tw + j (already stored)."""
     b = m & (0 - m)
     j = low_bit_index(b)
+    # The read back is unmasked: a thread without a k-th escape reads the
+    # chunk's first word instead (it exists; the value is not used: the
+    # store is masked off).
     eb = tl.load(esc_src + at, mask=act & (at < esc_l), other=0).to(tl.int32)
-    p = dst + tw + j
-    old = tl.load(p, mask=act, other=0, volatile=True).to(tl.int32)
+    p = dst + tl.where(act, tw + j, 0)
+    old = tl.load(p, volatile=True).to(tl.int32)
     new = (old & ~(EMAX << MAN_BITS)) | ((eb & EMAX) << MAN_BITS)
     tl.store(p, new.to(dst.dtype.element_ty), mask=act)
     return m ^ b, bad_e | (act & (eb > EMAX)).to(tl.int32)
