@@ -312,10 +312,13 @@ def _patch_escape(dst, esc_src, m, bad_e, tw, at, act, esc_l, EMAX: tl.constexpr
     it into the exponent of its element tw + j (already stored)."""
     b = m & (0 - m)
     j = low_bit_index(b)
-    # The read back is unmasked: a thread without a k-th escape reads the
-    # chunk's first word instead (it exists; the value is not used: the
-    # store is masked off).
-    eb = tl.load(esc_src + at, mask=act & (at < esc_l), other=0).to(tl.int32)
+    # The escape byte's position is clamped to the stream (esc_l - 1 >= -1: a
+    # byte of the segment) instead of masked: past it only with counts that
+    # disagree with the entry (ERR_COUNTS); a thread without a k-th escape
+    # does not use it.
+    eb = tl.load(esc_src + tl.minimum(at, esc_l - 1)).to(tl.int32)
+    # The read back is unmasked too: a thread without a k-th escape reads
+    # the chunk's first word instead (it exists; the store is masked off).
     p = dst + tl.where(act, tw + j, 0)
     old = tl.load(p, volatile=True).to(tl.int32)
     new = (old & ~(EMAX << MAN_BITS)) | ((eb & EMAX) << MAN_BITS)

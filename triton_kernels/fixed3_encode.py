@@ -223,7 +223,9 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
                     for b in tl.static_range(3):
                         tl.store(p3 + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8), mask=keep)
             else:
-                tl.store(sm_dst + krank, (smv & 0xFF).to(tl.uint8), mask=keep)
+                # (one pointer a row, the element's offset in the row added)
+                rp = sm_dst + (kstart[:, None] + rowx)
+                tl.store(rp[:, :, None] + inrow, (smv & 0xFF).to(tl.uint8), mask=keep)
             zero_pad(sm_dst, sm_nb, a_rem - a_sm)
             if IS_FP16:
                 r3 = ((smv >> 8) & 7) * kp  # (0 where not kept: padding has kp 0 here, z > 0)
