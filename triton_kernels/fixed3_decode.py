@@ -206,13 +206,21 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
             smb = 3 - 2 * low16
             at = smb * krank
             room_l = tl.minimum(a_rem - a_sm, lim - a_sm)
-            m1 = kv & (at + 2 < room_l)
-            smv = tl.load(sm_src + at, mask=kv & (at < sm_l), other=0).to(tl.int32)
-            smv = smv | (tl.load(sm_src + at + 1, mask=m1, other=0).to(tl.int32) << 8)
-            smv = smv | (tl.load(sm_src + at + 2, mask=m1, other=0).to(tl.int32) << 16)
+            # Unmasked, each byte's position clamped to the room (room_l - 1
+            # >= -1: a byte of the segment): past it only with counts that
+            # disagree with the entry (ERR_COUNTS); bytes of elements not
+            # kept, and LOW16's two after the first, are not used.
+            top = room_l - 1
+            smv = tl.load(sm_src + tl.minimum(at, top)).to(tl.int32)
+            smv = smv | (tl.load(sm_src + tl.minimum(at + 1, top)).to(tl.int32) << 8)
+            smv = smv | (tl.load(sm_src + tl.minimum(at + 2, top)).to(tl.int32) << 16)
             smv = (smv & tl.where(low16 != 0, 0xFF, 0xFFFFFF)) << (16 * low16)
         else:
-            smv = tl.load(sm_src + krank, mask=kv & (krank < sm_l), other=0).to(tl.int32)
+            # Unmasked, the rank clamped to the stream (sm_l - 1 >= -1: a byte
+            # of the segment): ranks past it only come with counts that
+            # disagree with the entry (ERR_COUNTS), and the bytes of elements
+            # not kept are not used.
+            smv = tl.load(sm_src + tl.minimum(krank, sm_l - 1)).to(tl.int32)
         if IS_FP16:
             if SPARSE:
                 smv = smv | (_rem_runs_load(rem_src, inrow, rowx, kstart, rem_l) << 8)
@@ -304,9 +312,15 @@ def _patch_escape(dst, esc_src, m, bad_e, tw, at, act, esc_l, EMAX: tl.constexpr
     it into the exponent of its element tw + j (already stored)."""
     b = m & (0 - m)
     j = low_bit_index(b)
-    eb = tl.load(esc_src + at, mask=act & (at < esc_l), other=0).to(tl.int32)
-    p = dst + tw + j
-    old = tl.load(p, mask=act, other=0, volatile=True).to(tl.int32)
+    # The escape byte's position is clamped to the stream (esc_l - 1 >= -1: a
+    # byte of the segment) instead of masked: past it only with counts that
+    # disagree with the entry (ERR_COUNTS); a thread without a k-th escape
+    # does not use it.
+    eb = tl.load(esc_src + tl.minimum(at, esc_l - 1)).to(tl.int32)
+    # The read back is unmasked too: a thread without a k-th escape reads
+    # the chunk's first word instead (it exists; the store is masked off).
+    p = dst + tl.where(act, tw + j, 0)
+    old = tl.load(p, volatile=True).to(tl.int32)
     new = (old & ~(EMAX << MAN_BITS)) | ((eb & EMAX) << MAN_BITS)
     tl.store(p, new.to(dst.dtype.element_ty), mask=act)
     return m ^ b, bad_e | (act & (eb > EMAX)).to(tl.int32)

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from ._codec_common import (FIXED_ZERO_SHIFT, ROUNDS, align16, fixed3_thread_counts,
-                            fixed3_layout, fixed_window, low_bit_index, pack_bytes, popc32,
+                            fixed3_layout, fixed_window, kept_bits, low_bit_index, pack_bytes, popc32,
                             load_rows, store_rows3, store_words, store_words24, sum3, tile3, ttile,
                             zero_pad)
 from ._lookback import chunk_offset, ticket
@@ -58,6 +58,7 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     # every padded sub-stream).
     WIDE: tl.constexpr = G % 4 == 0
     SPARSE: tl.constexpr = G <= 4  # a thread's escapes fit one 32-bit mask
+    PAIRS: tl.constexpr = (ITEMSIZE == 2) and PACK
     NEGZ: tl.constexpr = -(1 << (8 * ITEMSIZE - 1))  # -0.0's word, sign-extended
     c = ticket(ticket_ptr)
     start = c.to(tl.int64) * C
@@ -66,39 +67,48 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     # --- load and analyze (the input's only read) ---
     i = ttile(G, T)
     valid = i < n
-    # 16-bit words sign-extended: every field below is read with a mask, and
-    # -0.0 is -32768.
-    w = load_rows(x_ptr + start, i, n, ITEMSIZE, G, T)
-    is_neg = w == NEGZ
-    e = (w >> MAN_BITS) & EMAX
-    normal = (e - 1).to(tl.uint32) < EMAX - 1  # 0 < e < EMAX (the padding has e = 0)
-    if PACK:
-        # Per thread: exponent sum (13 bits), normals, +0.0, -0.0 (6 bits
-        # each), widened to 20 + 13 + 13 + 13 bits for one int64 sum.
-        # (Normals and zeros exclude each other: one value per element. The
-        # padding reads as +0.0 and is taken out of npos below.)
-        v = tl.where(normal, e + (1 << 13),
-                     tl.where(w == 0, 1 << 19, tl.where(is_neg, 1 << 25, 0)))
-        per = tl.sum(tl.sum(v, axis=2), axis=1)
-        wide = (per & 0x1FFF).to(tl.int64) | (((per >> 13) & 63).to(tl.int64) << 20) | (
-            ((per >> 19) & 63).to(tl.int64) << 33) | ((per >> 25).to(tl.int64) << 46)
-        tot = tl.sum(wide, axis=0)
-        s_sum = (tot & 0xFFFFF).to(tl.int32)
-        k_norm = ((tot >> 20) & 0x1FFF).to(tl.int32)
-        npos = ((tot >> 33) & 0x1FFF).to(tl.int32) - (CP - n)
-        nneg = ((tot >> 46) & 0x1FFF).to(tl.int32)
+    q = tl.arange(0, 8)[None, None, :]
+    low16 = 0
+    if PAIRS:
+        # 16-bit words two to a register (lanes: element 2j low, 2j + 1
+        # high): the analysis and the codes by lane arithmetic (SWAR).
+        wl = tl.load(x_ptr + start + i, mask=valid, other=0)
+        pr = _pairs(wl, G, T)
+        s_sum, k_norm, npos, nneg = _pair_stats(pr, MAN_BITS, EMAX, G, T)
+        npos = npos - (CP - n)  # the padding reads as +0.0
     else:
-        s_sum = sum3(tl.where(normal, e, 0))
-        cnt = sum3(normal.to(tl.int32) | ((valid & (w == 0)).to(tl.int32) << 16))
-        nneg = sum3(is_neg.to(tl.int32))
-        k_norm = cnt & 0xFFFF
-        npos = (cnt >> 16) & 0xFFFF
+        # 16-bit words sign-extended: every field below is read with a mask, and
+        # -0.0 is -32768.
+        w = load_rows(x_ptr + start, i, n, ITEMSIZE, G, T)
+        is_neg = w == NEGZ
+        e = (w >> MAN_BITS) & EMAX
+        normal = (e - 1).to(tl.uint32) < EMAX - 1  # 0 < e < EMAX (the padding has e = 0)
+        if PACK:
+            # Per thread: exponent sum (13 bits), normals, +0.0, -0.0 (6 bits
+            # each), widened to 20 + 13 + 13 + 13 bits for one int64 sum.
+            # (Normals and zeros exclude each other: one value per element. The
+            # padding reads as +0.0 and is taken out of npos below.)
+            v = tl.where(normal, e + (1 << 13),
+                         tl.where(w == 0, 1 << 19, tl.where(is_neg, 1 << 25, 0)))
+            per = tl.sum(tl.sum(v, axis=2), axis=1)
+            wide = (per & 0x1FFF).to(tl.int64) | (((per >> 13) & 63).to(tl.int64) << 20) | (
+                ((per >> 19) & 63).to(tl.int64) << 33) | ((per >> 25).to(tl.int64) << 46)
+            tot = tl.sum(wide, axis=0)
+            s_sum = (tot & 0xFFFFF).to(tl.int32)
+            k_norm = ((tot >> 20) & 0x1FFF).to(tl.int32)
+            npos = ((tot >> 33) & 0x1FFF).to(tl.int32) - (CP - n)
+            nneg = ((tot >> 46) & 0x1FFF).to(tl.int32)
+        else:
+            s_sum = sum3(tl.where(normal, e, 0))
+            cnt = sum3(normal.to(tl.int32) | ((valid & (w == 0)).to(tl.int32) << 16))
+            nneg = sum3(is_neg.to(tl.int32))
+            k_norm = cnt & 0xFFFF
+            npos = (cnt >> 16) & 0xFFFF
+        if ITEMSIZE == 4:
+            low16 = (tl.max(tl.max(tl.max(w & 0xFFFF, axis=2), axis=1), axis=0) == 0).to(tl.int32)
     qq = tl.where(k_norm > 0, (4 * s_sum) // tl.maximum(k_norm, 1), 0)
     base = qq >> 2
     phase = qq & 3
-    low16 = 0
-    if ITEMSIZE == 4:
-        low16 = (tl.max(tl.max(tl.max(w & 0xFFFF, axis=2), axis=1), axis=0) == 0).to(tl.int32)
     zp = ((npos << FIXED_ZERO_SHIFT) >= n).to(tl.int32)
     zn = ((nneg << FIXED_ZERO_SHIFT) >= n).to(tl.int32)
     nz = zp * npos + zn * nneg  # elements coded as a flagged zero: no sm
@@ -106,15 +116,24 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     # --- codes (format.py, "fixed3") ---
     z = zp + zn
     lo, width = fixed_window(base, phase, z, EMAX)
-    code = _codes(w, e, valid, lo, width, zp, zn, NEGZ)
-    esc = code == 7
-    # Per thread: kept elements (codes z and up; the padding's code 0 is
-    # one only when z = 0, where no kept rank is used) and escapes (a mask,
-    # bit 8 g + q, when a thread's 8 G elements fit 32 bits).
-    q = tl.arange(0, 8)[None, None, :]
-    acc = tl.sum(code << (3 * q), axis=2)  # a row's eight codes, [T, G]
-    kp = (code >= z).to(tl.int32)
-    krow = tl.sum(kp, axis=2)
+    r = tl.arange(0, T)[:, None] * G + tl.arange(0, G)[None, :]  # row index, [T, G]
+    if PAIRS:
+        c2 = _pair_codes(pr, lo, width, zp, zn, MAN_BITS, EMAX)
+        # A row's eight codes (3 bits each) from its four pairs; codes past
+        # n are 0.
+        acc = _pair_rows3(c2) & tl.where(8 * r + 8 <= n, 0xFFFFFF,
+                                          (1 << tl.maximum(3 * (n - 8 * r), 0)) - 1)
+        krow = kept_bits(acc, z)
+        esc = acc == -1  # (not SPARSE only; PAIRS implies SPARSE)
+    else:
+        code = _codes(w, e, valid, lo, width, zp, zn, NEGZ)
+        esc = code == 7
+        # Per thread: kept elements (codes z and up; the padding's code 0 is
+        # one only when z = 0, where no kept rank is used) and escapes (a mask,
+        # bit 8 g + q, when a thread's 8 G elements fit 32 bits).
+        acc = tl.sum(code << (3 * q), axis=2)  # a row's eight codes, [T, G]
+        kp = (code >= z).to(tl.int32)
+        krow = tl.sum(kp, axis=2)
     tex, emask, esc_t, _, n_esc, kmax = fixed3_thread_counts(krow, acc, esc, T, G)
 
     # --- raw or coded; the segment's size and offset ---
@@ -141,7 +160,6 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     if seg_c >= raw_seg:
         _write_raw(x_ptr, start, n, dst, ITEMSIZE, CP, T)
     else:
-        r = tl.arange(0, T)[:, None] * G + tl.arange(0, G)[None, :]  # row index, [T, G]
         a_sm = 16 * (a_sm >> 4)  # a product: its divisibility is known (wide stores)
         a_rem = 16 * (a_rem >> 4)
         a_esc = 16 * (a_esc >> 4)
@@ -152,7 +170,11 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
             store_rows3(dst, acc, r, codes_nb)
             zero_pad(dst, codes_nb, a_sm)
         sm_dst = dst + a_sm
-        if ITEMSIZE == 4:
+        if PAIRS:
+            # A lane's sign+mantissa (sign at bit MAN_BITS), two a register.
+            sm2 = ((pr >> EXP_BITS) & ((1 << MAN_BITS) * 0x10001)) | (
+                pr & (((1 << MAN_BITS) - 1) * 0x10001))
+        elif ITEMSIZE == 4:
             smv = ((((w >> SIGN_SHIFT) & 1) << MAN_BITS) | (w & ((1 << MAN_BITS) - 1))) >> (
                 16 * low16)
         else:
@@ -160,7 +182,11 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
         if nz == 0:
             # Every element's sm at its own position: whole words.
             room = a_rem - a_sm
-            if (ITEMSIZE == 2) | (low16 != 0):
+            if PAIRS and G >= 2:
+                _store_pair_bytes(sm_dst, sm2, room, T, G)
+            elif PAIRS:
+                store_words(sm_dst, _pair_bytes(sm2, T, G), room, T, 2 * G)
+            elif (ITEMSIZE == 2) | (low16 != 0):
                 store_words(sm_dst, pack_bytes(smv & 0xFF, T, G), room, T, 2 * G)
             else:
                 s4 = tl.reshape(smv, (T, 8 * G))
@@ -169,7 +195,10 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
                 zero_pad(sm_dst, sm_nb, room)
             if IS_FP16:
                 rem_dst = dst + a_rem
-                racc = tl.sum(((smv >> 8) & 7) << (3 * q), axis=2)
+                if PAIRS:
+                    racc = _pair_rows3((sm2 >> 8) & 0x70007)
+                else:
+                    racc = tl.sum(((smv >> 8) & 7) << (3 * q), axis=2)
                 if WIDE:
                     store_words24(rem_dst, racc, a_esc - a_rem, T, G // 4)
                 else:
@@ -177,6 +206,10 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
                     zero_pad(rem_dst, rem_nb, a_esc - a_rem)
         else:
             # Zeros omitted: each kept element's sm at its rank among the kept.
+            if PAIRS:
+                kp = _pair_kept(c2, z, valid, G, T)
+                smv = tl.reshape(tl.join((sm2 & 0xFFFF).to(tl.int32), (sm2 >> 16).to(tl.int32)),
+                                 (T, G, 8))
             keep = kp != 0  # (z > 0 here: the padding's code 0 is not kept)
             kstart = tex & 0xFFFF  # kept elements before the thread
             rowx = tl.cumsum(krow, axis=1) - krow  # kept before the row, in the thread
@@ -190,7 +223,9 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
                     for b in tl.static_range(3):
                         tl.store(p3 + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8), mask=keep)
             else:
-                tl.store(sm_dst + krank, (smv & 0xFF).to(tl.uint8), mask=keep)
+                # (one pointer a row, the element's offset in the row added)
+                rp = sm_dst + (kstart[:, None] + rowx)
+                tl.store(rp[:, :, None] + inrow, (smv & 0xFF).to(tl.uint8), mask=keep)
             zero_pad(sm_dst, sm_nb, a_rem - a_sm)
             if IS_FP16:
                 r3 = ((smv >> 8) & 7) * kp  # (0 where not kept: padding has kp 0 here, z > 0)
@@ -208,17 +243,126 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
             # when no thread has that many escapes); a chunk with a thread of
             # more (rare, see ROUNDS) stores all its escapes again in a cold
             # function.
-            xw = x_ptr + start + tl.arange(0, T) * (8 * G)
+            tw = tl.arange(0, T) * (8 * G)
+            xw = x_ptr + start + tw
             m = emask
             for k in tl.static_range(ROUNDS):
                 if k < kmax:
-                    m = _store_escape(xw, esc_dst, m, e_at + k, k < esc_t, MAN_BITS, EMAX)
+                    m = _store_escape(xw, tw, esc_dst, m, e_at + k, k < esc_t, MAN_BITS, EMAX)
             if kmax > ROUNDS:
                 _escapes_all(x_ptr, start, n, esc_dst, lo, width, zp, zn, ITEMSIZE, EXP_BITS,
                              MAN_BITS, CP, T)
         else:
             _escapes_by_rank(esc_dst, e, esc, e_at)
         zero_pad(esc_dst, esc_nb, align16(esc_nb))
+
+
+@triton.jit
+def _pairs(wl, G: tl.constexpr, T: tl.constexpr):
+    """The [T, G, 8] tile of 16-bit words as [T, G, 4] uint32 pairs:
+    element 2j in the low lane, 2j + 1 in the high lane."""
+    a, b = tl.split(tl.reshape(wl.to(tl.uint16, bitcast=True), (T, G, 4, 2)))
+    return a.to(tl.uint32) | (b.to(tl.uint32) << 16)
+
+
+@triton.jit
+def _pair_stats(pr, MAN_BITS: tl.constexpr, EMAX: tl.constexpr, G: tl.constexpr,
+                T: tl.constexpr):
+    """The chunk's exponent sum and count of normals, +0.0 and -0.0 counts
+    (the padding's too) from its pairs, by lane arithmetic: a lane's
+    exponent field u (EMAX << MAN_BITS at most) sets bit 15 of u + (1 <<
+    MAN_BITS) only when it is EMAX, and of u + (EMAX << MAN_BITS) only when
+    it is not 0; a lane's low 15 bits m set bit 15 of m + 0x7FFF only when
+    they are not 0 (no carry leaves a lane)."""
+    L2: tl.constexpr = 0x10001
+    EMM: tl.constexpr = (EMAX << MAN_BITS) * L2
+    H: tl.constexpr = 0x80008000
+    u = pr & EMM
+    a = tl.sum(tl.sum(u >> MAN_BITS, axis=2), axis=1)  # lanes: exponent sums (<= 16 EMAX)
+    f_emax = (u + (1 << MAN_BITS) * L2) & H
+    f_enz = (u + EMM) & H
+    nzf = (pr & 0x7FFF7FFF) + 0x7FFF7FFF
+    f_pz = ((nzf | pr) ^ H) & H
+    f_ng = (pr & (nzf ^ H)) & H
+    # Four 4-bit counters a lane (e != 0, e == EMAX, +0.0, -0.0): a row's
+    # four pairs count at most 4 each.
+    t = (f_enz >> 15) + (f_emax >> 11) + (f_pz >> 7) + (f_ng >> 3)
+    rs = tl.sum(t, axis=2)  # [T, G]
+    c = (rs & 0xFFFF) + (rs >> 16)  # both lanes: at most 8 each
+    c = (c & 0x0F0F) | (((c >> 4) & 0x0F0F) << 16)  # 8-bit fields: e != 0, +0.0, e == EMAX, -0.0
+    per = tl.sum(c, axis=1).to(tl.int32)  # at most 32 each
+    s_t = ((a & 0xFFFF) + (a >> 16)).to(tl.int32) - EMAX * ((per >> 16) & 0xFF)
+    k_t = (per & 0xFF) - ((per >> 16) & 0xFF)
+    wide = s_t.to(tl.int64) | (k_t.to(tl.int64) << 20) | (((per >> 8) & 0xFF).to(tl.int64) << 33) | (
+        ((per >> 24) & 0xFF).to(tl.int64) << 46)
+    tot = tl.sum(wide, axis=0)
+    return ((tot & 0xFFFFF).to(tl.int32), ((tot >> 20) & 0x1FFF).to(tl.int32),
+            ((tot >> 33) & 0x1FFF).to(tl.int32), ((tot >> 46) & 0x1FFF).to(tl.int32))
+
+
+@triton.jit
+def _pair_codes(pr, lo, width, zp, zn, MAN_BITS: tl.constexpr, EMAX: tl.constexpr):
+    """The fixed3 codes of a tile of pairs (format.py, "fixed3"), a code a
+    lane (uint32 [T, G, 4]), by lane arithmetic: dd = 256 + e - lo (1 to
+    511) is below 256 when e < lo and sets bit 15 of dd + 0x8000 - 256 -
+    width when e - lo >= width; in the window the code is e - lo + z, else
+    7 (ESC); a flagged zero's code is 0 (+0.0) or zp (-0.0)."""
+    L2: tl.constexpr = 0x10001
+    EMM: tl.constexpr = (EMAX << MAN_BITS) * L2
+    H: tl.constexpr = 0x80008000
+    z = zp + zn
+    dd = ((pr & EMM) >> MAN_BITS) + ((256 - lo) * L2).to(tl.uint32)
+    over = (dd + ((0x8000 - 256 - width) * L2).to(tl.uint32)) >> 15
+    out = (over | ((dd ^ 0x01000100) >> 8)) & L2
+    code = ((dd + (z * L2).to(tl.uint32)) & 0x70007) | (out * 7)
+    nzf = (pr & 0x7FFF7FFF) + 0x7FFF7FFF
+    pzm = ((((nzf | pr) ^ H) & H) >> 15) * (7 * zp).to(tl.uint32)
+    ngm = ((pr & (nzf ^ H) & H) >> 15) * (7 * zn).to(tl.uint32)
+    return (code & ((pzm | ngm) ^ 0x70007)) | (ngm & (zp * L2).to(tl.uint32))
+
+
+@triton.jit
+def _pair_rows3(v2):
+    """Rows of eight 3-bit values from a [T, G, 4] tile of pairs (a value
+    of at most 7 a lane): the rows' 24-bit words, int32 [T, G]."""
+    v6 = (v2 | (v2 >> 13)) & 0x3F
+    return tl.sum(v6 << (6 * tl.arange(0, 4)[None, None, :]).to(tl.uint32), axis=2).to(tl.int32)
+
+
+@triton.jit
+def _pair_bytes(v2, T: tl.constexpr, G: tl.constexpr):
+    """The low byte of each lane of a [T, G, 4] tile of pairs, packed into
+    the [T, 2 G] tile of little-endian words they make, in order."""
+    a, b = tl.split(tl.reshape(v2, (T, G, 2, 2)))  # pairs 2m and 2m + 1
+    wd = (a & 0xFF) | ((a >> 8) & 0xFF00) | ((b & 0xFF) << 16) | ((b << 8) & 0xFF000000)
+    return tl.reshape(wd.to(tl.int32, bitcast=True), (T, 2 * G))
+
+
+@triton.jit
+def _store_pair_bytes(dst, v2, limit, T: tl.constexpr, G: tl.constexpr):
+    """Store the low byte of each lane of a [T, G, 4] tile of pairs (thread
+    t's 8 G bytes at byte 8 G t of dst, dst 16-byte aligned) in 16-byte
+    granules (G a multiple of 2), those that start below ``limit`` (a
+    multiple of 16)."""
+    a, b = tl.split(tl.reshape(v2, (T, G, 2, 2)))  # pairs 2m and 2m + 1
+    a0 = a.to(tl.uint8)
+    a2 = (a >> 16).to(tl.uint8)
+    b0 = b.to(tl.uint8)
+    b2 = (b >> 16).to(tl.uint8)
+    by = tl.reshape(tl.join(tl.join(a0, b0), tl.join(a2, b2)), (T, G // 2, 16))
+    at = tl.arange(0, T)[:, None, None] * (8 * G) + tl.arange(0, G // 2)[None, :, None] * 16
+    k = tl.arange(0, 16)[None, None, :]
+    tl.store(dst + at + k, by, mask=at < limit)
+
+
+@triton.jit
+def _pair_kept(c2, z, valid, G: tl.constexpr, T: tl.constexpr):
+    """Kept elements (code z and up, within n) of a tile of pair codes, as the
+    [T, G, 8] int32 tile of 0 / 1."""
+    lo = (c2 & 7).to(tl.int32)
+    hi = ((c2 >> 16) & 7).to(tl.int32)
+    code = tl.reshape(tl.join(lo, hi), (T, G, 8))
+    return (valid & (code >= z)).to(tl.int32)
 
 
 @triton.jit
@@ -267,14 +411,20 @@ def _escapes_all(x_ptr, start, n, esc_dst, lo, width, zp, zn, ITEMSIZE: tl.const
 
 
 @triton.jit
-def _store_escape(xw, esc_dst, m, at, act, MAN_BITS: tl.constexpr, EMAX: tl.constexpr):
+def _store_escape(xw, tw, esc_dst, m, at, act, MAN_BITS: tl.constexpr, EMAX: tl.constexpr):
     """One round of the escape stores: each thread whose ``act`` holds
     takes the lowest set bit j of its mask m and stores the exponent of its
-    element j (x read again at xw + j) at esc byte ``at``."""
+    element j (x read again at xw + j; xw - tw is the chunk's first
+    element) at esc byte ``at``."""
     b = m & (0 - m)
     j = low_bit_index(b)
-    w = tl.load(xw + j, mask=act, other=0).to(tl.int32)
-    tl.store(esc_dst + at, ((w >> MAN_BITS) & EMAX).to(tl.uint8), mask=act)
+    # Unmasked: a thread without a k-th escape reads the chunk's first
+    # element (xw + j - tw), which exists.
+    w = tl.load(xw + tl.where(act, j, 0 - tw))
+    v = w >> MAN_BITS
+    if EMAX != 255:  # (else the byte's truncation drops the sign)
+        v = v & EMAX
+    tl.store(esc_dst + at, v.to(tl.uint8), mask=act)
     return m ^ b
 
 
