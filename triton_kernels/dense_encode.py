@@ -349,13 +349,15 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     m = _nib(tl.full([], RANK_M, tl.int64), sh)
     dv = _nib(tl.full([], RANK_D, tl.int64), sh)
     ev = _nib(tl.full([], RANK_E, tl.int64), sh)
-    omitted = (zmask >> rank) & 1
+    # Escape (bit 0) and kept (bit 16) flags of the rank from one word
+    # (bit r: rank r is ESC; bit 16 + r: rank r is not a zero without sm).
+    ek = (((1 << F.DENSE_ESC) | ((0xFFF & ~zmask) << 16)) >> rank) & 0x10001
     if not FULL:
         m = m * vi
         dv = dv * vi
         ev = ev * vi
-        omitted = omitted * vi
-    keep = vi - omitted
+        ek = ek * vi
+    keep = ek >> 16
     # Open flags of tiers 1..4 in byte fields, the 2-bit tiers' counted twice
     # (bit positions): one multiply spreads m's bits (no carries: 0, 7, 15, 22).
     f = ((m * 0x408081) & 0x02020101).to(tl.uint32)
@@ -376,8 +378,8 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     run3 = tl.sum(r3.to(tl.uint64) << ((rpre >> 16) & 0xFF).to(tl.uint64), axis=1)
     run4 = tl.sum(r4.to(tl.uint64) << (rpre >> 24).to(tl.uint64), axis=1)
     # Escapes (low half) and kept elements (high half): in-thread ranks.
-    esc = ev >> 2
-    kpre, ktot, krpre = thread_excl(esc | (keep << 16))
+    esc = ek & 1
+    kpre, ktot, krpre = thread_excl(ek)
     L1 = ttot & 0xFF
     L2 = (ttot >> 8) & 0xFF
     L3 = (ttot >> 16) & 0xFF
