@@ -42,14 +42,14 @@ from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING, 
 assert F.TIER_BITS == (2, 1, 1, 2, 2) and F.DENSE_SLOTS == 11 and F.REM_BITS == 3
 
 
-def _sym_lut(zp: int, zn: int, phase: int) -> int:
+def _sym_lut(zp: int, zn: int, phase: int, zeros=(15, 14)) -> int:
     """Nibble r: symbol of rank r (format.dense_symbol_table) as offset + 8,
-    15 for +0.0, 14 for -0.0; nibble 11 (ESC: the escape byte replaces it)
-    8 (int64 constant)."""
+    zeros[0] for +0.0, zeros[1] for -0.0; nibble 11 (ESC: the escape byte
+    replaces it) 8 (int64 constant)."""
     acc = 0
     table = F.dense_symbol_table(bool(zp), bool(zn), phase)
     for r, s in enumerate(table + (0,)):
-        v = 15 if s == F.ZERO_SYMBOL else 14 if s == F.NEG_ZERO_SYMBOL else s + 8
+        v = zeros[0] if s == F.ZERO_SYMBOL else zeros[1] if s == F.NEG_ZERO_SYMBOL else s + 8
         assert 0 <= v < 14 or s in (F.ZERO_SYMBOL, F.NEG_ZERO_SYMBOL)
         acc |= v << (4 * r)
     return acc - (1 << 64) if acc >= 1 << 63 else acc
@@ -58,6 +58,11 @@ def _sym_lut(zp: int, zn: int, phase: int) -> int:
 SYM = tuple(tl.constexpr(_sym_lut(zp, zn, ph)) for zp in (0, 1) for zn in (0, 1)
             for ph in range(4))
 (S00, S01, S02, S03, S10, S11, S12, S13, S20, S21, S22, S23, S30, S31, S32, S33) = SYM
+# The same with both zeros' nibbles 8 (offset 0: base + 0 is an exponent of
+# the dtype), for the full-chunk decoder, which tells zeros by _kept_esc_word.
+SYMF = tuple(tl.constexpr(_sym_lut(zp, zn, ph, (8, 8))) for zp in (0, 1) for zn in (0, 1)
+             for ph in range(4))
+(F00, F01, F02, F03, F10, F11, F12, F13, F20, F21, F22, F23, F30, F31, F32, F33) = SYMF
 
 
 @triton.jit
@@ -78,15 +83,26 @@ def _sym_table(zp, zn, phase):
 
 
 @triton.jit
+def _sym_table_full(zp, zn, phase):
+    """_sym_table with the zeros' nibbles 8 (SYMF)."""
+    t0 = _pick_i64(phase, F00, F01, F02, F03)
+    t1 = _pick_i64(phase, F10, F11, F12, F13)
+    t2 = _pick_i64(phase, F20, F21, F22, F23)
+    t3 = _pick_i64(phase, F30, F31, F32, F33)
+    return tl.where(zp != 0, tl.where(zn != 0, t3, t2), tl.where(zn != 0, t1, t0))
+
+
+@triton.jit
 def _kept_esc_word(zp, zn):
     """Bit r: rank r is ESC (r = 11); bit 16 + r: rank r is kept (has an sm
     byte): all ranks 0..11 but the coded zeros' (format.dense_symbol_table:
     +0.0 at rank 0 with ZPOS, at 10 with neither flag, none with ZNEG only;
-    -0.0 at rank zpos with ZNEG)."""
+    -0.0 at rank zpos with ZNEG); bit 28 + r: rank r is -0.0 (only ranks 0
+    and 1 can be; for the rank 10 of +0.0 bit 38 reads as 0)."""
     pos_coded = (zp | (1 - zn)) != 0
     zmask = tl.where(pos_coded, 1 << tl.where(zp != 0, 0, F.DENSE_SLOTS - 1), 0) | tl.where(
         zn != 0, 1 << zp, 0)
-    return (1 << F.DENSE_ESC) | ((0xFFF & ~zmask) << 16)
+    return (1 << F.DENSE_ESC) | ((0xFFF & ~zmask) << 16) | (zn << (28 + zp))
 
 
 @triton.jit
@@ -209,9 +225,9 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
     if FULL:
         # Escape (bit 0) and kept (bit 16) flags of the rank, from the
         # chunk's word kx (bit r: rank r is ESC; bit 16 + r: rank r is kept).
-        ek = (kx >> rank) & 0x10001
+        kxr = kx >> rank
+        ek = kxr & 0x10001
         keep = ek >> 16
-        zero = 1 - keep
     else:
         zero = ((nib + 2) >> 4) * vi  # nibbles 14 (-0.0) and 15 (+0.0)
         keep = vi - zero
@@ -243,7 +259,8 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
         krank = tl.minimum(kbase + (at >> 16), nkept - 1)
         ebyte = tl.load(src + a_esc + erank)  # (erank clamped: inside the segment)
     e = tl.where(esc != 0, ebyte.to(tl.int32) & 0xFF, base + nib - 8)
-    e = tl.where(keep != 0, e, 0)
+    if not FULL:  # (a full chunk's zeros have nibble 8: e = base, in range)
+        e = tl.where(keep != 0, e, 0)
     bad = tl.reduce(tl.reduce(e, 2, _or), 1, _or)
     ev = tl.where((bad >> EXP_BITS) != 0, ERR_EXPONENT, 0)  # (negative: set too)
     # sm: the kept elements' bytes at their rank; a zero's sign from its symbol.
@@ -280,13 +297,15 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
             r1w = tl.load(rem32 + wi + 1, mask=wi + 1 < room, other=0).to(tl.uint32).to(tl.uint64)
             run = ((r0w | (r1w << 32)) >> (bit & 31).to(tl.uint64)).to(tl.uint32)
             sm = sm | (((run >> (3 * ((pre - rpre) >> 16)).to(tl.uint32)) & 7).to(tl.int32) << 8)
-    sm = tl.where(zero != 0, (15 - nib) << MAN_BITS, sm)
+    if not FULL:
+        sm = tl.where(zero != 0, (15 - nib) << MAN_BITS, sm)
     if ITEMSIZE == 2 and MAN_BITS == 7:  # bf16: sm * 0x101 is sm | sm << 8 (8-bit sm)
         w = ((sm * 0x101) & 0x807F) | (e << MAN_BITS)
     else:
         w = ((sm >> MAN_BITS) << (MAN_BITS + EXP_BITS)) | (e << MAN_BITS) | (
             sm & ((1 << MAN_BITS) - 1))
-    if FULL:
+    if FULL:  # a zero: its sign alone (kx)
+        w = tl.where(keep != 0, w, ((kxr >> 28) & 1) << (MAN_BITS + EXP_BITS))
         if ITEMSIZE == 2:
             tl.store(dst + i, w.to(tl.int16))
         else:  # a row of 8 words is two 16-byte stores: [T, 2G, 4]
@@ -328,7 +347,7 @@ def _decode_full(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
         n, flags, nz, nesc, o1, o2, o3, o4, ITEMSIZE, IS_FP16)
     zp = (flags >> 1) & 1
     zn = (flags >> 2) & 1
-    lut = _sym_table(zp, zn, phase)
+    lut = _sym_table_full(zp, zn, phase)
     ev, e1, e2, e3, e4, incl = _decode_block(
         src, dst, 0, n, base, lut, _kept_esc_word(zp, zn), flags & 1, a_sm, a_rem, a_esc, n - nz, rem_nb, esc_nb,
         8 * b1, 8 * b2, 8 * b3, 8 * b4, 0, 0, ITEMSIZE, EXP_BITS, MAN_BITS, G, T, True)
