@@ -349,8 +349,9 @@ def _decode_full(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
     zn = (flags >> 2) & 1
     lut = _sym_table_full(zp, zn, phase)
     ev, e1, e2, e3, e4, incl = _decode_block(
-        src, dst, 0, n, base, lut, _kept_esc_word(zp, zn), flags & 1, a_sm, a_rem, a_esc, n - nz, rem_nb, esc_nb,
-        8 * b1, 8 * b2, 8 * b3, 8 * b4, 0, 0, ITEMSIZE, EXP_BITS, MAN_BITS, G, T, True)
+        src, dst, 0, n, base, lut, _kept_esc_word(zp, zn), flags & 1, a_sm, a_rem, a_esc, n - nz,
+        rem_nb, esc_nb, 8 * b1, 8 * b2, 8 * b3, 8 * b4, 0, 0, ITEMSIZE, EXP_BITS, MAN_BITS, G, T,
+        True)
     # The thread holding the last element checks the chunk's totals.
     last = tl.arange(0, T) == T - 1
     tiers = (e1 != 8 * b1 + o1) | (e2 != 8 * b2 + o2) | (e3 != 8 * b3 + 2 * o3) | (
