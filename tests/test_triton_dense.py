@@ -278,3 +278,25 @@ def test_decodes_other_chunk_sizes(chunk_elems, n, monkeypatch):
     assert err != 0
     with pytest.raises(CorruptPayloadError):
         z.decode(q, out=torch.empty_like(x), backend="triton")
+
+
+def test_zeros_among_the_largest_exponents():
+    """Full chunks whose base is within 7 of the top exponent, with zeros
+    flagged (x * mask: ZPOS and ZNEG) and unflagged: no zero may name an
+    exponent past the dtype's (the decoder's exponent check), bits intact."""
+    g = torch.Generator().manual_seed(6)
+    for dtype in DTYPES:
+        info = F.dtype_info(dtype)
+        x = (torch.randn(2 * C, generator=g) * (torch.finfo(dtype).max / 4)).to(dtype)
+        x[:C] *= (torch.rand(C, generator=g) > 0.3).to(dtype)
+        idx = torch.randperm(C, generator=g)
+        x[C + idx[:40]] = 0.0
+        x[C + idx[40:70]] = -0.0
+        p = _roundtrip(x.to(DEV))
+        table, _ = F.read_table(p, F.parse_header(p))
+        assert table.mode.tolist() == [1, 1]
+        assert (table.base >= info.emax - 7).all(), table.base
+        zf = (table.flags & (F.FLAG_ZPOS | F.FLAG_ZNEG)).tolist()
+        assert zf == [F.FLAG_ZPOS | F.FLAG_ZNEG, 0], zf
+        y, err = decode(p)
+        assert err == 0 and torch.equal(bits(y), bits(x.to(DEV)))

@@ -42,14 +42,14 @@ from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING, 
 assert F.TIER_BITS == (2, 1, 1, 2, 2) and F.DENSE_SLOTS == 11 and F.REM_BITS == 3
 
 
-def _sym_lut(zp: int, zn: int, phase: int) -> int:
+def _sym_lut(zp: int, zn: int, phase: int, zeros=(15, 14)) -> int:
     """Nibble r: symbol of rank r (format.dense_symbol_table) as offset + 8,
-    15 for +0.0, 14 for -0.0; nibble 11 (ESC: the escape byte replaces it)
-    8 (int64 constant)."""
+    zeros[0] for +0.0, zeros[1] for -0.0; nibble 11 (ESC: the escape byte
+    replaces it) 8 (int64 constant)."""
     acc = 0
     table = F.dense_symbol_table(bool(zp), bool(zn), phase)
     for r, s in enumerate(table + (0,)):
-        v = 15 if s == F.ZERO_SYMBOL else 14 if s == F.NEG_ZERO_SYMBOL else s + 8
+        v = zeros[0] if s == F.ZERO_SYMBOL else zeros[1] if s == F.NEG_ZERO_SYMBOL else s + 8
         assert 0 <= v < 14 or s in (F.ZERO_SYMBOL, F.NEG_ZERO_SYMBOL)
         acc |= v << (4 * r)
     return acc - (1 << 64) if acc >= 1 << 63 else acc
@@ -58,6 +58,11 @@ def _sym_lut(zp: int, zn: int, phase: int) -> int:
 SYM = tuple(tl.constexpr(_sym_lut(zp, zn, ph)) for zp in (0, 1) for zn in (0, 1)
             for ph in range(4))
 (S00, S01, S02, S03, S10, S11, S12, S13, S20, S21, S22, S23, S30, S31, S32, S33) = SYM
+# The same with both zeros' nibbles 8 (offset 0: base + 0 is an exponent of
+# the dtype), for the full-chunk decoder, which tells zeros by _kept_esc_word.
+SYMF = tuple(tl.constexpr(_sym_lut(zp, zn, ph, (8, 8))) for zp in (0, 1) for zn in (0, 1)
+             for ph in range(4))
+(F00, F01, F02, F03, F10, F11, F12, F13, F20, F21, F22, F23, F30, F31, F32, F33) = SYMF
 
 
 @triton.jit
@@ -75,6 +80,29 @@ def _sym_table(zp, zn, phase):
     t2 = _pick_i64(phase, S20, S21, S22, S23)
     t3 = _pick_i64(phase, S30, S31, S32, S33)
     return tl.where(zp != 0, tl.where(zn != 0, t3, t2), tl.where(zn != 0, t1, t0))
+
+
+@triton.jit
+def _sym_table_full(zp, zn, phase):
+    """_sym_table with the zeros' nibbles 8 (SYMF)."""
+    t0 = _pick_i64(phase, F00, F01, F02, F03)
+    t1 = _pick_i64(phase, F10, F11, F12, F13)
+    t2 = _pick_i64(phase, F20, F21, F22, F23)
+    t3 = _pick_i64(phase, F30, F31, F32, F33)
+    return tl.where(zp != 0, tl.where(zn != 0, t3, t2), tl.where(zn != 0, t1, t0))
+
+
+@triton.jit
+def _kept_esc_word(zp, zn):
+    """Bit r: rank r is ESC (r = 11); bit 16 + r: rank r is kept (has an sm
+    byte): all ranks 0..11 but the coded zeros' (format.dense_symbol_table:
+    +0.0 at rank 0 with ZPOS, at 10 with neither flag, none with ZNEG only;
+    -0.0 at rank zpos with ZNEG); bit 28 + r: rank r is -0.0 (only ranks 0
+    and 1 can be; for the rank 10 of +0.0 bit 38 reads as 0)."""
+    pos_coded = (zp | (1 - zn)) != 0
+    zmask = tl.where(pos_coded, 1 << tl.where(zp != 0, 0, F.DENSE_SLOTS - 1), 0) | tl.where(
+        zn != 0, 1 << zp, 0)
+    return (1 << F.DENSE_ESC) | ((0xFFF & ~zmask) << 16) | (zn << (28 + zp))
 
 
 @triton.jit
@@ -155,7 +183,7 @@ def _decode_raw(src, dst, n, ITEMSIZE: tl.constexpr, C: tl.constexpr, T: tl.cons
 
 
 @triton.jit
-def _decode_block(src, dst, k0, n, base, lut, low16, a_sm, a_rem, a_esc, nkept, rem_nb, esc_nb,
+def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nkept, rem_nb, esc_nb,
                   p1, p2, p3, p4, ebase, kbase, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
                   MAN_BITS: tl.constexpr, G: tl.constexpr, T: tl.constexpr,
                   FULL: tl.constexpr):
@@ -194,36 +222,68 @@ def _decode_block(src, dst, k0, n, base, lut, low16, a_sm, a_rem, a_esc, nkept, 
     esc = (d4 + 1) >> 2
     rank = d0 + b1 + b2 + d3 + d4  # 11: an escape
     nib = ((lut >> (4 * rank).to(tl.int64)) & 15).to(tl.int32)
-    zero = (nib + 2) >> 4  # nibbles 14 (-0.0) and 15 (+0.0)
-    if not FULL:
-        zero = zero * vi
-    keep = vi - zero
-    # Ranks among the block's escapes (low half) and kept elements (high half).
-    pre, tot, _, rpre = _excl(esc | (keep << 16), G, False)
+    if FULL:
+        # Escape (bit 0) and kept (bit 16) flags of the rank, from the
+        # chunk's word kx (bit r: rank r is ESC; bit 16 + r: rank r is kept).
+        kxr = kx >> rank
+        ek = kxr & 0x10001
+        keep = ek >> 16
+    else:
+        zero = ((nib + 2) >> 4) * vi  # nibbles 14 (-0.0) and 15 (+0.0)
+        keep = vi - zero
+        # Ranks among the block's escapes (low half) and kept elements (high half).
+        ek = esc | (keep << 16)
+    pre, tot, _, rpre = _excl(ek, G, False)
     incl = tl.cumsum(tot, axis=0)
-    at = pre + (incl - tot)[:, None, None]
-    # Ranks past the table's counts (a corrupt segment; the count check
-    # fails) are clamped to the sub-stream's last byte, or the byte before
-    # it when empty: still inside the segment (its codes start it).
-    erank = tl.minimum(ebase + (at & 0xFFFF), esc_nb - 1)
-    krank = tl.minimum(kbase + (at >> 16), nkept - 1)
-    ebyte = tl.load(src + a_esc + erank)  # (erank clamped: inside the segment)
+    if FULL:
+        # A pointer per thread, one byte before its first escape and kept
+        # element, plus the in-thread inclusive rank: an element that has
+        # one reads its own byte, any other a byte of the thread's run or
+        # the one before it (the value is not used), so no load needs a
+        # mask or a clamp. A thread whose run would end past the table's
+        # count (a corrupt segment; the count check fails) reads from byte
+        # 32 of the segment instead: ranks are <= 32 and a full chunk's
+        # codes alone are 8T bytes, so every load stays inside the segment.
+        ex = incl - tot
+        tbe = ebase + (ex & 0xFFFF)
+        tbk = kbase + (ex >> 16)
+        e_at = tl.where(tbe + (tot & 0xFFFF) <= esc_nb, a_esc + tbe - 1, 32)
+        kin = pre + ek  # in-thread inclusive ranks
+        ebyte = tl.load((src + e_at)[:, None, None] + (kin & 0xFFFF))
+    else:
+        at = pre + (incl - tot)[:, None, None]
+        # Ranks past the table's counts (a corrupt segment; the count check
+        # fails) are clamped to the sub-stream's last byte, or the byte before
+        # it when empty: still inside the segment (its codes start it).
+        erank = tl.minimum(ebase + (at & 0xFFFF), esc_nb - 1)
+        krank = tl.minimum(kbase + (at >> 16), nkept - 1)
+        ebyte = tl.load(src + a_esc + erank)  # (erank clamped: inside the segment)
     e = tl.where(esc != 0, ebyte.to(tl.int32) & 0xFF, base + nib - 8)
-    e = tl.where(keep != 0, e, 0)
+    if not FULL:  # (a full chunk's zeros have nibble 8: e = base, in range)
+        e = tl.where(keep != 0, e, 0)
     bad = tl.reduce(tl.reduce(e, 2, _or), 1, _or)
     ev = tl.where((bad >> EXP_BITS) != 0, ERR_EXPONENT, 0)  # (negative: set too)
     # sm: the kept elements' bytes at their rank; a zero's sign from its symbol.
-    sm_src = src + a_sm
     if ITEMSIZE == 4:
         smb = 3 - 2 * low16
+    else:
+        smb = 1
+    if FULL:
+        k_ok = tbk + (tot >> 16) <= nkept
+        sm_src = (src + tl.where(k_ok, a_sm + (tbk - 1) * smb, 32))[:, None, None]
+        kr = kin >> 16
+    else:
+        sm_src = src + a_sm
+        kr = krank
+    if ITEMSIZE == 4:
         word = tl.zeros([T, G, 8], tl.int32)
         for b in tl.static_range(3):
-            byte = tl.load(sm_src + krank * smb + b, mask=i * 0 + (b < smb).to(tl.int32) != 0,
+            byte = tl.load(sm_src + kr * smb + b, mask=i * 0 + (b < smb).to(tl.int32) != 0,
                            other=0)
             word = word | ((byte.to(tl.int32) & 0xFF) << (8 * b))
         sm = tl.where(low16 != 0, word << 16, word)
     else:
-        sm = tl.load(sm_src + krank).to(tl.int32) & 0xFF  # (a zero's: replaced below)
+        sm = tl.load(sm_src + kr).to(tl.int32) & 0xFF  # (a zero's: replaced below)
         if IS_FP16:
             # rem: a row's kept elements' 3-bit values are <= 24 bits from
             # bit 3 k of the rem stream (k: the row's first kept rank), read
@@ -237,13 +297,15 @@ def _decode_block(src, dst, k0, n, base, lut, low16, a_sm, a_rem, a_esc, nkept, 
             r1w = tl.load(rem32 + wi + 1, mask=wi + 1 < room, other=0).to(tl.uint32).to(tl.uint64)
             run = ((r0w | (r1w << 32)) >> (bit & 31).to(tl.uint64)).to(tl.uint32)
             sm = sm | (((run >> (3 * ((pre - rpre) >> 16)).to(tl.uint32)) & 7).to(tl.int32) << 8)
-    sm = tl.where(zero != 0, (15 - nib) << MAN_BITS, sm)
+    if not FULL:
+        sm = tl.where(zero != 0, (15 - nib) << MAN_BITS, sm)
     if ITEMSIZE == 2 and MAN_BITS == 7:  # bf16: sm * 0x101 is sm | sm << 8 (8-bit sm)
         w = ((sm * 0x101) & 0x807F) | (e << MAN_BITS)
     else:
         w = ((sm >> MAN_BITS) << (MAN_BITS + EXP_BITS)) | (e << MAN_BITS) | (
             sm & ((1 << MAN_BITS) - 1))
-    if FULL:
+    if FULL:  # a zero: its sign alone (kx)
+        w = tl.where(keep != 0, w, ((kxr >> 28) & 1) << (MAN_BITS + EXP_BITS))
         if ITEMSIZE == 2:
             tl.store(dst + i, w.to(tl.int16))
         else:  # a row of 8 words is two 16-byte stores: [T, 2G, 4]
@@ -283,10 +345,13 @@ def _decode_full(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     b1, b2, b3, b4, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = _chunk_layout(
         n, flags, nz, nesc, o1, o2, o3, o4, ITEMSIZE, IS_FP16)
-    lut = _sym_table((flags >> 1) & 1, (flags >> 2) & 1, phase)
+    zp = (flags >> 1) & 1
+    zn = (flags >> 2) & 1
+    lut = _sym_table_full(zp, zn, phase)
     ev, e1, e2, e3, e4, incl = _decode_block(
-        src, dst, 0, n, base, lut, flags & 1, a_sm, a_rem, a_esc, n - nz, rem_nb, esc_nb,
-        8 * b1, 8 * b2, 8 * b3, 8 * b4, 0, 0, ITEMSIZE, EXP_BITS, MAN_BITS, G, T, True)
+        src, dst, 0, n, base, lut, _kept_esc_word(zp, zn), flags & 1, a_sm, a_rem, a_esc, n - nz,
+        rem_nb, esc_nb, 8 * b1, 8 * b2, 8 * b3, 8 * b4, 0, 0, ITEMSIZE, EXP_BITS, MAN_BITS, G, T,
+        True)
     # The thread holding the last element checks the chunk's totals.
     last = tl.arange(0, T) == T - 1
     tiers = (e1 != 8 * b1 + o1) | (e2 != 8 * b2 + o2) | (e3 != 8 * b3 + 2 * o3) | (
@@ -322,7 +387,7 @@ def _decode_general(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
     for k in range(NSUB):
         if k * SUB < n:
             ev, e1, e2, e3, e4, incl = _decode_block(
-                src, dst, k * SUB, n, base, lut, flags & 1, a_sm, a_rem, a_esc, n - nz, rem_nb,
+                src, dst, k * SUB, n, base, lut, 0, flags & 1, a_sm, a_rem, a_esc, n - nz, rem_nb,
                 esc_nb, p1, p2, p3, p4, ebase, kbase, ITEMSIZE, EXP_BITS, MAN_BITS, GS, T, False)
             err = err | tl.reduce(ev, 0, _or)
             p1 = tl.max(e1, 0)

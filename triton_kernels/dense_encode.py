@@ -211,20 +211,20 @@ def _by_rank(fn) -> int:
     return _signed64(sum(fn(r) << (4 * r) for r in range(F.DENSE_SLOTS + 1)))
 
 
-# The tiers a rank opens (bit t-1: rank >= start of tier t); tier-0 digit |
-# tier-3 digit << 2; tier-4 digit | ESC << 2 (format.rank_tiers).
+# The tiers a rank opens (bit t-1: rank >= start of tier t); tier-3 digit |
+# tier-4 digit << 2 (format.rank_tiers; the tier-0 digit is min(rank, 3)).
 RANK_M = tl.constexpr(_by_rank(lambda r: sum(1 << (t - 1) for t, st in enumerate(F.TIER_START)
                                              if t and r >= st)))
-RANK_D = tl.constexpr(_by_rank(lambda r: min(r, 3) | ((min(r - 5, 3) if r >= 5 else 0) << 2)))
-RANK_E = tl.constexpr(_by_rank(lambda r: (r - 8 if r >= 8 else 0) | ((r == F.DENSE_ESC) << 2)))
+RANK_D = tl.constexpr(_by_rank(lambda r: (min(r - 5, 3) if r >= 5 else 0) | (
+    (r - 8 if r >= 8 else 0) << 2)))
 RL0, RL1, RL2, RL3 = (tl.constexpr(_rank_lut(o)) for o in F.DENSE_ORDER)
 for _r in range(F.DENSE_SLOTS + 1):  # the constants agree with format.rank_tiers
     _digits = dict(F.rank_tiers(_r))
     assert [(RANK_M.value >> (4 * _r + t - 1)) & 1 for t in range(1, 5)] == [
         int(t in _digits) for t in range(1, 5)]
-    assert (RANK_D.value >> (4 * _r)) & 3 == _digits[0]
-    assert (RANK_D.value >> (4 * _r + 2)) & 3 == _digits.get(3, 0)
-    assert (RANK_E.value >> (4 * _r)) & 3 == _digits.get(4, 0)
+    assert min(_r, 3) == _digits[0]
+    assert (RANK_D.value >> (4 * _r)) & 3 == _digits.get(3, 0)
+    assert (RANK_D.value >> (4 * _r + 2)) & 3 == _digits.get(4, 0)
 
 
 @triton.jit
@@ -347,27 +347,29 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     rank = _nib(lut, (4 * idx).to(tl.int64))
     sh = (4 * rank).to(tl.int64)
     m = _nib(tl.full([], RANK_M, tl.int64), sh)
-    dv = _nib(tl.full([], RANK_D, tl.int64), sh)
-    ev = _nib(tl.full([], RANK_E, tl.int64), sh)
-    omitted = (zmask >> rank) & 1
+    dv = _nib(tl.full([], RANK_D, tl.int64), sh)  # tier-3 digit | tier-4 digit << 2
+    d0 = tl.minimum(rank, 3)
+    # Escape (bit 0) and kept (bit 16) flags of the rank from one word
+    # (bit r: rank r is ESC; bit 16 + r: rank r is not a zero without sm).
+    ek = (((1 << F.DENSE_ESC) | ((0xFFF & ~zmask) << 16)) >> rank) & 0x10001
     if not FULL:
         m = m * vi
         dv = dv * vi
-        ev = ev * vi
-        omitted = omitted * vi
-    keep = vi - omitted
+        d0 = d0 * vi
+        ek = ek * vi
+    keep = ek >> 16
     # Open flags of tiers 1..4 in byte fields, the 2-bit tiers' counted twice
     # (bit positions): one multiply spreads m's bits (no carries: 0, 7, 15, 22).
     f = ((m * 0x408081) & 0x02020101).to(tl.uint32)
     fpre = tl.cumsum(f, axis=2) - f
     frow = tl.sum(f, axis=2)  # [T, G]
     q = tl.arange(0, 8)[None, None, :]
-    r0 = tl.sum((dv & 3) << (2 * q), axis=2)
+    r0 = tl.sum(d0 << (2 * q), axis=2)
     # (The digit bits shifted where they are in m, the row's sum shifted back.)
     r1 = tl.sum((m & 2).to(tl.uint32) << (fpre & 0xFF), axis=2) >> 1
     r2 = tl.sum((m & 4).to(tl.uint32) << ((fpre >> 8) & 0xFF), axis=2) >> 2
-    r3 = tl.sum((dv >> 2).to(tl.uint32) << ((fpre >> 16) & 0xFF), axis=2)
-    r4 = tl.sum((ev & 3).to(tl.uint32) << (fpre >> 24), axis=2)
+    r3 = tl.sum((dv & 3).to(tl.uint32) << ((fpre >> 16) & 0xFF), axis=2)
+    r4 = tl.sum((dv >> 2).to(tl.uint32) << (fpre >> 24), axis=2)
     rpre, ttot = row_excl(frow, G)  # a thread's fields stay below 65
     gq = tl.arange(0, G)[None, :]
     ttot = ttot.to(tl.int32)  # [T]
@@ -376,8 +378,8 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     run3 = tl.sum(r3.to(tl.uint64) << ((rpre >> 16) & 0xFF).to(tl.uint64), axis=1)
     run4 = tl.sum(r4.to(tl.uint64) << (rpre >> 24).to(tl.uint64), axis=1)
     # Escapes (low half) and kept elements (high half): in-thread ranks.
-    esc = ev >> 2
-    kpre, ktot, krpre = thread_excl(esc | (keep << 16))
+    esc = ek & 1
+    kpre, ktot, krpre = thread_excl(ek)
     L1 = ttot & 0xFF
     L2 = (ttot >> 8) & 0xFF
     L3 = (ttot >> 16) & 0xFF
