@@ -73,22 +73,19 @@ def _pick_i64(i, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr, D: tl.conste
 
 
 @triton.jit
-def _sym_table(zp, zn, phase):
-    """The chunk's rank -> symbol nibbles (_sym_lut)."""
-    t0 = _pick_i64(phase, S00, S01, S02, S03)
-    t1 = _pick_i64(phase, S10, S11, S12, S13)
-    t2 = _pick_i64(phase, S20, S21, S22, S23)
-    t3 = _pick_i64(phase, S30, S31, S32, S33)
-    return tl.where(zp != 0, tl.where(zn != 0, t3, t2), tl.where(zn != 0, t1, t0))
-
-
-@triton.jit
-def _sym_table_full(zp, zn, phase):
-    """_sym_table with the zeros' nibbles 8 (SYMF)."""
-    t0 = _pick_i64(phase, F00, F01, F02, F03)
-    t1 = _pick_i64(phase, F10, F11, F12, F13)
-    t2 = _pick_i64(phase, F20, F21, F22, F23)
-    t3 = _pick_i64(phase, F30, F31, F32, F33)
+def _sym_table(zp, zn, phase, FULL: tl.constexpr):
+    """The chunk's rank -> symbol nibbles (_sym_lut): SYM's, or for a full
+    chunk SYMF's (the zeros' nibbles 8)."""
+    if FULL:
+        t0 = _pick_i64(phase, F00, F01, F02, F03)
+        t1 = _pick_i64(phase, F10, F11, F12, F13)
+        t2 = _pick_i64(phase, F20, F21, F22, F23)
+        t3 = _pick_i64(phase, F30, F31, F32, F33)
+    else:
+        t0 = _pick_i64(phase, S00, S01, S02, S03)
+        t1 = _pick_i64(phase, S10, S11, S12, S13)
+        t2 = _pick_i64(phase, S20, S21, S22, S23)
+        t3 = _pick_i64(phase, S30, S31, S32, S33)
     return tl.where(zp != 0, tl.where(zn != 0, t3, t2), tl.where(zn != 0, t1, t0))
 
 
@@ -347,7 +344,7 @@ def _decode_full(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
         n, flags, nz, nesc, o1, o2, o3, o4, ITEMSIZE, IS_FP16)
     zp = (flags >> 1) & 1
     zn = (flags >> 2) & 1
-    lut = _sym_table_full(zp, zn, phase)
+    lut = _sym_table(zp, zn, phase, True)
     ev, e1, e2, e3, e4, incl = _decode_block(
         src, dst, 0, n, base, lut, _kept_esc_word(zp, zn), flags & 1, a_sm, a_rem, a_esc, n - nz,
         rem_nb, esc_nb, 8 * b1, 8 * b2, 8 * b3, 8 * b4, 0, 0, ITEMSIZE, EXP_BITS, MAN_BITS, G, T,
@@ -376,7 +373,7 @@ def _decode_general(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     b1, b2, b3, b4, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = _chunk_layout(
         n, flags, nz, nesc, o1, o2, o3, o4, ITEMSIZE, IS_FP16)
-    lut = _sym_table((flags >> 1) & 1, (flags >> 2) & 1, phase)
+    lut = _sym_table((flags >> 1) & 1, (flags >> 2) & 1, phase, False)
     p1 = 8 * b1
     p2 = 8 * b2
     p3 = 8 * b3
