@@ -142,7 +142,7 @@ def canonical_nans(t: torch.Tensor) -> None:
 def _may_hold_nan(t: torch.Tensor) -> bool:
     """False only when ``t`` holds no NaN. On a CPU its maximum tells (torch's
     propagates NaN, and only a NaN element makes it NaN), in one vectorised
-    pass at a fraction of the cost of ``isnan``. Elsewhere reading it would be
+    pass, without the mask ``isnan`` writes. Elsewhere reading it would be
     a host sync, so always True."""
     if t.device.type != "cpu":
         return True

@@ -81,9 +81,9 @@ class Lane:
     MEMO_SIZE = 64  # shapes a lane remembers: a training step repeats a few
 
     def __init__(self, kind: str, via: tuple, pg, world: int, rank: int, fields: dict,
-                 decisions, below: int | None = None) -> None:
+                 decisions, below: int = EVERY) -> None:
         self.world, self.rank, self.fields = world, rank, fields
-        self.below = EVERY if below is None else below
+        self.below = below
         self.decisions = decisions if decisions is not None else collections.Counter()
         self.decision = (kind, "raw", 1)
         self.via = via
