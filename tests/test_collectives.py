@@ -578,3 +578,8 @@ def test_canonical_nans_rewrites_every_nan_and_nothing_else(dtype):
             canonical_nans(got)
             assert_bits_equal(got, want, f"{dtype} n={n} nan={make_nan}")
             assert make_nan == bool((got.view(bits) != x.view(bits)).any()), (dtype, n)
+            # Cast from an fp32 sum, asked through it (as a reduction's finish does).
+            wide = x.float()
+            got = wide.to(dtype)
+            canonical_nans(got, wide)
+            assert_bits_equal(got, want, f"{dtype} n={n} nan={make_nan}, from fp32")

@@ -130,11 +130,15 @@ quiet NaN without payload (what c10's scalar casts from fp32 return)."""
 _BITS = {2: torch.int16, 4: torch.int32}
 
 
-def canonical_nans(t: torch.Tensor) -> None:
+def canonical_nans(t: torch.Tensor, source: torch.Tensor | None = None) -> None:
     """Make every NaN of ``t`` (flat, bf16, fp16 or fp32) ``CANONICAL_NAN``'s
     bits, written through an integer view (a float fill would go through the
-    device's cast, whose NaN differs between devices)."""
-    if not _may_hold_nan(t):
+    device's cast, whose NaN differs between devices). ``source``: an fp32
+    tensor ``t`` was cast from, which holds a NaN where ``t`` does (a cast
+    makes no NaN of a number, nor a number of a NaN), asked instead of ``t``
+    whether there is any: its maximum is the cheaper one to take on a CPU
+    (docs/benchmarks.md, "The NaN test on the fp32 sum")."""
+    if not _may_hold_nan(t if source is None else source):
         return
     t.view(_BITS[t.element_size()]).masked_fill_(t.isnan(), CANONICAL_NAN[t.dtype])
 
@@ -163,4 +167,4 @@ def _finish(acc: torch.Tensor, out: torch.Tensor, kind: str, world: int) -> None
         acc.div_(world)
     if acc is not out:
         out.copy_(acc)
-    canonical_nans(out)
+    canonical_nans(out, acc)
