@@ -70,15 +70,12 @@ class Lane:
     group's size and this rank, the stats fields it adds to, the policy's
     decision counter, the process group's method and torch's options
     objects, at ``opts[async_op]``; ``via``: what it calls (``GATHER``, ...);
-    ``memo``: what the collective's checks concluded for arguments it has
-    seen, by a key of its choosing (``remember``); ``below``: the lane takes
-    only calls whose unit of encoding (the collective's, as ``min_bytes``
-    reads it) has fewer bytes (``EVERY``: any call)."""
+    ``below``: the lane takes only calls whose unit of encoding (the
+    collective's, as ``min_bytes`` reads it) has fewer bytes (``EVERY``: any
+    call)."""
 
     __slots__ = ("world", "rank", "fields", "decisions", "decision", "method", "opts", "via",
-                 "memo", "below")
-
-    MEMO_SIZE = 64  # shapes a lane remembers: a training step repeats a few
+                 "below")
 
     def __init__(self, kind: str, via: tuple, pg, world: int, rank: int, fields: dict,
                  decisions, below: int = EVERY) -> None:
@@ -90,13 +87,6 @@ class Lane:
         options, method = via
         self.method = getattr(pg, method)
         self.opts = tuple(_options(options, async_op) for async_op in (False, True))
-        self.memo = {}
-
-    def remember(self, key, value) -> None:
-        """Keep ``value`` under ``key`` in ``memo``, forgetting all of it when full."""
-        if len(self.memo) >= self.MEMO_SIZE:
-            self.memo.clear()
-        self.memo[key] = value
 
     def send(self, nbytes: int, async_op: bool, *args):
         """Count a call that sends ``nbytes`` as the general path counts a raw

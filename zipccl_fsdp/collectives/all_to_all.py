@@ -49,17 +49,19 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         >>> all_to_all_single(recv_tokens, send_tokens, recv_counts, send_counts)
     """
     lane = _lanes.find("all_to_all", output, input, group, config, stats)
-    if lane is not None and input.dim() and output.dim() and not overlaps(input, output):
-        # (the general path hands a 0-dim tensor to torch's wrapper as given,
-        # and reads an overlapping input from a copy)
+    if lane is not None:
         if output_split_sizes is None and input_split_sizes is None:
-            split = _even_split(lane, output, input)
-        else:
+            raw = _even_raw(lane, output, input)
+            if raw >= 0:
+                return lane.send(raw, async_op, output, input, _EVEN, _EVEN)
+        elif input.dim() and output.dim() and not overlaps(input, output):
+            # (the general path hands a 0-dim tensor to torch's wrapper as
+            # given, and reads an overlapping input from a copy)
             split = _lanes.checked(_checked, lane.world, lane.rank, output, input,
                                    output_split_sizes, input_split_sizes)
-        if split is not _lanes.MISS:
-            return lane.send(split.raw, async_op, output, input, split.out_rows,
-                             split.in_rows)
+            if split is not _lanes.MISS:
+                return lane.send(split.raw, async_op, output, input, split.out_rows,
+                                 split.in_rows)
     setup = K._enter("all_to_all", WHERE, input, 0, group, config, stats, _checked, output, input,
                      output_split_sizes, input_split_sizes, plan_of=_refusal_plan)
     if setup is None:
@@ -162,21 +164,28 @@ def _checked(world: int, rank: int, output, input, output_split_sizes,
     return _Split(in_rows, out_rows, in_counts, out_counts, raw)
 
 
-def _even_split(lane: _lanes.Lane, output, input):
-    """``_checked`` of a lane's call with even splits, remembered on the lane
-    by the two shapes (what it depends on besides the lane's own world, rank
-    and dtype), once the per-call checks hold: on a small raw call the
-    checks are a large share of the lane's own cost."""
-    if not (output.dtype is input.dtype and output.device == input.device
-            and output.is_contiguous() and input.is_contiguous()):
-        return _lanes.checked(_checked, lane.world, lane.rank, output, input, None, None)
-    key = (input.shape, output.shape)
-    split = lane.memo.get(key)
-    if split is None:
-        split = _lanes.checked(_checked, lane.world, lane.rank, output, input, None, None)
-        if split is not _lanes.MISS:
-            lane.remember(key, split)
-    return split
+_EVEN = []
+"""The split sizes that ask a process group for even splits (torch's wrapper
+passes them for ``None``)."""
+
+
+def _even_raw(lane: _lanes.Lane, output, input) -> int:
+    """The bytes a lane's call with even splits sends its peers, or -1 where
+    the lane must leave the call to the general path. Its test is narrower
+    than ``_checked`` (equal shapes, contiguous, of the lane's dtype and
+    device, no overlap), so whatever it takes ``_checked`` would take with
+    the same bytes; it asks only what it needs, since on a small raw call
+    the checks are a large share of the lane's own cost."""
+    shape = input.shape
+    if not (shape and output.shape == shape and output.dtype is input.dtype
+            and not shape[0] % lane.world and input.is_contiguous()
+            and output.is_contiguous() and output.device == input.device):
+        return -1
+    nbytes = input.nbytes
+    a, b = input.data_ptr(), output.data_ptr()
+    if a < b + nbytes and b < a + nbytes:  # they overlap
+        return -1
+    return nbytes - nbytes // lane.world
 
 
 def _refusal_plan(call: K._Setup, t: torch.Tensor) -> _policy.Plan:
