@@ -275,7 +275,8 @@ def _enter(kind: str, where: str, t, unit: int, group, config: ZipCCLConfig | No
     rank is not in ``group``.
 
     ``check(world, rank, *args)`` is the collective's own argument checks (the
-    function its raw lane runs too, ``_lanes.checked``); ``t`` the tensor whose
+    function its raw lane runs too, ``_lanes.checked``, where its narrow test
+    does not decide); ``t`` the tensor whose
     dtype is coded. A check that fails is refused to the peers before it is
     raised (``_refuse``, which predicts the call's first exchange from
     ``unit``, the bytes of one unit of encoding, or of the whole tensor when

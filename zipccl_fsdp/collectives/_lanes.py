@@ -7,11 +7,15 @@ adaptive policy found this group's link faster than any codec for the dtype,
 opens a lane for its (kind, group, dtype, device) in the runtime state of its
 config in its stats' owner (``runtime.py``); a call raw for its size (below
 ``min_bytes``) opens one that takes only calls below that size
-(``Lane.below``). The next such calls find it (``find``), run the
-collective's own argument checks (the function its general path runs, so a
-check and its error text live once, in the collective's module), count
-their stats as the general path would and call the ``ProcessGroup`` method
-that torch's own wrapper calls (``Lane.send``), skipping both zipccl's general path and torch's Python.
+(``Lane.below``). The next such calls find it (``find``); their arguments
+pass either a narrow test the collective asks inline for its commonest
+calls (contiguous tensors of one dtype and device, even splits, a SUM: a
+subset of what its checks accept, so it never takes a call they refuse)
+or the collective's own argument checks (``checked``: the function its
+general path runs, so a check and its error text live once, in the
+collective's module). Then the lane counts their stats as the general path
+would and calls the ``ProcessGroup`` method that torch's own wrapper calls
+(``Lane.send``), skipping both zipccl's general path and torch's Python.
 
 Why: a real call follows a blocking collective, and Python right after one
 runs several times slower than in a loop (cold caches, a vCPU back from
