@@ -181,8 +181,11 @@ def _worker(spec: dict) -> None:
             used = {k: after[k] - decisions_before.get(k, 0) for k in after
                     if after[k] - decisions_before.get(k, 0)}
             plan = ", ".join(f"{k[1]}" + (f" x{k[2]}" if k[1] != "raw" and k[2] > 1 else "")
-                             for k, _ in sorted(used.items(), key=lambda kv: -kv[1])) or "raw"
+                             for k, _ in sorted(used.items(), key=lambda kv: -kv[1]))
             s_now = st.snapshot()[kind]
+            if not plan:  # no decision counted: a pinned policy, or every call raw for its size
+                pinned = s_now["compressed_calls"] > st_before["compressed_calls"]
+                plan = f"{cfg.codec} pinned" if pinned else "raw"
             wire = s_now["wire_bytes"] - st_before["wire_bytes"]
             rawb = s_now["raw_bytes"] - st_before["raw_bytes"]
             model = {}
@@ -315,7 +318,7 @@ def _fmt(v, spec: str) -> str:
 
 
 def _format_row(r: dict) -> str:
-    return (f"{r['collective']:<15} {r['data']:<15} {r['size_mib']:>6.0f} {r['raw_ms']:>9.1f} "
+    return (f"{r['collective']:<15} {r['data']:<15} {r['size_mib']:>6g} {r['raw_ms']:>9.1f} "
             f"{r['zipccl_ms']:>10.1f} {r['speedup']:>10.2f}  {r['plan']:<14} "
             f"{_fmt(r.get('wire_ratio'), '.2f'):>6} {_fmt(r.get('pred_raw_ms'), '.1f'):>9} "
             f"{_fmt(r.get('pred_zipccl_ms'), '.1f'):>10}"
