@@ -41,6 +41,12 @@ from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING, 
 
 assert F.TIER_BITS == (2, 1, 1, 2, 2) and F.DENSE_SLOTS == 11 and F.REM_BITS == 3
 
+# A block's escape and kept ranks share an int32: kept ones in the low
+# ESC_AT bits, escapes above (counts <= 4096 each, so neither overflows).
+ESC_AT = tl.constexpr(17)
+KEPT_MASK = tl.constexpr((1 << 17) - 1)
+ESC_KX = tl.constexpr(1 << (17 + F.DENSE_ESC))  # _kept_esc_word's ESC bit
+
 
 def _sym_lut(zp: int, zn: int, phase: int, zeros=(15, 14)) -> int:
     """Nibble r: symbol of rank r (format.dense_symbol_table) as offset + 8,
@@ -63,6 +69,16 @@ SYM = tuple(tl.constexpr(_sym_lut(zp, zn, ph)) for zp in (0, 1) for zn in (0, 1)
 SYMF = tuple(tl.constexpr(_sym_lut(zp, zn, ph, (8, 8))) for zp in (0, 1) for zn in (0, 1)
              for ph in range(4))
 (F00, F01, F02, F03, F10, F11, F12, F13, F20, F21, F22, F23, F30, F31, F32, F33) = SYMF
+# SYMF's nibbles are DENSE_ORDER[phase]'s (offset + 8) shifted up by one
+# nibble per coded zero, 8 below them (the zeros) and in nibbles 10 (+0.0
+# with neither flag) and 11 (ESC) above, cut to 12 nibbles: the four orders
+# are enough to build them (_sym_full).
+ORD = tuple(tl.constexpr(sum((o + 8) << (4 * r) for r, o in enumerate(order)))
+            for order in F.DENSE_ORDER)
+(O0, O1, O2, O3) = ORD
+assert all(_sym_lut(zp, zn, ph, (8, 8)) == (
+    ((ORD[ph].value << (4 * (zp + zn))) & ((1 << 44) - 1)) | (0x88 & ((1 << 4 * (zp + zn)) - 1))
+    | (0 if zp + zn else 8 << 40) | 8 << 44) for zp in (0, 1) for zn in (0, 1) for ph in range(4))
 
 
 @triton.jit
@@ -70,6 +86,15 @@ def _pick_i64(i, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr, D: tl.conste
     return tl.where(i == 0, tl.full([], A, tl.int64),
                     tl.where(i == 1, tl.full([], B, tl.int64),
                              tl.where(i == 2, tl.full([], C, tl.int64), tl.full([], D, tl.int64))))
+
+
+@triton.jit
+def _sym_full(zp, zn, phase):
+    """SYMF's table of (zp, zn, phase), built from the phase's order (ORD)."""
+    z = zp + zn
+    o = _pick_i64(phase, O0, O1, O2, O3)
+    low = ((z == 0).to(tl.int64) << 43) | (0x88 & ((1 << 4 * z) - 1))
+    return ((o << (4 * z).to(tl.int64)) & ((1 << 44) - 1)) | low | (1 << 47)
 
 
 @triton.jit
@@ -91,15 +116,17 @@ def _sym_table(zp, zn, phase, FULL: tl.constexpr):
 
 @triton.jit
 def _kept_esc_word(zp, zn):
-    """Bit r: rank r is ESC (r = 11); bit 16 + r: rank r is kept (has an sm
-    byte): all ranks 0..11 but the coded zeros' (format.dense_symbol_table:
-    +0.0 at rank 0 with ZPOS, at 10 with neither flag, none with ZNEG only;
-    -0.0 at rank zpos with ZNEG); bit 28 + r: rank r is -0.0 (only ranks 0
-    and 1 can be; for the rank 10 of +0.0 bit 38 reads as 0)."""
+    """Shifted right by a rank r: bit 0 says r is kept (has an sm byte: all
+    ranks 0..11 but the coded zeros', format.dense_symbol_table: +0.0 at
+    rank 0 with ZPOS, at 10 with neither flag, none with ZNEG only; -0.0 at
+    rank zpos with ZNEG), bit ESC_AT that r is ESC (bit 28: only r = 11
+    lands it there, bits 17..27 are clear), and bit 15, for a zero, its
+    sign (bit 15 + r: -0.0 has rank 0 or 1; the rank 10 of +0.0 reads bit
+    25, clear), so a zero's 16-bit word is the shifted word's bit 15."""
     pos_coded = (zp | (1 - zn)) != 0
     zmask = tl.where(pos_coded, 1 << tl.where(zp != 0, 0, F.DENSE_SLOTS - 1), 0) | tl.where(
         zn != 0, 1 << zp, 0)
-    return (1 << F.DENSE_ESC) | ((0xFFF & ~zmask) << 16) | (zn << (28 + zp))
+    return ESC_KX | (0xFFF & ~zmask) | (zn << (15 + zp))
 
 
 @triton.jit
@@ -220,16 +247,16 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
     rank = d0 + b1 + b2 + d3 + d4  # 11: an escape
     nib = ((lut >> (4 * rank).to(tl.int64)) & 15).to(tl.int32)
     if FULL:
-        # Escape (bit 0) and kept (bit 16) flags of the rank, from the
-        # chunk's word kx (bit r: rank r is ESC; bit 16 + r: rank r is kept).
+        # Kept (bit 0) and escape (bit ESC_AT) flags of the rank, from the
+        # chunk's word kx (_kept_esc_word).
         kxr = kx >> rank
-        ek = kxr & 0x10001
-        keep = ek >> 16
+        ek = kxr & (KEPT_MASK + 1 + 1)
+        keep = ek & 1
     else:
         zero = ((nib + 2) >> 4) * vi  # nibbles 14 (-0.0) and 15 (+0.0)
         keep = vi - zero
-        # Ranks among the block's escapes (low half) and kept elements (high half).
-        ek = esc | (keep << 16)
+        # Ranks among the block's kept elements (low bits) and escapes (high).
+        ek = keep | (esc << ESC_AT)
     pre, tot, _, rpre = _excl(ek, G, False)
     incl = tl.cumsum(tot, axis=0)
     if FULL:
@@ -242,18 +269,18 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
         # 32 of the segment instead: ranks are <= 32 and a full chunk's
         # codes alone are 8T bytes, so every load stays inside the segment.
         ex = incl - tot
-        tbe = ebase + (ex & 0xFFFF)
-        tbk = kbase + (ex >> 16)
-        e_at = tl.where(tbe + (tot & 0xFFFF) <= esc_nb, a_esc + tbe - 1, 32)
+        tbe = ebase + (ex >> ESC_AT)
+        tbk = kbase + (ex & KEPT_MASK)
+        e_at = tl.where(tbe + (tot >> ESC_AT) <= esc_nb, a_esc + tbe - 1, 32)
         kin = pre + ek  # in-thread inclusive ranks
-        ebyte = tl.load((src + e_at)[:, None, None] + (kin & 0xFFFF))
+        ebyte = tl.load((src + e_at)[:, None, None] + (kin >> ESC_AT))
     else:
         at = pre + (incl - tot)[:, None, None]
         # Ranks past the table's counts (a corrupt segment; the count check
         # fails) are clamped to the sub-stream's last byte, or the byte before
         # it when empty: still inside the segment (its codes start it).
-        erank = tl.minimum(ebase + (at & 0xFFFF), esc_nb - 1)
-        krank = tl.minimum(kbase + (at >> 16), nkept - 1)
+        erank = tl.minimum(ebase + (at >> ESC_AT), esc_nb - 1)
+        krank = tl.minimum(kbase + (at & KEPT_MASK), nkept - 1)
         ebyte = tl.load(src + a_esc + erank)  # (erank clamped: inside the segment)
     e = tl.where(esc != 0, ebyte.to(tl.int32) & 0xFF, base + nib - 8)
     if not FULL:  # (a full chunk's zeros have nibble 8: e = base, in range)
@@ -266,9 +293,9 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
     else:
         smb = 1
     if FULL:
-        k_ok = tbk + (tot >> 16) <= nkept
+        k_ok = tbk + (tot & KEPT_MASK) <= nkept
         sm_src = (src + tl.where(k_ok, a_sm + (tbk - 1) * smb, 32))[:, None, None]
-        kr = kin >> 16
+        kr = kin & KEPT_MASK
     else:
         sm_src = src + a_sm
         kr = krank
@@ -285,7 +312,7 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
             # rem: a row's kept elements' 3-bit values are <= 24 bits from
             # bit 3 k of the rem stream (k: the row's first kept rank), read
             # as two aligned words a row (words past the padded rem not read).
-            rk = tl.minimum(kbase + (((incl - tot)[:, None, None] + rpre) >> 16), nkept)
+            rk = tl.minimum(kbase + (((incl - tot)[:, None, None] + rpre) & KEPT_MASK), nkept)
             bit = 3 * rk  # [T, G, 1]
             wi = bit >> 5
             rem32 = (src + a_rem).to(tl.pointer_type(tl.int32))
@@ -293,7 +320,8 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
             r0w = tl.load(rem32 + wi, mask=wi < room, other=0).to(tl.uint32).to(tl.uint64)
             r1w = tl.load(rem32 + wi + 1, mask=wi + 1 < room, other=0).to(tl.uint32).to(tl.uint64)
             run = ((r0w | (r1w << 32)) >> (bit & 31).to(tl.uint64)).to(tl.uint32)
-            sm = sm | (((run >> (3 * ((pre - rpre) >> 16)).to(tl.uint32)) & 7).to(tl.int32) << 8)
+            sm = sm | (((run >> (3 * ((pre - rpre) & KEPT_MASK)).to(tl.uint32)) & 7).to(tl.int32)
+                       << 8)
     if not FULL:
         sm = tl.where(zero != 0, (15 - nib) << MAN_BITS, sm)
     if ITEMSIZE == 2 and MAN_BITS == 7:  # bf16: sm * 0x101 is sm | sm << 8 (8-bit sm)
@@ -302,7 +330,7 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
         w = ((sm >> MAN_BITS) << (MAN_BITS + EXP_BITS)) | (e << MAN_BITS) | (
             sm & ((1 << MAN_BITS) - 1))
     if FULL:  # a zero: its sign alone (kx)
-        w = tl.where(keep != 0, w, ((kxr >> 28) & 1) << (MAN_BITS + EXP_BITS))
+        w = tl.where(keep != 0, w, (kxr & 0x8000) << (MAN_BITS + EXP_BITS - 15))
         if ITEMSIZE == 2:
             tl.store(dst + i, w.to(tl.int16))
         else:  # a row of 8 words is two 16-byte stores: [T, 2G, 4]
@@ -334,6 +362,18 @@ def _pads_bad(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg):
 
 
 @triton.jit
+def _pads_bad_spread(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg,
+                     T: tl.constexpr):
+    """_pads_bad with the four paddings spread over the threads (thread t
+    checks padding t % 4): [T], to be OR-ed over the threads."""
+    k = tl.arange(0, T) & 3
+    start = tl.where(k < 2, tl.where(k == 0, codes_nb, a_sm + sm_nb),
+                     tl.where(k == 2, a_rem + rem_nb, a_esc + esc_nb))
+    end = tl.where(k < 2, tl.where(k == 0, a_sm, a_rem), tl.where(k == 2, a_esc, seg))
+    return _pad_bad(src, start, end)
+
+
+@triton.jit
 def _decode_full(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
                  ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
                  CP: tl.constexpr, T: tl.constexpr):
@@ -344,7 +384,7 @@ def _decode_full(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
         n, flags, nz, nesc, o1, o2, o3, o4, ITEMSIZE, IS_FP16)
     zp = (flags >> 1) & 1
     zn = (flags >> 2) & 1
-    lut = _sym_table(zp, zn, phase, True)
+    lut = _sym_full(zp, zn, phase)
     ev, e1, e2, e3, e4, incl = _decode_block(
         src, dst, 0, n, base, lut, _kept_esc_word(zp, zn), flags & 1, a_sm, a_rem, a_esc, n - nz,
         rem_nb, esc_nb, 8 * b1, 8 * b2, 8 * b3, 8 * b4, 0, 0, ITEMSIZE, EXP_BITS, MAN_BITS, G, T,
@@ -353,11 +393,10 @@ def _decode_full(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
     last = tl.arange(0, T) == T - 1
     tiers = (e1 != 8 * b1 + o1) | (e2 != 8 * b2 + o2) | (e3 != 8 * b3 + 2 * o3) | (
         e4 != 8 * b4 + 2 * o4)
-    counts = ((incl & 0xFFFF) != nesc) | ((incl >> 16) != n - nz)
+    counts = ((incl >> ESC_AT) != nesc) | ((incl & KEPT_MASK) != n - nz)
     ev = ev | tl.where(last & tiers, ERR_TIERS, 0) | tl.where(last & counts, ERR_COUNTS, 0)
-    err = tl.reduce(ev, 0, _or)
-    pad = _pads_bad(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg)
-    return err | tl.where(pad != 0, ERR_PADDING, 0)
+    pad = _pads_bad_spread(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg, T)
+    return tl.reduce(ev | tl.where(pad != 0, ERR_PADDING, 0), 0, _or)
 
 
 @triton.jit(noinline=True)
@@ -392,8 +431,8 @@ def _decode_general(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
             p3 = tl.max(e3, 0)
             p4 = tl.max(e4, 0)
             top = tl.max(incl, 0)
-            ebase = ebase + (top & 0xFFFF)
-            kbase = kbase + (top >> 16)
+            ebase = ebase + (top >> ESC_AT)
+            kbase = kbase + (top & KEPT_MASK)
     tiers = (p1 != 8 * b1 + o1) | (p2 != 8 * b2 + o2) | (p3 != 8 * b3 + 2 * o3) | (
         p4 != 8 * b4 + 2 * o4)
     err = err | tl.where(tiers, ERR_TIERS, 0)
