@@ -300,12 +300,16 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
         sm_src = src + a_sm
         kr = krank
     if ITEMSIZE == 4:
+        # Three unmasked byte loads; with LOW16 (one sm byte, the word's bits
+        # 16..23) they start two bytes early, so the third reads it and the
+        # first two read bytes before it, still inside the segment (its codes
+        # come first), whose bits the mask drops.
         word = tl.zeros([T, G, 8], tl.int32)
+        at = sm_src - 2 * low16 + kr * smb
         for b in tl.static_range(3):
-            byte = tl.load(sm_src + kr * smb + b, mask=i * 0 + (b < smb).to(tl.int32) != 0,
-                           other=0)
+            byte = tl.load(at + b)
             word = word | ((byte.to(tl.int32) & 0xFF) << (8 * b))
-        sm = tl.where(low16 != 0, word << 16, word)
+        sm = word & (0xFFFFFF - 0xFFFF * low16)
     else:
         sm = tl.load(sm_src + kr).to(tl.int32) & 0xFF  # (a zero's: replaced below)
         if IS_FP16:
@@ -326,6 +330,8 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
         sm = tl.where(zero != 0, (15 - nib) << MAN_BITS, sm)
     if ITEMSIZE == 2 and MAN_BITS == 7:  # bf16: sm * 0x101 is sm | sm << 8 (8-bit sm)
         w = ((sm * 0x101) & 0x807F) | (e << MAN_BITS)
+    elif ITEMSIZE == 4:  # sm's sign bit moved up by EXP_BITS (sm + s (2^E - 1)), e added below
+        w = (sm + (sm & (1 << MAN_BITS)) * ((1 << EXP_BITS) - 1)) + e * (1 << MAN_BITS)
     else:
         w = ((sm >> MAN_BITS) << (MAN_BITS + EXP_BITS)) | (e << MAN_BITS) | (
             sm & ((1 << MAN_BITS) - 1))
