@@ -115,18 +115,24 @@ def _sym_table(zp, zn, phase, FULL: tl.constexpr):
 
 
 @triton.jit
-def _kept_esc_word(zp, zn):
+def _kept_esc_word(zp, zn, SIGN_AT: tl.constexpr):
     """Shifted right by a rank r: bit 0 says r is kept (has an sm byte: all
     ranks 0..11 but the coded zeros', format.dense_symbol_table: +0.0 at
     rank 0 with ZPOS, at 10 with neither flag, none with ZNEG only; -0.0 at
     rank zpos with ZNEG), bit ESC_AT that r is ESC (bit 28: only r = 11
     lands it there, bits 17..27 are clear), and bit 15, for a zero, its
     sign (bit 15 + r: -0.0 has rank 0 or 1; the rank 10 of +0.0 reads bit
-    25, clear), so a zero's 16-bit word is the shifted word's bit 15."""
+    25, clear), so a zero's 16-bit word is the shifted word's bit 15. With
+    SIGN_AT 31 (32-bit words) the sign is at bit 31 + r of an int64 instead
+    (bits 31, 32 and 41 are otherwise clear), and the low 32 bits of the
+    shifted word hold a zero's word."""
     pos_coded = (zp | (1 - zn)) != 0
     zmask = tl.where(pos_coded, 1 << tl.where(zp != 0, 0, F.DENSE_SLOTS - 1), 0) | tl.where(
         zn != 0, 1 << zp, 0)
-    return ESC_KX | (0xFFF & ~zmask) | (zn << (15 + zp))
+    if SIGN_AT == 31:
+        return ((0xFFF & ~zmask) | ESC_KX).to(tl.int64) | (zn.to(tl.int64) << (31 + zp))
+    else:
+        return (0xFFF & ~zmask) | ESC_KX | (zn << (15 + zp))
 
 
 @triton.jit
@@ -171,8 +177,8 @@ def _excl(f, G: tl.constexpr, HALF: tl.constexpr):
 def _tier(codes64, nwords, pos, opened, G: tl.constexpr, BITS: tl.constexpr):
     """One tier: the digits of the open elements (``opened``: 0/1; 0 where
     not open) from the tier's bit stream, which continues at bit ``pos`` of
-    the codes sub-stream (``nwords`` 8-byte words, padding included; reads
-    past them give 0), and where each thread's run ends ([T] bit positions).
+    the codes sub-stream (``nwords`` 8-byte words, padding included; no
+    read goes past them), and where each thread's run ends ([T] bit positions).
     A run is <= 32 bits for 1-bit digits; 2-bit ones are read as two runs
     of <= 32 bits, one per half of the thread's rows."""
     pre, cnt, first, _ = _excl(opened, G, BITS == 2)
@@ -181,8 +187,11 @@ def _tier(codes64, nwords, pos, opened, G: tl.constexpr, BITS: tl.constexpr):
     P = pos + incl - bits
     wi = P >> 6
     s = (P & 63).to(tl.uint64)
-    w0 = tl.load(codes64 + wi, mask=wi < nwords, other=0).to(tl.uint64, bitcast=True)
-    w1 = tl.load(codes64 + wi + 1, mask=wi + 1 < nwords, other=0).to(tl.uint64, bitcast=True)
+    # Word indexes clamped to the last word instead of masked loads: a run's
+    # bits are inside the stream, so a clamped word only feeds bits past the
+    # thread's run, which no digit reads.
+    w0 = tl.load(codes64 + tl.minimum(wi, nwords - 1)).to(tl.uint64, bitcast=True)
+    w1 = tl.load(codes64 + tl.minimum(wi + 1, nwords - 1)).to(tl.uint64, bitcast=True)
     run = (w0 >> s) | ((w1 << 1) << (63 - s))
     if BITS == 1:
         r = run.to(tl.uint32)[:, None, None]
@@ -249,7 +258,7 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
     if FULL:
         # Kept (bit 0) and escape (bit ESC_AT) flags of the rank, from the
         # chunk's word kx (_kept_esc_word).
-        kxr = kx >> rank
+        kxr = (kx >> rank).to(tl.int32)  # (an int64 kx: its low word, one funnel shift)
         ek = kxr & (KEPT_MASK + 1 + 1)
         keep = ek & 1
     else:
@@ -336,7 +345,10 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
         w = ((sm >> MAN_BITS) << (MAN_BITS + EXP_BITS)) | (e << MAN_BITS) | (
             sm & ((1 << MAN_BITS) - 1))
     if FULL:  # a zero: its sign alone (kx)
-        w = tl.where(keep != 0, w, (kxr & 0x8000) << (MAN_BITS + EXP_BITS - 15))
+        if ITEMSIZE == 4:
+            w = tl.where(keep != 0, w, kxr & (-0x7FFFFFFF - 1))
+        else:
+            w = tl.where(keep != 0, w, kxr & 0x8000)
         if ITEMSIZE == 2:
             tl.store(dst + i, w.to(tl.int16))
         else:  # a row of 8 words is two 16-byte stores: [T, 2G, 4]
@@ -391,10 +403,10 @@ def _decode_full(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
     zp = (flags >> 1) & 1
     zn = (flags >> 2) & 1
     lut = _sym_full(zp, zn, phase)
+    kx = _kept_esc_word(zp, zn, 31 if ITEMSIZE == 4 else 15)
     ev, e1, e2, e3, e4, incl = _decode_block(
-        src, dst, 0, n, base, lut, _kept_esc_word(zp, zn), flags & 1, a_sm, a_rem, a_esc, n - nz,
-        rem_nb, esc_nb, 8 * b1, 8 * b2, 8 * b3, 8 * b4, 0, 0, ITEMSIZE, EXP_BITS, MAN_BITS, G, T,
-        True)
+        src, dst, 0, n, base, lut, kx, flags & 1, a_sm, a_rem, a_esc, n - nz, rem_nb, esc_nb,
+        8 * b1, 8 * b2, 8 * b3, 8 * b4, 0, 0, ITEMSIZE, EXP_BITS, MAN_BITS, G, T, True)
     # The thread holding the last element checks the chunk's totals.
     last = tl.arange(0, T) == T - 1
     tiers = (e1 != 8 * b1 + o1) | (e2 != 8 * b2 + o2) | (e3 != 8 * b3 + 2 * o3) | (
