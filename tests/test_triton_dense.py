@@ -300,3 +300,31 @@ def test_zeros_among_the_largest_exponents():
         assert zf == [F.FLAG_ZPOS | F.FLAG_ZNEG, 0], zf
         y, err = decode(p)
         assert err == 0 and torch.equal(bits(y), bits(x.to(DEV)))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_every_padding_of_a_hot_chunk_checked(dtype):
+    """A nonzero byte in any padded part of a full chunk's segment (codes,
+    sm, rem, escapes: each checked by its own threads) sets ERR_PADDING,
+    whichever byte of the padding it is."""
+    from triton_kernels import dense_decode as D
+    x = mixed(dtype, seed=7)[:C + 1].clone().to(DEV)  # chunk 0: full and hot
+    x[: C // 2] *= (torch.rand(C // 2, generator=torch.Generator().manual_seed(7)) > 0.2).to(dtype)
+    p = codec_torch.encode(x, "dense")
+    h = F.parse_header(p)
+    table, offsets = F.read_table(p, h)
+    assert int(table.mode[0]) == 1
+    starts = F.stream_starts(h, table, offsets)
+    lengths = F.segment_nbytes("dense", F.DTYPES[h.dtype], F.chunk_lengths(
+        h.numel, h.nchunks, C, p.device), table)
+    parts = [k for k in range(4) if int(lengths[k][0]) % 16]
+    assert len(parts) >= 3, parts  # (bf16: codes, sm, esc; fp16: rem too, or one of them)
+    for k in parts:
+        end = int(starts[0, k] + lengths[k][0])
+        for at in (end, (end | 15)):  # the first and the last byte of the padding
+            q = p.clone()
+            q[at] = 0x40
+            _, err = decode(q)
+            assert err & D.ERR_PADDING.value, (k, at, err)
+    _, err = decode(p)
+    assert err == 0

@@ -41,6 +41,12 @@ from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING, 
 
 assert F.TIER_BITS == (2, 1, 1, 2, 2) and F.DENSE_SLOTS == 11 and F.REM_BITS == 3
 
+# A block's escape and kept ranks share an int32: kept ones in the low
+# ESC_AT bits, escapes above (counts <= 4096 each, so neither overflows).
+ESC_AT = tl.constexpr(17)
+KEPT_MASK = tl.constexpr((1 << 17) - 1)
+ESC_KX = tl.constexpr(1 << (17 + F.DENSE_ESC))  # _kept_esc_word's ESC bit
+
 
 def _sym_lut(zp: int, zn: int, phase: int, zeros=(15, 14)) -> int:
     """Nibble r: symbol of rank r (format.dense_symbol_table) as offset + 8,
@@ -63,6 +69,16 @@ SYM = tuple(tl.constexpr(_sym_lut(zp, zn, ph)) for zp in (0, 1) for zn in (0, 1)
 SYMF = tuple(tl.constexpr(_sym_lut(zp, zn, ph, (8, 8))) for zp in (0, 1) for zn in (0, 1)
              for ph in range(4))
 (F00, F01, F02, F03, F10, F11, F12, F13, F20, F21, F22, F23, F30, F31, F32, F33) = SYMF
+# SYMF's nibbles are DENSE_ORDER[phase]'s (offset + 8) shifted up by one
+# nibble per coded zero, 8 below them (the zeros) and in nibbles 10 (+0.0
+# with neither flag) and 11 (ESC) above, cut to 12 nibbles: the four orders
+# are enough to build them (_sym_full).
+ORD = tuple(tl.constexpr(sum((o + 8) << (4 * r) for r, o in enumerate(order)))
+            for order in F.DENSE_ORDER)
+(O0, O1, O2, O3) = ORD
+assert all(_sym_lut(zp, zn, ph, (8, 8)) == (
+    ((ORD[ph].value << (4 * (zp + zn))) & ((1 << 44) - 1)) | (0x88 & ((1 << 4 * (zp + zn)) - 1))
+    | (0 if zp + zn else 8 << 40) | 8 << 44) for zp in (0, 1) for zn in (0, 1) for ph in range(4))
 
 
 @triton.jit
@@ -70,6 +86,15 @@ def _pick_i64(i, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr, D: tl.conste
     return tl.where(i == 0, tl.full([], A, tl.int64),
                     tl.where(i == 1, tl.full([], B, tl.int64),
                              tl.where(i == 2, tl.full([], C, tl.int64), tl.full([], D, tl.int64))))
+
+
+@triton.jit
+def _sym_full(zp, zn, phase):
+    """SYMF's table of (zp, zn, phase), built from the phase's order (ORD)."""
+    z = zp + zn
+    o = _pick_i64(phase, O0, O1, O2, O3)
+    low = ((z == 0).to(tl.int64) << 43) | (0x88 & ((1 << 4 * z) - 1))
+    return ((o << (4 * z).to(tl.int64)) & ((1 << 44) - 1)) | low | (1 << 47)
 
 
 @triton.jit
@@ -90,16 +115,24 @@ def _sym_table(zp, zn, phase, FULL: tl.constexpr):
 
 
 @triton.jit
-def _kept_esc_word(zp, zn):
-    """Bit r: rank r is ESC (r = 11); bit 16 + r: rank r is kept (has an sm
-    byte): all ranks 0..11 but the coded zeros' (format.dense_symbol_table:
-    +0.0 at rank 0 with ZPOS, at 10 with neither flag, none with ZNEG only;
-    -0.0 at rank zpos with ZNEG); bit 28 + r: rank r is -0.0 (only ranks 0
-    and 1 can be; for the rank 10 of +0.0 bit 38 reads as 0)."""
+def _kept_esc_word(zp, zn, SIGN_AT: tl.constexpr):
+    """Shifted right by a rank r: bit 0 says r is kept (has an sm byte: all
+    ranks 0..11 but the coded zeros', format.dense_symbol_table: +0.0 at
+    rank 0 with ZPOS, at 10 with neither flag, none with ZNEG only; -0.0 at
+    rank zpos with ZNEG), bit ESC_AT that r is ESC (bit 28: only r = 11
+    lands it there, bits 17..27 are clear), and bit 15, for a zero, its
+    sign (bit 15 + r: -0.0 has rank 0 or 1; the rank 10 of +0.0 reads bit
+    25, clear), so a zero's 16-bit word is the shifted word's bit 15. With
+    SIGN_AT 31 (32-bit words) the sign is at bit 31 + r of an int64 instead
+    (bits 31, 32 and 41 are otherwise clear), and the low 32 bits of the
+    shifted word hold a zero's word."""
     pos_coded = (zp | (1 - zn)) != 0
     zmask = tl.where(pos_coded, 1 << tl.where(zp != 0, 0, F.DENSE_SLOTS - 1), 0) | tl.where(
         zn != 0, 1 << zp, 0)
-    return (1 << F.DENSE_ESC) | ((0xFFF & ~zmask) << 16) | (zn << (28 + zp))
+    if SIGN_AT == 31:
+        return ((0xFFF & ~zmask) | ESC_KX).to(tl.int64) | (zn.to(tl.int64) << (31 + zp))
+    else:
+        return (0xFFF & ~zmask) | ESC_KX | (zn << (15 + zp))
 
 
 @triton.jit
@@ -144,8 +177,8 @@ def _excl(f, G: tl.constexpr, HALF: tl.constexpr):
 def _tier(codes64, nwords, pos, opened, G: tl.constexpr, BITS: tl.constexpr):
     """One tier: the digits of the open elements (``opened``: 0/1; 0 where
     not open) from the tier's bit stream, which continues at bit ``pos`` of
-    the codes sub-stream (``nwords`` 8-byte words, padding included; reads
-    past them give 0), and where each thread's run ends ([T] bit positions).
+    the codes sub-stream (``nwords`` 8-byte words, padding included; no
+    read goes past them), and where each thread's run ends ([T] bit positions).
     A run is <= 32 bits for 1-bit digits; 2-bit ones are read as two runs
     of <= 32 bits, one per half of the thread's rows."""
     pre, cnt, first, _ = _excl(opened, G, BITS == 2)
@@ -154,8 +187,11 @@ def _tier(codes64, nwords, pos, opened, G: tl.constexpr, BITS: tl.constexpr):
     P = pos + incl - bits
     wi = P >> 6
     s = (P & 63).to(tl.uint64)
-    w0 = tl.load(codes64 + wi, mask=wi < nwords, other=0).to(tl.uint64, bitcast=True)
-    w1 = tl.load(codes64 + wi + 1, mask=wi + 1 < nwords, other=0).to(tl.uint64, bitcast=True)
+    # Word indexes clamped to the last word instead of masked loads: a run's
+    # bits are inside the stream, so a clamped word only feeds bits past the
+    # thread's run, which no digit reads.
+    w0 = tl.load(codes64 + tl.minimum(wi, nwords - 1)).to(tl.uint64, bitcast=True)
+    w1 = tl.load(codes64 + tl.minimum(wi + 1, nwords - 1)).to(tl.uint64, bitcast=True)
     run = (w0 >> s) | ((w1 << 1) << (63 - s))
     if BITS == 1:
         r = run.to(tl.uint32)[:, None, None]
@@ -220,16 +256,16 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
     rank = d0 + b1 + b2 + d3 + d4  # 11: an escape
     nib = ((lut >> (4 * rank).to(tl.int64)) & 15).to(tl.int32)
     if FULL:
-        # Escape (bit 0) and kept (bit 16) flags of the rank, from the
-        # chunk's word kx (bit r: rank r is ESC; bit 16 + r: rank r is kept).
-        kxr = kx >> rank
-        ek = kxr & 0x10001
-        keep = ek >> 16
+        # Kept (bit 0) and escape (bit ESC_AT) flags of the rank, from the
+        # chunk's word kx (_kept_esc_word).
+        kxr = (kx >> rank).to(tl.int32)  # (an int64 kx: its low word, one funnel shift)
+        ek = kxr & (KEPT_MASK + 1 + 1)
+        keep = ek & 1
     else:
         zero = ((nib + 2) >> 4) * vi  # nibbles 14 (-0.0) and 15 (+0.0)
         keep = vi - zero
-        # Ranks among the block's escapes (low half) and kept elements (high half).
-        ek = esc | (keep << 16)
+        # Ranks among the block's kept elements (low bits) and escapes (high).
+        ek = keep | (esc << ESC_AT)
     pre, tot, _, rpre = _excl(ek, G, False)
     incl = tl.cumsum(tot, axis=0)
     if FULL:
@@ -242,18 +278,18 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
         # 32 of the segment instead: ranks are <= 32 and a full chunk's
         # codes alone are 8T bytes, so every load stays inside the segment.
         ex = incl - tot
-        tbe = ebase + (ex & 0xFFFF)
-        tbk = kbase + (ex >> 16)
-        e_at = tl.where(tbe + (tot & 0xFFFF) <= esc_nb, a_esc + tbe - 1, 32)
+        tbe = ebase + (ex >> ESC_AT)
+        tbk = kbase + (ex & KEPT_MASK)
+        e_at = tl.where(tbe + (tot >> ESC_AT) <= esc_nb, a_esc + tbe - 1, 32)
         kin = pre + ek  # in-thread inclusive ranks
-        ebyte = tl.load((src + e_at)[:, None, None] + (kin & 0xFFFF))
+        ebyte = tl.load((src + e_at)[:, None, None] + (kin >> ESC_AT))
     else:
         at = pre + (incl - tot)[:, None, None]
         # Ranks past the table's counts (a corrupt segment; the count check
         # fails) are clamped to the sub-stream's last byte, or the byte before
         # it when empty: still inside the segment (its codes start it).
-        erank = tl.minimum(ebase + (at & 0xFFFF), esc_nb - 1)
-        krank = tl.minimum(kbase + (at >> 16), nkept - 1)
+        erank = tl.minimum(ebase + (at >> ESC_AT), esc_nb - 1)
+        krank = tl.minimum(kbase + (at & KEPT_MASK), nkept - 1)
         ebyte = tl.load(src + a_esc + erank)  # (erank clamped: inside the segment)
     e = tl.where(esc != 0, ebyte.to(tl.int32) & 0xFF, base + nib - 8)
     if not FULL:  # (a full chunk's zeros have nibble 8: e = base, in range)
@@ -266,26 +302,30 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
     else:
         smb = 1
     if FULL:
-        k_ok = tbk + (tot >> 16) <= nkept
+        k_ok = tbk + (tot & KEPT_MASK) <= nkept
         sm_src = (src + tl.where(k_ok, a_sm + (tbk - 1) * smb, 32))[:, None, None]
-        kr = kin >> 16
+        kr = kin & KEPT_MASK
     else:
         sm_src = src + a_sm
         kr = krank
     if ITEMSIZE == 4:
+        # Three unmasked byte loads; with LOW16 (one sm byte, the word's bits
+        # 16..23) they start two bytes early, so the third reads it and the
+        # first two read bytes before it, still inside the segment (its codes
+        # come first), whose bits the mask drops.
         word = tl.zeros([T, G, 8], tl.int32)
+        at = sm_src - 2 * low16 + kr * smb
         for b in tl.static_range(3):
-            byte = tl.load(sm_src + kr * smb + b, mask=i * 0 + (b < smb).to(tl.int32) != 0,
-                           other=0)
+            byte = tl.load(at + b)
             word = word | ((byte.to(tl.int32) & 0xFF) << (8 * b))
-        sm = tl.where(low16 != 0, word << 16, word)
+        sm = word & (0xFFFFFF - 0xFFFF * low16)
     else:
         sm = tl.load(sm_src + kr).to(tl.int32) & 0xFF  # (a zero's: replaced below)
         if IS_FP16:
             # rem: a row's kept elements' 3-bit values are <= 24 bits from
             # bit 3 k of the rem stream (k: the row's first kept rank), read
             # as two aligned words a row (words past the padded rem not read).
-            rk = tl.minimum(kbase + (((incl - tot)[:, None, None] + rpre) >> 16), nkept)
+            rk = tl.minimum(kbase + (((incl - tot)[:, None, None] + rpre) & KEPT_MASK), nkept)
             bit = 3 * rk  # [T, G, 1]
             wi = bit >> 5
             rem32 = (src + a_rem).to(tl.pointer_type(tl.int32))
@@ -293,16 +333,22 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
             r0w = tl.load(rem32 + wi, mask=wi < room, other=0).to(tl.uint32).to(tl.uint64)
             r1w = tl.load(rem32 + wi + 1, mask=wi + 1 < room, other=0).to(tl.uint32).to(tl.uint64)
             run = ((r0w | (r1w << 32)) >> (bit & 31).to(tl.uint64)).to(tl.uint32)
-            sm = sm | (((run >> (3 * ((pre - rpre) >> 16)).to(tl.uint32)) & 7).to(tl.int32) << 8)
+            sm = sm | (((run >> (3 * ((pre - rpre) & KEPT_MASK)).to(tl.uint32)) & 7).to(tl.int32)
+                       << 8)
     if not FULL:
         sm = tl.where(zero != 0, (15 - nib) << MAN_BITS, sm)
     if ITEMSIZE == 2 and MAN_BITS == 7:  # bf16: sm * 0x101 is sm | sm << 8 (8-bit sm)
         w = ((sm * 0x101) & 0x807F) | (e << MAN_BITS)
+    elif ITEMSIZE == 4:  # sm's sign bit moved up by EXP_BITS (sm + s (2^E - 1)), e added below
+        w = (sm + (sm & (1 << MAN_BITS)) * ((1 << EXP_BITS) - 1)) + e * (1 << MAN_BITS)
     else:
         w = ((sm >> MAN_BITS) << (MAN_BITS + EXP_BITS)) | (e << MAN_BITS) | (
             sm & ((1 << MAN_BITS) - 1))
     if FULL:  # a zero: its sign alone (kx)
-        w = tl.where(keep != 0, w, ((kxr >> 28) & 1) << (MAN_BITS + EXP_BITS))
+        if ITEMSIZE == 4:
+            w = tl.where(keep != 0, w, kxr & (-0x7FFFFFFF - 1))
+        else:
+            w = tl.where(keep != 0, w, kxr & 0x8000)
         if ITEMSIZE == 2:
             tl.store(dst + i, w.to(tl.int16))
         else:  # a row of 8 words is two 16-byte stores: [T, 2G, 4]
@@ -334,6 +380,18 @@ def _pads_bad(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg):
 
 
 @triton.jit
+def _pads_bad_spread(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg,
+                     T: tl.constexpr):
+    """_pads_bad with the four paddings spread over the threads (thread t
+    checks padding t % 4): [T], to be OR-ed over the threads."""
+    k = tl.arange(0, T) & 3
+    start = tl.where(k < 2, tl.where(k == 0, codes_nb, a_sm + sm_nb),
+                     tl.where(k == 2, a_rem + rem_nb, a_esc + esc_nb))
+    end = tl.where(k < 2, tl.where(k == 0, a_sm, a_rem), tl.where(k == 2, a_esc, seg))
+    return _pad_bad(src, start, end)
+
+
+@triton.jit
 def _decode_full(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
                  ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
                  CP: tl.constexpr, T: tl.constexpr):
@@ -344,20 +402,19 @@ def _decode_full(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
         n, flags, nz, nesc, o1, o2, o3, o4, ITEMSIZE, IS_FP16)
     zp = (flags >> 1) & 1
     zn = (flags >> 2) & 1
-    lut = _sym_table(zp, zn, phase, True)
+    lut = _sym_full(zp, zn, phase)
+    kx = _kept_esc_word(zp, zn, 31 if ITEMSIZE == 4 else 15)
     ev, e1, e2, e3, e4, incl = _decode_block(
-        src, dst, 0, n, base, lut, _kept_esc_word(zp, zn), flags & 1, a_sm, a_rem, a_esc, n - nz,
-        rem_nb, esc_nb, 8 * b1, 8 * b2, 8 * b3, 8 * b4, 0, 0, ITEMSIZE, EXP_BITS, MAN_BITS, G, T,
-        True)
+        src, dst, 0, n, base, lut, kx, flags & 1, a_sm, a_rem, a_esc, n - nz, rem_nb, esc_nb,
+        8 * b1, 8 * b2, 8 * b3, 8 * b4, 0, 0, ITEMSIZE, EXP_BITS, MAN_BITS, G, T, True)
     # The thread holding the last element checks the chunk's totals.
     last = tl.arange(0, T) == T - 1
     tiers = (e1 != 8 * b1 + o1) | (e2 != 8 * b2 + o2) | (e3 != 8 * b3 + 2 * o3) | (
         e4 != 8 * b4 + 2 * o4)
-    counts = ((incl & 0xFFFF) != nesc) | ((incl >> 16) != n - nz)
+    counts = ((incl >> ESC_AT) != nesc) | ((incl & KEPT_MASK) != n - nz)
     ev = ev | tl.where(last & tiers, ERR_TIERS, 0) | tl.where(last & counts, ERR_COUNTS, 0)
-    err = tl.reduce(ev, 0, _or)
-    pad = _pads_bad(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg)
-    return err | tl.where(pad != 0, ERR_PADDING, 0)
+    pad = _pads_bad_spread(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg, T)
+    return tl.reduce(ev | tl.where(pad != 0, ERR_PADDING, 0), 0, _or)
 
 
 @triton.jit(noinline=True)
@@ -392,8 +449,8 @@ def _decode_general(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
             p3 = tl.max(e3, 0)
             p4 = tl.max(e4, 0)
             top = tl.max(incl, 0)
-            ebase = ebase + (top & 0xFFFF)
-            kbase = kbase + (top >> 16)
+            ebase = ebase + (top >> ESC_AT)
+            kbase = kbase + (top & KEPT_MASK)
     tiers = (p1 != 8 * b1 + o1) | (p2 != 8 * b2 + o2) | (p3 != 8 * b3 + 2 * o3) | (
         p4 != 8 * b4 + 2 * o4)
     err = err | tl.where(tiers, ERR_TIERS, 0)
