@@ -162,9 +162,9 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
     tex, emask, esc_t, kept, got_esc, kmax = fixed3_thread_counts(krow, acc, esc, T, G)
     kept = kept - tl.where(z == 0, CP - n, 0)  # the padding's codes 0
     err = tl.where((got_esc != nesc) | (n - kept != nz), ERR_COUNTS, 0)
-    e = code + (lo - z)  # escapes: patched below
     esc_src = src + a_esc
     if not SPARSE:
+        e = code + (lo - z)
         erank = (tex >> 16)[:, None, None] + _excl(esc.to(tl.int32))
         eb = tl.load(esc_src + erank, mask=valid & esc & (erank < esc_l), other=0).to(tl.int32)
         e = tl.where(esc, eb, e)
@@ -231,8 +231,14 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
                     tl.load(rem_src + at + 1, mask=kv & (at + 1 < rem_l), other=0).to(tl.int32)
                     << 8)
                 smv = smv | (((two >> (bit & 7)) & 7) << 8)
-    word = (((smv >> MAN_BITS) & 1) << (MAN_BITS + EXP_BITS)) | ((e & EMAX) << MAN_BITS) | (
-        smv & ((1 << MAN_BITS) - 1))
+    # The sign moved from bit MAN_BITS to the top by adding EMAX copies of
+    # it (its bit plus EMAX << MAN_BITS carries into the sign's place); the
+    # exponent field masked (an escape's e may be EMAX + 1: patched below).
+    if SPARSE:
+        e_f = (code << MAN_BITS) + ((lo - z) << MAN_BITS)
+    else:
+        e_f = e << MAN_BITS
+    word = (smv + (smv & (1 << MAN_BITS)) * EMAX) | (e_f & (EMAX << MAN_BITS))
     # Flagged zeros (codes below z): -0.0 has code zp when ZNEG is set.
     word = tl.where(code < z, tl.where(code == zp, SIGNW * zn, 0), word)
     store_rows(dst, i, n, word.to(dst.dtype.element_ty), ITEMSIZE, G, T)
