@@ -33,7 +33,8 @@ from ._codec_common import (ROUNDS, ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_P
                             align16, fixed3_layout, fixed_window, load_rows3, load_words24,
                             load_words, low_bit_index, pad_nonzero, pads_nonzero, popc32,
                             ttile, unpack_bytes, esc_bits, store_rows,
-                            kept_bits, fixed3_thread_counts)
+                            kept_bits)
+from .fixed3_encode import thread_counts
 
 
 @triton.jit
@@ -159,7 +160,7 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
     krow = kept_bits(acc, z)  # (a sum of kp over rows would cross lanes: its layout)
     # Escapes (SPARSE): one bit per element in a thread mask; each thread
     # patches its escaped elements' exponents after the words are stored.
-    tex, emask, esc_t, kept, got_esc, kmax = fixed3_thread_counts(krow, acc, esc, T, G)
+    tex, emask, esc_t, kept, got_esc, kmax = thread_counts(krow, acc, esc, T, G)
     kept = kept - tl.where(z == 0, CP - n, 0)  # the padding's codes 0
     err = tl.where((got_esc != nesc) | (n - kept != nz), ERR_COUNTS, 0)
     esc_src = src + a_esc
