@@ -160,7 +160,7 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
     krow = kept_bits(acc, z)  # (a sum of kp over rows would cross lanes: its layout)
     # Escapes (SPARSE): one bit per element in a thread mask; each thread
     # patches its escaped elements' exponents after the words are stored.
-    tex, emask, esc_t, kept, got_esc, kmax = thread_counts(krow, acc, esc, T, G)
+    tex, emask, esc_t, kept, got_esc, kmax, kept_t = thread_counts(krow, acc, esc, T, G)
     kept = kept - tl.where(z == 0, CP - n, 0)  # the padding's codes 0
     err = tl.where((got_esc != nesc) | (n - kept != nz), ERR_COUNTS, 0)
     esc_src = src + a_esc
@@ -197,7 +197,8 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
         # Zeros omitted: each kept element's sm at its rank among the kept.
         kstart = tex & 0xFFFF  # kept elements before the thread
         rowx = tl.cumsum(krow, axis=1) - krow  # kept before the row, in the thread
-        inrow = tl.cumsum(kp, axis=2) - kp  # kept before the element, in the row
+        incl = tl.cumsum(kp, axis=2)  # kept up to the element, in the row
+        inrow = incl - kp  # kept before the element, in the row
         krank = kstart[:, None, None] + rowx[:, :, None] + inrow
         kv = keep  # (z > 0 here, the entry checked: codes past n read as 0, not kept)
         if ITEMSIZE == 4:
@@ -216,6 +217,17 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
             smv = smv | (tl.load(sm_src + tl.minimum(at + 1, top)).to(tl.int32) << 8)
             smv = smv | (tl.load(sm_src + tl.minimum(at + 2, top)).to(tl.int32) << 16)
             smv = (smv & tl.where(low16 != 0, 0xFF, 0xFFFFFF)) << (16 * low16)
+        elif SPARSE:
+            # Unmasked, at the inclusive rank - 1: a kept element's own rank,
+            # the previous kept element's byte for one not kept (unused),
+            # so a thread reads from byte kb to kb + kept_t, kept_t its kept
+            # count. kb is clamped once a thread, to at most sm_l - 1 - kept_t
+            # (counts that disagree with the entry only: ERR_COUNTS), and
+            # kb >= -1 - 8 G >= -33 reads inside the payload (the segment
+            # starts with at least 16 code bytes, after the header).
+            kb = tl.minimum(kstart, sm_l - kept_t) - 1
+            rp = sm_src + (kb[:, None] + rowx)  # (one pointer a row)
+            smv = tl.load(rp[:, :, None] + incl).to(tl.int32)
         else:
             # Unmasked, the rank clamped to the stream (sm_l - 1 >= -1: a byte
             # of the segment): ranks past it only come with counts that

@@ -134,7 +134,7 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
         acc = tl.sum(code << (3 * q), axis=2)  # a row's eight codes, [T, G]
         kp = (code >= z).to(tl.int32)
         krow = tl.sum(kp, axis=2)
-    tex, emask, esc_t, _, n_esc, kmax = thread_counts(krow, acc, esc, T, G)
+    tex, emask, esc_t, _, n_esc, kmax, _ = thread_counts(krow, acc, esc, T, G)
 
     # --- raw or coded; the segment's size and offset ---
     codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg_c = fixed3_layout(
@@ -286,7 +286,7 @@ def thread_counts(krow, acc, esc, T: tl.constexpr, G: tl.constexpr):
         kept = tl.sum(kept_t, axis=0)
         n_esc = tl.sum(esc_t, axis=0)
         kmax = 0 * kept
-    return tex, emask, esc_t, kept, n_esc, kmax
+    return tex, emask, esc_t, kept, n_esc, kmax, kept_t
 
 
 @triton.jit
