@@ -248,7 +248,11 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
     # it (its bit plus EMAX << MAN_BITS carries into the sign's place); the
     # exponent field masked (an escape's e may be EMAX + 1: patched below).
     if SPARSE:
-        e_f = (code << MAN_BITS) + ((lo - z) << MAN_BITS)
+        # (n > 0: 1 in a coded chunk; a factor the compiler cannot see
+        # through, so code * 2**MAN_BITS + k_f stays one multiply-add an
+        # element instead of being refactored as (code + lo - z) << MAN_BITS)
+        k_f = ((lo - z) << MAN_BITS) * (n > 0).to(tl.int32)
+        e_f = code * (1 << MAN_BITS) + k_f
     else:
         e_f = e << MAN_BITS
     word = (smv + (smv & (1 << MAN_BITS)) * EMAX) | (e_f & (EMAX << MAN_BITS))
