@@ -213,7 +213,12 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
             keep = kp != 0  # (z > 0 here: the padding's code 0 is not kept)
             kstart = tex & 0xFFFF  # kept elements before the thread
             rowx = tl.cumsum(krow, axis=1) - krow  # kept before the row, in the thread
-            inrow = tl.cumsum(kp, axis=2) - kp  # kept before the element, in the row
+            if PAIRS:
+                inrow = tl.cumsum(kp, axis=2) - kp  # kept before the element, in the row
+            else:
+                # The same from the row's code word (a scan over this tile,
+                # joined from two loads, would cross lanes).
+                inrow = (_row_excl(acc, z)[:, :, None] >> (3 * q)) & 7
             krank = kstart[:, None, None] + rowx[:, :, None] + inrow
             if ITEMSIZE == 4:
                 if low16 != 0:
@@ -391,6 +396,17 @@ def _store_pair_bytes(dst, v2, limit, T: tl.constexpr, G: tl.constexpr):
     at = tl.arange(0, T)[:, None, None] * (8 * G) + tl.arange(0, G // 2)[None, :, None] * 16
     k = tl.arange(0, 16)[None, None, :]
     tl.store(dst + at + k, by, mask=at < limit)
+
+
+@triton.jit
+def _row_excl(acc, z):
+    """Rows of eight 3-bit codes (int32, 24 bits) -> each code's count of
+    kept codes (at least z) before it in its row, as 3-bit field q (at
+    most 7), by one multiply: with the kept flags at bits 3q, field q of
+    (flags << 3) * 0x249249 sums the flags of codes 0 .. q - 1."""
+    one = acc | (acc >> 1)
+    kf = tl.where(z == 0, 0x249249, tl.where(z == 1, one | (acc >> 2), (acc >> 1) | (acc >> 2)))
+    return (((kf & 0x249249) << 3) * 0x249249) & 0xFFFFFF
 
 
 @triton.jit
