@@ -203,6 +203,42 @@ def test_fixed3_ragged_tails(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fixed3_window_at_the_top(device, dtype):
+    """Chunks whose normals all sit in the largest finite binade: the
+    window is clamped to the top of the exponent range, so the code just
+    past it (ESC) stands for EMAX + 1, and the decoder must not let that
+    reach the sign. Escapes of both signs below the window, +-inf and NaN
+    in it; one chunk plain, one with both zero signs omitted, one with
+    +0.0 omitted. Byte-identical to torch, decoded bit for bit."""
+    info = F.dtype_info(dtype)
+    emax = (1 << info.exp_bits) - 1
+    size = info.itemsize
+    g = _gen(51)
+    n = 3 * C + 7
+    sign = torch.randint(0, 2, (n,), generator=g) << (info.man_bits + info.exp_bits)
+    man = torch.randint(0, 1 << info.man_bits, (n,), generator=g)
+    w = sign | ((emax - 1) << info.man_bits) | man
+    lim = 1 << (8 * size)
+    w = torch.where(w >= lim // 2, w - lim, w)
+    x = w.to(INT_VIEW[size]).view(dtype).clone()
+    low = torch.rand(n, generator=g) < 0.05  # escapes below the window, both signs
+    x[low] = x[low] * 2.0 ** -8
+    x[torch.randint(0, n, (12,), generator=g)] = _specials(dtype)[:12]
+    mask = (torch.rand(n, generator=g) > 0.3).to(dtype)
+    x[C:2 * C] = x[C:2 * C] * mask[C:2 * C]  # -0.0 where negative, +0.0 elsewhere
+    x[2 * C:] = torch.where(mask[2 * C:] != 0, x[2 * C:], torch.zeros((), dtype=dtype))
+    p = z.encode(x, codec="fixed3", backend="torch")
+    table, _ = F.read_table(p, F.parse_header(p))
+    full = slice(0, 3)  # (the 7-element tail chunk is raw)
+    assert bool((table.mode[full] == F.MODE_CODED).all()) and bool((table.n_esc[full] > 0).all())
+    # base >= EMAX - 2: every window (5 to 7 wide) is clamped to the top.
+    assert bool((table.base[full] >= emax - 2).all()), table.base.tolist()
+    assert table.flags.tolist()[:3] == [0, F.FLAG_ZPOS | F.FLAG_ZNEG, F.FLAG_ZPOS]
+    _check_against_torch(x.to(device), "fixed3")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("codec", CODED)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_signed_zeros_from_a_mask(device, dtype, codec):

@@ -33,7 +33,8 @@ from ._codec_common import (ROUNDS, ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_P
                             align16, fixed3_layout, fixed_window, load_rows3, load_words24,
                             load_words, low_bit_index, pad_nonzero, pads_nonzero, popc32,
                             ttile, unpack_bytes, esc_bits, store_rows,
-                            kept_bits, fixed3_thread_counts)
+                            kept_bits)
+from .fixed3_encode import thread_counts
 
 
 @triton.jit
@@ -159,12 +160,12 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
     krow = kept_bits(acc, z)  # (a sum of kp over rows would cross lanes: its layout)
     # Escapes (SPARSE): one bit per element in a thread mask; each thread
     # patches its escaped elements' exponents after the words are stored.
-    tex, emask, esc_t, kept, got_esc, kmax = fixed3_thread_counts(krow, acc, esc, T, G)
+    tex, emask, esc_t, kept, got_esc, kmax, kept_t = thread_counts(krow, acc, esc, T, G)
     kept = kept - tl.where(z == 0, CP - n, 0)  # the padding's codes 0
     err = tl.where((got_esc != nesc) | (n - kept != nz), ERR_COUNTS, 0)
-    e = code + (lo - z)  # escapes: patched below
     esc_src = src + a_esc
     if not SPARSE:
+        e = code + (lo - z)
         erank = (tex >> 16)[:, None, None] + _excl(esc.to(tl.int32))
         eb = tl.load(esc_src + erank, mask=valid & esc & (erank < esc_l), other=0).to(tl.int32)
         e = tl.where(esc, eb, e)
@@ -196,7 +197,8 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
         # Zeros omitted: each kept element's sm at its rank among the kept.
         kstart = tex & 0xFFFF  # kept elements before the thread
         rowx = tl.cumsum(krow, axis=1) - krow  # kept before the row, in the thread
-        inrow = tl.cumsum(kp, axis=2) - kp  # kept before the element, in the row
+        incl = tl.cumsum(kp, axis=2)  # kept up to the element, in the row
+        inrow = incl - kp  # kept before the element, in the row
         krank = kstart[:, None, None] + rowx[:, :, None] + inrow
         kv = keep  # (z > 0 here, the entry checked: codes past n read as 0, not kept)
         if ITEMSIZE == 4:
@@ -215,6 +217,17 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
             smv = smv | (tl.load(sm_src + tl.minimum(at + 1, top)).to(tl.int32) << 8)
             smv = smv | (tl.load(sm_src + tl.minimum(at + 2, top)).to(tl.int32) << 16)
             smv = (smv & tl.where(low16 != 0, 0xFF, 0xFFFFFF)) << (16 * low16)
+        elif SPARSE:
+            # Unmasked, at the inclusive rank - 1: a kept element's own rank,
+            # the previous kept element's byte for one not kept (unused),
+            # so a thread reads from byte kb to kb + kept_t, kept_t its kept
+            # count. kb is clamped once a thread, to at most sm_l - 1 - kept_t
+            # (counts that disagree with the entry only: ERR_COUNTS), and
+            # kb >= -1 - 8 G >= -33 reads inside the payload (the segment
+            # starts with at least 16 code bytes, after the header).
+            kb = tl.minimum(kstart, sm_l - kept_t) - 1
+            rp = sm_src + (kb[:, None] + rowx)  # (one pointer a row)
+            smv = tl.load(rp[:, :, None] + incl).to(tl.int32)
         else:
             # Unmasked, the rank clamped to the stream (sm_l - 1 >= -1: a byte
             # of the segment): ranks past it only come with counts that
@@ -231,8 +244,18 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
                     tl.load(rem_src + at + 1, mask=kv & (at + 1 < rem_l), other=0).to(tl.int32)
                     << 8)
                 smv = smv | (((two >> (bit & 7)) & 7) << 8)
-    word = (((smv >> MAN_BITS) & 1) << (MAN_BITS + EXP_BITS)) | ((e & EMAX) << MAN_BITS) | (
-        smv & ((1 << MAN_BITS) - 1))
+    # The sign moved from bit MAN_BITS to the top by adding EMAX copies of
+    # it (its bit plus EMAX << MAN_BITS carries into the sign's place); the
+    # exponent field masked (an escape's e may be EMAX + 1: patched below).
+    if SPARSE:
+        # (n > 0: 1 in a coded chunk; a factor the compiler cannot see
+        # through, so code * 2**MAN_BITS + k_f stays one multiply-add an
+        # element instead of being refactored as (code + lo - z) << MAN_BITS)
+        k_f = ((lo - z) << MAN_BITS) * (n > 0).to(tl.int32)
+        e_f = code * (1 << MAN_BITS) + k_f
+    else:
+        e_f = e << MAN_BITS
+    word = (smv + (smv & (1 << MAN_BITS)) * EMAX) | (e_f & (EMAX << MAN_BITS))
     # Flagged zeros (codes below z): -0.0 has code zp when ZNEG is set.
     word = tl.where(code < z, tl.where(code == zp, SIGNW * zn, 0), word)
     store_rows(dst, i, n, word.to(dst.dtype.element_ty), ITEMSIZE, G, T)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._codec_common import (FIXED_ZERO_SHIFT, ROUNDS, align16, fixed3_thread_counts,
+from ._codec_common import (FIXED_ZERO_SHIFT, ROUNDS, align16, cols_or, esc_bits,
                             fixed3_layout, fixed_window, kept_bits, low_bit_index, pack_bytes, popc32,
                             load_rows, store_rows3, store_words, store_words24, sum3, tile3, ttile,
                             zero_pad)
@@ -134,7 +134,7 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
         acc = tl.sum(code << (3 * q), axis=2)  # a row's eight codes, [T, G]
         kp = (code >= z).to(tl.int32)
         krow = tl.sum(kp, axis=2)
-    tex, emask, esc_t, _, n_esc, kmax = fixed3_thread_counts(krow, acc, esc, T, G)
+    tex, emask, esc_t, _, n_esc, kmax, _ = thread_counts(krow, acc, esc, T, G)
 
     # --- raw or coded; the segment's size and offset ---
     codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg_c = fixed3_layout(
@@ -213,7 +213,12 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
             keep = kp != 0  # (z > 0 here: the padding's code 0 is not kept)
             kstart = tex & 0xFFFF  # kept elements before the thread
             rowx = tl.cumsum(krow, axis=1) - krow  # kept before the row, in the thread
-            inrow = tl.cumsum(kp, axis=2) - kp  # kept before the element, in the row
+            if PAIRS:
+                inrow = tl.cumsum(kp, axis=2) - kp  # kept before the element, in the row
+            else:
+                # The same from the row's code word (a scan over this tile,
+                # joined from two loads, would cross lanes).
+                inrow = (_row_excl(acc, z)[:, :, None] >> (3 * q)) & 7
             krank = kstart[:, None, None] + rowx[:, :, None] + inrow
             if ITEMSIZE == 4:
                 if low16 != 0:
@@ -255,6 +260,44 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
         else:
             _escapes_by_rank(esc_dst, e, esc, e_at)
         zero_pad(esc_dst, esc_nb, align16(esc_nb))
+
+
+@triton.jit
+def thread_counts(krow, acc, esc, T: tl.constexpr, G: tl.constexpr):
+    """The per-thread counts both fixed3 kernels take from a chunk's codes
+    (krow: kept codes a row, [T, G]; acc: the rows' code words; esc: the
+    [T, G, 8] tile of escapes): ``tex``, each thread's exclusive kept count
+    (low 16 bits) and escape count (high 16 bits); the thread's escape mask
+    (bit 8 g + q; when its 8 G elements fit 32 bits, else 0) and count; the
+    chunk's kept and escape totals and its largest per-thread escape count
+    (0 without a mask). The totals and the largest count come from one
+    reduction of two tensors (a sum and a max: one shuffle each a step, no
+    packed fields to take apart in every combine)."""
+    SPARSE: tl.constexpr = G <= 4
+    kept_t = tl.sum(krow, axis=1)
+    if SPARSE:
+        emask = cols_or(esc_bits(acc), 8, T, G)
+        esc_t = popc32(emask)
+    else:
+        emask = tl.zeros([T], tl.int32)
+        esc_t = tl.sum(tl.sum(esc.to(tl.int32), axis=2), axis=1)
+    packed = kept_t | (esc_t << 16)
+    tex = tl.cumsum(packed, axis=0) - packed
+    if SPARSE:  # (counts <= CP <= 4096)
+        tot, kmax = tl.reduce((packed, esc_t), 0, _sum_max)
+        kept = tot & 0xFFFF
+        n_esc = (tot >> 16) & 0xFFFF
+    else:
+        kept = tl.sum(kept_t, axis=0)
+        n_esc = tl.sum(esc_t, axis=0)
+        kmax = 0 * kept
+    return tex, emask, esc_t, kept, n_esc, kmax, kept_t
+
+
+@triton.jit
+def _sum_max(a0, a1, b0, b1):
+    """Combine of (sum, max) pairs."""
+    return a0 + b0, tl.maximum(a1, b1)
 
 
 @triton.jit
@@ -353,6 +396,17 @@ def _store_pair_bytes(dst, v2, limit, T: tl.constexpr, G: tl.constexpr):
     at = tl.arange(0, T)[:, None, None] * (8 * G) + tl.arange(0, G // 2)[None, :, None] * 16
     k = tl.arange(0, 16)[None, None, :]
     tl.store(dst + at + k, by, mask=at < limit)
+
+
+@triton.jit
+def _row_excl(acc, z):
+    """Rows of eight 3-bit codes (int32, 24 bits) -> each code's count of
+    kept codes (at least z) before it in its row, as 3-bit field q (at
+    most 7), by one multiply: with the kept flags at bits 3q, field q of
+    (flags << 3) * 0x249249 sums the flags of codes 0 .. q - 1."""
+    one = acc | (acc >> 1)
+    kf = tl.where(z == 0, 0x249249, tl.where(z == 1, one | (acc >> 2), (acc >> 1) | (acc >> 2)))
+    return (((kf & 0x249249) << 3) * 0x249249) & 0xFFFFFF
 
 
 @triton.jit
