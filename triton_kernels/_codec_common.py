@@ -383,44 +383,6 @@ def kept_bits(acc, z):
     return (((f >> 3) * 0x249249) >> 18 & 7) + (f & 1)
 
 
-@triton.jit
-def fixed3_thread_counts(krow, acc, esc, T: tl.constexpr, G: tl.constexpr):
-    """The per-thread counts both fixed3 kernels take from a chunk's codes
-    (krow: kept codes a row, [T, G]; acc: the rows' code words; esc: the
-    [T, G, 8] tile of escapes): ``tex``, each thread's exclusive kept count
-    (low 16 bits) and escape count (high 16 bits); the thread's escape mask
-    (bit 8 g + q; when its 8 G elements fit 32 bits, else 0) and count; the
-    chunk's kept and escape totals and its largest per-thread escape count
-    (0 without a mask)."""
-    SPARSE: tl.constexpr = G <= 4
-    kept_t = tl.sum(krow, axis=1)
-    if SPARSE:
-        emask = cols_or(esc_bits(acc), 8, T, G)
-        esc_t = popc32(emask)
-    else:
-        emask = tl.zeros([T], tl.int32)
-        esc_t = tl.sum(tl.sum(esc.to(tl.int32), axis=2), axis=1)
-    packed = kept_t | (esc_t << 16)
-    tex = tl.cumsum(packed, axis=0) - packed
-    if SPARSE:  # counts < 2**13, a thread's escapes < 64: one reduction
-        tot = tl.reduce(kept_t | (esc_t << 13) | (esc_t << 26), 0, _sum_sum_max)
-        kept = tot & 0x1FFF
-        n_esc = (tot >> 13) & 0x1FFF
-        kmax = (tot >> 26) & 63
-    else:
-        kept = tl.sum(kept_t, axis=0)
-        n_esc = tl.sum(esc_t, axis=0)
-        kmax = 0 * kept
-    return tex, emask, esc_t, kept, n_esc, kmax
-
-
-@triton.jit
-def _sum_sum_max(a, b):
-    """Combine of fields (bits 0..12: sum, 13..25: sum, 26..31: max)."""
-    lo = (a & 0x3FFFFFF) + (b & 0x3FFFFFF)
-    return lo | (tl.maximum((a >> 26) & 63, (b >> 26) & 63) << 26)
-
-
 # fixed3: escape rounds a program runs inline (a thread's escapes in order);
 # a chunk with a thread of more escapes takes a cold path for all of them.
 # Chunks of a thread's 32 elements with more than 10 escapes: Gaussian bf16
