@@ -20,9 +20,10 @@ value per thread: the analysis sums (one int64 of packed fields), prefix
 sums of the tier, kept and escape counts, and the stream windows below.
 
 Ranks. An element's exponent offset from the chunk's base indexes a per-chunk
-table of 16 rank nibbles (``_chunk_lut``): offsets -7..6, with the slots of
-offsets -8 and 7 (in no code table) taken by +0.0 and -0.0; constant tables
-by rank then give the tiers it opens and its digits.
+table of 16 rank nibbles (``_chunk_lut``): offsets -7..6 at 0..13 (any
+other offset at 13: both ends are in no code table, so escapes), +0.0 and
+-0.0 at 15 and 14; constant tables by rank then give the tiers it opens and
+its digits.
 
 Tier streams. Tier t of the dense code is a bit stream of one digit per
 element open at that tier, in element order. A thread packs its own digits
@@ -195,14 +196,16 @@ def _write_raw(x_ptr, start, n, dst, ITEMSIZE: tl.constexpr, C: tl.constexpr,
 
 
 def _rank_lut(order) -> int:
-    """Nibble idx (0..15): 2 + the index in ``order`` of exponent offset
-    idx - 8, 13 when absent; a chunk's rank is min(nibble + zpos + zneg - 2,
-    ESC). Nibbles 0 and 15 (offsets -8 and 7, absent from every table) are
-    replaced per chunk by those of +0.0 and -0.0 (_chunk_lut)."""
+    """Nibble j (0..13): 2 + the index in ``order`` of exponent offset j - 7,
+    13 when absent; a chunk's rank is min(nibble + zpos + zneg - 2, ESC).
+    Offsets -7 and 6 are in no table, so nibbles 0 and 13 are escapes, and
+    every offset outside -7..6 is given index 13 (``_exp_index``). Nibbles 14
+    and 15 are replaced per chunk by those of -0.0 and +0.0 (_chunk_lut)."""
+    assert all(-7 < d < 6 for o in F.DENSE_ORDER for d in o)
     acc = 0
-    for idx in range(16):
-        d = idx - 8
-        acc |= ((order.index(d) + 2) if d in order else 13) << (4 * idx)
+    for j in range(14):
+        d = j - 7
+        acc |= ((order.index(d) + 2) if d in order else 13) << (4 * j)
     return _signed64(acc)
 
 
@@ -239,21 +242,29 @@ SIGNED_BBBB = tl.constexpr(_signed64(0xBBBBBBBBBBBBBBBB))
 
 
 @triton.jit
+def _exp_index(e, base):
+    """The rank-table index of exponent e: its offset from the chunk's base
+    plus 7 where that is 0..13, else 13 (both ends are escapes), by one
+    unsigned min: offsets below -7 wrap to large values."""
+    return tl.minimum((e - base + 7).to(tl.uint32), 13).to(tl.int32)
+
+
+@triton.jit
 def _chunk_lut(base, phase, zp, zn):
     """The chunk's exponent-index -> rank nibbles: _rank_lut's nibbles with
-    nibble 0 for +0.0 and 15 for -0.0 (format.dense_symbol_table: a flagged
+    nibble 15 for +0.0 and 14 for -0.0 (format.dense_symbol_table: a flagged
     zero's rank, +0.0 last without flags, else the rank exponent 0 has),
     turned into ranks (min(nibble + zpos + zneg - 2, ESC)); and the 12-bit
     mask of the ranks that are zeros (no sm byte)."""
     lut = _pick64(phase, RL0, RL1, RL2, RL3)
     z = zp + zn
-    nat = ((lut >> (4 * tl.minimum(tl.maximum(8 - base, 1), 14)).to(tl.int64)) & 15).to(tl.int32)
+    nat = ((lut >> (4 * _exp_index(0, base)).to(tl.int64)) & 15).to(tl.int32)
     pos_coded = (zp | (1 - zn)) != 0
     r_pos = tl.where(zp != 0, 0, ZERO_LAST)
-    nib0 = tl.where(pos_coded, r_pos + 2 - z, nat)
-    nib15 = tl.where(zn != 0, zp + 2 - z, nat)
-    keep = tl.full([], 0x0FFFFFFFFFFFFFF0, tl.int64)
-    lut = (lut & keep) | nib0.to(tl.int64) | (nib15.to(tl.int64) << 60)
+    nib15 = tl.where(pos_coded, r_pos + 2 - z, nat)
+    nib14 = tl.where(zn != 0, zp + 2 - z, nat)
+    keep = tl.full([], 0x00FFFFFFFFFFFFFF, tl.int64)
+    lut = (lut & keep) | (nib14.to(tl.int64) << 56) | (nib15.to(tl.int64) << 60)
     # Ranks: min(nibble + z - 2, ESC), for all 16 nibbles at once (every
     # nibble is at least 2 - z, so the subtraction borrows from none; 12
     # and 13, bits 3 and 2 set, become 11).
@@ -303,6 +314,17 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
                 tl.arange(0, 4)[None, None, :])
             wp = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + start // 2 + i2)
             w = tl.reshape(tl.join((wp << 16) >> 16, wp >> 16), (T, G, 8))
+            # The sm bytes of both words of a pair at once (the byte store
+            # keeps the low 8 bits: no mask per element). bf16: the sign
+            # moved next to the 7 mantissa bits; fp16: the low mantissa byte.
+            if IS_FP16:
+                sm8 = w
+            else:
+                smp = (wp & 0x007F007F) | ((wp >> 8) & 0x00800080)
+                sm8 = tl.reshape(tl.join(smp, smp >> 16), (T, G, 8))
+            # Both exponents of a pair by one shift and mask.
+            ep = (wp >> MAN_BITS) & (EMAX | (EMAX << 16))
+            e = tl.reshape(tl.join(ep & EMAX, ep >> 16), (T, G, 8))
         vi = 1
     else:
         n = tl.minimum(numel - start, C).to(tl.int32)
@@ -317,12 +339,12 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     is_pos = w == 0
     if not FULL:
         is_pos = is_pos & (vi != 0)
-    e = (w >> MAN_BITS) & EMAX
+    if not (FULL and ITEMSIZE == 2):
+        e = (w >> MAN_BITS) & EMAX
     normal = (e - 1).to(tl.uint32) < EMAX - 1  # 0 < e < EMAX (padding has e = 0)
     # The locator's sums and both zero counts: in-thread fields of one int32
     # (sum e < 2^13, counts <= 32), then one int64 sum over the threads.
-    v = tl.where(normal, e + (1 << 13), 0) + tl.where(is_pos, 1 << 19, 0) + tl.where(
-        is_neg, 1 << 25, 0)
+    v = tl.where(normal, e + (1 << 13), tl.where(is_pos, 1 << 19, tl.where(is_neg, 1 << 25, 0)))
     ts = tl.sum(tl.sum(v, axis=2), axis=1)
     t64 = (ts & 0x1FFF).to(tl.int64) | (((ts >> 13) & 63).to(tl.int64) << 21) | (
         ((ts >> 19) & 63).to(tl.int64) << 34) | ((ts >> 25).to(tl.int64) << 47)
@@ -342,8 +364,7 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
 
     # --- ranks (format.dense_symbol_table; see _check_symbol_rule) ---
     lut, zmask = _chunk_lut(base, phase, zp, zn)
-    idx = tl.minimum(tl.maximum(e - base + 8, 1), 14)
-    idx = tl.where(is_pos, 0, tl.where(is_neg, 15, idx))
+    idx = tl.where(is_pos, 15, tl.where(is_neg, 14, _exp_index(e, base)))
     rank = _nib(lut, (4 * idx).to(tl.int64))
     sh = (4 * rank).to(tl.int64)
     m = _nib(tl.full([], RANK_M, tl.int64), sh)
@@ -489,9 +510,11 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
                 tl.store(sm_dst + krank * smb + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
                          mask=tl.where(b < smb, keep != 0, False))
     else:
+        if not FULL:
+            sm8 = smv
         if seg_c < raw_seg:
             tl.store((sm_dst + (kex >> 16))[:, None, None] + (kpre >> 16),
-                     (smv & 0xFF).to(tl.uint8), mask=keep != 0)
+                     sm8.to(tl.uint8), mask=keep != 0)
     zero_pad(sm_dst, sm_nb, (a_rem - a_sm) * cz)
     # esc: the escaped elements' exponent bytes, in order.
     if seg_c < raw_seg:
