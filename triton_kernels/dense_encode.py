@@ -122,6 +122,11 @@ def thread_excl(f):
 
 
 @triton.jit
+def _add2(a0, a1, b0, b1):
+    return a0 + b0, a1 + b1
+
+
+@triton.jit
 def _or(a, b):
     return a | b
 
@@ -164,15 +169,32 @@ def zero_pad(ptr, start, end):
 # Bit-stream runs
 # ---------------------------------------------------------------------------
 @triton.jit
-def _or_run(words, Q, run, WIDE: tl.constexpr):
+def _or_run32(words, Q, run, lastw):
+    """_or_run of a run of at most 32 bits (uint32 [T]) in 32-bit shifts."""
+    s = Q & 31
+    at = words + tl.minimum(Q >> 5, lastw)
+    p0 = run << s
+    p1 = (run >> 1) >> (31 - s)  # (two shifts below 32: s may be 0)
+    tl.atomic_or(at, p0.to(tl.int32), sem="relaxed")
+    tl.atomic_or(at + 1, p1.to(tl.int32), mask=p1 != 0, sem="relaxed")
+
+
+@triton.jit
+def _or_run(words, Q, run, lastw, WIDE: tl.constexpr):
     """OR a thread's run (uint64 [T], zeros above its length: <= 32 bits,
     or <= 64 with WIDE) into the zeroed 32-bit words at bit Q ([T]) of
-    ``words``: one relaxed atomic per word it touches (none for zeros)."""
+    ``words``: one relaxed atomic per word past the first that it touches
+    (none for zeros), and one on its first word, unmasked (an OR of 0 where
+    the run is empty or its first bits are 0). That word is taken at most
+    ``lastw``, the codes' last word: a run that starts past it is empty (its
+    bits lie in the codes), and the words up to it hold the tier streams
+    (atomics only), their zeroed padding and tier 0, all written before the
+    barrier, so an OR of 0 there changes nothing and races with no store."""
     s = (Q & 31).to(tl.uint64)
-    at = words + (Q >> 5)
+    at = words + tl.minimum(Q >> 5, lastw)
     p0 = (run << s) & 0xFFFFFFFF
     p1 = (run >> (32 - s)) & 0xFFFFFFFF
-    tl.atomic_or(at, p0.to(tl.int32), mask=p0 != 0, sem="relaxed")
+    tl.atomic_or(at, p0.to(tl.int32), sem="relaxed")
     tl.atomic_or(at + 1, p1.to(tl.int32), mask=p1 != 0, sem="relaxed")
     if WIDE:
         p2 = (run >> 32) >> (32 - s)
@@ -394,8 +416,9 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     rpre, ttot = row_excl(frow, G)  # a thread's fields stay below 65
     gq = tl.arange(0, G)[None, :]
     ttot = ttot.to(tl.int32)  # [T]
-    run1 = tl.sum(r1.to(tl.uint64) << (rpre & 0xFF).to(tl.uint64), axis=1)
-    run2 = tl.sum(r2.to(tl.uint64) << ((rpre >> 8) & 0xFF).to(tl.uint64), axis=1)
+    # (1-bit tiers: a thread's run is at most 32 bits)
+    run1 = tl.sum(r1 << (rpre & 0xFF), axis=1)
+    run2 = tl.sum(r2 << ((rpre >> 8) & 0xFF), axis=1)
     run3 = tl.sum(r3.to(tl.uint64) << ((rpre >> 16) & 0xFF).to(tl.uint64), axis=1)
     run4 = tl.sum(r4.to(tl.uint64) << (rpre >> 24).to(tl.uint64), axis=1)
     # Escapes (low half) and kept elements (high half): in-thread ranks.
@@ -407,10 +430,10 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     L4 = ttot >> 24
     cnt4 = L1.to(tl.int64) | (L2.to(tl.int64) << 16) | (L3.to(tl.int64) << 32) | (
         L4.to(tl.int64) << 48)
-    ex4 = tl.cumsum(cnt4, axis=0) - cnt4
-    tot4 = tl.sum(cnt4, axis=0)
-    kex = tl.cumsum(ktot, axis=0) - ktot
-    ktotal = tl.sum(ktot, axis=0)
+    in4, kin = tl.associative_scan((cnt4, ktot), 0, _add2)
+    tot4, ktotal = tl.reduce((cnt4, ktot), 0, _add2)
+    ex4 = in4 - cnt4
+    kex = kin - ktot
     n_esc = ktotal & 0xFFFF
     kept = ktotal >> 16
     nz = n - kept
@@ -470,7 +493,10 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
         # OR-ed in by 32-bit atomics (no scan of stream windows over the
         # threads; the barrier orders the zeros before the ORs).
         z0 = 16 * ((len0 + 15) >> 4)
-        zero_pad(dst, len0, tl.minimum(z0, a_sm))
+        if FULL:  # a full chunk's tier 0 ends on a granule
+            tl.static_assert((2 * C // 8) % 16 == 0)
+        else:
+            zero_pad(dst, len0, tl.minimum(z0, a_sm))
         store_words(dst + z0, tl.zeros([T, 4 * ZG], tl.int32), a_sm - z0, T, 4 * ZG)
         if IS_FP16:  # rem (the kept elements' top 3 sm bits, 3 bits each): zeroed too
             a_rem16 = 16 * (a_rem >> 4)
@@ -478,10 +504,11 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
                         4 * RG)
         tl.debug_barrier()
         words = dst.to(tl.pointer_type(tl.int32))
-        _or_run(words, 8 * b1 + p1, run1, False)
-        _or_run(words, 8 * b2 + p2, run2, False)
-        _or_run(words, 8 * b3 + p3, run3, True)
-        _or_run(words, 8 * b4 + p4, run4, True)
+        lastw = (a_sm >> 2) - 1
+        _or_run32(words, 8 * b1 + p1, run1, lastw)
+        _or_run32(words, 8 * b2 + p2, run2, lastw)
+        _or_run(words, 8 * b3 + p3, run3, lastw, True)
+        _or_run(words, 8 * b4 + p4, run4, lastw, True)
         if IS_FP16:
             # A row's kept elements' 3 bits (<= 24) at their rank in the row,
             # OR-ed in at the row's first kept rank: two words a row.
