@@ -221,7 +221,7 @@ def _rank_lut(order) -> int:
     """Nibble j (0..13): 2 + the index in ``order`` of exponent offset j - 7,
     13 when absent; a chunk's rank is min(nibble + zpos + zneg - 2, ESC).
     Offsets -7 and 6 are in no table, so nibbles 0 and 13 are escapes, and
-    every offset outside -7..6 is given index 13 (``_exp_index``). Nibbles 14
+    every offset outside -7..6 is given index 13 (``_exp_index4``). Nibbles 14
     and 15 are replaced per chunk by those of -0.0 and +0.0 (_chunk_lut)."""
     assert all(-7 < d < 6 for o in F.DENSE_ORDER for d in o)
     acc = 0
@@ -264,11 +264,12 @@ SIGNED_BBBB = tl.constexpr(_signed64(0xBBBBBBBBBBBBBBBB))
 
 
 @triton.jit
-def _exp_index(e, base):
-    """The rank-table index of exponent e: its offset from the chunk's base
-    plus 7 where that is 0..13, else 13 (both ends are escapes), by one
-    unsigned min: offsets below -7 wrap to large values."""
-    return tl.minimum((e - base + 7).to(tl.uint32), 13).to(tl.int32)
+def _exp_index4(e, base):
+    """4 x the rank-table index of exponent e (the nibble's bit): its offset
+    from the chunk's base plus 7 where that is 0..13, else 13 (both ends are
+    escapes), by one multiply-add and one unsigned min: offsets below -7
+    wrap to large values."""
+    return tl.minimum((4 * e + 4 * (7 - base)).to(tl.uint32), 52).to(tl.int32)
 
 
 @triton.jit
@@ -280,7 +281,7 @@ def _chunk_lut(base, phase, zp, zn):
     mask of the ranks that are zeros (no sm byte)."""
     lut = _pick64(phase, RL0, RL1, RL2, RL3)
     z = zp + zn
-    nat = ((lut >> (4 * _exp_index(0, base)).to(tl.int64)) & 15).to(tl.int32)
+    nat = ((lut >> _exp_index4(0, base).to(tl.int64)) & 15).to(tl.int32)
     pos_coded = (zp | (1 - zn)) != 0
     r_pos = tl.where(zp != 0, 0, ZERO_LAST)
     nib15 = tl.where(pos_coded, r_pos + 2 - z, nat)
@@ -386,8 +387,8 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
 
     # --- ranks (format.dense_symbol_table; see _check_symbol_rule) ---
     lut, zmask = _chunk_lut(base, phase, zp, zn)
-    idx = tl.where(is_pos, 15, tl.where(is_neg, 14, _exp_index(e, base)))
-    rank = _nib(lut, (4 * idx).to(tl.int64))
+    idx4 = tl.where(is_pos, 60, tl.where(is_neg, 56, _exp_index4(e, base)))
+    rank = _nib(lut, idx4.to(tl.int64))
     sh = (4 * rank).to(tl.int64)
     m = _nib(tl.full([], RANK_M, tl.int64), sh)
     dv = _nib(tl.full([], RANK_D, tl.int64), sh)  # tier-3 digit | tier-4 digit << 2
@@ -502,26 +503,6 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
             a_rem16 = 16 * (a_rem >> 4)
             store_words(dst + a_rem16, tl.zeros([T, 4 * RG], tl.int32), a_esc - a_rem16, T,
                         4 * RG)
-        tl.debug_barrier()
-        words = dst.to(tl.pointer_type(tl.int32))
-        lastw = (a_sm >> 2) - 1
-        _or_run32(words, 8 * b1 + p1, run1, lastw)
-        _or_run32(words, 8 * b2 + p2, run2, lastw)
-        _or_run(words, 8 * b3 + p3, run3, lastw, True)
-        _or_run(words, 8 * b4 + p4, run4, lastw, True)
-        if IS_FP16:
-            # A row's kept elements' 3 bits (<= 24) at their rank in the row,
-            # OR-ed in at the row's first kept rank: two words a row.
-            rem3 = tl.where(keep != 0, ((w >> 13) & 4) | ((w >> 8) & 3), 0)
-            rk = krpre >> 16  # kept elements before the row, in the thread
-            run = tl.sum(rem3 << (3 * ((kpre >> 16) - rk[:, :, None])), axis=2).to(tl.uint64)
-            bit = 3 * ((kex >> 16)[:, None] + rk)
-            s3 = (bit & 31).to(tl.uint64)
-            rw = words + (a_rem >> 2) + (bit >> 5)
-            q0 = (run << s3) & 0xFFFFFFFF
-            q1 = (run << s3) >> 32
-            tl.atomic_or(rw, q0.to(tl.int32), mask=q0 != 0, sem="relaxed")
-            tl.atomic_or(rw + 1, q1.to(tl.int32), mask=q1 != 0, sem="relaxed")
     # sm: the kept elements' sign+mantissa bytes at their rank among the kept.
     smv = (((w >> SIGN_SHIFT) & 1) << MAN_BITS) | (w & ((1 << MAN_BITS) - 1))
     # Ranks among the kept (high half) and escaped (low half) elements: a
@@ -551,6 +532,27 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
         else:
             tl.store(dst + a_esc + (at & 0xFFFF), e.to(tl.uint8), mask=esc != 0)
     zero_pad(dst + a_esc, esc_nb, ((esc_nb + 15) & -16) * cz)
+    if seg_c < raw_seg:
+        tl.debug_barrier()
+        words = dst.to(tl.pointer_type(tl.int32))
+        lastw = (a_sm >> 2) - 1
+        _or_run32(words, 8 * b1 + p1, run1, lastw)
+        _or_run32(words, 8 * b2 + p2, run2, lastw)
+        _or_run(words, 8 * b3 + p3, run3, lastw, True)
+        _or_run(words, 8 * b4 + p4, run4, lastw, True)
+        if IS_FP16:
+            # A row's kept elements' 3 bits (<= 24) at their rank in the row,
+            # OR-ed in at the row's first kept rank: two words a row.
+            rem3 = tl.where(keep != 0, ((w >> 13) & 4) | ((w >> 8) & 3), 0)
+            rk = krpre >> 16  # kept elements before the row, in the thread
+            run = tl.sum(rem3 << (3 * ((kpre >> 16) - rk[:, :, None])), axis=2).to(tl.uint64)
+            bit = 3 * ((kex >> 16)[:, None] + rk)
+            s3 = (bit & 31).to(tl.uint64)
+            rw = words + (a_rem >> 2) + (bit >> 5)
+            q0 = (run << s3) & 0xFFFFFFFF
+            q1 = (run << s3) >> 32
+            tl.atomic_or(rw, q0.to(tl.int32), mask=q0 != 0, sem="relaxed")
+            tl.atomic_or(rw + 1, q1.to(tl.int32), mask=q1 != 0, sem="relaxed")
 
 
 @triton.jit(noinline=True)
