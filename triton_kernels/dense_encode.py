@@ -77,6 +77,11 @@ def _check_symbol_rule() -> None:
 
 _check_symbol_rule()
 ZERO_LAST = tl.constexpr(F.DENSE_SLOTS - 1)  # rank of +0.0 with neither zero flag
+# The packed escape/kept counters: escapes in bits 0 .. KS - 1, kept elements
+# from bit KS (a chunk's 4096 fit in both fields, and the kept field in an
+# int32).
+KS = tl.constexpr(18)
+EM = tl.constexpr((1 << 18) - 1)
 
 
 def _signed64(v: int) -> int:
@@ -218,16 +223,17 @@ def _write_raw(x_ptr, start, n, dst, ITEMSIZE: tl.constexpr, C: tl.constexpr,
 
 
 def _rank_lut(order) -> int:
-    """Nibble j (0..13): 2 + the index in ``order`` of exponent offset j - 7,
+    """Nibble j (0..10): 2 + the index in ``order`` of exponent offset j - 6,
     13 when absent; a chunk's rank is min(nibble + zpos + zneg - 2, ESC).
-    Offsets -7 and 6 are in no table, so nibbles 0 and 13 are escapes, and
-    every offset outside -7..6 is given index 13 (``_exp_index4``). Nibbles 14
-    and 15 are replaced per chunk by those of -0.0 and +0.0 (_chunk_lut)."""
-    assert all(-7 < d < 6 for o in F.DENSE_ORDER for d in o)
+    Offset 4 is in no table, so nibble 10 is an escape, and every offset
+    outside -6..4 is given index 10 (``_exp_index4``). Nibbles 11 and 12 are
+    replaced per chunk by those of -0.0 and +0.0 (_chunk_lut); 13..15 are
+    not indexed."""
+    assert all(-6 <= d <= 3 for o in F.DENSE_ORDER for d in o)
     acc = 0
-    for j in range(14):
-        d = j - 7
-        acc |= ((order.index(d) + 2) if d in order else 13) << (4 * j)
+    for j in range(16):
+        d = j - 6
+        acc |= ((order.index(d) + 2) if d in order and j <= 10 else 13) << (4 * j)
     return _signed64(acc)
 
 
@@ -266,28 +272,40 @@ SIGNED_BBBB = tl.constexpr(_signed64(0xBBBBBBBBBBBBBBBB))
 @triton.jit
 def _exp_index4(e, base):
     """4 x the rank-table index of exponent e (the nibble's bit): its offset
-    from the chunk's base plus 7 where that is 0..13, else 13 (both ends are
-    escapes), by one multiply-add and one unsigned min: offsets below -7
-    wrap to large values."""
-    return tl.minimum((4 * e + 4 * (7 - base)).to(tl.uint32), 52).to(tl.int32)
+    from the chunk's base plus 6 where that is 0..10, else 10 (an escape),
+    by one multiply-add and one unsigned min: offsets below -6 wrap to large
+    values."""
+    return tl.minimum((4 * e + 4 * (6 - base)).to(tl.uint32), 40).to(tl.int32)
+
+
+LUT_KEEP = tl.constexpr(_signed64(~(0xFF << 44) & (2**64 - 1)))  # all but nibbles 11, 12
+# Kept flags by rank for the escape/kept word (_chunk_lut): bit KS + 4r.
+KEPT_ALL = tl.constexpr(sum(1 << (KS.value + 4 * r) for r in range(F.DENSE_SLOTS + 1)))
+KEPT_0 = tl.constexpr(1 << KS.value)
+ESC_BIT = tl.constexpr(1 << (4 * F.DENSE_ESC))
+EK_FLAGS = tl.constexpr(1 | (1 << KS.value))  # escape and kept bits of a packed counter
 
 
 @triton.jit
 def _chunk_lut(base, phase, zp, zn):
-    """The chunk's exponent-index -> rank nibbles: _rank_lut's nibbles with
-    nibble 15 for +0.0 and 14 for -0.0 (format.dense_symbol_table: a flagged
+    """The chunk's exponent-index -> rank table, each rank times 4 in bits
+    4j + 2 .. 4j + 5 for index j (so a shift by 4 x the index and a mask give
+    4 x the rank, the shift into the rank tables): _rank_lut's nibbles with
+    nibble 12 for +0.0 and 11 for -0.0 (format.dense_symbol_table: a flagged
     zero's rank, +0.0 last without flags, else the rank exponent 0 has),
-    turned into ranks (min(nibble + zpos + zneg - 2, ESC)); and the 12-bit
-    mask of the ranks that are zeros (no sm byte)."""
+    turned into ranks (min(nibble + zpos + zneg - 2, ESC)); and the chunk's
+    escape/kept word: bit 4 ESC (rank ESC escapes) and bit KS + 4r (rank r
+    has an sm byte, i.e. is not a zero without one), so that a shift by 4 x
+    the rank and ``& (1 | 1 << KS)`` give both flags."""
     lut = _pick64(phase, RL0, RL1, RL2, RL3)
     z = zp + zn
     nat = ((lut >> _exp_index4(0, base).to(tl.int64)) & 15).to(tl.int32)
     pos_coded = (zp | (1 - zn)) != 0
     r_pos = tl.where(zp != 0, 0, ZERO_LAST)
-    nib15 = tl.where(pos_coded, r_pos + 2 - z, nat)
-    nib14 = tl.where(zn != 0, zp + 2 - z, nat)
-    keep = tl.full([], 0x00FFFFFFFFFFFFFF, tl.int64)
-    lut = (lut & keep) | (nib14.to(tl.int64) << 56) | (nib15.to(tl.int64) << 60)
+    nib_pos = tl.where(pos_coded, r_pos + 2 - z, nat)
+    nib_neg = tl.where(zn != 0, zp + 2 - z, nat)
+    keep = tl.full([], LUT_KEEP, tl.int64)
+    lut = (lut & keep) | (nib_neg.to(tl.int64) << 44) | (nib_pos.to(tl.int64) << 48)
     # Ranks: min(nibble + z - 2, ESC), for all 16 nibbles at once (every
     # nibble is at least 2 - z, so the subtraction borrows from none; 12
     # and 13, bits 3 and 2 set, become 11).
@@ -295,8 +313,10 @@ def _chunk_lut(base, phase, zp, zn):
     big = (lut & (lut << 1) & tl.full([], SIGNED_8888, tl.int64)) >> 3
     big = (big & 0x1111111111111111) * 15
     lut = (lut & ~big) | (big & tl.full([], SIGNED_BBBB, tl.int64))
-    zmask = tl.where(pos_coded, 1 << r_pos, 0) | tl.where(zn != 0, 1 << zp, 0)
-    return lut, zmask
+    k0 = tl.full([], KEPT_0, tl.int64)
+    zk = tl.where(pos_coded, k0 << (4 * r_pos), 0) | tl.where(zn != 0, k0 << (4 * zp), 0)
+    ekw = tl.full([], ESC_BIT, tl.int64) | (tl.full([], KEPT_ALL, tl.int64) & ~zk)
+    return lut << 2, ekw
 
 
 @triton.jit
@@ -313,10 +333,9 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     chunk has C elements (the hot path; the ragged last chunk is the cold
     _encode_tail)."""
     G: tl.constexpr = C // (8 * T)
-    # 16-byte granules per thread that cover the tier 1..4 streams (at most
-    # 3/4 of a byte an element) and their padding.
-    ZG: tl.constexpr = (C * 3 // 4 + 16 + 16 * T - 1) // (16 * T)
-    RG: tl.constexpr = (C * 3 // 8 + 16 + 16 * T - 1) // (16 * T)  # the same for fp16 rem
+    # 16-byte granules per thread that cover a coded segment past tier 0
+    # (smaller than the raw one).
+    SG: tl.constexpr = (C * ITEMSIZE + 16 * T - 1) // (16 * T)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     SIGN_SHIFT: tl.constexpr = MAN_BITS + EXP_BITS
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
@@ -386,29 +405,27 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     zn = ((nneg << 4) >= n).to(tl.int32)
 
     # --- ranks (format.dense_symbol_table; see _check_symbol_rule) ---
-    lut, zmask = _chunk_lut(base, phase, zp, zn)
-    idx4 = tl.where(is_pos, 60, tl.where(is_neg, 56, _exp_index4(e, base)))
-    rank = _nib(lut, idx4.to(tl.int64))
-    sh = (4 * rank).to(tl.int64)
+    lut4, ekw = _chunk_lut(base, phase, zp, zn)
+    idx4 = tl.where(is_pos, 48, tl.where(is_neg, 44, _exp_index4(e, base)))
+    sh = ((lut4 >> idx4.to(tl.int64)) & 60).to(tl.int64)  # 4 x the rank
     m = _nib(tl.full([], RANK_M, tl.int64), sh)
     dv = _nib(tl.full([], RANK_D, tl.int64), sh)  # tier-3 digit | tier-4 digit << 2
-    d0 = tl.minimum(rank, 3)
-    # Escape (bit 0) and kept (bit 16) flags of the rank from one word
-    # (bit r: rank r is ESC; bit 16 + r: rank r is not a zero without sm).
-    ek = (((1 << F.DENSE_ESC) | ((0xFFF & ~zmask) << 16)) >> rank) & 0x10001
+    d0 = tl.minimum(sh.to(tl.int32), 12)  # 4 x the tier-0 digit, min(rank, 3)
+    # Escape (bit 0) and kept (bit KS) flags of the rank from the chunk's word.
+    ek = ((ekw >> sh) & EK_FLAGS).to(tl.int32)
     if not FULL:
         m = m * vi
         dv = dv * vi
         d0 = d0 * vi
         ek = ek * vi
-    keep = ek >> 16
+    keep = ek >> KS
     # Open flags of tiers 1..4 in byte fields, the 2-bit tiers' counted twice
     # (bit positions): one multiply spreads m's bits (no carries: 0, 7, 15, 22).
     f = ((m * 0x408081) & 0x02020101).to(tl.uint32)
     fpre = tl.cumsum(f, axis=2) - f
     frow = tl.sum(f, axis=2)  # [T, G]
     q = tl.arange(0, 8)[None, None, :]
-    r0 = tl.sum(d0 << (2 * q), axis=2)
+    r0 = tl.sum(d0 << (2 * q), axis=2) >> 2
     # (The digit bits shifted where they are in m, the row's sum shifted back.)
     r1 = tl.sum((m & 2).to(tl.uint32) << (fpre & 0xFF), axis=2) >> 1
     r2 = tl.sum((m & 4).to(tl.uint32) << ((fpre >> 8) & 0xFF), axis=2) >> 2
@@ -435,8 +452,8 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     tot4, ktotal = tl.reduce((cnt4, ktot), 0, _add2)
     ex4 = in4 - cnt4
     kex = kin - ktot
-    n_esc = ktotal & 0xFFFF
-    kept = ktotal >> 16
+    n_esc = ktotal & EM
+    kept = ktotal >> KS
     nz = n - kept
     n1 = (tot4 & 0xFFFF).to(tl.int32)
     n2 = ((tot4 >> 16) & 0xFFFF).to(tl.int32)
@@ -490,19 +507,17 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     b3 = b2 + ((n2 + 7) >> 3)
     b4 = b3 + ((2 * n3 + 7) >> 3)
     if seg_c < raw_seg:
-        # Tiers 1..4: the codes past tier 0 zeroed, then each thread's runs
-        # OR-ed in by 32-bit atomics (no scan of stream windows over the
-        # threads; the barrier orders the zeros before the ORs).
+        # The segment past tier 0 zeroed (wide stores; the padding of every
+        # sub-stream with it), a barrier, then the byte scatters and each
+        # thread's tier runs OR-ed in by 32-bit atomics (no scan of stream
+        # windows over the threads; the barrier orders the zeros first).
         z0 = 16 * ((len0 + 15) >> 4)
         if FULL:  # a full chunk's tier 0 ends on a granule
             tl.static_assert((2 * C // 8) % 16 == 0)
         else:
             zero_pad(dst, len0, tl.minimum(z0, a_sm))
-        store_words(dst + z0, tl.zeros([T, 4 * ZG], tl.int32), a_sm - z0, T, 4 * ZG)
-        if IS_FP16:  # rem (the kept elements' top 3 sm bits, 3 bits each): zeroed too
-            a_rem16 = 16 * (a_rem >> 4)
-            store_words(dst + a_rem16, tl.zeros([T, 4 * RG], tl.int32), a_esc - a_rem16, T,
-                        4 * RG)
+        store_words(dst + z0, tl.zeros([T, 4 * SG], tl.int32), seg_c - z0, T, 4 * SG)
+        tl.debug_barrier()
     # sm: the kept elements' sign+mantissa bytes at their rank among the kept.
     smv = (((w >> SIGN_SHIFT) & 1) << MAN_BITS) | (w & ((1 << MAN_BITS) - 1))
     # Ranks among the kept (high half) and escaped (low half) elements: a
@@ -510,7 +525,7 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     sm_dst = dst + a_sm
     if ITEMSIZE == 4:  # (fp32 counts fewer instructions with the ranks added first)
         at = kpre + kex[:, None, None]
-        krank = at >> 16
+        krank = at >> KS
         smb = 3 - 2 * low16
         smv = tl.where(low16 != 0, smv >> 16, smv)
         if seg_c < raw_seg:
@@ -521,19 +536,16 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
         if not FULL:
             sm8 = smv
         if seg_c < raw_seg:
-            tl.store((sm_dst + (kex >> 16))[:, None, None] + (kpre >> 16),
+            tl.store((sm_dst + (kex >> KS))[:, None, None] + (kpre >> KS),
                      sm8.to(tl.uint8), mask=keep != 0)
-    zero_pad(sm_dst, sm_nb, (a_rem - a_sm) * cz)
     # esc: the escaped elements' exponent bytes, in order.
     if seg_c < raw_seg:
         if ITEMSIZE == 2:
-            tl.store((dst + a_esc + (kex & 0xFFFF))[:, None, None] + (kpre & 0xFFFF),
+            tl.store((dst + a_esc + (kex & EM))[:, None, None] + (kpre & EM),
                      e.to(tl.uint8), mask=esc != 0)
         else:
-            tl.store(dst + a_esc + (at & 0xFFFF), e.to(tl.uint8), mask=esc != 0)
-    zero_pad(dst + a_esc, esc_nb, ((esc_nb + 15) & -16) * cz)
+            tl.store(dst + a_esc + (at & EM), e.to(tl.uint8), mask=esc != 0)
     if seg_c < raw_seg:
-        tl.debug_barrier()
         words = dst.to(tl.pointer_type(tl.int32))
         lastw = (a_sm >> 2) - 1
         _or_run32(words, 8 * b1 + p1, run1, lastw)
@@ -544,9 +556,9 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
             # A row's kept elements' 3 bits (<= 24) at their rank in the row,
             # OR-ed in at the row's first kept rank: two words a row.
             rem3 = tl.where(keep != 0, ((w >> 13) & 4) | ((w >> 8) & 3), 0)
-            rk = krpre >> 16  # kept elements before the row, in the thread
-            run = tl.sum(rem3 << (3 * ((kpre >> 16) - rk[:, :, None])), axis=2).to(tl.uint64)
-            bit = 3 * ((kex >> 16)[:, None] + rk)
+            rk = krpre >> KS  # kept elements before the row, in the thread
+            run = tl.sum(rem3 << (3 * ((kpre >> KS) - rk[:, :, None])), axis=2).to(tl.uint64)
+            bit = 3 * ((kex >> KS)[:, None] + rk)
             s3 = (bit & 31).to(tl.uint64)
             rw = words + (a_rem >> 2) + (bit >> 5)
             q0 = (run << s3) & 0xFFFFFFFF
