@@ -20,10 +20,11 @@ value per thread: the analysis sums (one int64 of packed fields), prefix
 sums of the tier, kept and escape counts, and the stream windows below.
 
 Ranks. An element's exponent offset from the chunk's base indexes a per-chunk
-table of 16 rank nibbles (``_chunk_lut``): offsets -7..6 at 0..13 (any
-other offset at 13: both ends are in no code table, so escapes), +0.0 and
--0.0 at 15 and 14; constant tables by rank then give the tiers it opens and
-its digits.
+table of 16 rank fields (``_chunk_lut``): offsets -6..4 at 0..10 (any other
+offset at 10: offset 4 is in no code table, so an escape), -0.0 and +0.0 at
+11 and 12, each field holding 4 x the rank, the shift into the constant
+tables by rank that give the tiers it opens, its digits and (a per-chunk
+word) its escape and kept flags.
 
 Tier streams. Tier t of the dense code is a bit stream of one digit per
 element open at that tier, in element order. A thread packs its own digits
