@@ -20,9 +20,11 @@ value per thread: the analysis sums (one int64 of packed fields), prefix
 sums of the tier, kept and escape counts, and the stream windows below.
 
 Ranks. An element's exponent offset from the chunk's base indexes a per-chunk
-table of 16 rank nibbles (``_chunk_lut``): offsets -7..6, with the slots of
-offsets -8 and 7 (in no code table) taken by +0.0 and -0.0; constant tables
-by rank then give the tiers it opens and its digits.
+table of 16 rank fields (``_chunk_lut``): offsets -6..4 at 0..10 (any other
+offset at 10: offset 4 is in no code table, so an escape), -0.0 and +0.0 at
+11 and 12, each field holding 4 x the rank, the shift into the constant
+tables by rank that give the tiers it opens, its digits and (a per-chunk
+word) its escape and kept flags.
 
 Tier streams. Tier t of the dense code is a bit stream of one digit per
 element open at that tier, in element order. A thread packs its own digits
@@ -76,6 +78,11 @@ def _check_symbol_rule() -> None:
 
 _check_symbol_rule()
 ZERO_LAST = tl.constexpr(F.DENSE_SLOTS - 1)  # rank of +0.0 with neither zero flag
+# The packed escape/kept counters: escapes in bits 0 .. KS - 1, kept elements
+# from bit KS (a chunk's 4096 fit in both fields, and the kept field in an
+# int32).
+KS = tl.constexpr(18)
+EM = tl.constexpr((1 << 18) - 1)
 
 
 def _signed64(v: int) -> int:
@@ -121,6 +128,11 @@ def thread_excl(f):
 
 
 @triton.jit
+def _add2(a0, a1, b0, b1):
+    return a0 + b0, a1 + b1
+
+
+@triton.jit
 def _or(a, b):
     return a | b
 
@@ -163,15 +175,32 @@ def zero_pad(ptr, start, end):
 # Bit-stream runs
 # ---------------------------------------------------------------------------
 @triton.jit
-def _or_run(words, Q, run, WIDE: tl.constexpr):
+def _or_run32(words, Q, run, lastw):
+    """_or_run of a run of at most 32 bits (uint32 [T]) in 32-bit shifts."""
+    s = Q & 31
+    at = words + tl.minimum(Q >> 5, lastw)
+    p0 = run << s
+    p1 = (run >> 1) >> (31 - s)  # (two shifts below 32: s may be 0)
+    tl.atomic_or(at, p0.to(tl.int32), sem="relaxed")
+    tl.atomic_or(at + 1, p1.to(tl.int32), mask=p1 != 0, sem="relaxed")
+
+
+@triton.jit
+def _or_run(words, Q, run, lastw, WIDE: tl.constexpr):
     """OR a thread's run (uint64 [T], zeros above its length: <= 32 bits,
     or <= 64 with WIDE) into the zeroed 32-bit words at bit Q ([T]) of
-    ``words``: one relaxed atomic per word it touches (none for zeros)."""
+    ``words``: one relaxed atomic per word past the first that it touches
+    (none for zeros), and one on its first word, unmasked (an OR of 0 where
+    the run is empty or its first bits are 0). That word is taken at most
+    ``lastw``, the codes' last word: a run that starts past it is empty (its
+    bits lie in the codes), and the words up to it hold the tier streams
+    (atomics only), their zeroed padding and tier 0, all written before the
+    barrier, so an OR of 0 there changes nothing and races with no store."""
     s = (Q & 31).to(tl.uint64)
-    at = words + (Q >> 5)
+    at = words + tl.minimum(Q >> 5, lastw)
     p0 = (run << s) & 0xFFFFFFFF
     p1 = (run >> (32 - s)) & 0xFFFFFFFF
-    tl.atomic_or(at, p0.to(tl.int32), mask=p0 != 0, sem="relaxed")
+    tl.atomic_or(at, p0.to(tl.int32), sem="relaxed")
     tl.atomic_or(at + 1, p1.to(tl.int32), mask=p1 != 0, sem="relaxed")
     if WIDE:
         p2 = (run >> 32) >> (32 - s)
@@ -195,14 +224,17 @@ def _write_raw(x_ptr, start, n, dst, ITEMSIZE: tl.constexpr, C: tl.constexpr,
 
 
 def _rank_lut(order) -> int:
-    """Nibble idx (0..15): 2 + the index in ``order`` of exponent offset
-    idx - 8, 13 when absent; a chunk's rank is min(nibble + zpos + zneg - 2,
-    ESC). Nibbles 0 and 15 (offsets -8 and 7, absent from every table) are
-    replaced per chunk by those of +0.0 and -0.0 (_chunk_lut)."""
+    """Nibble j (0..10): 2 + the index in ``order`` of exponent offset j - 6,
+    13 when absent; a chunk's rank is min(nibble + zpos + zneg - 2, ESC).
+    Offset 4 is in no table, so nibble 10 is an escape, and every offset
+    outside -6..4 is given index 10 (``_exp_index4``). Nibbles 11 and 12 are
+    replaced per chunk by those of -0.0 and +0.0 (_chunk_lut); 13..15 are
+    not indexed."""
+    assert all(-6 <= d <= 3 for o in F.DENSE_ORDER for d in o)
     acc = 0
-    for idx in range(16):
-        d = idx - 8
-        acc |= ((order.index(d) + 2) if d in order else 13) << (4 * idx)
+    for j in range(16):
+        d = j - 6
+        acc |= ((order.index(d) + 2) if d in order and j <= 10 else 13) << (4 * j)
     return _signed64(acc)
 
 
@@ -239,21 +271,42 @@ SIGNED_BBBB = tl.constexpr(_signed64(0xBBBBBBBBBBBBBBBB))
 
 
 @triton.jit
+def _exp_index4(e, base):
+    """4 x the rank-table index of exponent e (the nibble's bit): its offset
+    from the chunk's base plus 6 where that is 0..10, else 10 (an escape),
+    by one multiply-add and one unsigned min: offsets below -6 wrap to large
+    values."""
+    return tl.minimum((4 * e + 4 * (6 - base)).to(tl.uint32), 40).to(tl.int32)
+
+
+LUT_KEEP = tl.constexpr(_signed64(~(0xFF << 44) & (2**64 - 1)))  # all but nibbles 11, 12
+# Kept flags by rank for the escape/kept word (_chunk_lut): bit KS + 4r.
+KEPT_ALL = tl.constexpr(sum(1 << (KS.value + 4 * r) for r in range(F.DENSE_SLOTS + 1)))
+KEPT_0 = tl.constexpr(1 << KS.value)
+ESC_BIT = tl.constexpr(1 << (4 * F.DENSE_ESC))
+EK_FLAGS = tl.constexpr(1 | (1 << KS.value))  # escape and kept bits of a packed counter
+
+
+@triton.jit
 def _chunk_lut(base, phase, zp, zn):
-    """The chunk's exponent-index -> rank nibbles: _rank_lut's nibbles with
-    nibble 0 for +0.0 and 15 for -0.0 (format.dense_symbol_table: a flagged
+    """The chunk's exponent-index -> rank table, each rank times 4 in bits
+    4j + 2 .. 4j + 5 for index j (so a shift by 4 x the index and a mask give
+    4 x the rank, the shift into the rank tables): _rank_lut's nibbles with
+    nibble 12 for +0.0 and 11 for -0.0 (format.dense_symbol_table: a flagged
     zero's rank, +0.0 last without flags, else the rank exponent 0 has),
-    turned into ranks (min(nibble + zpos + zneg - 2, ESC)); and the 12-bit
-    mask of the ranks that are zeros (no sm byte)."""
+    turned into ranks (min(nibble + zpos + zneg - 2, ESC)); and the chunk's
+    escape/kept word: bit 4 ESC (rank ESC escapes) and bit KS + 4r (rank r
+    has an sm byte, i.e. is not a zero without one), so that a shift by 4 x
+    the rank and ``& (1 | 1 << KS)`` give both flags."""
     lut = _pick64(phase, RL0, RL1, RL2, RL3)
     z = zp + zn
-    nat = ((lut >> (4 * tl.minimum(tl.maximum(8 - base, 1), 14)).to(tl.int64)) & 15).to(tl.int32)
+    nat = ((lut >> _exp_index4(0, base).to(tl.int64)) & 15).to(tl.int32)
     pos_coded = (zp | (1 - zn)) != 0
     r_pos = tl.where(zp != 0, 0, ZERO_LAST)
-    nib0 = tl.where(pos_coded, r_pos + 2 - z, nat)
-    nib15 = tl.where(zn != 0, zp + 2 - z, nat)
-    keep = tl.full([], 0x0FFFFFFFFFFFFFF0, tl.int64)
-    lut = (lut & keep) | nib0.to(tl.int64) | (nib15.to(tl.int64) << 60)
+    nib_pos = tl.where(pos_coded, r_pos + 2 - z, nat)
+    nib_neg = tl.where(zn != 0, zp + 2 - z, nat)
+    keep = tl.full([], LUT_KEEP, tl.int64)
+    lut = (lut & keep) | (nib_neg.to(tl.int64) << 44) | (nib_pos.to(tl.int64) << 48)
     # Ranks: min(nibble + z - 2, ESC), for all 16 nibbles at once (every
     # nibble is at least 2 - z, so the subtraction borrows from none; 12
     # and 13, bits 3 and 2 set, become 11).
@@ -261,8 +314,10 @@ def _chunk_lut(base, phase, zp, zn):
     big = (lut & (lut << 1) & tl.full([], SIGNED_8888, tl.int64)) >> 3
     big = (big & 0x1111111111111111) * 15
     lut = (lut & ~big) | (big & tl.full([], SIGNED_BBBB, tl.int64))
-    zmask = tl.where(pos_coded, 1 << r_pos, 0) | tl.where(zn != 0, 1 << zp, 0)
-    return lut, zmask
+    k0 = tl.full([], KEPT_0, tl.int64)
+    zk = tl.where(pos_coded, k0 << (4 * r_pos), 0) | tl.where(zn != 0, k0 << (4 * zp), 0)
+    ekw = tl.full([], ESC_BIT, tl.int64) | (tl.full([], KEPT_ALL, tl.int64) & ~zk)
+    return lut << 2, ekw
 
 
 @triton.jit
@@ -279,10 +334,9 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     chunk has C elements (the hot path; the ragged last chunk is the cold
     _encode_tail)."""
     G: tl.constexpr = C // (8 * T)
-    # 16-byte granules per thread that cover the tier 1..4 streams (at most
-    # 3/4 of a byte an element) and their padding.
-    ZG: tl.constexpr = (C * 3 // 4 + 16 + 16 * T - 1) // (16 * T)
-    RG: tl.constexpr = (C * 3 // 8 + 16 + 16 * T - 1) // (16 * T)  # the same for fp16 rem
+    # 16-byte granules per thread that cover a coded segment past tier 0
+    # (smaller than the raw one).
+    SG: tl.constexpr = (C * ITEMSIZE + 16 * T - 1) // (16 * T)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     SIGN_SHIFT: tl.constexpr = MAN_BITS + EXP_BITS
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
@@ -303,6 +357,17 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
                 tl.arange(0, 4)[None, None, :])
             wp = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + start // 2 + i2)
             w = tl.reshape(tl.join((wp << 16) >> 16, wp >> 16), (T, G, 8))
+            # The sm bytes of both words of a pair at once (the byte store
+            # keeps the low 8 bits: no mask per element). bf16: the sign
+            # moved next to the 7 mantissa bits; fp16: the low mantissa byte.
+            if IS_FP16:
+                sm8 = w
+            else:
+                smp = (wp & 0x007F007F) | ((wp >> 8) & 0x00800080)
+                sm8 = tl.reshape(tl.join(smp, smp >> 16), (T, G, 8))
+            # Both exponents of a pair by one shift and mask.
+            ep = (wp >> MAN_BITS) & (EMAX | (EMAX << 16))
+            e = tl.reshape(tl.join(ep & EMAX, ep >> 16), (T, G, 8))
         vi = 1
     else:
         n = tl.minimum(numel - start, C).to(tl.int32)
@@ -317,12 +382,12 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     is_pos = w == 0
     if not FULL:
         is_pos = is_pos & (vi != 0)
-    e = (w >> MAN_BITS) & EMAX
+    if not (FULL and ITEMSIZE == 2):
+        e = (w >> MAN_BITS) & EMAX
     normal = (e - 1).to(tl.uint32) < EMAX - 1  # 0 < e < EMAX (padding has e = 0)
     # The locator's sums and both zero counts: in-thread fields of one int32
     # (sum e < 2^13, counts <= 32), then one int64 sum over the threads.
-    v = tl.where(normal, e + (1 << 13), 0) + tl.where(is_pos, 1 << 19, 0) + tl.where(
-        is_neg, 1 << 25, 0)
+    v = tl.where(normal, e + (1 << 13), tl.where(is_pos, 1 << 19, tl.where(is_neg, 1 << 25, 0)))
     ts = tl.sum(tl.sum(v, axis=2), axis=1)
     t64 = (ts & 0x1FFF).to(tl.int64) | (((ts >> 13) & 63).to(tl.int64) << 21) | (
         ((ts >> 19) & 63).to(tl.int64) << 34) | ((ts >> 25).to(tl.int64) << 47)
@@ -341,30 +406,27 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     zn = ((nneg << 4) >= n).to(tl.int32)
 
     # --- ranks (format.dense_symbol_table; see _check_symbol_rule) ---
-    lut, zmask = _chunk_lut(base, phase, zp, zn)
-    idx = tl.minimum(tl.maximum(e - base + 8, 1), 14)
-    idx = tl.where(is_pos, 0, tl.where(is_neg, 15, idx))
-    rank = _nib(lut, (4 * idx).to(tl.int64))
-    sh = (4 * rank).to(tl.int64)
+    lut4, ekw = _chunk_lut(base, phase, zp, zn)
+    idx4 = tl.where(is_pos, 48, tl.where(is_neg, 44, _exp_index4(e, base)))
+    sh = ((lut4 >> idx4.to(tl.int64)) & 60).to(tl.int64)  # 4 x the rank
     m = _nib(tl.full([], RANK_M, tl.int64), sh)
     dv = _nib(tl.full([], RANK_D, tl.int64), sh)  # tier-3 digit | tier-4 digit << 2
-    d0 = tl.minimum(rank, 3)
-    # Escape (bit 0) and kept (bit 16) flags of the rank from one word
-    # (bit r: rank r is ESC; bit 16 + r: rank r is not a zero without sm).
-    ek = (((1 << F.DENSE_ESC) | ((0xFFF & ~zmask) << 16)) >> rank) & 0x10001
+    d0 = tl.minimum(sh.to(tl.int32), 12)  # 4 x the tier-0 digit, min(rank, 3)
+    # Escape (bit 0) and kept (bit KS) flags of the rank from the chunk's word.
+    ek = ((ekw >> sh) & EK_FLAGS).to(tl.int32)
     if not FULL:
         m = m * vi
         dv = dv * vi
         d0 = d0 * vi
         ek = ek * vi
-    keep = ek >> 16
+    keep = ek >> KS
     # Open flags of tiers 1..4 in byte fields, the 2-bit tiers' counted twice
     # (bit positions): one multiply spreads m's bits (no carries: 0, 7, 15, 22).
     f = ((m * 0x408081) & 0x02020101).to(tl.uint32)
     fpre = tl.cumsum(f, axis=2) - f
     frow = tl.sum(f, axis=2)  # [T, G]
     q = tl.arange(0, 8)[None, None, :]
-    r0 = tl.sum(d0 << (2 * q), axis=2)
+    r0 = tl.sum(d0 << (2 * q), axis=2) >> 2
     # (The digit bits shifted where they are in m, the row's sum shifted back.)
     r1 = tl.sum((m & 2).to(tl.uint32) << (fpre & 0xFF), axis=2) >> 1
     r2 = tl.sum((m & 4).to(tl.uint32) << ((fpre >> 8) & 0xFF), axis=2) >> 2
@@ -373,8 +435,9 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     rpre, ttot = row_excl(frow, G)  # a thread's fields stay below 65
     gq = tl.arange(0, G)[None, :]
     ttot = ttot.to(tl.int32)  # [T]
-    run1 = tl.sum(r1.to(tl.uint64) << (rpre & 0xFF).to(tl.uint64), axis=1)
-    run2 = tl.sum(r2.to(tl.uint64) << ((rpre >> 8) & 0xFF).to(tl.uint64), axis=1)
+    # (1-bit tiers: a thread's run is at most 32 bits)
+    run1 = tl.sum(r1 << (rpre & 0xFF), axis=1)
+    run2 = tl.sum(r2 << ((rpre >> 8) & 0xFF), axis=1)
     run3 = tl.sum(r3.to(tl.uint64) << ((rpre >> 16) & 0xFF).to(tl.uint64), axis=1)
     run4 = tl.sum(r4.to(tl.uint64) << (rpre >> 24).to(tl.uint64), axis=1)
     # Escapes (low half) and kept elements (high half): in-thread ranks.
@@ -386,12 +449,12 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     L4 = ttot >> 24
     cnt4 = L1.to(tl.int64) | (L2.to(tl.int64) << 16) | (L3.to(tl.int64) << 32) | (
         L4.to(tl.int64) << 48)
-    ex4 = tl.cumsum(cnt4, axis=0) - cnt4
-    tot4 = tl.sum(cnt4, axis=0)
-    kex = tl.cumsum(ktot, axis=0) - ktot
-    ktotal = tl.sum(ktot, axis=0)
-    n_esc = ktotal & 0xFFFF
-    kept = ktotal >> 16
+    in4, kin = tl.associative_scan((cnt4, ktot), 0, _add2)
+    tot4, ktotal = tl.reduce((cnt4, ktot), 0, _add2)
+    ex4 = in4 - cnt4
+    kex = kin - ktot
+    n_esc = ktotal & EM
+    kept = ktotal >> KS
     nz = n - kept
     n1 = (tot4 & 0xFFFF).to(tl.int32)
     n2 = ((tot4 >> 16) & 0xFFFF).to(tl.int32)
@@ -445,35 +508,17 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     b3 = b2 + ((n2 + 7) >> 3)
     b4 = b3 + ((2 * n3 + 7) >> 3)
     if seg_c < raw_seg:
-        # Tiers 1..4: the codes past tier 0 zeroed, then each thread's runs
-        # OR-ed in by 32-bit atomics (no scan of stream windows over the
-        # threads; the barrier orders the zeros before the ORs).
+        # The segment past tier 0 zeroed (wide stores; the padding of every
+        # sub-stream with it), a barrier, then the byte scatters and each
+        # thread's tier runs OR-ed in by 32-bit atomics (no scan of stream
+        # windows over the threads; the barrier orders the zeros first).
         z0 = 16 * ((len0 + 15) >> 4)
-        zero_pad(dst, len0, tl.minimum(z0, a_sm))
-        store_words(dst + z0, tl.zeros([T, 4 * ZG], tl.int32), a_sm - z0, T, 4 * ZG)
-        if IS_FP16:  # rem (the kept elements' top 3 sm bits, 3 bits each): zeroed too
-            a_rem16 = 16 * (a_rem >> 4)
-            store_words(dst + a_rem16, tl.zeros([T, 4 * RG], tl.int32), a_esc - a_rem16, T,
-                        4 * RG)
+        if FULL:  # a full chunk's tier 0 ends on a granule
+            tl.static_assert((2 * C // 8) % 16 == 0)
+        else:
+            zero_pad(dst, len0, tl.minimum(z0, a_sm))
+        store_words(dst + z0, tl.zeros([T, 4 * SG], tl.int32), seg_c - z0, T, 4 * SG)
         tl.debug_barrier()
-        words = dst.to(tl.pointer_type(tl.int32))
-        _or_run(words, 8 * b1 + p1, run1, False)
-        _or_run(words, 8 * b2 + p2, run2, False)
-        _or_run(words, 8 * b3 + p3, run3, True)
-        _or_run(words, 8 * b4 + p4, run4, True)
-        if IS_FP16:
-            # A row's kept elements' 3 bits (<= 24) at their rank in the row,
-            # OR-ed in at the row's first kept rank: two words a row.
-            rem3 = tl.where(keep != 0, ((w >> 13) & 4) | ((w >> 8) & 3), 0)
-            rk = krpre >> 16  # kept elements before the row, in the thread
-            run = tl.sum(rem3 << (3 * ((kpre >> 16) - rk[:, :, None])), axis=2).to(tl.uint64)
-            bit = 3 * ((kex >> 16)[:, None] + rk)
-            s3 = (bit & 31).to(tl.uint64)
-            rw = words + (a_rem >> 2) + (bit >> 5)
-            q0 = (run << s3) & 0xFFFFFFFF
-            q1 = (run << s3) >> 32
-            tl.atomic_or(rw, q0.to(tl.int32), mask=q0 != 0, sem="relaxed")
-            tl.atomic_or(rw + 1, q1.to(tl.int32), mask=q1 != 0, sem="relaxed")
     # sm: the kept elements' sign+mantissa bytes at their rank among the kept.
     smv = (((w >> SIGN_SHIFT) & 1) << MAN_BITS) | (w & ((1 << MAN_BITS) - 1))
     # Ranks among the kept (high half) and escaped (low half) elements: a
@@ -481,7 +526,7 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     sm_dst = dst + a_sm
     if ITEMSIZE == 4:  # (fp32 counts fewer instructions with the ranks added first)
         at = kpre + kex[:, None, None]
-        krank = at >> 16
+        krank = at >> KS
         smb = 3 - 2 * low16
         smv = tl.where(low16 != 0, smv >> 16, smv)
         if seg_c < raw_seg:
@@ -489,18 +534,38 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
                 tl.store(sm_dst + krank * smb + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
                          mask=tl.where(b < smb, keep != 0, False))
     else:
+        if not FULL:
+            sm8 = smv
         if seg_c < raw_seg:
-            tl.store((sm_dst + (kex >> 16))[:, None, None] + (kpre >> 16),
-                     (smv & 0xFF).to(tl.uint8), mask=keep != 0)
-    zero_pad(sm_dst, sm_nb, (a_rem - a_sm) * cz)
+            tl.store((sm_dst + (kex >> KS))[:, None, None] + (kpre >> KS),
+                     sm8.to(tl.uint8), mask=keep != 0)
     # esc: the escaped elements' exponent bytes, in order.
     if seg_c < raw_seg:
         if ITEMSIZE == 2:
-            tl.store((dst + a_esc + (kex & 0xFFFF))[:, None, None] + (kpre & 0xFFFF),
+            tl.store((dst + a_esc + (kex & EM))[:, None, None] + (kpre & EM),
                      e.to(tl.uint8), mask=esc != 0)
         else:
-            tl.store(dst + a_esc + (at & 0xFFFF), e.to(tl.uint8), mask=esc != 0)
-    zero_pad(dst + a_esc, esc_nb, ((esc_nb + 15) & -16) * cz)
+            tl.store(dst + a_esc + (at & EM), e.to(tl.uint8), mask=esc != 0)
+    if seg_c < raw_seg:
+        words = dst.to(tl.pointer_type(tl.int32))
+        lastw = (a_sm >> 2) - 1
+        _or_run32(words, 8 * b1 + p1, run1, lastw)
+        _or_run32(words, 8 * b2 + p2, run2, lastw)
+        _or_run(words, 8 * b3 + p3, run3, lastw, True)
+        _or_run(words, 8 * b4 + p4, run4, lastw, True)
+        if IS_FP16:
+            # A row's kept elements' 3 bits (<= 24) at their rank in the row,
+            # OR-ed in at the row's first kept rank: two words a row.
+            rem3 = tl.where(keep != 0, ((w >> 13) & 4) | ((w >> 8) & 3), 0)
+            rk = krpre >> KS  # kept elements before the row, in the thread
+            run = tl.sum(rem3 << (3 * ((kpre >> KS) - rk[:, :, None])), axis=2).to(tl.uint64)
+            bit = 3 * ((kex >> KS)[:, None] + rk)
+            s3 = (bit & 31).to(tl.uint64)
+            rw = words + (a_rem >> 2) + (bit >> 5)
+            q0 = (run << s3) & 0xFFFFFFFF
+            q1 = (run << s3) >> 32
+            tl.atomic_or(rw, q0.to(tl.int32), mask=q0 != 0, sem="relaxed")
+            tl.atomic_or(rw + 1, q1.to(tl.int32), mask=q1 != 0, sem="relaxed")
 
 
 @triton.jit(noinline=True)
