@@ -413,33 +413,47 @@ def test_out_that_does_not_fit_is_refused(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_kept_buffers_start_clean_every_call(device, monkeypatch):
-    """Each thread keeps its encode scratch (ticket, body length, look-back
-    status words) per chunk count, and its decode error word, across calls:
-    a call whose buffer still held the last call's words would take the
-    wrong tickets, offsets or errors. Calls alternate dtypes, codecs and
-    sizes of one chunk count and of others, each payload byte-equal to the
-    torch backend's and each decode bit-exact; a corrupt payload's error
-    must not reach the next decode; two threads encoding at once get their
-    own buffers."""
+    """Each thread keeps its encode scratch per plan (a ring of launch
+    regions: ticket, body length, the header template the kernel writes the
+    header from, look-back status words) and its decode error words (a
+    ring), across calls: a region or word that still held an earlier call's
+    words would take the wrong tickets, offsets or errors, and a template of
+    another plan the wrong header. Rings of 2 here, so every ring wraps
+    (its one restoring copy or zeroing) several times. Calls alternate
+    dtypes, codecs, shapes of 1, 2 and 4 dims and sizes of one chunk count
+    and of others, each payload byte-equal to the torch backend's and each
+    decode bit-exact; a corrupt payload's error must not reach the next
+    decode; two threads encoding at once get their own buffers."""
     import threading
-    xs = [mixed(3 * C + 5, torch.bfloat16, seed=1).to(device),
+    from triton_kernels import codec_decode as D
+    from triton_kernels import codec_encode as E
+    monkeypatch.setattr(E, "RING", 2)
+    monkeypatch.setattr(D, "ERR_RING", 2)
+    monkeypatch.setattr(E._TLS, "rings", {}, raising=False)  # rings made at these sizes
+    monkeypatch.setattr(D._TLS, "err", {}, raising=False)
+    xs = [mixed(3 * C + 5, torch.bfloat16, seed=1).to(device).view(19, 647),
           mixed(3 * C + 5, torch.float32, seed=2).to(device),
-          mixed(4 * C, torch.float16, seed=3).to(device),  # the same chunk count
+          mixed(4 * C, torch.float16, seed=3).to(device).view(2, 8, 32, 32),  # one chunk count
           mixed(C + 1, torch.bfloat16, seed=4).to(device)]
     bad = None
-    for rnd in range(2):
+    for rnd in range(3):
         for i, x in enumerate(xs):
             codec = CODED[(i + rnd) % 2]
+            want = z.encode(x, codec=codec, backend="torch")
             p = z.encode(x, codec=codec, backend="triton")
-            assert torch.equal(p, z.encode(x, codec=codec, backend="torch")), (rnd, i, codec)
+            assert torch.equal(p, want), (rnd, i, codec)
+            # twice: a plan's ring of 2 wraps at its third call (rounds 0 and 2)
+            assert torch.equal(z.encode(x, codec=codec, backend="triton"), want), (rnd, i, codec)
             out = torch.empty_like(x)
             z.decode(p, out=out, backend="triton")
             assert torch.equal(bits(out), bits(x)), (rnd, i, codec)
-            if bad is None and x.dtype == torch.bfloat16:
-                bad = p.clone()
-                bad[-1] = 0xFF  # a padding byte: the error word gets a bit set
+            if x.dtype == torch.bfloat16 and rnd < 2:
+                if bad is None:
+                    bad = p.clone()
+                    bad[-1] = 0xFF  # a padding byte: the error word gets a bit set
+                    bad_x = x
                 with pytest.raises(z.CorruptPayloadError):
-                    z.decode(bad, out=torch.empty_like(x), backend="triton")
+                    z.decode(bad, out=torch.empty_like(bad_x), backend="triton")
     got, errors = {}, []
     if device == "cpu":
         # The interpreter rebinds triton.language for the kernel it runs, so
@@ -467,6 +481,37 @@ def test_kept_buffers_start_clean_every_call(device, monkeypatch):
     assert not errors, errors
     for k in (0, 2):
         assert torch.equal(got[k], z.encode(xs[k], codec="fixed3", backend="torch")), k
+
+
+def test_header_template_gives_every_body_length():
+    """The encode kernel writes the header from the plan's template
+    (_lookback.store_total): the header with a body length of 0, then per
+    bit of the length its CRC-32 term. The kernel's formula, mirrored here,
+    gives format.HeaderBytes' bytes for lengths of every bit (the
+    interpreted tests reach only small ones), for 0 to 16 dims."""
+    import random
+    import struct
+    from triton_kernels import codec_encode as E
+    rng = random.Random(5)
+    lengths = [0, 16, 2 ** 40 - 16, 2 ** 44 - 16] + [16 * rng.randrange(2 ** 40) for _ in range(30)]
+    for shape in [(), (5,), (3, 4), (2, 3, 4, 5, 6), (1,) * 16]:
+        numel = 1
+        for d in shape:
+            numel *= d
+        h = F.Header("dense", torch.float16, shape, numel, C, F.nchunks_for(numel, C), 0)
+        words = E._region_words(h)
+        assert len(words) == E.STATUS and words[:E.TEMPLATE] == [0, 0]
+        n, terms = words[E.NWORDS], words[E.TERMS:E.TERMS + 64]
+        for body in lengths:
+            w = [v & (2 ** 64 - 1) for v in words[E.TEMPLATE:E.NWORDS]]
+            delta = 0
+            for i in range(64):
+                if body >> i & 1:
+                    delta ^= terms[i]
+            w[3] = body
+            w[7] ^= delta << 32
+            got = struct.pack(f"<{len(w)}Q", *w)[:8 * n]
+            assert got == bytes(F.HeaderBytes(h).with_body(body)), (shape, body)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -70,3 +70,39 @@ def chunk_offset(status_ptr, c, nunits):
     # (Program 0 writes the same word again: no branch around a scalar atomic.)
     tl.atomic_xchg(status_ptr + c, inc | (acc + nunits), sem="release")
     return acc
+
+
+# The words after the body-length word (``total_ptr`` of ``store_total``), as
+# the encode launcher fills them once per plan: the header template, then how
+# many of its words the header takes, then the CRC's change per body-length
+# bit (codec_encode.header_words).
+HEADER_WORDS = tl.constexpr(24)  # format.HEADER_NBYTES + 8 * MAX_NDIM, in int64 words
+BODY_WORD = tl.constexpr(3)  # format._BODY_AT // 8
+CRC_WORD = tl.constexpr(7)  # the CRC-32 is the high half of bytes 56..63
+
+
+@triton.jit(noinline=True)
+def store_total(total_ptr, out_ptr, units):
+    """The last chunk's program, once the body length (``units``, 16-byte
+    units) is known: store it at ``total_ptr`` for the host's one read, and
+    write the payload's header (``format.Header.pack()``) at ``out_ptr``.
+
+    ``total_ptr + 1`` holds the plan's header with a body length of 0 and
+    its CRC-32 (HEADER_WORDS words, zero after the header), then the number
+    of words to write, then for each bit i of the 64-bit body-length field
+    the CRC-32 of the header with only that bit set xor that of the header
+    of all zero bytes. CRC-32 is affine over GF(2) for messages of one
+    length, so the CRC with body length b is the template's xor the terms of
+    b's set bits: 64 lanes and one xor-reduction, no serial byte loop."""
+    tl.store(total_ptr, units)
+    tpl = total_ptr + 1
+    body = units.to(tl.int64) * 16
+    bit = tl.arange(0, 64).to(tl.int64)
+    terms = tl.load(tpl + HEADER_WORDS + 1 + bit)
+    delta = tl.xor_sum(tl.where(((body >> bit) & 1) != 0, terms, 0), axis=0)
+    k = tl.arange(0, 32)
+    live = k < tl.load(tpl + HEADER_WORDS)
+    w = tl.load(tpl + k, mask=live, other=0)
+    w = tl.where(k == BODY_WORD, body, w)
+    w = tl.where(k == CRC_WORD, w ^ (delta << 32), w)
+    tl.store(out_ptr.to(tl.pointer_type(tl.int64)) + k, w, mask=live)

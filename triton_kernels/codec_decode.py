@@ -214,23 +214,46 @@ def _plan(dtype: torch.dtype, numel: int, C: int, body_only: int, warps: int) ->
 
 
 _TLS = threading.local()
+ERR_RING = 64  # error words a thread's ring holds: calls per zeroing
+ERR_STRIDE = 4  # int32 words between two (16 bytes: every word's address 16-byte aligned)
+
+
+class _ErrRing:
+    """A thread's error words on one device: ``ERR_RING`` words, each call
+    the next (``take``); when all have been used, one ``zero_()`` clears
+    them all for the next round."""
+    __slots__ = ("words", "views", "addresses", "m", "next", "device")
+
+    def __init__(self, device: torch.device):
+        self.m = m = ERR_RING
+        self.words = torch.zeros(m * ERR_STRIDE, dtype=torch.int32, device=device)
+        self.views = [self.words[r * ERR_STRIDE:r * ERR_STRIDE + 1] for r in range(m)]
+        base = self.words.data_ptr()
+        self.addresses = [base + 4 * ERR_STRIDE * r for r in range(m)]
+        self.next = 0
+        self.device = device
+
+    def take(self) -> int:
+        r = self.next
+        if r == self.m:
+            self.words.zero_()
+            r = 0
+        self.next = r + 1
+        return r
 
 
 def _take_error_word(device: torch.device) -> tuple:
-    """(a zeroed int32 error word on ``device``, its address, the device),
-    this thread's:
-    its cache holds the word only between calls (``_read_error`` puts it
-    back once the kernel that ORs into it is done), so no two calls in
-    flight share one."""
+    """(this thread's error-word ring on ``device``, the index of this call's
+    word, zero): the cache holds the ring only between calls
+    (``_read_error`` puts it back once the kernel that ORs into its word is
+    done), so no two calls in flight share one."""
     kept = _TLS.__dict__.get("err")
     if kept is None:
         kept = _TLS.err = {}
-    got = kept.pop(device, None)
-    if got is None:
-        err = torch.zeros(1, dtype=torch.int32, device=device)
-        return err, err.data_ptr(), device
-    got[0].zero_()
-    return got
+    ring = kept.pop(device, None)
+    if ring is None:
+        ring = _ErrRing(device)
+    return ring, ring.take()
 
 
 def _launch(payload, out, numel, C, body_only) -> tuple:
@@ -239,8 +262,9 @@ def _launch(payload, out, numel, C, body_only) -> tuple:
     err = _take_error_word(payload.device)
     if nch:
         # the pointers as addresses (no view of out as words): _launch.Bound
-        launch(nch, (payload.data_ptr(), out.data_ptr(), err[1], payload.numel()),
-               _launch_tensors, payload, out, err[0], word, launch.fixed)
+        ring, r = err
+        launch(nch, (payload.data_ptr(), out.data_ptr(), ring.addresses[r], payload.numel()),
+               _launch_tensors, payload, out, ring.views[r], word, launch.fixed)
     return err
 
 
@@ -250,10 +274,11 @@ def _launch_tensors(payload, out, err, word, fixed) -> tuple:
 
 
 def _read_error(err: tuple) -> int:
-    """The error word: the call's one device-to-host read. The word goes
+    """The error word: the call's one device-to-host read. The ring goes
     back to this thread's cache after it."""
-    bits = int(err[0].item())
-    _TLS.err[err[2]] = err
+    ring, r = err
+    bits = int(ring.views[r].item())
+    _TLS.err[ring.device] = ring
     return bits
 
 

@@ -44,7 +44,7 @@ import triton.language as tl
 from zipccl_fsdp import format as F
 
 from ._codec_common import store_words
-from ._lookback import chunk_offset, ticket
+from ._lookback import chunk_offset, store_total, ticket
 
 # The shape of the format this kernel is written for (fails loudly if it changes).
 assert F.TIER_BITS == (2, 1, 1, 2, 2) and F.TIER_START == (0, 3, 4, 5, 8)
@@ -470,7 +470,7 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     off = chunk_offset(status_ptr, c, units)
     tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + (offsets_off >> 2) + c, off.to(tl.int32))
     if c == nch - 1:
-        tl.store(total_ptr, off + units)
+        store_total(total_ptr, out_ptr, off + units)  # and the header
         gap = offsets_off + 4 * nch
         zero_pad(out_ptr, gap, (gap + 15) & -16)
     flags = low16 | (zp << 1) | (zn << 2)

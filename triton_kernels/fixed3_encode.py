@@ -10,8 +10,8 @@ chunk-table entry, computes its padded segment size in 16-byte units, gets
 its segment offset by the decoupled look-back (``_lookback.chunk_offset``),
 writes ``offsets[c]`` and then its whole segment, padding included
 (format.py, "Body"). The last chunk's program also stores the body length
-(16-byte units) for the host and zeroes the gap after the offsets. The
-header is the launcher's (codec_encode.py).
+(16-byte units) for the host, writes the header from the launcher's template
+(``_lookback.store_total``) and zeroes the gap after the offsets.
 
 Sub-streams (every store covers the padded sub-stream, so no padding is
 written apart when the tile covers it):
@@ -38,7 +38,7 @@ from ._codec_common import (FIXED_ZERO_SHIFT, ROUNDS, align16, cols_or, esc_bits
                             fixed3_layout, fixed_window, kept_bits, low_bit_index, pack_bytes, popc32,
                             load_rows, store_rows3, store_words, store_words24, sum3, tile3, ttile,
                             zero_pad)
-from ._lookback import chunk_offset, ticket
+from ._lookback import chunk_offset, store_total, ticket
 
 
 
@@ -145,7 +145,7 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     off = chunk_offset(status_ptr, c, units)
     tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + (offsets_off >> 2) + c, off.to(tl.int32))
     if c == nch - 1:
-        tl.store(total_ptr, off + units)
+        store_total(total_ptr, out_ptr, off + units)  # and the header
         gap = offsets_off + 4 * nch
         zero_pad(out_ptr, gap, align16(gap))
     ci = coded.to(tl.int32)

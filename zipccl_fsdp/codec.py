@@ -164,7 +164,8 @@ def encode(tensor: torch.Tensor, *, codec: str = "auto", backend: str = "auto",
     codec = _check_codec(codec)
     if tensor.dim() > F.MAX_NDIM:
         raise ValueError(f"tensors of up to {F.MAX_NDIM} dims are supported, got {tensor.dim()}")
-    x = tensor.detach()
+    # detach() only when autograd could record (a new tensor object per call otherwise)
+    x = tensor.detach() if tensor.requires_grad else tensor
     if not x.is_contiguous():
         x = x.contiguous()
     module = _backend_module(backend, x.device)
