@@ -39,28 +39,32 @@ if not HAS_CUDA and not _interpreted():
     pytest.skip("CPU tensors need the Triton interpreter", allow_module_level=True)
 
 from triton_kernels.dense_decode import decode_launch  # noqa: E402
+from triton_kernels import codec_encode as E  # noqa: E402
 from triton_kernels.dense_encode import encode_launch  # noqa: E402
 
 
 def encode(x: torch.Tensor) -> torch.Tensor:
-    """The dense payload of x from the Triton kernel, the header built here.
-    The buffer starts as 0xAB bytes, so a padding byte the kernel leaves
-    unwritten shows."""
+    """The dense payload of x from the Triton kernel, in a launch region
+    prepared as codec_encode prepares one (the kernel writes the header from
+    its template), the header checked against format's. The buffer starts as
+    0xAB bytes, so a padding byte the kernel leaves unwritten shows."""
     info = F.dtype_info(x.dtype)
     numel = x.numel()
     nch = F.nchunks_for(numel)
     h = F.Header("dense", x.dtype, tuple(x.shape), numel, C, nch, 0)
     out = torch.full((F.max_encoded_nbytes(numel, x.dtype, x.dim()),), 0xAB, dtype=torch.uint8,
                      device=x.device)
-    ticket = torch.zeros(1, dtype=torch.int32, device=x.device)
-    status = torch.zeros(nch, dtype=torch.int64, device=x.device)
-    total = torch.zeros(1, dtype=torch.int64, device=x.device)
+    region = torch.zeros(E.region_nwords(nch), dtype=torch.int64)
+    init = E._region_words(h)
+    region[:len(init)] = torch.tensor(init, dtype=torch.int64)
+    region = region.to(x.device)
+    _, _, ticket, status, total = E._tensor_args(None, out, region, 0, nch)
     encode_launch(x.reshape(-1).view(INT_VIEW[info.itemsize]), out, ticket, status, total, numel,
                   nch, h.table_offset, h.offsets_offset, h.body_offset, info)
     h.body_nbytes = 16 * int(total[0])
     out = out[:h.total_nbytes].clone()
     head = h.pack()
-    out[:len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8).to(x.device)
+    assert bytes(out[:len(head)].cpu().numpy()) == head, "the kernel's header"
     return out
 
 

@@ -598,9 +598,11 @@ def encode_launch(words, out, ticket, status, total, numel: int, nch: int, table
     """Launch the dense encode of ``words`` (the tensor's int16/int32 view,
     contiguous) into ``out`` (uint8, at least format.max_encoded_nbytes):
     writes the chunk table at ``table_off``, the offsets at ``offsets_off``,
-    the zero gap up to ``body_off`` and the body. ``ticket`` (int32, 1) and
-    ``status`` (int64, nch) must be zero; ``total`` (int64, 1) receives the
-    body size in 16-byte units. The header is the caller's."""
+    the zero gap up to ``body_off``, the body and the header. ``ticket``,
+    ``status`` and ``total`` are the slices of one launch region
+    (codec_encode.region_nwords, its initial words codec_encode._region_words:
+    ``total``, which receives the body size in 16-byte units, is followed by
+    the header template the last program writes the header from)."""
     assert F.CHUNK_ELEMS % (8 * 32 * num_warps) == 0
     dense_encode_kernel[(nch,)](
         words, out, ticket, status, total, numel, nch, table_off, offsets_off, body_off,
