@@ -54,10 +54,7 @@ def encode(x: torch.Tensor) -> torch.Tensor:
     h = F.Header("dense", x.dtype, tuple(x.shape), numel, C, nch, 0)
     out = torch.full((F.max_encoded_nbytes(numel, x.dtype, x.dim()),), 0xAB, dtype=torch.uint8,
                      device=x.device)
-    region = torch.zeros(E.region_nwords(nch), dtype=torch.int64)
-    init = E._region_words(h)
-    region[:len(init)] = torch.tensor(init, dtype=torch.int64)
-    region = region.to(x.device)
+    region = E.initial_region(h).to(x.device)
     _, _, ticket, status, total = E._tensor_args(None, out, region, 0, nch)
     encode_launch(x.reshape(-1).view(INT_VIEW[info.itemsize]), out, ticket, status, total, numel,
                   nch, h.table_offset, h.offsets_offset, h.body_offset, info)

@@ -155,6 +155,16 @@ def _region_words(header: F.Header) -> list:
     return [0, 0, *tpl, len(head) // 8, *terms, 0]
 
 
+def initial_region(header: F.Header) -> torch.Tensor:
+    """A launch region for ``header``'s plan in its initial words (CPU,
+    int64, ``region_nwords(header.nchunks)``): ``_region_words``, then zero
+    status words."""
+    head = _region_words(header)
+    region = torch.zeros(region_nwords(header.nchunks), dtype=torch.int64)
+    region[:len(head)] = torch.tensor(head, dtype=torch.int64)
+    return region
+
+
 def _words(x: torch.Tensor, word: torch.dtype) -> torch.Tensor:
     """x's elements as integer words (a kernel indexes them flat, so a
     contiguous x of any shape is viewed in place)."""
@@ -194,10 +204,7 @@ def _plan(dtype: torch.dtype, codec: str, shape: tuple, C: int, warps: int) -> _
     # is a multiple of 16 (C % 8 == 0).
     bound = header.body_offset + F.align16(numel * info.itemsize)
     ints = _int_args(launch.kernel, numel, nch, C, header)
-    head = _region_words(header)
-    region = torch.zeros(region_nwords(nch), dtype=torch.int64)
-    region[:len(head)] = torch.tensor(head, dtype=torch.int64)
-    return _Plan(launch.bind(ints), nch, bound, header.body_offset, ints, region,
+    return _Plan(launch.bind(ints), nch, bound, header.body_offset, ints, initial_region(header),
                  _INT_VIEW[info.itemsize], next(_UIDS))
 
 

@@ -600,7 +600,7 @@ def encode_launch(words, out, ticket, status, total, numel: int, nch: int, table
     writes the chunk table at ``table_off``, the offsets at ``offsets_off``,
     the zero gap up to ``body_off``, the body and the header. ``ticket``,
     ``status`` and ``total`` are the slices of one launch region
-    (codec_encode.region_nwords, its initial words codec_encode._region_words:
+    (codec_encode.initial_region gives one in its initial words:
     ``total``, which receives the body size in 16-byte units, is followed by
     the header template the last program writes the header from)."""
     assert F.CHUNK_ELEMS % (8 * 32 * num_warps) == 0
