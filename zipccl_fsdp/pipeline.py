@@ -102,9 +102,25 @@ def _unpack_head(first: int) -> tuple:
     return (first >> 16) & 0xFFFF, (first >> 8) & 0xFF, first & 0xFF
 
 
+_COUNTS_HASHES: dict = {}
+"""Hashes of the element-count lists met so far (a training step meets the
+same few calls again and again), emptied when it grows past ``_HASHES_KEPT``."""
+_HASHES_KEPT = 4096
+
+_MAX_BYTES: dict = {}
+"""``max_encoded_nbytes`` of a piece of (elements, dtype) with checksums, by
+the same memo rule: the bound a size row's payload sizes are checked against."""
+
+
 def _counts_hash(counts) -> int:
     """A 62-bit hash of a list of element counts, the same on every rank."""
-    return _integrity.hash62(repr(tuple(int(c) for c in counts)))
+    key = tuple(counts)
+    found = _COUNTS_HASHES.get(key)
+    if found is None:
+        if len(_COUNTS_HASHES) >= _HASHES_KEPT:
+            _COUNTS_HASHES.clear()
+        found = _COUNTS_HASHES[key] = _integrity.hash62(repr(tuple(int(c) for c in counts)))
+    return found
 
 
 class Desc(NamedTuple):
@@ -142,6 +158,18 @@ class Outcome(NamedTuple):
 
 def _bounds(count: int, pieces: int) -> list:
     return [count * i // pieces for i in range(pieces + 1)]
+
+
+_EMPTY: dict = {}
+
+
+def _empty_bytes(device: torch.device) -> torch.Tensor:
+    """A uint8 tensor of no elements on ``device``, made once: what a rank
+    sends itself in an all-to-all (nothing ever writes it)."""
+    empty = _EMPTY.get(device)
+    if empty is None:
+        empty = _EMPTY[device] = torch.empty(0, dtype=torch.uint8, device=device)
+    return empty
 
 
 _SIDE_STREAMS: dict = {}
@@ -216,7 +244,7 @@ class _Call:
         self.plan, self.cfg, self.st, self.device = plan, cfg, st, device
         self.desc, self.dtype = desc, dtype
         self.streams = _Streams(device)
-        self.empty = torch.empty(0, dtype=torch.uint8, device=device)  # what a rank sends itself
+        self.empty = _empty_bytes(device)  # what a rank sends itself
         self.raw_mode = not plan.compress  # sticky after a FELL_BACK
         self.fell = False
         self.coded = False
@@ -224,7 +252,6 @@ class _Call:
         self.error_peer = -1        # the rank whose payload was corrupt
         self.coded_raw = 0          # global raw bytes of coded pieces
         self.coded_payload = 0      # and their payload bytes
-        self._bound: dict = {}
 
     def run(self, raw, encode, exchange, drain) -> None:
         """Move every piece: encode piece i+1 while piece i is in flight, then
@@ -342,12 +369,13 @@ class _Call:
                 f"{_who(other, group)} sent something other than zipccl's size row: the ranks "
                 f"are not in the same collective")
             raise ZipCCLConfigError(f"zipccl {kind}: {why}")
-        heads = [(*_unpack_head(row[0]), row[1]) for row in rows]
-        for slot, (name, show) in enumerate(zip(_HEAD_NAMES, _HEAD_SHOW)):
-            column = [head[slot] for head in heads]
-            if len(set(column)) > 1:
-                raise ValueError(f"zipccl {kind}: the ranks disagree on the call's {name}: "
-                                 f"{_sides(column, group, show)}")
+        if any(row[:_HEAD] != rows[0][:_HEAD] for row in rows):
+            heads = [(*_unpack_head(row[0]), row[1]) for row in rows]
+            for slot, (name, show) in enumerate(zip(_HEAD_NAMES, _HEAD_SHOW)):
+                column = [head[slot] for head in heads]
+                if len(set(column)) > 1:
+                    raise ValueError(f"zipccl {kind}: the ranks disagree on the call's "
+                                     f"{name}: {_sides(column, group, show)}")
         to = _HEAD + w
         for s in range(w):
             sent = [rows[r][to + s] for r in range(w)]
@@ -372,10 +400,13 @@ class _Call:
                         f"{self._max_bytes(elems)} are possible")
 
     def _max_bytes(self, elems: int) -> int:
-        bound = self._bound.get(elems)
+        key = (elems, self.dtype)
+        bound = _MAX_BYTES.get(key)
         if bound is None:
-            bound = self._bound[elems] = (F.max_encoded_nbytes(elems, self.dtype, 1, True)
-                                          if self.dtype in _DTYPE_IDS else 0)
+            if len(_MAX_BYTES) >= _HASHES_KEPT:
+                _MAX_BYTES.clear()
+            bound = _MAX_BYTES[key] = (F.max_encoded_nbytes(elems, self.dtype, 1, True)
+                                       if self.dtype in _DTYPE_IDS else 0)
         return bound
 
     def decode(self, piece: torch.Tensor, out: torch.Tensor, peer: int) -> None:
@@ -538,21 +569,23 @@ def scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.Te
 
     def drain(i, recv, recv_sizes, coded, _keep):
         a, b = bounds[rank][i], bounds[rank][i + 1]
+        decoded = scratch[a:b] if coded else None
         offset = 0
-        for r in range(world):
-            got = recv[offset:offset + recv_sizes[r]]
-            offset += recv_sizes[r]
-            if r == rank:
-                src = mine[a:b]
-            elif coded:
-                with st.phase(kind, "decode"), call.streams.codec():
-                    call.decode(got, scratch[a:b], r)
-                src = scratch[a:b]
-            else:
-                src = got.view(flat_in.dtype)
-            if call.error is None:
-                with st.phase(kind, "reduce"), call.streams.codec():
-                    total.add(src, r, a, b)
+        with call.streams.codec():
+            for r in range(world):
+                size = recv_sizes[r]
+                if r == rank:
+                    src = mine[a:b]
+                elif coded:
+                    with st.phase(kind, "decode"):
+                        call.decode(recv[offset:offset + size], decoded, r)
+                    src = decoded
+                else:
+                    src = recv[offset:offset + size].view(flat_in.dtype)
+                offset += size
+                if call.error is None:
+                    with st.phase(kind, "reduce"):
+                        total.add(src, r, a, b)
 
     if world > 1:
         call.run(raw, encode, exchange, drain)
