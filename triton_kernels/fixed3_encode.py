@@ -121,8 +121,7 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
         c2 = _pair_codes(pr, lo, width, zp, zn, MAN_BITS, EMAX)
         # A row's eight codes (3 bits each) from its four pairs; codes past
         # n are 0.
-        acc = _pair_rows3(c2) & tl.where(8 * r + 8 <= n, 0xFFFFFF,
-                                          (1 << tl.maximum(3 * (n - 8 * r), 0)) - 1)
+        acc = _pair_rows3(c2) & row_mask(n, r)
         krow = kept_bits(acc, z)
         esc = acc == -1  # (not SPARSE only; PAIRS implies SPARSE)
     else:
@@ -292,6 +291,14 @@ def thread_counts(krow, acc, esc, T: tl.constexpr, G: tl.constexpr):
         n_esc = tl.sum(esc_t, axis=0)
         kmax = 0 * kept
     return tex, emask, esc_t, kept, n_esc, kmax, kept_t
+
+
+@triton.jit
+def row_mask(n, r):
+    """The bits of row r's 24-bit code word that belong to elements below n
+    (rows of 8 elements, 3 bits each): 24 - 3 (n - 8 r) clamped to 0..24
+    bits shifted off the top of 0xFFFFFF."""
+    return 0xFFFFFF >> tl.minimum(tl.maximum(24 * r + 24 - 3 * n, 0), 24)
 
 
 @triton.jit
