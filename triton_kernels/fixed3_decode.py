@@ -34,7 +34,7 @@ from ._codec_common import (ROUNDS, ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_P
                             load_words, low_bit_index, pad_nonzero, pads_nonzero, popc32,
                             ttile, unpack_bytes, esc_bits, store_rows,
                             kept_bits)
-from .fixed3_encode import thread_counts
+from .fixed3_encode import row_mask, thread_counts
 
 
 @triton.jit
@@ -148,7 +148,7 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
     else:
         acc = load_rows3(src, r, codes_l)
     # The codes of elements past n read as 0 (bits past 3 n may be anything).
-    acc = acc & tl.where(8 * r + 8 <= n, 0xFFFFFF, (1 << tl.maximum(3 * (n - 8 * r), 0)) - 1)
+    acc = acc & row_mask(n, r)
     code = (acc[:, :, None] >> (3 * q)) & 7
     zp = (flags >> 1) & 1
     zn = (flags >> 2) & 1
@@ -306,7 +306,7 @@ def _patch_all(src, dst, n, codes_w, codes_l, esc_src, esc_l, lo_z, EXP_BITS: tl
         acc = tl.where(3 * r < codes_l, load_words24(src, codes_w, T, G // 4), 0)
     else:
         acc = load_rows3(src, r, codes_l)
-    acc = acc & tl.where(8 * r + 8 <= n, 0xFFFFFF, (1 << tl.maximum(3 * (n - 8 * r), 0)) - 1)
+    acc = acc & row_mask(n, r)
     esc = ((acc[:, :, None] >> (3 * q)) & 7) == 7
     f = esc.to(tl.int32)
     per = tl.sum(tl.sum(f, axis=2), axis=1)

@@ -88,8 +88,10 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
             # each), widened to 20 + 13 + 13 + 13 bits for one int64 sum.
             # (Normals and zeros exclude each other: one value per element. The
             # padding reads as +0.0 and is taken out of npos below.)
-            v = tl.where(normal, e + (1 << 13),
-                         tl.where(w == 0, 1 << 19, tl.where(is_neg, 1 << 25, 0)))
+            # A zero's value by its sign bit (w >> 31: -1 or 0): 1 << 25 for
+            # -0.0, 1 << 19 for +0.0, one test of the other bits for both.
+            zv = ((w >> 31) & ((1 << 25) ^ (1 << 19))) ^ (1 << 19)
+            v = tl.where(normal, e + (1 << 13), tl.where((w & ~NEGZ) == 0, zv, 0))
             per = tl.sum(tl.sum(v, axis=2), axis=1)
             wide = (per & 0x1FFF).to(tl.int64) | (((per >> 13) & 63).to(tl.int64) << 20) | (
                 ((per >> 19) & 63).to(tl.int64) << 33) | ((per >> 25).to(tl.int64) << 46)
@@ -121,8 +123,7 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
         c2 = _pair_codes(pr, lo, width, zp, zn, MAN_BITS, EMAX)
         # A row's eight codes (3 bits each) from its four pairs; codes past
         # n are 0.
-        acc = _pair_rows3(c2) & tl.where(8 * r + 8 <= n, 0xFFFFFF,
-                                          (1 << tl.maximum(3 * (n - 8 * r), 0)) - 1)
+        acc = _pair_rows3(c2) & row_mask(n, r)
         krow = kept_bits(acc, z)
         esc = acc == -1  # (not SPARSE only; PAIRS implies SPARSE)
     else:
@@ -221,11 +222,12 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
                 inrow = (_row_excl(acc, z)[:, :, None] >> (3 * q)) & 7
             krank = kstart[:, None, None] + rowx[:, :, None] + inrow
             if ITEMSIZE == 4:
-                if low16 != 0:
-                    tl.store(sm_dst + krank, (smv & 0xFF).to(tl.uint8), mask=keep)
-                else:
-                    p3 = sm_dst + 3 * krank
-                    for b in tl.static_range(3):
+                # One path for both sm widths: smb bytes an element from byte
+                # smb * rank (LOW16: one; its two after it masked off).
+                p3 = sm_dst + (3 - 2 * low16) * krank
+                tl.store(p3, (smv & 0xFF).to(tl.uint8), mask=keep)
+                if low16 == 0:
+                    for b in tl.static_range(1, 3):
                         tl.store(p3 + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8), mask=keep)
             else:
                 # (one pointer a row, the element's offset in the row added)
@@ -292,6 +294,14 @@ def thread_counts(krow, acc, esc, T: tl.constexpr, G: tl.constexpr):
         n_esc = tl.sum(esc_t, axis=0)
         kmax = 0 * kept
     return tex, emask, esc_t, kept, n_esc, kmax, kept_t
+
+
+@triton.jit
+def row_mask(n, r):
+    """The bits of row r's 24-bit code word that belong to elements below n
+    (rows of 8 elements, 3 bits each): 24 - 3 (n - 8 r) clamped to 0..24
+    bits shifted off the top of 0xFFFFFF."""
+    return 0xFFFFFF >> tl.minimum(tl.maximum(24 * r + 24 - 3 * n, 0), 24)
 
 
 @triton.jit
@@ -430,7 +440,9 @@ def _codes(w, e, valid, lo, width, zp, zn, NEGZ: tl.constexpr):
     c0 = tl.minimum((0 - lo).to(tl.uint32), width.to(tl.uint32)).to(tl.int32) + z
     cpos = tl.where(zp != 0, 0, c0)
     cneg = tl.where(zn != 0, zp, c0)
-    code = tl.where(w == 0, cpos, tl.where(w == NEGZ, cneg, code))
+    # (either zero by one test of the bits below the sign, its code by the
+    # sign: w >> 31 is -1 or 0)
+    code = tl.where((w & ~NEGZ) == 0, ((w >> 31) & (cneg ^ cpos)) ^ cpos, code)
     return tl.where(valid, code, 0)
 
 
