@@ -325,6 +325,16 @@ def _nib(lut, sh):
     return ((lut >> sh) & 15).to(tl.int32)
 
 
+@triton.jit(noinline=True)
+def _finish(total_ptr, out_ptr, units, offsets_off, nch):
+    """The last chunk's program, once the body length (``units``) is known:
+    the length and the header (store_total), and the zeros between the
+    offsets and the body (cold code: one program a launch)."""
+    store_total(total_ptr, out_ptr, units)
+    gap = offsets_off + 4 * nch
+    zero_pad(out_ptr, gap, (gap + 15) & -16)
+
+
 @triton.jit
 def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
                   body_off, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
@@ -359,11 +369,16 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
             w = tl.reshape(tl.join((wp << 16) >> 16, wp >> 16), (T, G, 8))
             # The sm bytes of both words of a pair at once (the byte store
             # keeps the low 8 bits: no mask per element). bf16: the sign
-            # moved next to the 7 mantissa bits; fp16: the low mantissa byte.
+            # moved next to the 7 mantissa bits (bits 7 and 23 taken from 8
+            # above, one bit select; the mask ORs in c >> 31, which is 0 for a
+            # chunk id, so that LLVM keeps the select, one LOP3, instead of
+            # two ANDs with complementary constants and an OR); fp16: the low
+            # mantissa byte.
             if IS_FP16:
                 sm8 = w
             else:
-                smp = (wp & 0x007F007F) | ((wp >> 8) & 0x00800080)
+                msk = 0x00800080 | (c >> 31)
+                smp = wp ^ ((wp ^ (wp >> 8)) & msk)
                 sm8 = tl.reshape(tl.join(smp, smp >> 16), (T, G, 8))
             # Both exponents of a pair by one shift and mask.
             ep = (wp >> MAN_BITS) & (EMAX | (EMAX << 16))
@@ -470,9 +485,7 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     off = chunk_offset(status_ptr, c, units)
     tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + (offsets_off >> 2) + c, off.to(tl.int32))
     if c == nch - 1:
-        store_total(total_ptr, out_ptr, off + units)  # and the header
-        gap = offsets_off + 4 * nch
-        zero_pad(out_ptr, gap, (gap + 15) & -16)
+        _finish(total_ptr, out_ptr, off + units, offsets_off, nch)
     flags = low16 | (zp << 1) | (zn << 2)
     ent = out_ptr.to(tl.pointer_type(tl.int32)) + (table_off >> 2) + 4 * c.to(tl.int64)
     ci = coded.to(tl.int32)
