@@ -437,13 +437,18 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     keep = ek >> KS
     # Open flags of tiers 1..4 in byte fields, the 2-bit tiers' counted twice
     # (bit positions): one multiply spreads m's bits (no carries: 0, 7, 15, 22).
-    f = ((m * 0x408081) & 0x02020101).to(tl.uint32)
+    # The mask ORs in c >> 31 (0) so that LLVM does not narrow the in-row
+    # prefix fields to their known bits: a field is then one PRMT, not a
+    # shift and a narrow mask.
+    f = ((m * 0x408081) & (0x02020101 | (c >> 31))).to(tl.uint32)
     fpre = tl.cumsum(f, axis=2) - f
     frow = tl.sum(f, axis=2)  # [T, G]
     q = tl.arange(0, 8)[None, None, :]
     r0 = tl.sum(d0 << (2 * q), axis=2) >> 2
-    # (The digit bits shifted where they are in m, the row's sum shifted back.)
-    r1 = tl.sum((m & 2).to(tl.uint32) << (fpre & 0xFF), axis=2) >> 1
+    # (The digit bits shifted where they are in m, the row's sum shifted back.
+    # Tier 1's prefix is below 8, so & 31 keeps it whole: a wrap-mode shift
+    # with no mask of its own.)
+    r1 = tl.sum((m & 2).to(tl.uint32) << (fpre & 31), axis=2) >> 1
     r2 = tl.sum((m & 4).to(tl.uint32) << ((fpre >> 8) & 0xFF), axis=2) >> 2
     r3 = tl.sum((dv & 3).to(tl.uint32) << ((fpre >> 16) & 0xFF), axis=2)
     r4 = tl.sum((dv >> 2).to(tl.uint32) << (fpre >> 24), axis=2)
