@@ -574,7 +574,16 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
         if IS_FP16:
             # A row's kept elements' 3 bits (<= 24) at their rank in the row,
             # OR-ed in at the row's first kept rank: two words a row.
-            rem3 = tl.where(keep != 0, ((w >> 13) & 4) | ((w >> 8) & 3), 0)
+            if FULL:
+                # Both words of a pair at once (sign to bit 2, mantissa bits
+                # 8, 9 to 0, 1), and an element without an sm byte (an exact
+                # zero, whose mantissa bits are 0) keeps none of its sign:
+                # the kept bit, moved to bit 2, ORed with 3 is the mask.
+                remp = ((wp >> 13) & 0x00040004) | ((wp >> 8) & 0x00030003)
+                rem3p = tl.reshape(tl.join(remp & 7, remp >> 16), (T, G, 8))
+                rem3 = rem3p & ((ek >> (KS - 2)) | 3)
+            else:
+                rem3 = tl.where(keep != 0, ((w >> 13) & 4) | ((w >> 8) & 3), 0)
             rk = krpre >> KS  # kept elements before the row, in the thread
             run = tl.sum(rem3 << (3 * ((kpre >> KS) - rk[:, :, None])), axis=2).to(tl.uint64)
             bit = 3 * ((kex >> KS)[:, None] + rk)
