@@ -216,3 +216,13 @@ def test_cached_launches_match_triton():
                         "--check"], env=env, cwd=ROOT, timeout=900, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "direct launches match kernel[grid]: 112 cases" in r.stdout, r.stdout
+
+
+def test_dense_bf16_encode_within_issue17_bound(rows):
+    """Issue 17's dense encode bound, the part of test_issue17_acceptance
+    that is met: bf16 dense encode <= 80 instructions per element on the hot
+    path (every full chunk, whatever its zeros), summed over the call's
+    kernels, with one read of the input."""
+    dense = _kernel(rows, "bf16", "dense", "summary")
+    assert dense["encode_instr"] <= 80.0, dense
+    assert dense["input_reads"] == 1, dense

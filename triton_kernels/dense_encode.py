@@ -325,6 +325,16 @@ def _nib(lut, sh):
     return ((lut >> sh) & 15).to(tl.int32)
 
 
+@triton.jit(noinline=True)
+def _finish(total_ptr, out_ptr, units, offsets_off, nch):
+    """The last chunk's program, once the body length (``units``) is known:
+    the length and the header (store_total), and the zeros between the
+    offsets and the body (cold code: one program a launch)."""
+    store_total(total_ptr, out_ptr, units)
+    gap = offsets_off + 4 * nch
+    zero_pad(out_ptr, gap, (gap + 15) & -16)
+
+
 @triton.jit
 def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
                   body_off, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
@@ -359,11 +369,16 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
             w = tl.reshape(tl.join((wp << 16) >> 16, wp >> 16), (T, G, 8))
             # The sm bytes of both words of a pair at once (the byte store
             # keeps the low 8 bits: no mask per element). bf16: the sign
-            # moved next to the 7 mantissa bits; fp16: the low mantissa byte.
+            # moved next to the 7 mantissa bits (bits 7 and 23 taken from 8
+            # above, one bit select; the mask ORs in c >> 31, which is 0 for a
+            # chunk id, so that LLVM keeps the select, one LOP3, instead of
+            # two ANDs with complementary constants and an OR); fp16: the low
+            # mantissa byte.
             if IS_FP16:
                 sm8 = w
             else:
-                smp = (wp & 0x007F007F) | ((wp >> 8) & 0x00800080)
+                msk = 0x00800080 | (c >> 31)
+                smp = wp ^ ((wp ^ (wp >> 8)) & msk)
                 sm8 = tl.reshape(tl.join(smp, smp >> 16), (T, G, 8))
             # Both exponents of a pair by one shift and mask.
             ep = (wp >> MAN_BITS) & (EMAX | (EMAX << 16))
@@ -422,13 +437,18 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     keep = ek >> KS
     # Open flags of tiers 1..4 in byte fields, the 2-bit tiers' counted twice
     # (bit positions): one multiply spreads m's bits (no carries: 0, 7, 15, 22).
-    f = ((m * 0x408081) & 0x02020101).to(tl.uint32)
+    # The mask ORs in c >> 31 (0) so that LLVM does not narrow the in-row
+    # prefix fields to their known bits: a field is then one PRMT, not a
+    # shift and a narrow mask.
+    f = ((m * 0x408081) & (0x02020101 | (c >> 31))).to(tl.uint32)
     fpre = tl.cumsum(f, axis=2) - f
     frow = tl.sum(f, axis=2)  # [T, G]
     q = tl.arange(0, 8)[None, None, :]
     r0 = tl.sum(d0 << (2 * q), axis=2) >> 2
-    # (The digit bits shifted where they are in m, the row's sum shifted back.)
-    r1 = tl.sum((m & 2).to(tl.uint32) << (fpre & 0xFF), axis=2) >> 1
+    # (The digit bits shifted where they are in m, the row's sum shifted back.
+    # Tier 1's prefix is below 8, so & 31 keeps it whole: a wrap-mode shift
+    # with no mask of its own.)
+    r1 = tl.sum((m & 2).to(tl.uint32) << (fpre & 31), axis=2) >> 1
     r2 = tl.sum((m & 4).to(tl.uint32) << ((fpre >> 8) & 0xFF), axis=2) >> 2
     r3 = tl.sum((dv & 3).to(tl.uint32) << ((fpre >> 16) & 0xFF), axis=2)
     r4 = tl.sum((dv >> 2).to(tl.uint32) << (fpre >> 24), axis=2)
@@ -470,9 +490,7 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     off = chunk_offset(status_ptr, c, units)
     tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + (offsets_off >> 2) + c, off.to(tl.int32))
     if c == nch - 1:
-        store_total(total_ptr, out_ptr, off + units)  # and the header
-        gap = offsets_off + 4 * nch
-        zero_pad(out_ptr, gap, (gap + 15) & -16)
+        _finish(total_ptr, out_ptr, off + units, offsets_off, nch)
     flags = low16 | (zp << 1) | (zn << 2)
     ent = out_ptr.to(tl.pointer_type(tl.int32)) + (table_off >> 2) + 4 * c.to(tl.int64)
     ci = coded.to(tl.int32)
@@ -556,7 +574,16 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
         if IS_FP16:
             # A row's kept elements' 3 bits (<= 24) at their rank in the row,
             # OR-ed in at the row's first kept rank: two words a row.
-            rem3 = tl.where(keep != 0, ((w >> 13) & 4) | ((w >> 8) & 3), 0)
+            if FULL:
+                # Both words of a pair at once (sign to bit 2, mantissa bits
+                # 8, 9 to 0, 1), and an element without an sm byte (an exact
+                # zero, whose mantissa bits are 0) keeps none of its sign:
+                # the kept bit, moved to bit 2, ORed with 3 is the mask.
+                remp = ((wp >> 13) & 0x00040004) | ((wp >> 8) & 0x00030003)
+                rem3p = tl.reshape(tl.join(remp & 7, remp >> 16), (T, G, 8))
+                rem3 = rem3p & ((ek >> (KS - 2)) | 3)
+            else:
+                rem3 = tl.where(keep != 0, ((w >> 13) & 4) | ((w >> 8) & 3), 0)
             rk = krpre >> KS  # kept elements before the row, in the thread
             run = tl.sum(rem3 << (3 * ((kpre >> KS) - rk[:, :, None])), axis=2).to(tl.uint64)
             bit = 3 * ((kex >> KS)[:, None] + rk)
