@@ -179,9 +179,14 @@ def _tier(codes64, nwords, pos, opened, G: tl.constexpr, BITS: tl.constexpr):
     not open) from the tier's bit stream, which continues at bit ``pos`` of
     the codes sub-stream (``nwords`` 8-byte words, padding included; no
     read goes past them), and where each thread's run ends ([T] bit positions).
-    A run is <= 32 bits for 1-bit digits; 2-bit ones are read as two runs
-    of <= 32 bits, one per half of the thread's rows."""
-    pre, cnt, first, _ = _excl(opened, G, BITS == 2)
+    A thread's run (<= 64 bits) is shifted to each row's first digit once
+    per row, so an element's digit sits at its in-row exclusive count."""
+    inc = tl.cumsum(opened, axis=2)
+    ex = inc - opened  # in-row exclusive counts (the scan's previous sum)
+    row = tl.sum(opened, axis=2, keep_dims=True)  # [T, G, 1]
+    rinc = tl.cumsum(row, axis=1)
+    cnt = tl.sum(tl.sum(row, axis=2), axis=1)
+    rpre = rinc - row
     bits = cnt * BITS
     incl = tl.cumsum(bits, axis=0)
     P = pos + incl - bits
@@ -193,15 +198,12 @@ def _tier(codes64, nwords, pos, opened, G: tl.constexpr, BITS: tl.constexpr):
     w0 = tl.load(codes64 + tl.minimum(wi, nwords - 1)).to(tl.uint64, bitcast=True)
     w1 = tl.load(codes64 + tl.minimum(wi + 1, nwords - 1)).to(tl.uint64, bitcast=True)
     run = (w0 >> s) | ((w1 << 1) << (63 - s))
-    if BITS == 1:
-        r = run.to(tl.uint32)[:, None, None]
-        digit = ((r >> pre.to(tl.uint32)) & opened.to(tl.uint32)).to(tl.int32)
+    if BITS == 1:  # (a run of <= 32 bits: 32-bit shifts)
+        r = run.to(tl.uint32)[:, None, None] >> rpre.to(tl.uint32)  # [T, G, 1]
+        digit = ((r >> ex.to(tl.uint32)) & opened.to(tl.uint32)).to(tl.int32)
     else:
-        lo = run.to(tl.uint32)[:, None, None]
-        hi = (run >> (2 * first).to(tl.uint64)).to(tl.uint32)[:, None, None]
-        g = tl.arange(0, G)[None, :, None]
-        r = tl.where(g < G // 2, lo, hi)
-        digit = ((r >> (2 * pre).to(tl.uint32)) & (3 * opened).to(tl.uint32)).to(tl.int32)
+        r = (run[:, None, None] >> (2 * rpre).to(tl.uint64)).to(tl.uint32)
+        digit = ((r >> (2 * ex).to(tl.uint32)) & (3 * opened).to(tl.uint32)).to(tl.int32)
     return digit, pos + incl
 
 
