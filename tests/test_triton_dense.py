@@ -329,3 +329,46 @@ def test_every_padding_of_a_hot_chunk_checked(dtype):
             assert err & D.ERR_PADDING.value, (k, at, err)
     _, err = decode(p)
     assert err == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_table_entry_fields_and_raw_padding_flagged(dtype):
+    """Each field of a chunk-table entry outside format.validate_table's
+    rules (mode, flags, LOW16 on a 16-bit dtype, phase, base past the
+    dtype's exponents, a zero count past n, the tier-count chain) sets
+    ERR_TABLE for a hot chunk, and a nonzero padding byte of a RAW chunk
+    sets ERR_PADDING; the torch reference refuses each payload too."""
+    from triton_kernels import dense_decode as D
+    x = mixed(dtype, seed=9)
+    x = torch.cat([x[:C], x[C:C + 5]]).clone().to(DEV)  # chunk 0 hot, chunk 1 RAW (5 elements)
+    p = codec_torch.encode(x, "dense")
+    h = F.parse_header(p)
+    table, offsets = F.read_table(p, h)
+    assert table.mode.tolist() == [1, 0], table.mode
+    t0 = h.table_offset
+    emax = F.dtype_info(dtype).emax
+    cases = {"mode": (0, 2), "flags": (1, 8), "low16": (1, 1), "phase": (3, 4)}
+    if emax < 255:
+        cases["base"] = (2, emax + 1)
+    cases = {k: [(t0 + at, v)] for k, (at, v) in cases.items()}
+    cases["flags"] = [(t0 + 1, int(p[t0 + 1]) | 8)]
+    cases["low16"] = [(t0 + 1, int(p[t0 + 1]) | 1)]
+    cases["n_zero"] = [(t0 + 4, (C + 1) & 0xFF), (t0 + 5, (C + 1) >> 8)]
+    o1 = int(table.n_open[0, 0])
+    cases["n_open2"] = [(t0 + 10, (o1 + 1) & 0xFF), (t0 + 11, (o1 + 1) >> 8)]
+    for name, writes in cases.items():
+        q = p.clone()
+        for at, v in writes:
+            q[at] = v
+        _torch_raises(q)
+        _, err = decode(q)
+        assert err & D.ERR_TABLE.value, (name, err)
+    raw_end = int(h.body_offset + 16 * int(offsets[1])) + 5 * x.element_size()
+    for at in (raw_end, raw_end | 15):  # the RAW chunk's first and last padding byte
+        q = p.clone()
+        q[at] = 0x40
+        _torch_raises(q)
+        _, err = decode(q)
+        assert err & D.ERR_PADDING.value, (at, err)
+    y, err = decode(p)
+    assert err == 0 and torch.equal(bits(y), bits(x))

@@ -152,25 +152,17 @@ def _pad_bad(ptr, start, end):
 
 
 @triton.jit
-def _excl(f, G: tl.constexpr, HALF: tl.constexpr):
+def _excl(f, G: tl.constexpr):
     """In-thread exclusive prefix sums (element order) of a [T, G, 8] tile,
-    the thread's total ([T]), and, with HALF, the total of its first G // 2
-    rows, the prefix of the later rows counted from there (0 for G == 1).
-    (The rows' scan runs on [T, G, 1], not on the [T, G] of a plain sum:
-    a scan of a sliced layout is moved to another layout through shared
-    memory.)"""
+    the thread's total ([T]) and the prefix of each row ([T, G, 1]). (The
+    rows' scan runs on [T, G, 1], not on the [T, G] of a plain sum: a scan
+    of a sliced layout is moved to another layout through shared memory.)"""
     inc = tl.cumsum(f, axis=2)
     row = tl.sum(f, axis=2, keep_dims=True)  # [T, G, 1]
     rinc = tl.cumsum(row, axis=1)
     tot = tl.sum(tl.sum(row, axis=2), axis=1)
     rpre = rinc - row
-    first = tot * 0
-    if HALF:
-        if G > 1:
-            g = tl.arange(0, G)[None, :, None]
-            first = tl.sum(tl.sum(tl.where(g < G // 2, row, 0), axis=2), axis=1)
-            rpre = rpre - tl.where(g >= G // 2, first[:, None, None], 0)
-    return inc - f + rpre, tot, first, rpre
+    return inc - f + rpre, tot, rpre
 
 
 @triton.jit
@@ -179,40 +171,49 @@ def _tier(codes64, nwords, pos, opened, G: tl.constexpr, BITS: tl.constexpr):
     not open) from the tier's bit stream, which continues at bit ``pos`` of
     the codes sub-stream (``nwords`` 8-byte words, padding included; no
     read goes past them), and where each thread's run ends ([T] bit positions).
-    A run is <= 32 bits for 1-bit digits; 2-bit ones are read as two runs
-    of <= 32 bits, one per half of the thread's rows."""
-    pre, cnt, first, _ = _excl(opened, G, BITS == 2)
+    A thread's run (<= 64 bits) is shifted to each row's first digit once
+    per row, so an element's digit sits at its in-row exclusive count."""
+    inc = tl.cumsum(opened, axis=2)
+    ex = inc - opened  # in-row exclusive counts (the scan's previous sum)
+    row = tl.sum(opened, axis=2, keep_dims=True)  # [T, G, 1]
+    rinc = tl.cumsum(row, axis=1)
+    cnt = tl.sum(tl.sum(row, axis=2), axis=1)
+    rpre = rinc - row
     bits = cnt * BITS
     incl = tl.cumsum(bits, axis=0)
     P = pos + incl - bits
-    wi = P >> 6
-    s = (P & 63).to(tl.uint64)
     # Word indexes clamped to the last word instead of masked loads: a run's
     # bits are inside the stream, so a clamped word only feeds bits past the
     # thread's run, which no digit reads.
-    w0 = tl.load(codes64 + tl.minimum(wi, nwords - 1)).to(tl.uint64, bitcast=True)
-    w1 = tl.load(codes64 + tl.minimum(wi + 1, nwords - 1)).to(tl.uint64, bitcast=True)
-    run = (w0 >> s) | ((w1 << 1) << (63 - s))
-    if BITS == 1:
-        r = run.to(tl.uint32)[:, None, None]
-        digit = ((r >> pre.to(tl.uint32)) & opened.to(tl.uint32)).to(tl.int32)
+    if BITS == 1:  # a run of <= 32 bits: two 4-byte words and one funnel shift
+        codes32 = codes64.to(tl.pointer_type(tl.uint32))
+        wi = P >> 5
+        v0 = tl.load(codes32 + tl.minimum(wi, 2 * nwords - 1)).to(tl.uint64)
+        v1 = tl.load(codes32 + tl.minimum(wi + 1, 2 * nwords - 1)).to(tl.uint64)
+        run = ((v0 | (v1 << 32)) >> (P & 31).to(tl.uint64)).to(tl.uint32)
+        r = run[:, None, None] >> rpre.to(tl.uint32)  # [T, G, 1]
+        digit = ((r >> ex.to(tl.uint32)) & opened.to(tl.uint32)).to(tl.int32)
     else:
-        lo = run.to(tl.uint32)[:, None, None]
-        hi = (run >> (2 * first).to(tl.uint64)).to(tl.uint32)[:, None, None]
-        g = tl.arange(0, G)[None, :, None]
-        r = tl.where(g < G // 2, lo, hi)
-        digit = ((r >> (2 * pre).to(tl.uint32)) & (3 * opened).to(tl.uint32)).to(tl.int32)
+        wi = P >> 6
+        s = (P & 63).to(tl.uint64)
+        w0 = tl.load(codes64 + tl.minimum(wi, nwords - 1)).to(tl.uint64, bitcast=True)
+        w1 = tl.load(codes64 + tl.minimum(wi + 1, nwords - 1)).to(tl.uint64, bitcast=True)
+        run = (w0 >> s) | ((w1 << 1) << (63 - s))
+        r = (run[:, None, None] >> (2 * rpre).to(tl.uint64)).to(tl.uint32)
+        digit = ((r >> (2 * ex).to(tl.uint32)) & (3 * opened).to(tl.uint32)).to(tl.int32)
     return digit, pos + incl
 
 
 @triton.jit(noinline=True)
-def _decode_raw(src, dst, n, ITEMSIZE: tl.constexpr, C: tl.constexpr, T: tl.constexpr):
-    """A RAW chunk: its segment holds its words (cold code)."""
+def _decode_raw(src, dst, n, seg, ITEMSIZE: tl.constexpr, C: tl.constexpr, T: tl.constexpr):
+    """A RAW chunk: its segment (seg bytes) holds its words, then zero
+    padding; returns ERR_PADDING if a padding byte is not zero (cold code)."""
     G: tl.constexpr = C // (8 * T)
     i = tile3(G, T)
     valid = i < n
     w = tl.load(src.to(dst.dtype) + i, mask=valid, other=0)  # inside the segment: checked
     tl.store(dst + i, w, mask=valid)
+    return tl.where(_pad_bad(src, n * ITEMSIZE, seg) != 0, ERR_PADDING, 0)
 
 
 @triton.jit
@@ -266,7 +267,7 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
         keep = vi - zero
         # Ranks among the block's kept elements (low bits) and escapes (high).
         ek = keep | (esc << ESC_AT)
-    pre, tot, _, rpre = _excl(ek, G, False)
+    pre, tot, rpre = _excl(ek, G)
     incl = tl.cumsum(tot, axis=0)
     if FULL:
         # A pointer per thread, one byte before its first escape and kept
@@ -333,17 +334,22 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
             r0w = tl.load(rem32 + wi, mask=wi < room, other=0).to(tl.uint32).to(tl.uint64)
             r1w = tl.load(rem32 + wi + 1, mask=wi + 1 < room, other=0).to(tl.uint32).to(tl.uint64)
             run = ((r0w | (r1w << 32)) >> (bit & 31).to(tl.uint64)).to(tl.uint32)
-            sm = sm | (((run >> (3 * ((pre - rpre) & KEPT_MASK)).to(tl.uint32)) & 7).to(tl.int32)
-                       << 8)
+            rem = ((run >> (3 * ((pre - rpre) & KEPT_MASK)).to(tl.uint32)) & 7).to(tl.int32)
+            # The word's sign (rem bit 2, to bit 15) and top mantissa bits
+            # (rem bits 0, 1, to bits 8, 9) by one multiply: rem << 8 and
+            # rem << 13 are disjoint. sm is then the word but its exponent.
+            sm = sm | ((rem * 0x2100) & 0x8300)
     if not FULL:
-        sm = tl.where(zero != 0, (15 - nib) << MAN_BITS, sm)
+        if IS_FP16:
+            sm = tl.where(zero != 0, (15 - nib) << 15, sm)
+        else:
+            sm = tl.where(zero != 0, (15 - nib) << MAN_BITS, sm)
     if ITEMSIZE == 2 and MAN_BITS == 7:  # bf16: sm * 0x101 is sm | sm << 8 (8-bit sm)
         w = ((sm * 0x101) & 0x807F) | (e << MAN_BITS)
     elif ITEMSIZE == 4:  # sm's sign bit moved up by EXP_BITS (sm + s (2^E - 1)), e added below
         w = (sm + (sm & (1 << MAN_BITS)) * ((1 << EXP_BITS) - 1)) + e * (1 << MAN_BITS)
-    else:
-        w = ((sm >> MAN_BITS) << (MAN_BITS + EXP_BITS)) | (e << MAN_BITS) | (
-            sm & ((1 << MAN_BITS) - 1))
+    else:  # fp16: sm is the word but its exponent
+        w = sm | (e << MAN_BITS)
     if FULL:  # a zero: its sign alone (kx)
         if ITEMSIZE == 4:
             w = tl.where(keep != 0, w, kxr & (-0x7FFFFFFF - 1))
@@ -382,13 +388,22 @@ def _pads_bad(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg):
 @triton.jit
 def _pads_bad_spread(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg,
                      T: tl.constexpr):
-    """_pads_bad with the four paddings spread over the threads (thread t
-    checks padding t % 4): [T], to be OR-ed over the threads."""
-    k = tl.arange(0, T) & 3
-    start = tl.where(k < 2, tl.where(k == 0, codes_nb, a_sm + sm_nb),
-                     tl.where(k == 2, a_rem + rem_nb, a_esc + esc_nb))
-    end = tl.where(k < 2, tl.where(k == 0, a_sm, a_rem), tl.where(k == 2, a_esc, seg))
-    return _pad_bad(src, start, end)
+    """_pads_bad with the four paddings' bytes spread over the threads, for
+    a full chunk: thread t reads byte t % 16 of the 16 bytes before the end
+    of part (t // 16) % 4 (codes, sm, rem, esc; every end is >= 16, the
+    codes alone are 8T bytes) and says whether it is padding and not zero:
+    [T], to be OR-ed over the threads."""
+    k = tl.arange(0, T)
+    part = (k >> 4) & 3
+    j = k & 15
+    end = tl.where(part < 2, tl.where(part == 0, a_sm, a_rem),
+                   tl.where(part == 2, a_esc, seg))
+    # The four paddings' lengths (each < 16), one byte each.
+    pads = (a_sm - codes_nb) | ((a_rem - a_sm - sm_nb) << 8) | (
+        (a_esc - a_rem - rem_nb) << 16) | ((seg - a_esc - esc_nb) << 24)
+    pad = (pads >> (8 * part)) & 0xFF
+    byte = tl.load(src + end - 16 + j)
+    return ((j + pad >= 16) & (byte != 0)).to(tl.int32)
 
 
 @triton.jit
@@ -490,12 +505,13 @@ def dense_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off, 
     o2 = (e2 >> 16) & 0xFFFF
     o3 = e3 & 0xFFFF
     o4 = (e3 >> 16) & 0xFFFF
-    # format.validate_table
-    bad = (mode > 1) | (phase > 3) | (base > EMAX) | ((flags & ~7) != 0)
-    if ITEMSIZE != 4:
-        bad = bad | ((flags & 1) != 0)
-    bad = bad | (nz > n) | (nesc > n) | (o1 > n) | (o2 > o1) | (o3 > o2) | (o4 > o3) | (
-        nesc > o4)
+    # format.validate_table: mode > 1, flags outside 7 (LOW16 too for 16-bit
+    # dtypes), base > EMAX and phase > 3 are bits of the entry's first word;
+    # nesc <= n follows from the chain n >= o1 >= .. >= o4 >= nesc.
+    E0_BAD: tl.constexpr = (0xFC00F8FE | (0x100 if ITEMSIZE != 4 else 0)
+                            | ((0xFF & ~EMAX) << 16)) - (1 << 32)  # (as an int32)
+    bad = (e0 & E0_BAD) != 0
+    bad = bad | (nz > n) | (o1 > n) | (o2 > o1) | (o3 > o2) | (o4 > o3) | (nesc > o4)
     bad = bad | ((mode == 0) & ((e0 | e1 | e2 | e3) != 0))
     coded = mode == 1
     low16 = flags & 1
@@ -513,8 +529,7 @@ def dense_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off, 
 
     if (err & (ERR_TABLE | ERR_OFFSETS)) == 0:
         if mode == 0:
-            _decode_raw(src, dst, n, ITEMSIZE, CP, T)
-            err = err | tl.where(_pad_bad(src, n * ITEMSIZE, seg) != 0, ERR_PADDING, 0)
+            err = err | _decode_raw(src, dst, n, seg, ITEMSIZE, CP, T)
         elif G == 4:
             if n == CP:
                 err = err | _decode_full(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3,
