@@ -241,6 +241,7 @@ def decode(payload: torch.Tensor, *, out: torch.Tensor | None = None,
     contiguous) and ``out`` is returned; otherwise a new tensor is allocated
     on the payload's device.
     """
+    module = None
     if out is not None and isinstance(payload, torch.Tensor) and out.dtype in F.DTYPES:
         device = payload.device
         module = _backend_module(backend, device)
@@ -258,7 +259,8 @@ def decode(payload: torch.Tensor, *, out: torch.Tensor | None = None,
         if out.device != payload.device:
             raise ValueError(f"out is on {out.device}, payload on {payload.device}")
         _check_no_overlap(payload, out)
-    module = _backend_module(backend, payload.device)
+    if module is None:
+        module = _backend_module(backend, payload.device)
     if not header.flags & F.HEADER_FLAG_CHECKSUM:
         return module.decode(payload, header, out)
     # Backends see the payload without its checksums; we check them after.
