@@ -412,6 +412,39 @@ def test_out_that_does_not_fit_is_refused(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_decode_out_argument_errors_are_the_torch_backends(device):
+    """decode(out=) on the triton backend asks its argument checks as one
+    test (codec._decode_device_header) and names what is wrong only when it
+    fails: each bad call gets the torch backend's error, word for word (a
+    payload that is not 1-D uint8, an out that is not contiguous, an out
+    overlapping the payload at its start, inside it and at its end), and
+    the good calls beside them decode (an out adjacent to the payload on
+    either side)."""
+    x, p, h = _payload(device, "fixed3", dtype=torch.bfloat16, n=C + 3)
+    nb = 2 * x.numel()  # out's bytes
+    buf = torch.zeros(p.numel() + 2 * nb, dtype=torch.uint8, device=device)
+    strided = torch.empty(2 * x.numel(), dtype=x.dtype, device=device)[::2]
+    bad = [(p.view(1, -1), torch.empty_like(x, device=device)),  # 2-D payload
+           (p[:p.numel() // 2 * 2].view(torch.int16), torch.empty_like(x, device=device)),
+           (p, strided)]
+    for at in (0, 16, p.numel() - 2):  # out's first byte at, from the payload's start
+        bad.append((buf[nb - at:nb - at + p.numel()], buf[nb:2 * nb].view(x.dtype)))
+    bad.append((buf[nb:nb + p.numel()], buf[2:2 + nb].view(x.dtype)))  # out ends inside it
+    for payload, out in bad:
+        if payload.dtype == torch.uint8 and payload.dim() == 1:
+            payload.copy_(p)
+        with pytest.raises((TypeError, ValueError)) as want:
+            z.decode(payload, out=out, backend="torch")
+        with pytest.raises(type(want.value)) as got:
+            z.decode(payload, out=out, backend="triton")
+        assert str(got.value) == str(want.value)
+    for payload, out in ((buf[nb:nb + p.numel()], buf[:nb].view(x.dtype)),  # out just before
+                         (buf[:p.numel()], buf[p.numel():p.numel() + nb].view(x.dtype))):
+        payload.copy_(p)
+        assert torch.equal(bits(z.decode(payload, out=out, backend="triton")), bits(x.to(device)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_kept_buffers_start_clean_every_call(device, monkeypatch):
     """Each thread keeps its encode scratch per plan (a ring of launch
     regions: ticket, body length, the header template the kernel writes the

@@ -299,7 +299,9 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
                 _launch_tensors, x, out, ring, r, plan)
     body = F.ALIGN * _read_units(ring, r)
     _keep_ring(device, plan, ring)
-    return out[:plan.body_offset + body]
+    # cut to its length in place (the storage stays the bound's, as a slice's
+    # would; no view object)
+    return out.resize_(plan.body_offset + body)
 
 
 def _launch_tensors(x, out, ring, r, plan) -> tuple:

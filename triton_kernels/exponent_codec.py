@@ -16,8 +16,6 @@ back before the launch.
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from . import codec_decode, codec_encode
@@ -26,24 +24,28 @@ __all__ = ["encode", "decode", "decode_into"]
 DEVICE_HEADER = True
 
 
-def _on(device: torch.device):
-    """Triton launches on the current CUDA device and its current stream,
-    not on the tensor's: make the tensor's device current for the call."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
-
+# Triton launches on the current CUDA device and its current stream, not on
+# the tensor's: a call on a tensor of another CUDA device runs with that
+# device made current. Each function below asks that in one test first, so a
+# call on the current device (the common case) enters no device context.
 def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
-    with _on(x.device):
-        return codec_encode.encode(x, codec)
+    if x.is_cuda and x.get_device() != torch.cuda.current_device():
+        with torch.cuda.device(x.device):
+            return codec_encode.encode(x, codec)
+    return codec_encode.encode(x, codec)
 
 
 def decode(payload: torch.Tensor, header, out: torch.Tensor) -> torch.Tensor:
-    with _on(payload.device):
-        return codec_decode.decode(payload, header, out)
+    if payload.is_cuda and payload.get_device() != torch.cuda.current_device():
+        with torch.cuda.device(payload.device):
+            return codec_decode.decode(payload, header, out)
+    return codec_decode.decode(payload, header, out)
 
 
 def decode_into(payload: torch.Tensor, out: torch.Tensor) -> bool:
     """Decode into ``out`` with the header checked on the device; returns
     whether the payload carries checksums (codec_decode.decode_into)."""
-    with _on(payload.device):
-        return codec_decode.decode_into(payload, out)
+    if payload.is_cuda and payload.get_device() != torch.cuda.current_device():
+        with torch.cuda.device(payload.device):
+            return codec_decode.decode_into(payload, out)
+    return codec_decode.decode_into(payload, out)

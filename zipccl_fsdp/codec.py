@@ -41,19 +41,42 @@ def _check_codec(codec: str) -> str:
     return codec
 
 
-_TRITON_AVAILABLE: list = []  # triton_kernels.available(), asked once (an import per call otherwise)
+_TRITON_AVAILABLE: list = []  # [whether triton imports, whether the kernels are interpreted]
 
 
 def _triton_usable(device: torch.device) -> bool:
+    """Whether the triton backend runs on ``device``: CUDA, or any device
+    when the kernels are interpreted. TRITON_INTERPRET is read once, beside
+    triton's import: triton reads it when it decorates the kernels (on
+    their first use), so a later change of it would not change what they
+    run on."""
     if not _TRITON_AVAILABLE:
         from triton_kernels import available
-        _TRITON_AVAILABLE.append(available())
+        _TRITON_AVAILABLE.extend((available(), os.environ.get("TRITON_INTERPRET") == "1"))
     if not _TRITON_AVAILABLE[0]:
         return False
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    return device.type == "cuda" or _TRITON_AVAILABLE[1]
+
+
+# (backend, device) -> backend module, as _resolve_backend chose it. Every
+# input of that choice is fixed for the process (triton's and the C++
+# extension's availability, the interpreter flag, the device's type), so the
+# call that resolved a pair once answers for it; a pair that raised is not
+# kept and raises again.
+_RESOLVED: dict = {}
 
 
 def _backend_module(backend: str, device: torch.device):
+    try:
+        return _RESOLVED[backend, device]
+    except (KeyError, TypeError):  # not resolved yet; or an unhashable backend (refused below)
+        pass
+    module = _resolve_backend(backend, device)
+    _RESOLVED[backend, device] = module
+    return module
+
+
+def _resolve_backend(backend: str, device: torch.device):
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
     if backend == "auto":
@@ -158,12 +181,13 @@ def encode(tensor: torch.Tensor, *, codec: str = "auto", backend: str = "auto",
         >>> torch.equal(zipccl_fsdp.decode(payload).view(torch.int16), x.view(torch.int16))
         True
     """
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"encode takes a torch.Tensor, got {type(tensor).__name__}")
-    F.dtype_info(tensor.dtype)
-    codec = _check_codec(codec)
-    if tensor.dim() > F.MAX_NDIM:
-        raise ValueError(f"tensors of up to {F.MAX_NDIM} dims are supported, got {tensor.dim()}")
+    # The argument checks as one test, true for every valid call; the checks
+    # that name what is wrong run only when it is false, in this order.
+    if not (isinstance(tensor, torch.Tensor) and tensor.dtype in F.DTYPES
+            and (codec in CODECS or codec == "auto") and tensor.dim() <= F.MAX_NDIM):
+        _check_encode_args(tensor, codec)
+    if codec == "auto":
+        codec = DEFAULT_CODEC
     # detach() only when autograd could record (a new tensor object per call otherwise)
     x = tensor.detach() if tensor.requires_grad else tensor
     if not x.is_contiguous():
@@ -175,10 +199,22 @@ def encode(tensor: torch.Tensor, *, codec: str = "auto", backend: str = "auto",
     return _add_checksums(payload, x) if verify else payload
 
 
+def _check_encode_args(tensor, codec) -> None:
+    """encode's argument checks, each with its error."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"encode takes a torch.Tensor, got {type(tensor).__name__}")
+    F.dtype_info(tensor.dtype)
+    _check_codec(codec)
+    if tensor.dim() > F.MAX_NDIM:
+        raise ValueError(f"tensors of up to {F.MAX_NDIM} dims are supported, got {tensor.dim()}")
+
+
 def _check_no_overlap(payload: torch.Tensor, out: torch.Tensor) -> None:
     """Every backend reads the payload while it writes ``out``, chunk by chunk
     and in parallel, so a shared byte would be read after it was overwritten on
     some backends and not others: refuse it, the same way on all of them."""
+    if _apart(payload, out):  # the common case, in one test
+        return
     if out.numel() == 0 or payload.numel() == 0:
         return
     p0 = payload.data_ptr()
@@ -190,6 +226,13 @@ def _check_no_overlap(payload: torch.Tensor, out: torch.Tensor) -> None:
                          f"{p0:#x}..{p1:#x}); decode into a separate buffer")
 
 
+def _apart(payload: torch.Tensor, out: torch.Tensor) -> bool:
+    """A sufficient test that ``_check_no_overlap`` passes (byte ranges apart;
+    a false answer sends the call to that check, empty tensors included)."""
+    p0, o0 = payload.data_ptr(), out.data_ptr()
+    return p0 + payload.nbytes <= o0 or o0 + out.nbytes <= p0
+
+
 def decode(payload: torch.Tensor, *, out: torch.Tensor | None = None,
            backend: str = "auto") -> torch.Tensor:
     """Decode a payload back into the exact tensor (dtype, shape, every bit).
@@ -198,10 +241,12 @@ def decode(payload: torch.Tensor, *, out: torch.Tensor | None = None,
     contiguous) and ``out`` is returned; otherwise a new tensor is allocated
     on the payload's device.
     """
+    module = None
     if out is not None and isinstance(payload, torch.Tensor) and out.dtype in F.DTYPES:
-        module = _backend_module(backend, payload.device)
+        device = payload.device
+        module = _backend_module(backend, device)
         if getattr(module, "DEVICE_HEADER", False):
-            return _decode_device_header(module, payload, out)
+            return _decode_device_header(module, payload, out, device)
     header = F.parse_header(payload)
     if out is None:
         out = torch.empty(header.shape, dtype=header.dtype, device=payload.device)
@@ -214,7 +259,8 @@ def decode(payload: torch.Tensor, *, out: torch.Tensor | None = None,
         if out.device != payload.device:
             raise ValueError(f"out is on {out.device}, payload on {payload.device}")
         _check_no_overlap(payload, out)
-    module = _backend_module(backend, payload.device)
+    if module is None:
+        module = _backend_module(backend, payload.device)
     if not header.flags & F.HEADER_FLAG_CHECKSUM:
         return module.decode(payload, header, out)
     # Backends see the payload without its checksums; we check them after.
@@ -230,11 +276,28 @@ def decode(payload: torch.Tensor, *, out: torch.Tensor | None = None,
     return out
 
 
-def _decode_device_header(module, payload: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def _decode_device_header(module, payload: torch.Tensor, out: torch.Tensor,
+                          device: torch.device) -> torch.Tensor:
     """decode(payload, out=out) on a backend that checks the header on the
     device against ``out`` (the Triton one): nothing is read back before its
     kernel; the payload's dtype, numel and integrity are checked there, and
-    a mismatch raises here after the launch, as the host path would."""
+    a mismatch raises here after the launch, as the host path would
+    (``device``: the payload's).
+
+    The host's checks of the arguments are asked as one test, in their
+    order, true for every valid call; the checks that name what is wrong
+    run only when it is false."""
+    if not (payload.dtype is torch.uint8 and payload.dim() == 1 and out.is_contiguous()
+            and out.device == device and _apart(payload, out)):
+        _check_device_header_args(payload, out)
+    if module.decode_into(payload, out):  # the payload carries checksums
+        header = F.parse_header(payload)
+        _check_checksums(payload, header, _sums_bytes(chunk_sums(out)))
+    return out
+
+
+def _check_device_header_args(payload: torch.Tensor, out: torch.Tensor) -> None:
+    """The checks of _decode_device_header's one test, each with its error."""
     if payload.dtype != torch.uint8 or payload.dim() != 1:
         raise TypeError(f"payload must be a 1-D uint8 tensor, got {payload.dtype} "
                         f"with shape {tuple(payload.shape)}")
@@ -243,10 +306,6 @@ def _decode_device_header(module, payload: torch.Tensor, out: torch.Tensor) -> t
     if out.device != payload.device:
         raise ValueError(f"out is on {out.device}, payload on {payload.device}")
     _check_no_overlap(payload, out)
-    if module.decode_into(payload, out):  # the payload carries checksums
-        header = F.parse_header(payload)
-        _check_checksums(payload, header, _sums_bytes(chunk_sums(out)))
-    return out
 
 
 def max_encoded_nbytes(numel: int, dtype: torch.dtype, codec: str = "auto",
