@@ -24,6 +24,8 @@ import traceback
 import torch.multiprocessing as mp
 
 PG_TIMEOUT_S = 60
+START_TIMEOUT_S = 300
+"""How long a pool's ranks may take to start and join their process group."""
 
 
 def _worker(rank: int, world: int, init_file: str, tasks, results, pg_timeout_s: int) -> None:
@@ -37,6 +39,7 @@ def _worker(rank: int, world: int, init_file: str, tasks, results, pg_timeout_s:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world,
                             timeout=datetime.timedelta(seconds=pg_timeout_s))
+    results.put((rank, None, "ready"))
     try:
         while True:
             item = tasks.get()
@@ -88,6 +91,23 @@ class DistPool:
                        for r in range(self.world)]
         for p in self._procs:
             p.start()
+        # Wait for every rank to join its process group before any task's
+        # clock starts: spawning, importing torch and the rendezvous take as
+        # long as the machine is loaded, and are no part of what a task's
+        # timeout guards.
+        ready: set = set()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while len(ready) < self.world:
+            try:
+                rank, _, _ = self._results.get(timeout=1.0)
+                ready.add(rank)
+            except queue.Empty:
+                dead = [r for r, p in enumerate(self._procs) if not p.is_alive()]
+                if dead or time.monotonic() > deadline:
+                    missing = sorted(set(range(self.world)) - ready)
+                    self.close()
+                    raise DistPoolError(f"ranks {missing} did not join the process group "
+                                        f"(dead processes: {dead})") from None
 
     def run(self, fn, *args, timeout_s: float | None = None, **kwargs) -> list:
         """Run ``fn(*args, **kwargs)`` on every rank; return the results in rank order."""
