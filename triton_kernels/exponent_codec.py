@@ -24,28 +24,25 @@ __all__ = ["encode", "decode", "decode_into"]
 DEVICE_HEADER = True
 
 
-# Triton launches on the current CUDA device and its current stream, not on
-# the tensor's: a call on a tensor of another CUDA device runs with that
-# device made current. Each function below asks that in one test first, so a
-# call on the current device (the common case) enters no device context.
+def _on_its_device(t: torch.Tensor, fn, *args):
+    """``fn(*args)`` with ``t``'s CUDA device current. Triton launches on the
+    current device and its current stream, not on the tensor's; a call on the
+    current device (the common case) enters no device context."""
+    if t.is_cuda and t.get_device() != torch.cuda.current_device():
+        with torch.cuda.device(t.device):
+            return fn(*args)
+    return fn(*args)
+
+
 def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
-    if x.is_cuda and x.get_device() != torch.cuda.current_device():
-        with torch.cuda.device(x.device):
-            return codec_encode.encode(x, codec)
-    return codec_encode.encode(x, codec)
+    return _on_its_device(x, codec_encode.encode, x, codec)
 
 
 def decode(payload: torch.Tensor, header, out: torch.Tensor) -> torch.Tensor:
-    if payload.is_cuda and payload.get_device() != torch.cuda.current_device():
-        with torch.cuda.device(payload.device):
-            return codec_decode.decode(payload, header, out)
-    return codec_decode.decode(payload, header, out)
+    return _on_its_device(payload, codec_decode.decode, payload, header, out)
 
 
 def decode_into(payload: torch.Tensor, out: torch.Tensor) -> bool:
     """Decode into ``out`` with the header checked on the device; returns
     whether the payload carries checksums (codec_decode.decode_into)."""
-    if payload.is_cuda and payload.get_device() != torch.cuda.current_device():
-        with torch.cuda.device(payload.device):
-            return codec_decode.decode_into(payload, out)
-    return codec_decode.decode_into(payload, out)
+    return _on_its_device(payload, codec_decode.decode_into, payload, out)

@@ -213,22 +213,16 @@ def _check_no_overlap(payload: torch.Tensor, out: torch.Tensor) -> None:
     """Every backend reads the payload while it writes ``out``, chunk by chunk
     and in parallel, so a shared byte would be read after it was overwritten on
     some backends and not others: refuse it, the same way on all of them."""
-    if _apart(payload, out):  # the common case, in one test
+    if _apart(payload, out) or out.numel() == 0 or payload.numel() == 0:
         return
-    if out.numel() == 0 or payload.numel() == 0:
-        return
-    p0 = payload.data_ptr()
-    p1 = p0 + payload.numel()
-    o0 = out.data_ptr()
-    o1 = o0 + out.numel() * out.element_size()
-    if p0 < o1 and o0 < p1:
-        raise ValueError(f"out (bytes {o0:#x}..{o1:#x}) overlaps the payload (bytes "
-                         f"{p0:#x}..{p1:#x}); decode into a separate buffer")
+    p0, o0 = payload.data_ptr(), out.data_ptr()
+    raise ValueError(f"out (bytes {o0:#x}..{o0 + out.nbytes:#x}) overlaps the payload (bytes "
+                     f"{p0:#x}..{p0 + payload.nbytes:#x}); decode into a separate buffer")
 
 
 def _apart(payload: torch.Tensor, out: torch.Tensor) -> bool:
-    """A sufficient test that ``_check_no_overlap`` passes (byte ranges apart;
-    a false answer sends the call to that check, empty tensors included)."""
+    """Whether the byte ranges of ``payload`` and ``out`` are apart (the
+    common case, asked first; an empty tensor shares no byte either)."""
     p0, o0 = payload.data_ptr(), out.data_ptr()
     return p0 + payload.nbytes <= o0 or o0 + out.nbytes <= p0
 

@@ -102,25 +102,30 @@ def _unpack_head(first: int) -> tuple:
     return (first >> 16) & 0xFFFF, (first >> 8) & 0xFF, first & 0xFF
 
 
-_COUNTS_HASHES: dict = {}
-"""Hashes of the element-count lists met so far (a training step meets the
-same few calls again and again), emptied when it grows past ``_HASHES_KEPT``."""
-_HASHES_KEPT = 4096
+_KEPT = 4096
+"""Entries a memo of the size rows' checks holds before it is emptied."""
 
+
+def _remembered(memo: dict, key, make):
+    """``memo[key]``, made by ``make()`` on first use; ``memo`` is emptied
+    when it holds ``_KEPT`` entries. A training step meets the same few calls
+    again and again, so their checks' hashes and bounds are made once."""
+    found = memo.get(key)
+    if found is None:
+        if len(memo) >= _KEPT:
+            memo.clear()
+        found = memo[key] = make()
+    return found
+
+
+_COUNTS_HASHES: dict = {}
 _MAX_BYTES: dict = {}
-"""``max_encoded_nbytes`` of a piece of (elements, dtype) with checksums, by
-the same memo rule: the bound a size row's payload sizes are checked against."""
 
 
 def _counts_hash(counts) -> int:
     """A 62-bit hash of a list of element counts, the same on every rank."""
-    key = tuple(counts)
-    found = _COUNTS_HASHES.get(key)
-    if found is None:
-        if len(_COUNTS_HASHES) >= _HASHES_KEPT:
-            _COUNTS_HASHES.clear()
-        found = _COUNTS_HASHES[key] = _integrity.hash62(repr(tuple(int(c) for c in counts)))
-    return found
+    key = tuple(int(c) for c in counts)
+    return _remembered(_COUNTS_HASHES, key, lambda: _integrity.hash62(repr(key)))
 
 
 class Desc(NamedTuple):
@@ -400,14 +405,11 @@ class _Call:
                         f"{self._max_bytes(elems)} are possible")
 
     def _max_bytes(self, elems: int) -> int:
-        key = (elems, self.dtype)
-        bound = _MAX_BYTES.get(key)
-        if bound is None:
-            if len(_MAX_BYTES) >= _HASHES_KEPT:
-                _MAX_BYTES.clear()
-            bound = _MAX_BYTES[key] = (F.max_encoded_nbytes(elems, self.dtype, 1, True)
-                                       if self.dtype in _DTYPE_IDS else 0)
-        return bound
+        """``max_encoded_nbytes`` of a piece of ``elems`` elements with
+        checksums: the most a size row may announce for it."""
+        dtype = self.dtype
+        return _remembered(_MAX_BYTES, (elems, dtype), lambda: (
+            F.max_encoded_nbytes(elems, dtype, 1, True) if dtype in _DTYPE_IDS else 0))
 
     def decode(self, piece: torch.Tensor, out: torch.Tensor, peer: int) -> None:
         if self.error is not None:
