@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from . import codec_cpp as _codec_cpp
 from ._layout import overlaps
 
 
@@ -38,24 +39,45 @@ AVG = Op("avg")
 
 
 class RankOrderSum:
-    """An fp32 accumulator for ``out`` (flat), fed one rank's chunk at a time.
+    """An fp32 accumulator for ``out`` (flat), fed one rank's chunk at a time,
+    ranks 0..world-1 in order for every element.
 
     ``op`` is a parsed reduce op (``kind`` in sum/avg/premul_sum, ``factor``).
     The accumulator is ``out`` itself when that is fp32 and does not overlap
-    ``flat_in`` (the reduce's input, still to be read)."""
+    ``flat_in`` (the reduce's input, still to be read).
 
-    def __init__(self, out: torch.Tensor, flat_in: torch.Tensor, op) -> None:
+    On a CPU whose C++ library is loaded (``codec_cpp.loaded``: a codec call
+    of this process built it; the sum never builds it), a SUM or AVG widens,
+    adds and asks for NaNs in one pass (``codec_cpp.sum_add``), and a bf16
+    result is cast with its NaNs made canonical in the same pass
+    (``codec_cpp.sum_to_bf16``): the same bits as the torch ops below, with
+    no pass of its own for the NaN test (docs/benchmarks.md, "The rank-order
+    sum in one pass")."""
+
+    def __init__(self, out: torch.Tensor, flat_in: torch.Tensor, op, world: int) -> None:
         self.out = out
         self.op_kind = op.kind
+        self.world = world
         self.acc = out if (out.dtype == torch.float32 and not overlaps(out, flat_in)) else \
             torch.empty(out.numel(), dtype=torch.float32, device=out.device)
         self.factor = _fp32_factor(op.factor, self.acc.device)
+        self.ext = _sum_library(self.acc) if op.kind != "premul_sum" else None
+        self.nan = False   # some element's final sum is NaN (of those in `probed`)
+        self.probed = 0    # elements whose last add said whether it is NaN
 
     def add(self, src: torch.Tensor, r: int, a: int = 0, b: int | None = None) -> None:
         """Add rank ``r``'s ``src`` into elements ``[a, b)`` (all by default)."""
+        dst = self.acc[a:b]
+        if self.ext is not None and src.device.type == "cpu" and src.is_contiguous():
+            if src.dtype == torch.float16:
+                src = src.to(torch.float32)  # exact; the loops take bf16 or fp32
+            nan = _codec_cpp.sum_add(self.ext, dst, src, first=r == 0)
+            if r == self.world - 1:
+                self.nan = self.nan or nan
+                self.probed += dst.numel()
+            return
         # Multiply and add as separate roundings (no fused alpha), like NCCL's
         # PREMUL_SUM and like the reference the tests use.
-        dst = self.acc[a:b]
         if r == 0:
             dst.copy_(src)
             if self.op_kind == "premul_sum":
@@ -69,9 +91,17 @@ class RankOrderSum:
             # fp32 is exact), and faster on a CPU (docs/benchmarks.md).
             dst.add_(src.to(torch.float32))
 
-    def finish(self, world: int) -> None:
+    def finish(self) -> None:
         """Scale (AVG) and cast the sum into ``out``."""
-        _finish(self.acc, self.out, self.op_kind, world)
+        known = self.nan if self.probed == self.acc.numel() else None
+        _finish(self.acc, self.out, self.op_kind, self.world, known, self.ext)
+
+
+def _sum_library(acc: torch.Tensor):
+    """The loaded C++ library where the sum's loops may run on ``acc``, else None."""
+    if acc.device.type != "cpu" or not acc.is_contiguous():
+        return None
+    return _codec_cpp.loaded()
 
 
 def sum_rows(out: torch.Tensor, rows: torch.Tensor, op) -> None:
@@ -160,11 +190,21 @@ def _fp32_factor(factor, device):
     return factor
 
 
-def _finish(acc: torch.Tensor, out: torch.Tensor, kind: str, world: int) -> None:
+def _finish(acc: torch.Tensor, out: torch.Tensor, kind: str, world: int,
+            nan: bool | None = None, ext=None) -> None:
     """Scale (AVG) the fp32 sum ``acc``, cast it into ``out``, make the NaNs
-    canonical (after the cast, which may change them)."""
+    canonical (after the cast, which may change them). ``nan``: whether
+    ``acc`` holds a NaN, where the adds found out (None: not known, asked
+    here); ``ext``: the C++ library for a bf16 cast, which writes canonical
+    NaNs itself."""
     if kind == "avg":
-        acc.div_(world)
+        acc.div_(world)  # a NaN stays one, and no number becomes one
     if acc is not out:
+        if ext is not None and out.dtype == torch.bfloat16 and out.is_contiguous():
+            _codec_cpp.sum_to_bf16(ext, out, acc)
+            return
         out.copy_(acc)
-    canonical_nans(out, acc)
+    if nan is None:
+        canonical_nans(out, acc)
+    elif nan:
+        canonical_nans(out)

@@ -175,10 +175,10 @@ def measure_reduce_local(dtype: torch.dtype, device: torch.device) -> float:
     for i in range(CODEC_RUNS + 1):
         _sync(device)
         t0 = time.perf_counter()
-        total = RankOrderSum(out, parts[0], SUM)
+        total = RankOrderSum(out, parts[0], SUM, len(parts))
         for r, x in enumerate(parts):
             total.add(x, r)
-        total.finish(len(parts))
+        total.finish()
         _sync(device)
         if i:
             best = min(best, time.perf_counter() - t0)

@@ -1,9 +1,10 @@
 """The C++ CPU backend: the format of ``format.py`` at memory speed.
 
-``csrc/codec.cpp`` is compiled on first use with
+``csrc/codec.cpp`` (and ``csrc/reduce.cpp``, the rank-order sum's element
+loops) is compiled on first use with
 ``torch.utils.cpp_extension.load`` into ``<cache>/cpp-<key>/``, where the
 cache root is ``$ZIPCCL_FSDP_CACHE_DIR``, else ``$XDG_CACHE_HOME/zipccl_fsdp``,
-else ``~/.cache/zipccl_fsdp``, and ``key`` hashes the source, the flags, and
+else ``~/.cache/zipccl_fsdp``, and ``key`` hashes the sources, the flags, and
 the torch and Python versions (a changed source never loads a stale build).
 Processes that build at once are serialized by torch's ``FileBaton`` lock
 file in that directory (a process killed mid-build leaves ``lock`` behind and
@@ -57,7 +58,10 @@ from .errors import CorruptPayloadError
 
 log = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).resolve().parent / "csrc" / "codec.cpp"
+_CSRC = Path(__file__).resolve().parent / "csrc"
+_SOURCES = (_CSRC / "codec.cpp", _CSRC / "reduce.cpp")
+"""The library's sources: the codec, and the rank-order sum's element loops
+(``_reduce.py`` calls them through ``sum_add`` and ``sum_to_bf16``)."""
 _NAME = "zipccl_codec_cpp"
 # No -march: see the module docstring (the AVX2 kernels carry their own target
 # attribute). -fopenmp: chunks run in an OpenMP loop on torch.get_num_threads()
@@ -77,9 +81,9 @@ def _cache_root() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "zipccl_fsdp"
 
 
-def _build_dir(source: Path) -> Path:
+def _build_dir(sources) -> Path:
     key = hashlib.sha256()
-    for part in (source.read_bytes(), repr((_CFLAGS, _LDFLAGS)).encode(),
+    for part in (*(s.read_bytes() for s in sources), repr((_CFLAGS, _LDFLAGS)).encode(),
                  torch.__version__.encode(), sys.version.encode()):
         key.update(part)
         key.update(b"\0")
@@ -112,6 +116,8 @@ _SIGNATURES = {
     "zipccl_chunk_sums": [_PTR, _I64, _I64, _PTR, _I64, _I64],
     "zipccl_constants": [_PTR, _I64],
     "zipccl_advise_hugepages": [_PTR, _I64],
+    "zipccl_sum_add": [_PTR, _PTR, _I64, _I64, _I64, _I64, _I64],
+    "zipccl_sum_to_bf16": [_PTR, _PTR, _I64, _I64, _I64],
 }
 # Kernel sets, best last. ZIPCCL_FSDP_CPP_ISA caps the choice (tests force
 # each one; "generic" also sidesteps the SIMD kernels if one is ever suspect).
@@ -133,7 +139,7 @@ def _remove_stale_lock(build_dir: Path) -> None:
         lock.unlink(missing_ok=True)
 
 
-def _build(source: Path = _SOURCE):
+def _build(sources=_SOURCES):
     """Compile (or reuse) and load the library; raises on any failure."""
     from torch.utils.cpp_extension import is_ninja_available, load
 
@@ -143,10 +149,10 @@ def _build(source: Path = _SOURCE):
         raise RuntimeError(f"no C++ compiler: {compiler!r} is not on PATH (set CXX)")
     if not is_ninja_available():
         raise RuntimeError("ninja is not installed (pip install ninja)")
-    build_dir = _build_dir(source)
+    build_dir = _build_dir(sources)
     build_dir.mkdir(parents=True, exist_ok=True)
     _remove_stale_lock(build_dir)
-    path = load(name=_NAME, sources=[str(source)], extra_cflags=_CFLAGS,
+    path = load(name=_NAME, sources=[str(s) for s in sources], extra_cflags=_CFLAGS,
                 extra_ldflags=_LDFLAGS, build_directory=str(build_dir), verbose=False,
                 is_python_module=False)
     lib = ctypes.CDLL(path)
@@ -350,3 +356,38 @@ def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor,
             err.chunk = status >> 8  # read by integrity.decode_from, which names it with the peer
         raise err
     return out
+
+
+# --------------------------------------------------------------------------
+# The rank-order sum's element loops (csrc/reduce.cpp): ``_reduce.py`` owns
+# the reduction and decides when these run; its torch ops give the same bits.
+# --------------------------------------------------------------------------
+def loaded():
+    """The library when a call of this process has already built and loaded
+    it, else None; never builds (a sum alone does not start a compile)."""
+    return _state["ext"]
+
+
+def sum_add(ext, acc: torch.Tensor, src: torch.Tensor, first: bool) -> bool:
+    """``acc`` (contiguous fp32) := ``src`` widened (``first``) or ``acc`` +
+    ``src`` widened, ``src`` contiguous bf16 or fp32 of as many elements; returns
+    whether ``acc`` now holds a NaN."""
+    if src.dtype not in (torch.bfloat16, torch.float32) or src.numel() != acc.numel():
+        raise ValueError(f"sum_add takes {acc.numel()} bf16 or fp32 elements, got "
+                         f"{src.numel()} {src.dtype}")
+    nan = ext.zipccl_sum_add(acc.data_ptr(), src.data_ptr(), int(src.dtype == torch.bfloat16),
+                             acc.numel(), int(first), torch.get_num_threads(), _isa(ext))
+    if nan < 0:
+        raise RuntimeError("zipccl_sum_add refused its arguments")
+    return nan == 1
+
+
+def sum_to_bf16(ext, out: torch.Tensor, acc: torch.Tensor) -> None:
+    """``out`` (contiguous bf16) := ``acc`` (contiguous fp32) rounded to nearest,
+    ties to even, as torch's cast does, with every NaN ``CANONICAL_NAN``'s bits."""
+    if out.dtype != torch.bfloat16 or out.numel() != acc.numel():
+        raise ValueError(f"sum_to_bf16 writes {acc.numel()} bf16 elements, got "
+                         f"{out.numel()} {out.dtype}")
+    if ext.zipccl_sum_to_bf16(out.data_ptr(), acc.data_ptr(), acc.numel(),
+                              torch.get_num_threads(), _isa(ext)) != 0:
+        raise RuntimeError("zipccl_sum_to_bf16 refused its arguments")

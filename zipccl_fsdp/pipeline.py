@@ -534,7 +534,7 @@ def scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.Te
     # Before _Call: the side stream reads what these write on the caller's
     # stream (a PREMUL_SUM factor cast to fp32), and it waits for that stream
     # once, when the call is made.
-    total = RankOrderSum(out, flat_in, op)
+    total = RankOrderSum(out, flat_in, op, world)
     scratch = torch.empty(n, dtype=flat_in.dtype, device=device) if plan.compress else None
     desc = describe(kind, flat_in.dtype, op, counts, [n] * world)
     call = _Call(kind, group, world, rank, plan, cfg, st, device, desc, flat_in.dtype)
@@ -596,7 +596,7 @@ def scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.Te
     else:
         total.add(mine, 0)
     with st.phase(kind, "reduce"), call.streams.codec():
-        total.finish(world)
+        total.finish()
     return call.finish(policy, site)
 
 
