@@ -334,9 +334,7 @@ def _pair_stats(pr, MAN_BITS: tl.constexpr, EMAX: tl.constexpr, G: tl.constexpr,
     a = tl.sum(tl.sum(u >> MAN_BITS, axis=2), axis=1)  # lanes: exponent sums (<= 16 EMAX)
     f_emax = (u + (1 << MAN_BITS) * L2) & H
     f_enz = (u + EMM) & H
-    nzf = (pr & 0x7FFF7FFF) + 0x7FFF7FFF
-    f_pz = ((nzf | pr) ^ H) & H
-    f_ng = (pr & (nzf ^ H)) & H
+    f_pz, f_ng = _pair_zeros(pr)
     # Four 4-bit counters a lane (e != 0, e == EMAX, +0.0, -0.0): a row's
     # four pairs count at most 4 each.
     t = (f_enz >> 15) + (f_emax >> 11) + (f_pz >> 7) + (f_ng >> 3)
@@ -356,22 +354,34 @@ def _pair_stats(pr, MAN_BITS: tl.constexpr, EMAX: tl.constexpr, G: tl.constexpr,
 @triton.jit
 def _pair_codes(pr, lo, width, zp, zn, MAN_BITS: tl.constexpr, EMAX: tl.constexpr):
     """The fixed3 codes of a tile of pairs (format.py, "fixed3"), a code a
-    lane (uint32 [T, G, 4]), by lane arithmetic: dd = 256 + e - lo (1 to
-    511) is below 256 when e < lo and sets bit 15 of dd + 0x8000 - 256 -
-    width when e - lo >= width; in the window the code is e - lo + z, else
-    7 (ESC); a flagged zero's code is 0 (+0.0) or zp (-0.0)."""
+    lane (uint32 [T, G, 4]), by lane arithmetic: v = (e - lo) mod 2**15
+    (e + 0x8000 - lo below 0x10000: no carry leaves a lane) is in the
+    window when v < width, i.e. when v + 0x8000 - width leaves bit 15
+    clear; in the window the code is v + z, else 7 (ESC). A zero's
+    exponent is 0, so the window gives every zero the same code c0; a
+    flagged zero's code is 0 (+0.0) or zp (-0.0): its lane gets the uniform
+    difference added (the lane holds c0 exactly, so the sum neither
+    borrows from nor carries into the other lane)."""
     L2: tl.constexpr = 0x10001
     EMM: tl.constexpr = (EMAX << MAN_BITS) * L2
-    H: tl.constexpr = 0x80008000
     z = zp + zn
-    dd = ((pr & EMM) >> MAN_BITS) + ((256 - lo) * L2).to(tl.uint32)
-    over = (dd + ((0x8000 - 256 - width) * L2).to(tl.uint32)) >> 15
-    out = (over | ((dd ^ 0x01000100) >> 8)) & L2
-    code = ((dd + (z * L2).to(tl.uint32)) & 0x70007) | (out * 7)
+    v = (((pr & EMM) >> MAN_BITS) + (((0x8000 - lo) & 0x7FFF) * L2).to(tl.uint32)) & 0x7FFF7FFF
+    out = ((v + ((0x8000 - width) * L2).to(tl.uint32)) >> 15) & L2
+    code = ((v + (z * L2).to(tl.uint32)) & 0x70007) | (out * 7)
+    c0 = tl.minimum((0 - lo).to(tl.uint32), width.to(tl.uint32)).to(tl.int32) + z
+    f_pz, f_ng = _pair_zeros(pr)
+    return (code + (f_pz >> 15) * (zp * (0 - c0)).to(tl.uint32) + (f_ng >> 15) * (
+        zn * (zp - c0)).to(tl.uint32)) & 0x70007
+
+
+@triton.jit
+def _pair_zeros(pr):
+    """Lane flags (bit 15 of each lane) of the pairs that are +0.0 and
+    -0.0: a lane's low 15 bits m set bit 15 of m + 0x7FFF only when they
+    are not 0 (no carry leaves a lane)."""
+    H: tl.constexpr = 0x80008000
     nzf = (pr & 0x7FFF7FFF) + 0x7FFF7FFF
-    pzm = ((((nzf | pr) ^ H) & H) >> 15) * (7 * zp).to(tl.uint32)
-    ngm = ((pr & (nzf ^ H) & H) >> 15) * (7 * zn).to(tl.uint32)
-    return (code & ((pzm | ngm) ^ 0x70007)) | (ngm & (zp * L2).to(tl.uint32))
+    return ((nzf | pr) ^ H) & H, (pr & (nzf ^ H)) & H
 
 
 @triton.jit
