@@ -268,6 +268,7 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
         # many escapes); a chunk with a thread of more (rare, see ROUNDS)
         # patches every escape again in a cold function.
         e_at = (tex >> 16) & 0xFFFF
+        v0, v1, v2 = _escape_run(esc_src, e_at, esc_l)
         tw = tl.arange(0, T) * (8 * G)
         # The words' store may come from another thread of the program (a
         # layout conversion before a wide store): a barrier orders it
@@ -277,8 +278,14 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
         m = emask
         for k in tl.static_range(ROUNDS):
             if k < kmax:
-                m, bad_e = _patch_escape(dst, esc_src, m, bad_e, tw, e_at + k, k < esc_t,
-                                         esc_l, EMAX, MAN_BITS)
+                if k < 4:
+                    v = v0
+                elif k < 8:
+                    v = v1
+                else:
+                    v = v2
+                m, bad_e = _patch_escape(dst, (v >> (8 * (k % 4))) & 0xFF, m, bad_e, tw,
+                                         k < esc_t, EMAX, MAN_BITS)
         if EXP_BITS < 8:
             err = err | tl.where(tl.max(bad_e, axis=0) != 0, ERR_EXPONENT, 0)
         if kmax > ROUNDS:
@@ -328,20 +335,40 @@ def _excl(f):
 
 
 @triton.jit
-def _patch_escape(dst, esc_src, m, bad_e, tw, at, act, esc_l, EMAX: tl.constexpr,
-                  MAN_BITS: tl.constexpr):
+def _escape_run(esc_src, e_at, esc_l):
+    """Each thread's escape bytes e_at .. e_at + 11 (its ``ROUNDS`` <= 12
+    inline rounds' bytes, in order) as three little-endian 32-bit words,
+    from four aligned words of the stream (esc_src is 16-byte aligned) and
+    one funnel shift each: no load or address a round. A word index is
+    clamped to the stream's last word ((esc_l - 1) >> 2 >= -1: a word of
+    the segment); a byte a round uses (below esc_l when the counts agree
+    with the entry, else ERR_COUNTS) is in a word below that, so only
+    unused bytes come from a clamped word."""
+    tl.static_assert(ROUNDS <= 12)
+    wp = esc_src.to(tl.pointer_type(tl.int32))
+    at = e_at >> 2
+    top = (esc_l - 1) >> 2
+    w0 = tl.load(wp + tl.minimum(at, top)).to(tl.int64) & 0xFFFFFFFF
+    w1 = tl.load(wp + tl.minimum(at + 1, top)).to(tl.int64) & 0xFFFFFFFF
+    w2 = tl.load(wp + tl.minimum(at + 2, top)).to(tl.int64) & 0xFFFFFFFF
+    w3 = tl.load(wp + tl.minimum(at + 3, top)).to(tl.int64) & 0xFFFFFFFF
+    sh = (8 * (e_at & 3)).to(tl.int64)
+    v0 = ((w0 | (w1 << 32)) >> sh).to(tl.int32)
+    v1 = ((w1 | (w2 << 32)) >> sh).to(tl.int32)
+    v2 = ((w2 | (w3 << 32)) >> sh).to(tl.int32)
+    return v0, v1, v2
+
+
+@triton.jit
+def _patch_escape(dst, eb, m, bad_e, tw, act, EMAX: tl.constexpr, MAN_BITS: tl.constexpr):
     """One round of the escape patch: each thread whose ``act`` holds takes
-    the lowest set bit j of its mask m, reads escape byte ``at`` and writes
-    it into the exponent of its element tw + j (already stored)."""
+    the lowest set bit j of its mask m and writes its escape byte ``eb``
+    (from _escape_run) into the exponent of its element tw + j (already
+    stored)."""
     b = m & (0 - m)
     j = low_bit_index(b)
-    # The escape byte's position is clamped to the stream (esc_l - 1 >= -1: a
-    # byte of the segment) instead of masked: past it only with counts that
-    # disagree with the entry (ERR_COUNTS); a thread without a k-th escape
-    # does not use it.
-    eb = tl.load(esc_src + tl.minimum(at, esc_l - 1)).to(tl.int32)
-    # The read back is unmasked too: a thread without a k-th escape reads
-    # the chunk's first word instead (it exists; the store is masked off).
+    # The read back is unmasked: a thread without a k-th escape reads the
+    # chunk's first word instead (it exists; the store is masked off).
     p = dst + tl.where(act, tw + j, 0)
     old = tl.load(p, volatile=True).to(tl.int32)
     new = (old & ~(EMAX << MAN_BITS)) | ((eb & EMAX) << MAN_BITS)
