@@ -111,16 +111,17 @@ def fixed3_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off,
             valid = i < n
             err = _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low16,
                                 codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg,
-                                ITEMSIZE, EXP_BITS, MAN_BITS, G, T)
+                                mode - 1, ITEMSIZE, EXP_BITS, MAN_BITS, G, T)
     return err
 
 
 @triton.jit
 def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low16, codes_nb,
-                  sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg, ITEMSIZE: tl.constexpr,
+                  sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg, zero, ITEMSIZE: tl.constexpr,
                   EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr, G: tl.constexpr,
                   T: tl.constexpr):
-    """A CODED chunk's segment at src (its layout checked against the body)."""
+    """A CODED chunk's segment at src (its layout checked against the body).
+    ``zero`` is 0 (the entry's mode - 1), a value the compiler cannot fold."""
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     SIGNW: tl.constexpr = -(1 << (8 * ITEMSIZE - 1))  # -0.0's word, sign-extended
@@ -181,7 +182,17 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
         room = tl.minimum(a_rem - a_sm, lim - a_sm)
         if (ITEMSIZE == 2) | (low16 != 0):
             # (bytes past sm_nb are padding: zero, or the chunk is refused)
-            smv = unpack_bytes(load_words(sm_src, room, T, 2 * G), T, G)
+            wd = load_words(sm_src, room, T, 2 * G)
+            if (ITEMSIZE == 2) & (not IS_FP16):
+                # bf16: the byte masked with 0xFF | zero << 8 (``zero`` is 0,
+                # but not to the compiler). With 0xFF both sides of this
+                # branch give byte values and the compiler merges them as
+                # bytes packed four to a register: a PRMT a byte to pack
+                # the gathered bytes, and one after the merge to unpack.
+                kk = tl.arange(0, 4)[None, None, :]
+                smv = tl.reshape((wd[:, :, None] >> (8 * kk)) & (0xFF | (zero << 8)), (T, G, 8))
+            else:
+                smv = unpack_bytes(wd, T, G)
             if ITEMSIZE == 4:
                 smv = smv << 16
         else:
