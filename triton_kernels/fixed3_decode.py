@@ -208,8 +208,11 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
         # Zeros omitted: each kept element's sm at its rank among the kept.
         kstart = tex & 0xFFFF  # kept elements before the thread
         rowx = tl.cumsum(krow, axis=1) - krow  # kept before the row, in the thread
-        incl = tl.cumsum(kp, axis=2)  # kept up to the element, in the row
-        inrow = incl - kp  # kept before the element, in the row
+        # Kept up to (incl) and before (inrow) the element, in the row: field
+        # q of the row's kept flags (bits 3q) times 0x249249, from the row
+        # word (no scan over the tile; incl's last field is the row count).
+        kf = _kept_flags(acc, z)
+        inrow = (((kf << 3) * 0x249249)[:, :, None] >> (3 * q)) & 7
         krank = kstart[:, None, None] + rowx[:, :, None] + inrow
         kv = keep  # (z > 0 here, the entry checked: codes past n read as 0, not kept)
         if ITEMSIZE == 4:
@@ -228,6 +231,19 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
             smv = smv | (tl.load(sm_src + tl.minimum(at + 1, top)).to(tl.int32) << 8)
             smv = smv | (tl.load(sm_src + tl.minimum(at + 2, top)).to(tl.int32) << 16)
             smv = (smv & tl.where(low16 != 0, 0xFF, 0xFFFFFF)) << (16 * low16)
+        elif SPARSE & IS_FP16:
+            # Unmasked, at the rank (inrow: 0 for the row's first element), so
+            # a thread reads bytes kb .. kb + kept_t, the last one only for
+            # elements not kept after the thread's last kept one (unused).
+            # The rem stream follows sm in the segment, so for counts that
+            # agree with the entry kstart + kept_t <= sm_nb < a_esc - a_sm;
+            # kb is clamped once a thread to at most a_esc - a_sm - 1 -
+            # kept_t (a_esc <= seg <= lim: the layout is checked against
+            # the body), and kb >= -1 - 8 G reads inside the payload (the
+            # segment starts with at least 16 code bytes, after the header).
+            kb = tl.minimum(kstart, a_esc - a_sm - kept_t - 1)
+            rp = sm_src + (kb[:, None] + rowx)  # (one pointer a row)
+            smv = tl.load(rp[:, :, None] + inrow).to(tl.int32)
         elif SPARSE:
             # Unmasked, at the inclusive rank - 1: a kept element's own rank,
             # the previous kept element's byte for one not kept (unused),
@@ -235,9 +251,14 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
             # count. kb is clamped once a thread, to at most sm_l - 1 - kept_t
             # (counts that disagree with the entry only: ERR_COUNTS), and
             # kb >= -1 - 8 G >= -33 reads inside the payload (the segment
-            # starts with at least 16 code bytes, after the header).
+            # starts with at least 16 code bytes, after the header). The
+            # inclusive count is field q of the row's kept flags times
+            # 0x249249 (at most 7 below the last element), the row's count
+            # for the last.
             kb = tl.minimum(kstart, sm_l - kept_t) - 1
             rp = sm_src + (kb[:, None] + rowx)  # (one pointer a row)
+            incl = tl.where(q == 7, krow[:, :, None],
+                            ((kf * 0x249249)[:, :, None] >> (3 * q)) & 7)
             smv = tl.load(rp[:, :, None] + incl).to(tl.int32)
         else:
             # Unmasked, the rank clamped to the stream (sm_l - 1 >= -1: a byte
@@ -336,6 +357,16 @@ def _patch_all(src, dst, n, codes_w, codes_l, esc_src, esc_l, lo_z, EXP_BITS: tl
     tl.store(p, new.to(dst.dtype.element_ty), mask=esc)
     bad = tl.max(tl.max(tl.max(tl.where(esc, eb, 0), axis=2), axis=1), axis=0) > EMAX
     return tl.where(bad, ERR_EXPONENT, 0)
+
+
+@triton.jit
+def _kept_flags(acc, z):
+    """Rows of eight 3-bit codes -> a bit at 3q for each code q of at least
+    z (0, 1 or 2): the flags _codec_common.kept_bits counts (the same
+    expression, so the compiler computes it once)."""
+    one = acc | (acc >> 1)
+    f = tl.where(z == 0, 0x249249, tl.where(z == 1, one | (acc >> 2), (acc >> 1) | (acc >> 2)))
+    return f & 0x249249
 
 
 @triton.jit
