@@ -111,16 +111,17 @@ def fixed3_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off,
             valid = i < n
             err = _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low16,
                                 codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg,
-                                ITEMSIZE, EXP_BITS, MAN_BITS, G, T)
+                                mode - 1, ITEMSIZE, EXP_BITS, MAN_BITS, G, T)
     return err
 
 
 @triton.jit
 def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low16, codes_nb,
-                  sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg, ITEMSIZE: tl.constexpr,
+                  sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg, zero, ITEMSIZE: tl.constexpr,
                   EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr, G: tl.constexpr,
                   T: tl.constexpr):
-    """A CODED chunk's segment at src (its layout checked against the body)."""
+    """A CODED chunk's segment at src (its layout checked against the body).
+    ``zero`` is 0 (the entry's mode - 1), a value the compiler cannot fold."""
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     SIGNW: tl.constexpr = -(1 << (8 * ITEMSIZE - 1))  # -0.0's word, sign-extended
@@ -181,7 +182,17 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
         room = tl.minimum(a_rem - a_sm, lim - a_sm)
         if (ITEMSIZE == 2) | (low16 != 0):
             # (bytes past sm_nb are padding: zero, or the chunk is refused)
-            smv = unpack_bytes(load_words(sm_src, room, T, 2 * G), T, G)
+            wd = load_words(sm_src, room, T, 2 * G)
+            if (ITEMSIZE == 2) & (not IS_FP16):
+                # bf16: the byte masked with 0xFF | zero << 8 (``zero`` is 0,
+                # but not to the compiler). With 0xFF both sides of this
+                # branch give byte values and the compiler merges them as
+                # bytes packed four to a register: a PRMT a byte to pack
+                # the gathered bytes, and one after the merge to unpack.
+                kk = tl.arange(0, 4)[None, None, :]
+                smv = tl.reshape((wd[:, :, None] >> (8 * kk)) & (0xFF | (zero << 8)), (T, G, 8))
+            else:
+                smv = unpack_bytes(wd, T, G)
             if ITEMSIZE == 4:
                 smv = smv << 16
         else:
@@ -197,8 +208,11 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
         # Zeros omitted: each kept element's sm at its rank among the kept.
         kstart = tex & 0xFFFF  # kept elements before the thread
         rowx = tl.cumsum(krow, axis=1) - krow  # kept before the row, in the thread
-        incl = tl.cumsum(kp, axis=2)  # kept up to the element, in the row
-        inrow = incl - kp  # kept before the element, in the row
+        # Kept up to (incl) and before (inrow) the element, in the row: field
+        # q of the row's kept flags (bits 3q) times 0x249249, from the row
+        # word (no scan over the tile; incl's last field is the row count).
+        kf = _kept_flags(acc, z)
+        inrow = (((kf << 3) * 0x249249)[:, :, None] >> (3 * q)) & 7
         krank = kstart[:, None, None] + rowx[:, :, None] + inrow
         kv = keep  # (z > 0 here, the entry checked: codes past n read as 0, not kept)
         if ITEMSIZE == 4:
@@ -217,6 +231,19 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
             smv = smv | (tl.load(sm_src + tl.minimum(at + 1, top)).to(tl.int32) << 8)
             smv = smv | (tl.load(sm_src + tl.minimum(at + 2, top)).to(tl.int32) << 16)
             smv = (smv & tl.where(low16 != 0, 0xFF, 0xFFFFFF)) << (16 * low16)
+        elif SPARSE & IS_FP16:
+            # Unmasked, at the rank (inrow: 0 for the row's first element), so
+            # a thread reads bytes kb .. kb + kept_t, the last one only for
+            # elements not kept after the thread's last kept one (unused).
+            # The rem stream follows sm in the segment, so for counts that
+            # agree with the entry kstart + kept_t <= sm_nb < a_esc - a_sm;
+            # kb is clamped once a thread to at most a_esc - a_sm - 1 -
+            # kept_t (a_esc <= seg <= lim: the layout is checked against
+            # the body), and kb >= -1 - 8 G reads inside the payload (the
+            # segment starts with at least 16 code bytes, after the header).
+            kb = tl.minimum(kstart, a_esc - a_sm - kept_t - 1)
+            rp = sm_src + (kb[:, None] + rowx)  # (one pointer a row)
+            smv = tl.load(rp[:, :, None] + inrow).to(tl.int32)
         elif SPARSE:
             # Unmasked, at the inclusive rank - 1: a kept element's own rank,
             # the previous kept element's byte for one not kept (unused),
@@ -224,9 +251,14 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
             # count. kb is clamped once a thread, to at most sm_l - 1 - kept_t
             # (counts that disagree with the entry only: ERR_COUNTS), and
             # kb >= -1 - 8 G >= -33 reads inside the payload (the segment
-            # starts with at least 16 code bytes, after the header).
+            # starts with at least 16 code bytes, after the header). The
+            # inclusive count is field q of the row's kept flags times
+            # 0x249249 (at most 7 below the last element), the row's count
+            # for the last.
             kb = tl.minimum(kstart, sm_l - kept_t) - 1
             rp = sm_src + (kb[:, None] + rowx)  # (one pointer a row)
+            incl = tl.where(q == 7, krow[:, :, None],
+                            ((kf * 0x249249)[:, :, None] >> (3 * q)) & 7)
             smv = tl.load(rp[:, :, None] + incl).to(tl.int32)
         else:
             # Unmasked, the rank clamped to the stream (sm_l - 1 >= -1: a byte
@@ -268,6 +300,7 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
         # many escapes); a chunk with a thread of more (rare, see ROUNDS)
         # patches every escape again in a cold function.
         e_at = (tex >> 16) & 0xFFFF
+        v0, v1, v2 = _escape_run(esc_src, e_at, esc_l)
         tw = tl.arange(0, T) * (8 * G)
         # The words' store may come from another thread of the program (a
         # layout conversion before a wide store): a barrier orders it
@@ -277,8 +310,14 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
         m = emask
         for k in tl.static_range(ROUNDS):
             if k < kmax:
-                m, bad_e = _patch_escape(dst, esc_src, m, bad_e, tw, e_at + k, k < esc_t,
-                                         esc_l, EMAX, MAN_BITS)
+                if k < 4:
+                    v = v0
+                elif k < 8:
+                    v = v1
+                else:
+                    v = v2
+                m, bad_e = _patch_escape(dst, (v >> (8 * (k % 4))) & 0xFF, m, bad_e, tw,
+                                         k < esc_t, EMAX, MAN_BITS)
         if EXP_BITS < 8:
             err = err | tl.where(tl.max(bad_e, axis=0) != 0, ERR_EXPONENT, 0)
         if kmax > ROUNDS:
@@ -321,6 +360,16 @@ def _patch_all(src, dst, n, codes_w, codes_l, esc_src, esc_l, lo_z, EXP_BITS: tl
 
 
 @triton.jit
+def _kept_flags(acc, z):
+    """Rows of eight 3-bit codes -> a bit at 3q for each code q of at least
+    z (0, 1 or 2): the flags _codec_common.kept_bits counts (the same
+    expression, so the compiler computes it once)."""
+    one = acc | (acc >> 1)
+    f = tl.where(z == 0, 0x249249, tl.where(z == 1, one | (acc >> 2), (acc >> 1) | (acc >> 2)))
+    return f & 0x249249
+
+
+@triton.jit
 def _excl(f):
     """In-thread exclusive prefix sums, element order, of a [T, G, 8] tile."""
     row = tl.sum(f, axis=2)
@@ -328,20 +377,40 @@ def _excl(f):
 
 
 @triton.jit
-def _patch_escape(dst, esc_src, m, bad_e, tw, at, act, esc_l, EMAX: tl.constexpr,
-                  MAN_BITS: tl.constexpr):
+def _escape_run(esc_src, e_at, esc_l):
+    """Each thread's escape bytes e_at .. e_at + 11 (its ``ROUNDS`` <= 12
+    inline rounds' bytes, in order) as three little-endian 32-bit words,
+    from four aligned words of the stream (esc_src is 16-byte aligned) and
+    one funnel shift each: no load or address a round. A word index is
+    clamped to the stream's last word ((esc_l - 1) >> 2 >= -1: a word of
+    the segment); a byte a round uses (below esc_l when the counts agree
+    with the entry, else ERR_COUNTS) is in a word below that, so only
+    unused bytes come from a clamped word."""
+    tl.static_assert(ROUNDS <= 12)
+    wp = esc_src.to(tl.pointer_type(tl.int32))
+    at = e_at >> 2
+    top = (esc_l - 1) >> 2
+    w0 = tl.load(wp + tl.minimum(at, top)).to(tl.int64) & 0xFFFFFFFF
+    w1 = tl.load(wp + tl.minimum(at + 1, top)).to(tl.int64) & 0xFFFFFFFF
+    w2 = tl.load(wp + tl.minimum(at + 2, top)).to(tl.int64) & 0xFFFFFFFF
+    w3 = tl.load(wp + tl.minimum(at + 3, top)).to(tl.int64) & 0xFFFFFFFF
+    sh = (8 * (e_at & 3)).to(tl.int64)
+    v0 = ((w0 | (w1 << 32)) >> sh).to(tl.int32)
+    v1 = ((w1 | (w2 << 32)) >> sh).to(tl.int32)
+    v2 = ((w2 | (w3 << 32)) >> sh).to(tl.int32)
+    return v0, v1, v2
+
+
+@triton.jit
+def _patch_escape(dst, eb, m, bad_e, tw, act, EMAX: tl.constexpr, MAN_BITS: tl.constexpr):
     """One round of the escape patch: each thread whose ``act`` holds takes
-    the lowest set bit j of its mask m, reads escape byte ``at`` and writes
-    it into the exponent of its element tw + j (already stored)."""
+    the lowest set bit j of its mask m and writes its escape byte ``eb``
+    (from _escape_run) into the exponent of its element tw + j (already
+    stored)."""
     b = m & (0 - m)
     j = low_bit_index(b)
-    # The escape byte's position is clamped to the stream (esc_l - 1 >= -1: a
-    # byte of the segment) instead of masked: past it only with counts that
-    # disagree with the entry (ERR_COUNTS); a thread without a k-th escape
-    # does not use it.
-    eb = tl.load(esc_src + tl.minimum(at, esc_l - 1)).to(tl.int32)
-    # The read back is unmasked too: a thread without a k-th escape reads
-    # the chunk's first word instead (it exists; the store is masked off).
+    # The read back is unmasked: a thread without a k-th escape reads the
+    # chunk's first word instead (it exists; the store is masked off).
     p = dst + tl.where(act, tw + j, 0)
     old = tl.load(p, volatile=True).to(tl.int32)
     new = (old & ~(EMAX << MAN_BITS)) | ((eb & EMAX) << MAN_BITS)
