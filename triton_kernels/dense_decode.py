@@ -204,6 +204,14 @@ def _tier(codes64, nwords, pos, opened, G: tl.constexpr, BITS: tl.constexpr):
     return digit, pos + incl
 
 
+@triton.jit
+def _is3(d):
+    """1 where the 2-bit digit d (0..3) is 3, else 0: the high word of
+    d * 0x55555556 (3 * 0x55555556 = 2^32 + 2, 2 * 0x55555556 < 2^32), one
+    instruction where ``(d + 1) >> 2`` is two."""
+    return tl.umulhi(d, 0x55555556)
+
+
 @triton.jit(noinline=True)
 def _decode_raw(src, dst, n, seg, ITEMSIZE: tl.constexpr, C: tl.constexpr, T: tl.constexpr):
     """A RAW chunk: its segment (seg bytes) holds its words, then zero
@@ -249,11 +257,10 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
         d0 = ((w0 >> (2 * q)) & 3) * vi
     codes64 = src.to(tl.pointer_type(tl.int64))
     nwords = a_sm >> 3
-    b1, e1 = _tier(codes64, nwords, p1, (d0 + 1) >> 2, G, 1)
+    b1, e1 = _tier(codes64, nwords, p1, _is3(d0), G, 1)
     b2, e2 = _tier(codes64, nwords, p2, b1, G, 1)
     d3, e3 = _tier(codes64, nwords, p3, b2, G, 2)
-    d4, e4 = _tier(codes64, nwords, p4, (d3 + 1) >> 2, G, 2)
-    esc = (d4 + 1) >> 2
+    d4, e4 = _tier(codes64, nwords, p4, _is3(d3), G, 2)
     rank = d0 + b1 + b2 + d3 + d4  # 11: an escape
     nib = ((lut >> (4 * rank).to(tl.int64)) & 15).to(tl.int32)
     if FULL:
@@ -266,7 +273,7 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
         zero = ((nib + 2) >> 4) * vi  # nibbles 14 (-0.0) and 15 (+0.0)
         keep = vi - zero
         # Ranks among the block's kept elements (low bits) and escapes (high).
-        ek = keep | (esc << ESC_AT)
+        ek = keep | (_is3(d4) << ESC_AT)
     pre, tot, rpre = _excl(ek, G)
     incl = tl.cumsum(tot, axis=0)
     if FULL:
@@ -292,7 +299,7 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
         erank = tl.minimum(ebase + (at >> ESC_AT), esc_nb - 1)
         krank = tl.minimum(kbase + (at & KEPT_MASK), nkept - 1)
         ebyte = tl.load(src + a_esc + erank)  # (erank clamped: inside the segment)
-    e = tl.where(esc != 0, ebyte.to(tl.int32) & 0xFF, base + nib - 8)
+    e = tl.where(d4 == 3, ebyte.to(tl.int32) & 0xFF, base + nib - 8)
     if not FULL:  # (a full chunk's zeros have nibble 8: e = base, in range)
         e = tl.where(keep != 0, e, 0)
     bad = tl.reduce(tl.reduce(e, 2, _or), 1, _or)
