@@ -47,8 +47,8 @@ class RankOrderSum:
     ``flat_in`` (the reduce's input, still to be read).
 
     On a CPU whose C++ library is loaded (``codec_cpp.loaded``: a codec call
-    of this process built it; the sum never builds it), a SUM or AVG widens,
-    adds and asks for NaNs in one pass (``codec_cpp.sum_add``), and a bf16
+    of this process built it; the sum never builds it), a SUM or AVG of bf16
+    or fp32 chunks widens, adds and asks for NaNs in one pass (``codec_cpp.sum_add``), and a bf16
     result is cast with its NaNs made canonical in the same pass
     (``codec_cpp.sum_to_bf16``): the same bits as the torch ops below, with
     no pass of its own for the NaN test (docs/benchmarks.md, "The rank-order
@@ -68,9 +68,7 @@ class RankOrderSum:
     def add(self, src: torch.Tensor, r: int, a: int = 0, b: int | None = None) -> None:
         """Add rank ``r``'s ``src`` into elements ``[a, b)`` (all by default)."""
         dst = self.acc[a:b]
-        if self.ext is not None and src.device.type == "cpu" and src.is_contiguous():
-            if src.dtype == torch.float16:
-                src = src.to(torch.float32)  # exact; the loops take bf16 or fp32
+        if self.ext is not None and src.dtype in _LOOP_DTYPES and src.is_contiguous():
             nan = _codec_cpp.sum_add(self.ext, dst, src, first=r == 0)
             if r == self.world - 1:
                 self.nan = self.nan or nan
@@ -95,6 +93,11 @@ class RankOrderSum:
         """Scale (AVG) and cast the sum into ``out``."""
         known = self.nan if self.probed == self.acc.numel() else None
         _finish(self.acc, self.out, self.op_kind, self.world, known, self.ext)
+
+
+_LOOP_DTYPES = (torch.bfloat16, torch.float32)
+"""What the C++ loops add; fp16 keeps torch's ops, whose own widening is faster
+than widening for the loops."""
 
 
 def _sum_library(acc: torch.Tensor):

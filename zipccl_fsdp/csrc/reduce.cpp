@@ -5,9 +5,9 @@
 //                       and whether any acc[i] is now NaN, in the same pass;
 //   zipccl_sum_to_bf16: out[i] = acc[i] rounded to bf16 (nearest, ties to even),
 //                       every NaN written as the canonical 0x7FC0.
-// Why here: torch widens bf16 into a temporary before it adds, and the NaN
-// test was one more pass over the fp32 sum, after it had left the cache; one
-// pass that widens, adds and tests reads each element once.
+// Why here: torch widens bf16 into a temporary before it adds, and a NaN
+// test of its own would be one more pass over the fp32 sum once it has left
+// the cache; one pass that widens, adds and tests reads each element once.
 // Plain IEEE fp32 adds (no fast-math, no FMA: nothing to contract), so each
 // result is the one torch's add_ returns; a NaN's payload may differ, and the
 // reduction makes every NaN canonical afterwards anyway.
