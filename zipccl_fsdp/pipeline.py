@@ -465,6 +465,7 @@ def gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, plan, cf
     call = _Call(kind, group, world, rank, plan, cfg, st, device, desc, own.dtype)
     itemsize = own.element_size()
     bounds = [_bounds(s.numel(), plan.pieces) for s in slots]
+    placed = [True] if same_memory(own, slots[rank]) else []
 
     def mine(i):
         return own[bounds[rank][i]:bounds[rank][i + 1]]
@@ -492,6 +493,11 @@ def gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, plan, cf
         recv = torch.empty(world * width, dtype=torch.uint8, device=device)
         work = _wire.all_gather_single(recv, send, group=group, async_op=True)
         st.add(kind, wire_bytes=width, pad_bytes=width - payload.numel())
+        if not placed:
+            # this rank's own slot, while the first piece is in flight
+            # (nothing in flight reads or writes it: ``own`` is not in it)
+            slots[rank].copy_(own)
+            placed.append(True)
         return work, (i, recv, width, sizes, rows is not None, (send, payload))
 
     def drain(i, recv, width, sizes, coded, _keep):
@@ -508,8 +514,6 @@ def gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, plan, cf
 
     call.run(raw, encode, exchange, drain)
     call.settle()
-    if not same_memory(own, slots[rank]):
-        slots[rank].copy_(own)
     return call.finish(policy, site)
 
 
