@@ -313,7 +313,9 @@ class _Call:
         ``recv_sizes``, ``coded`` and what must outlive the work (``_Streams``)."""
         self.streams.before_launch()
         send_sizes = [p.numel() for p in payloads]
-        send = torch.cat(payloads)
+        # One peer (two ranks): its payload as it is, without a copy into a new buffer.
+        live = [p for p in payloads if p.numel()]
+        send = live[0] if len(live) == 1 else torch.cat(payloads)
         recv = torch.empty(sum(recv_sizes), dtype=torch.uint8, device=self.device)
         work = dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=self.group,
                                       async_op=True)
