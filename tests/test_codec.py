@@ -298,3 +298,35 @@ def test_decode_into_an_out_overlapping_the_payload_is_refused(backend):
     out = buf[p.numel():p.numel() + 2 * x.numel()].view(torch.bfloat16)
     z.decode(buf[:p.numel()], out=out, backend=backend)  # adjacent, not overlapping
     assert torch.equal(bits(out), bits(x))
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+@pytest.mark.parametrize("codec", z.CODECS)
+@pytest.mark.parametrize("verify", [False, True])
+def test_room_keeps_the_bytes_and_gives_a_buffer_of_its_own(backend, codec, verify):
+    """encode(room=r): the same payload bytes, at the start of a buffer of at
+    least r bytes, which padded_in_place widens with zeros; a payload without
+    room is refused rather than widened over memory it does not own."""
+    from zipccl_fsdp._layout import padded_in_place
+    for n in (0, 1, 4097):
+        x = case("special", n, torch.bfloat16)
+        plain = z.encode(x, codec=codec, backend=backend, verify=verify)
+        room = plain.numel() + 1000
+        roomy = z.encode(x, codec=codec, backend=backend, verify=verify, room=room)
+        assert torch.equal(roomy, plain), (n, codec)
+        assert roomy.storage_offset() == 0
+        assert roomy.untyped_storage().nbytes() >= room
+        roomy.untyped_storage()[plain.numel():room].fill_(0xAB)  # what a reused buffer holds
+        send = padded_in_place(roomy, room)
+        assert send.data_ptr() == roomy.data_ptr() and send.numel() == room
+        assert torch.equal(send[:plain.numel()], plain)
+        assert int(send[plain.numel():].count_nonzero()) == 0
+        d = z.decode(send[:plain.numel()])
+        assert torch.equal(bits(d), bits(x))
+        if plain.untyped_storage().nbytes() - plain.storage_offset() < room:
+            with pytest.raises(RuntimeError):
+                padded_in_place(plain, room)
+    with pytest.raises(ValueError, match="room must be an int"):
+        z.encode(torch.zeros(4), room=-1)
+    with pytest.raises(ValueError, match="room must be an int"):
+        z.encode(torch.zeros(4), room=1.5)

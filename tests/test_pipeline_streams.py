@@ -9,7 +9,8 @@ streams), and CI has no GPU, so this test stands in for CUDA's streams with a
 recorder: side-stream work is pending from any ``codec()`` block until the
 next ``before_launch``/``done``, and the caller's-stream steps that read
 payloads (``torch.cat`` of an all-to-all's pieces, the all-gather's
-``zero_padded``) must not run while it is pending. And a payload must live
+``zero_padded``, and ``padded_in_place``, which a CPU run takes) must not
+run while it is pending. And a payload must live
 until its piece is drained: CUDA's caching allocator hands a freed block of
 the side stream to the next encode at once, ordered only against the side
 stream, which waits for the collective when the piece is drained. The
@@ -74,8 +75,8 @@ def _tracked_encode(encode, log: dict):
         if streams.landed <= piece:
             log["violations"].append("payload freed before its piece was drained")
 
-    def wrapper(call, x, codec=None):
-        payload = encode(call, x, codec)
+    def wrapper(call, x, codec=None, room=0):
+        payload = encode(call, x, codec, room)
         if payload is not None:
             # The piece this payload goes out with is the next one launched.
             weakref.finalize(payload, freed, call.streams, call.streams.launched)
@@ -93,17 +94,19 @@ def _counted_land(land):
 def task_stream_order() -> dict:
     log = {"checked": 0, "freed": 0, "violations": []}
     Call = pipeline._Call
-    saved = (pipeline._Streams, pipeline.zero_padded, torch.cat, Call.encode, Call._land)
+    saved = (pipeline._Streams, pipeline.zero_padded, pipeline.padded_in_place, torch.cat,
+             Call.encode, Call._land)
     pipeline._Streams = _RecordingStreams
     pipeline.zero_padded = _checked(pipeline.zero_padded, "zero_padded", log)
+    pipeline.padded_in_place = _checked(pipeline.padded_in_place, "padded_in_place", log)
     torch.cat = _checked(torch.cat, "torch.cat", log)
     Call.encode = _tracked_encode(Call.encode, log)
     Call._land = _counted_land(Call._land)
     try:
         task_collectives_on("cpu")
     finally:
-        (pipeline._Streams, pipeline.zero_padded, torch.cat, Call.encode,
-         Call._land) = saved
+        (pipeline._Streams, pipeline.zero_padded, pipeline.padded_in_place, torch.cat,
+         Call.encode, Call._land) = saved
         _RecordingStreams.latest = None
     return {"checked": log["checked"], "freed": log["freed"],
             "violations": sorted(set(log["violations"])), "first": log["violations"][:3]}

@@ -45,6 +45,18 @@ def zero_padded(payload: torch.Tensor, width: int) -> torch.Tensor:
     return send
 
 
+def padded_in_place(payload: torch.Tensor, width: int) -> torch.Tensor:
+    """``payload`` (uint8) widened to ``width`` bytes of the buffer it starts,
+    zeros after it: for a payload that ``codec.encode(..., room=r)`` made,
+    r >= ``width`` (a payload without that room raises: its storage is too
+    short for the view)."""
+    if payload.numel() == width:
+        return payload
+    send = payload.as_strided((width,), (1,))
+    send[payload.numel():].zero_()
+    return send
+
+
 def staged(t: torch.Tensor, device) -> torch.Tensor:
     """CPU tensor ``t``, pinned when it is bound for a GPU; copy it there with
     ``non_blocking=True``. From pageable memory a copy makes the host wait for

@@ -168,11 +168,16 @@ def _check_checksums(payload: torch.Tensor, header: F.Header, sums: torch.Tensor
 
 
 def encode(tensor: torch.Tensor, *, codec: str = "auto", backend: str = "auto",
-           verify: bool = False) -> torch.Tensor:
+           verify: bool = False, room: int = 0) -> torch.Tensor:
     """Encode ``tensor`` losslessly into a 1-D uint8 self-describing payload.
 
     With ``verify=True`` the payload carries a checksum per 4096 elements of
     the input, which ``decode`` checks on what it produced.
+
+    With ``room`` the payload is a view at the start of a buffer of at least
+    ``room`` bytes that holds nothing else: a caller that must send it padded
+    (an all-gather slot is as wide as the largest payload) pads it where it
+    is instead of copying it. The bytes past the payload are not written.
 
     Example::
 
@@ -184,8 +189,9 @@ def encode(tensor: torch.Tensor, *, codec: str = "auto", backend: str = "auto",
     # The argument checks as one test, true for every valid call; the checks
     # that name what is wrong run only when it is false, in this order.
     if not (isinstance(tensor, torch.Tensor) and tensor.dtype in F.DTYPES
-            and (codec in CODECS or codec == "auto") and tensor.dim() <= F.MAX_NDIM):
-        _check_encode_args(tensor, codec)
+            and (codec in CODECS or codec == "auto") and tensor.dim() <= F.MAX_NDIM
+            and type(room) is int and room >= 0):
+        _check_encode_args(tensor, codec, room)
     if codec == "auto":
         codec = DEFAULT_CODEC
     # detach() only when autograd could record (a new tensor object per call otherwise)
@@ -193,13 +199,24 @@ def encode(tensor: torch.Tensor, *, codec: str = "auto", backend: str = "auto",
     if not x.is_contiguous():
         x = x.contiguous()
     module = _backend_module(backend, x.device)
-    if verify and getattr(module, "CHECKSUMS", False):
-        return module.encode(x, codec, verify=True)
-    payload = module.encode(x, codec)
-    return _add_checksums(payload, x) if verify else payload
+    checksums = verify and getattr(module, "CHECKSUMS", False)
+    # a backend with ROOM makes the room itself, unless a pass here follows it
+    own_room = room > 0 and getattr(module, "ROOM", False) and (checksums or not verify)
+    kwargs = {"room": room} if own_room else {}
+    if checksums:
+        payload = module.encode(x, codec, verify=True, **kwargs)
+    else:
+        payload = module.encode(x, codec, **kwargs)
+        if verify:
+            payload = _add_checksums(payload, x)
+    if room > payload.numel() and not own_room:
+        buffer = torch.empty(room, dtype=torch.uint8, device=payload.device)
+        buffer[:payload.numel()].copy_(payload)
+        payload = buffer[:payload.numel()]
+    return payload
 
 
-def _check_encode_args(tensor, codec) -> None:
+def _check_encode_args(tensor, codec, room) -> None:
     """encode's argument checks, each with its error."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"encode takes a torch.Tensor, got {type(tensor).__name__}")
@@ -207,6 +224,8 @@ def _check_encode_args(tensor, codec) -> None:
     _check_codec(codec)
     if tensor.dim() > F.MAX_NDIM:
         raise ValueError(f"tensors of up to {F.MAX_NDIM} dims are supported, got {tensor.dim()}")
+    if type(room) is not int or room < 0:
+        raise ValueError(f"room must be an int of at least 0 (bytes), got {room!r}")
 
 
 def _check_no_overlap(payload: torch.Tensor, out: torch.Tensor) -> None:

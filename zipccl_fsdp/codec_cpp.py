@@ -233,6 +233,8 @@ def _fresh_buffer(ext, nbytes: int) -> torch.Tensor:
 # --------------------------------------------------------------------------
 CHECKSUMS = True
 """``encode(verify=True)`` and ``decode(sums=...)`` compute the checksums in C++."""
+ROOM = True
+"""``encode(room=...)`` writes the payload at the start of a buffer that large."""
 
 
 def _sums_into(ext, x: torch.Tensor, sums: torch.Tensor) -> None:
@@ -251,8 +253,10 @@ def chunk_sums(x: torch.Tensor) -> torch.Tensor:
     return sums.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
 
 
-def encode(x: torch.Tensor, codec: str, verify: bool = False) -> torch.Tensor:
-    """With ``verify``, the payload also carries the checksums (header flag CHECKSUM)."""
+def encode(x: torch.Tensor, codec: str, verify: bool = False, room: int = 0) -> torch.Tensor:
+    """With ``verify``, the payload also carries the checksums (header flag
+    CHECKSUM); with ``room``, it is the start of a buffer of that many bytes
+    at least (``codec.encode``)."""
     info = F.dtype_info(x.dtype)
     ext = _ext()
     x = x.contiguous()
@@ -266,12 +270,12 @@ def encode(x: torch.Tensor, codec: str, verify: bool = False) -> torch.Tensor:
                       F.HEADER_FLAG_CHECKSUM if verify else 0)
     if codec == "raw":
         header.body_nbytes = numel * info.itemsize
-        out = _fresh_buffer(ext, header.total_nbytes)
+        out = _fresh_buffer(ext, max(header.total_nbytes, room))[:header.total_nbytes]
         out[header.body_offset:header.sums_offset].copy_(x.reshape(-1).view(torch.uint8))
         if verify:
             _sums_into(ext, x, out[header.sums_offset:])
     elif numel == 0:
-        out = torch.empty(header.table_offset, dtype=torch.uint8)
+        out = torch.empty(max(header.table_offset, room), dtype=torch.uint8)[:header.table_offset]
     else:
         nch = header.nchunks
         table = torch.empty(nch * F.CHUNK_ENTRY_NBYTES, dtype=torch.uint8)
@@ -283,7 +287,7 @@ def encode(x: torch.Tensor, codec: str, verify: bool = False) -> torch.Tensor:
         if ext.zipccl_encode_plan(*args, body.data_ptr(), threads, isa_) != 0:
             raise RuntimeError("zipccl_encode_plan refused its arguments")
         header.body_nbytes = int(body[0])
-        out = _fresh_buffer(ext, header.total_nbytes)
+        out = _fresh_buffer(ext, max(header.total_nbytes, room))[:header.total_nbytes]
         sums = out.data_ptr() + header.sums_offset if verify else None
         if ext.zipccl_encode_write(*args, out.data_ptr(), header.table_offset,
                                    header.body_offset, sums, threads, isa_) != 0:

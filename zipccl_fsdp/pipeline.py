@@ -55,7 +55,8 @@ import torch.distributed as dist
 from . import codec as _codec
 from . import format as F
 from . import integrity as _integrity
-from ._layout import gather_source, same_memory, split_flat, stream_per_device, zero_padded
+from ._layout import (gather_source, padded_in_place, same_memory, split_flat,
+                      stream_per_device, zero_padded)
 from ._reduce import RankOrderSum
 from . import _wire
 from ._wire import gather_ints
@@ -322,13 +323,14 @@ class _Call:
         self.st.add(self.kind, wire_bytes=sum(send_sizes))
         return work, (i, recv, recv_sizes, coded, (send, payloads))
 
-    def encode(self, x: torch.Tensor, codec: str | None = None):
-        """Payload of ``x`` (with ``codec``, by default the plan's), or None when
-        the encoder failed (the rank sends FELL_BACK)."""
+    def encode(self, x: torch.Tensor, codec: str | None = None, room: int = 0):
+        """Payload of ``x`` (with ``codec``, by default the plan's; with
+        ``room``, as ``codec.encode``'s), or None when the encoder failed (the
+        rank sends FELL_BACK)."""
         cfg, codec = self.cfg, codec or self.plan.codec
         with self.st.phase(self.kind, "encode"), self.streams.codec():
             return _integrity.guarded(self.st, self.kind, lambda: _codec.encode(
-                x, codec=codec, backend=cfg.backend, verify=cfg.verify))
+                x, codec=codec, backend=cfg.backend, verify=cfg.verify, room=room))
 
     def launch_row(self, sizes: list, tail: list):
         d = self.desc
@@ -400,13 +402,13 @@ class _Call:
                     continue
                 count = rows[r][to + s]
                 elems = count * (i + 1) // self.plan.pieces - count * i // self.plan.pieces
-                if not 0 <= size <= self._max_bytes(elems):
+                if not 0 <= size <= self.max_bytes(elems):
                     raise CorruptPayloadError(
                         f"zipccl {kind}: {_who([r], group)} announced a payload of {size} bytes "
                         f"for {elems} elements to {_who([s], group)}; at most "
-                        f"{self._max_bytes(elems)} are possible")
+                        f"{self.max_bytes(elems)} are possible")
 
-    def _max_bytes(self, elems: int) -> int:
+    def max_bytes(self, elems: int) -> int:
         """``max_encoded_nbytes`` of a piece of ``elems`` elements with
         checksums: the most a size row may announce for it."""
         dtype = self.dtype
@@ -469,6 +471,15 @@ def gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, plan, cf
     bounds = [_bounds(s.numel(), plan.pieces) for s in slots]
     placed = [True] if same_memory(own, slots[rank]) else []
 
+    def room(i):
+        """The room piece i's payload is encoded with: on the host the widest
+        slot it may be padded to (``padded_in_place`` then saves a pass over
+        host memory); none on a device, whose backend makes no room (a copy
+        into it would cost what ``zero_padded`` does)."""
+        if device.type != "cpu":
+            return 0
+        return max(call.max_bytes(b[i + 1] - b[i]) for b in bounds)
+
     def mine(i):
         return own[bounds[rank][i]:bounds[rank][i + 1]]
 
@@ -479,7 +490,7 @@ def gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, plan, cf
         if abort is not None:
             return None, [_integrity.ABORT] * world, [0, 0]
         x = mine(i)
-        payload = call.encode(x)
+        payload = call.encode(x, room=room(i))
         size = _integrity.FELL_BACK if payload is None else payload.numel()
         return payload, [size] * world, [x.nbytes, max(size, 0)]
 
@@ -491,7 +502,8 @@ def gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, plan, cf
             sizes = [row[0] for row in rows]
         width = max(sizes)
         call.streams.before_launch()
-        send = zero_padded(payload, width)
+        coded_on_host = rows is not None and device.type == "cpu"  # encoded with room(i)
+        send = (padded_in_place if coded_on_host else zero_padded)(payload, width)
         recv = torch.empty(world * width, dtype=torch.uint8, device=device)
         work = _wire.all_gather_single(recv, send, group=group, async_op=True)
         st.add(kind, wire_bytes=width, pad_bytes=width - payload.numel())
