@@ -252,11 +252,13 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
                 tl.store(rp[:, :, None] + inrow, (smv & 0xFF).to(tl.uint8), mask=keep)
             zero_pad(sm_dst, sm_nb, a_rem - a_sm)
             if IS_FP16:
-                if PAIRS:
+                if PAIRS and (G == 8):
                     # From the pairs: not kept are the flagged zeros and the
                     # padding, whose rem is 0 but a flagged -0.0's (its sign,
                     # sm bit MAN_BITS = rem bit 2), cleared by its lane flag.
-                    _, f_ng = _pair_zeros(pr)
+                    # (At G = 8 the joined sm tile then holds bytes only; at
+                    # G <= 4 the compiler does better with the tile's form.)
+                    f_ng = _pair_zeros(pr)[1]
                     r2 = (sm2 >> 8) & (0x70007 ^ ((f_ng >> 13) * zn.to(tl.uint32)))
                     r3 = tl.reshape(tl.join((r2 & 7).to(tl.int32), (r2 >> 16).to(tl.int32)),
                                     (T, G, 8))
