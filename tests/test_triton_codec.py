@@ -645,7 +645,8 @@ def test_fixed3_encode_tile_widths(device, dtype, warps, monkeypatch):
     distinct exponents in the upper half of a thread's elements (stored in
     element order), a thread with exactly ROUNDS64 escapes (inline) and, in
     another chunk, one with ROUNDS64 + 1 (the cold path), both zero signs
-    omitted, a chunk with no zero, fp32 LOW16 with zeros, a ragged tail.
+    omitted, a chunk with no zero, one with +0.0 omitted and a few -0.0
+    kept, fp32 LOW16 with zeros, a ragged tail.
     Byte-identical to torch, decoded bit for bit."""
     from triton_kernels import codec_encode, fixed3_encode
     monkeypatch.setitem(codec_encode.SETTINGS, "fixed3", warps)
@@ -657,6 +658,9 @@ def test_fixed3_encode_tile_widths(device, dtype, warps, monkeypatch):
         x[3 * C:] = x[3 * C:].bfloat16().float()  # LOW16
     x = x * (torch.rand(n, generator=g) > 0.3).float()  # -0.0 and +0.0
     x[2 * C:3 * C] = torch.randn(C, generator=g)  # no zero
+    # +0.0 omitted, three -0.0 kept (too few to flag)
+    x[3 * C:4 * C] = x[3 * C:4 * C].abs()
+    x[3 * C + 7:3 * C + 10] = -0.0
     # Escapes (normal in every dtype, far outside the window), a few exponents.
     far = [2.0 ** k for k in (10, -10, 12, -12, 14, -14)]
     for k, at in enumerate(range(64 + 33, 64 + 63, 5)):  # upper half of thread 1 (64 a thread)
@@ -673,4 +677,5 @@ def test_fixed3_encode_tile_widths(device, dtype, warps, monkeypatch):
     assert bool((table.mode == F.MODE_CODED).all())
     assert [int(v > 0) for v in table.n_zero.tolist()] == [1, 1, 0, 1, 1], table.n_zero.tolist()
     assert bool((table.n_esc[:2] > rounds).all()), table.n_esc.tolist()
+    assert (int(table.flags[3]) & (F.FLAG_ZPOS | F.FLAG_ZNEG)) == F.FLAG_ZPOS, table.flags.tolist()
     _check_against_torch(x.to(device), "fixed3")

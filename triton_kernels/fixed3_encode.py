@@ -259,7 +259,8 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
                     # (At G = 8 the joined sm tile then holds bytes only; at
                     # G <= 4 the compiler does better with the tile's form.)
                     f_ng = _pair_zeros(pr)[1]
-                    r2 = (sm2 >> 8) & (0x70007 ^ ((f_ng >> 13) * zn.to(tl.uint32)))
+                    zmask = (0 - zn).to(tl.uint32)
+                    r2 = ((sm2 ^ ((f_ng >> (15 - MAN_BITS)) & zmask)) >> 8) & 0x70007
                     r3 = tl.reshape(tl.join((r2 & 7).to(tl.int32), (r2 >> 16).to(tl.int32)),
                                     (T, G, 8))
                 else:
@@ -328,7 +329,7 @@ def thread_counts(krow, acc, esc, T: tl.constexpr, G: tl.constexpr):
 
 # Escape rounds inline at G = 8 (64 elements a thread; ROUNDS is for 32):
 # chunks with a thread of more than 16 escapes, x * mask with 10% zeros,
-# 0.2% (docs/benchmarks.md, fifteenth session).
+# 0.2% (docs/benchmarks.md).
 ROUNDS64 = tl.constexpr(16)
 
 
