@@ -633,3 +633,49 @@ def test_fixed3_low16_with_zeros_omitted(device):
     assert bool(((table.flags & F.FLAG_LOW16) != 0).all())
     assert bool((table.n_zero > 0).all()) and bool(((table.flags & 6) == 6).all())
     _check_against_torch(x.to(device), "fixed3")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("warps", (2, 4))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fixed3_encode_tile_widths(device, dtype, warps, monkeypatch):
+    """The fixed3 encoder at 2 warps (64 elements a thread: 64-bit escape
+    masks, ROUNDS64 inline rounds, fp16 rem runs a half-thread each, fp32
+    counts packed a half-thread each) and at 4 (32 a thread). Escapes of
+    distinct exponents in the upper half of a thread's elements (stored in
+    element order), a thread with exactly ROUNDS64 escapes (inline) and, in
+    another chunk, one with ROUNDS64 + 1 (the cold path), both zero signs
+    omitted, a chunk with no zero, one with +0.0 omitted and a few -0.0
+    kept, fp32 LOW16 with zeros, a ragged tail.
+    Byte-identical to torch, decoded bit for bit."""
+    from triton_kernels import codec_encode, fixed3_encode
+    monkeypatch.setitem(codec_encode.SETTINGS, "fixed3", warps)
+    rounds = fixed3_encode.ROUNDS64.value
+    g = _gen(61)
+    n = 4 * C + 100
+    x = torch.randn(n, generator=g)
+    if dtype == torch.float32:
+        x[3 * C:] = x[3 * C:].bfloat16().float()  # LOW16
+    x = x * (torch.rand(n, generator=g) > 0.3).float()  # -0.0 and +0.0
+    x[2 * C:3 * C] = torch.randn(C, generator=g)  # no zero
+    # +0.0 omitted, three -0.0 kept (too few to flag)
+    x[3 * C:4 * C] = x[3 * C:4 * C].abs()
+    x[3 * C + 7:3 * C + 10] = -0.0
+    # Escapes (normal in every dtype, far outside the window), a few exponents.
+    far = [2.0 ** k for k in (10, -10, 12, -12, 14, -14)]
+    for k, at in enumerate(range(64 + 33, 64 + 63, 5)):  # upper half of thread 1 (64 a thread)
+        x[at] = far[k % len(far)] * (1 + k / 64)
+    # Threads 3 (chunk 0) and 2 (chunk 1) with exactly ROUNDS64 and
+    # ROUNDS64 + 1 escapes (their other elements in the window).
+    x[3 * 64:4 * 64] = 0.75
+    x[3 * 64:3 * 64 + rounds] = torch.tensor([far[k % 6] for k in range(rounds)])  # inline
+    x[C + 2 * 64:C + 3 * 64] = -0.75
+    x[C + 2 * 64 + 40 - rounds:C + 2 * 64 + 41] = -2.0 ** 13  # the cold path
+    x = x.to(dtype)
+    p = z.encode(x, codec="fixed3", backend="torch")
+    table, _ = F.read_table(p, F.parse_header(p))
+    assert bool((table.mode == F.MODE_CODED).all())
+    assert [int(v > 0) for v in table.n_zero.tolist()] == [1, 1, 0, 1, 1], table.n_zero.tolist()
+    assert bool((table.n_esc[:2] > rounds).all()), table.n_esc.tolist()
+    assert (int(table.flags[3]) & (F.FLAG_ZPOS | F.FLAG_ZNEG)) == F.FLAG_ZPOS, table.flags.tolist()
+    _check_against_torch(x.to(device), "fixed3")

@@ -24,10 +24,16 @@ written apart when the tile covers it):
   element's bytes at its rank among the kept (a byte scatter);
 - rem (fp16): the top 3 sm bits; packed like the codes when no zero is
   omitted, else OR-ed into the zeroed segment by 32-bit atomics;
-- esc: each thread's escapes from a 32-bit mask of them, one per round
-  (``ROUNDS`` inline; the element's word read again, from L1/L2), at the
-  thread's exclusive escape count; a chunk with a thread of more escapes
-  stores all of them by rank in a cold function.
+- esc: each thread's escapes from a mask of them (32 bits; 64 at G = 8),
+  one per round (``ROUNDS`` inline, ``ROUNDS64`` at G = 8; the element's
+  word read again, from L1/L2), at the thread's exclusive escape count; a
+  chunk with a thread of more escapes stores all of them by rank in a cold
+  function.
+
+The tile's G (8 G elements a thread) follows the launch's warps
+(codec_encode.SETTINGS): the fast paths (pairs of 16-bit words, escape
+masks, rem runs, packed counts) take G <= 4 and G = 8; other G take the
+general paths.
 """
 from __future__ import annotations
 
@@ -57,8 +63,10 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     # Whole words for the codes (groups of 4 rows) and sm (the tile covers
     # every padded sub-stream).
     WIDE: tl.constexpr = G % 4 == 0
-    SPARSE: tl.constexpr = G <= 4  # a thread's escapes fit one 32-bit mask
-    PAIRS: tl.constexpr = (ITEMSIZE == 2) and PACK
+    # A thread's escapes fit one mask: 32 bits, or 64 at G = 8.
+    SPARSE: tl.constexpr = G <= 8
+    PAIRS: tl.constexpr = (ITEMSIZE == 2) and (G <= 8)  # (_pair_stats' lane fields)
+    NROUNDS: tl.constexpr = ROUNDS if G <= 4 else ROUNDS64
     NEGZ: tl.constexpr = -(1 << (8 * ITEMSIZE - 1))  # -0.0's word, sign-extended
     c = ticket(ticket_ptr)
     start = c.to(tl.int64) * C
@@ -83,18 +91,24 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
         is_neg = w == NEGZ
         e = (w >> MAN_BITS) & EMAX
         normal = (e - 1).to(tl.uint32) < EMAX - 1  # 0 < e < EMAX (the padding has e = 0)
-        if PACK:
-            # Per thread: exponent sum (13 bits), normals, +0.0, -0.0 (6 bits
-            # each), widened to 20 + 13 + 13 + 13 bits for one int64 sum.
+        if PACK or (G == 8):
+            # Per thread (at G = 8, per half of its rows: 32 elements): exponent
+            # sum (13 bits), normals, +0.0, -0.0 (6 bits each), widened to
+            # 20 + 13 + 13 + 13 bits for one int64 sum.
             # (Normals and zeros exclude each other: one value per element. The
             # padding reads as +0.0 and is taken out of npos below.)
             # A zero's value by its sign bit (w >> 31: -1 or 0): 1 << 25 for
             # -0.0, 1 << 19 for +0.0, one test of the other bits for both.
             zv = ((w >> 31) & ((1 << 25) ^ (1 << 19))) ^ (1 << 19)
             v = tl.where(normal, e + (1 << 13), tl.where((w & ~NEGZ) == 0, zv, 0))
-            per = tl.sum(tl.sum(v, axis=2), axis=1)
+            if G == 8:
+                per = tl.sum(tl.reshape(tl.sum(v, axis=2), (T, 2, 4)), axis=2)  # [T, 2]
+            else:
+                per = tl.sum(tl.sum(v, axis=2), axis=1)
             wide = (per & 0x1FFF).to(tl.int64) | (((per >> 13) & 63).to(tl.int64) << 20) | (
                 ((per >> 19) & 63).to(tl.int64) << 33) | ((per >> 25).to(tl.int64) << 46)
+            if G == 8:
+                wide = tl.sum(wide, axis=1)
             tot = tl.sum(wide, axis=0)
             s_sum = (tot & 0xFFFFF).to(tl.int32)
             k_norm = ((tot >> 20) & 0x1FFF).to(tl.int32)
@@ -135,7 +149,10 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
         acc = tl.sum(code << (3 * q), axis=2)  # a row's eight codes, [T, G]
         kp = (code >= z).to(tl.int32)
         krow = tl.sum(kp, axis=2)
-    tex, emask, esc_t, _, n_esc, kmax, _ = thread_counts(krow, acc, esc, T, G)
+    if G == 8:
+        tex, emask, esc_t, n_esc, kmax = _thread_counts64(krow, acc, T)
+    else:
+        tex, emask, esc_t, _, n_esc, kmax, _ = thread_counts(krow, acc, esc, T, G)
 
     # --- raw or coded; the segment's size and offset ---
     codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg_c = fixed3_layout(
@@ -235,8 +252,22 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
                 tl.store(rp[:, :, None] + inrow, (smv & 0xFF).to(tl.uint8), mask=keep)
             zero_pad(sm_dst, sm_nb, a_rem - a_sm)
             if IS_FP16:
-                r3 = ((smv >> 8) & 7) * kp  # (0 where not kept: padding has kp 0 here, z > 0)
-                if SPARSE:
+                if PAIRS and (G == 8):
+                    # From the pairs: not kept are the flagged zeros and the
+                    # padding, whose rem is 0 but a flagged -0.0's (its sign,
+                    # sm bit MAN_BITS = rem bit 2), cleared by its lane flag.
+                    # (At G = 8 the joined sm tile then holds bytes only; at
+                    # G <= 4 the compiler does better with the tile's form.)
+                    f_ng = _pair_zeros(pr)[1]
+                    zmask = (0 - zn).to(tl.uint32)
+                    r2 = ((sm2 ^ ((f_ng >> (15 - MAN_BITS)) & zmask)) >> 8) & 0x70007
+                    r3 = tl.reshape(tl.join((r2 & 7).to(tl.int32), (r2 >> 16).to(tl.int32)),
+                                    (T, G, 8))
+                else:
+                    r3 = ((smv >> 8) & 7) * kp  # (0 where not kept: padding has kp 0, z > 0)
+                if G == 8:
+                    _rem_runs_halves(dst + a_rem, r3, inrow, krow, kstart, a_esc - a_rem, CP, T)
+                elif SPARSE:
                     _rem_runs(dst + a_rem, r3, inrow, rowx, kstart, a_esc - a_rem, CP, T)
                 else:
                     _rem_scatter(dst + a_rem, r3, krank, keep, a_esc - a_rem, i, CP)
@@ -253,10 +284,10 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
             tw = tl.arange(0, T) * (8 * G)
             xw = x_ptr + start + tw
             m = emask
-            for k in tl.static_range(ROUNDS):
+            for k in tl.static_range(NROUNDS):
                 if k < kmax:
                     m = _store_escape(xw, tw, esc_dst, m, e_at + k, k < esc_t, MAN_BITS, EMAX)
-            if kmax > ROUNDS:
+            if kmax > NROUNDS:
                 _escapes_all(x_ptr, start, n, esc_dst, lo, width, zp, zn, ITEMSIZE, EXP_BITS,
                              MAN_BITS, CP, T)
         else:
@@ -294,6 +325,37 @@ def thread_counts(krow, acc, esc, T: tl.constexpr, G: tl.constexpr):
         n_esc = tl.sum(esc_t, axis=0)
         kmax = 0 * kept
     return tex, emask, esc_t, kept, n_esc, kmax, kept_t
+
+
+# Escape rounds inline at G = 8 (64 elements a thread; ROUNDS is for 32):
+# chunks with a thread of more than 16 escapes, x * mask with 10% zeros,
+# 0.2% (docs/benchmarks.md).
+ROUNDS64 = tl.constexpr(16)
+
+
+@triton.jit
+def _thread_counts64(krow, acc, T: tl.constexpr):
+    """thread_counts at G = 8 (64 elements a thread): the escape mask is
+    64 bits (int64, bit 8 g + q), its count the two halves' popc32.
+    Returns tex, the mask, the thread's escape count, the chunk's escape
+    total and its largest per-thread escape count."""
+    kept_t = tl.sum(krow, axis=1)
+    # Rows 2j in a, 2j + 1 in b: row g's 8 bits at bit 16 j (+ 8 for b).
+    a, b = tl.split(tl.reshape(esc_bits(acc).to(tl.int64), (T, 4, 2)))
+    emask = cols_or(a, 16, T, 4) | (cols_or(b, 16, T, 4) << 8)
+    esc_t = popc32(emask.to(tl.int32)) + popc32((emask >> 32).to(tl.int32))
+    packed = kept_t | (esc_t << 16)  # (counts <= CP <= 4096)
+    tex = tl.cumsum(packed, axis=0) - packed
+    tot, kmax = tl.reduce((packed, esc_t), 0, _sum_max)
+    return tex, emask, esc_t, (tot >> 16) & 0xFFFF, kmax
+
+
+@triton.jit
+def _low_bit_index64(b):
+    """The index of the one set bit of each int64 ``b`` (a power of two),
+    from the exponent of its float value (exact: one bit); 0 gives -127."""
+    f = b.to(tl.uint64, bitcast=True).to(tl.float32)
+    return ((f.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
 
 
 @triton.jit
@@ -493,7 +555,10 @@ def _store_escape(xw, tw, esc_dst, m, at, act, MAN_BITS: tl.constexpr, EMAX: tl.
     element j (x read again at xw + j; xw - tw is the chunk's first
     element) at esc byte ``at``."""
     b = m & (0 - m)
-    j = low_bit_index(b)
+    if m.dtype == tl.int64:
+        j = _low_bit_index64(b)
+    else:
+        j = low_bit_index(b)
     # Unmasked: a thread without a k-th escape reads the chunk's first
     # element (xw + j - tw), which exists.
     w = tl.load(xw + tl.where(act, j, 0 - tw))
@@ -533,6 +598,37 @@ def _rem_scatter(rem_dst, r3, krank, keep, room, i, CP: tl.constexpr):
     tl.atomic_or(words + at, r3 << sh, mask=keep & (r3 != 0))
     hi = r3 >> ((32 - sh) & 31)  # the bits past the word, when sh > 29
     tl.atomic_or(words + at + 1, hi, mask=keep & (sh > 29) & (hi != 0))
+
+
+@triton.jit
+def _rem_runs_halves(rem_dst, r3, inrow, krow, kstart, room, CP: tl.constexpr, T: tl.constexpr):
+    """_rem_runs at G = 8 (64 elements a thread): each half of the
+    thread's rows (4 rows, 32 elements) is one run of at most 96 bits from
+    bit 3 (kstart + the kept elements of the rows before it), packed as in
+    _rem_runs and OR-ed in as four 32-bit atomics a half (the halves share
+    a boundary word as neighbouring threads do)."""
+    NG: tl.constexpr = (3 * CP // 8 + 16 * T - 1) // (16 * T)  # 16-byte granules a thread zeroes
+    store_words(rem_dst, tl.zeros([T, 4 * NG], tl.int32), room, T, 4 * NG)
+    rv = tl.reshape(tl.sum(r3 << (3 * inrow), axis=2).to(tl.uint64), (T, 2, 4))
+    k2 = tl.reshape(krow, (T, 2, 4))
+    hk = tl.sum(k2, axis=2)  # kept a half, [T, 2]
+    s = 3 * (tl.cumsum(k2, axis=2) - k2)  # a row's first bit in its half's run (< 96)
+    lo = tl.sum(tl.where(s < 64, rv << tl.minimum(s, 63).to(tl.uint64), 0), axis=2)
+    hi = tl.sum(tl.where(s >= 64, rv << tl.maximum(s - 64, 0).to(tl.uint64),
+                         tl.where(s > 40, rv >> tl.minimum(64 - s, 63).to(tl.uint64), 0)), axis=2)
+    bit = 3 * (kstart[:, None] + tl.cumsum(hk, axis=1) - hk)  # [T, 2]
+    sh = (bit & 31).to(tl.uint64)
+    at = bit >> 5
+    o01 = lo << sh
+    o23 = (hi << sh) | ((lo >> 1) >> (63 - sh))
+    tl.debug_barrier()
+    words = rem_dst.to(tl.pointer_type(tl.int32))
+    for k in tl.static_range(4):
+        if k < 2:
+            v = ((o01 >> (32 * k)) & 0xFFFFFFFF).to(tl.int32)
+        else:
+            v = ((o23 >> (32 * (k - 2))) & 0xFFFFFFFF).to(tl.int32)
+        tl.atomic_or(words + at + k, v, mask=v != 0, sem="relaxed")
 
 
 @triton.jit
