@@ -226,3 +226,27 @@ def test_dense_bf16_encode_within_issue17_bound(rows):
     dense = _kernel(rows, "bf16", "dense", "summary")
     assert dense["encode_instr"] <= 80.0, dense
     assert dense["input_reads"] == 1, dense
+
+
+_OTHER_WARPS = """
+import json, sys, torch
+from triton_kernels import offline
+out = []
+for dtype in (torch.bfloat16, torch.float16, torch.float32):
+    launch = offline.codec_launches(dtype, "fixed3", encode_warps=4)[0]
+    out.append(offline.sass_stats(launch, offline.compile_launch(launch)).loop_spills)
+print(json.dumps(out))
+"""
+
+
+def test_fixed3_encode_compiles_at_four_warps_too():
+    """The encoder runs 2 warps (codec_encode.SETTINGS) and keeps its 4-warp
+    tile as the other choice a GPU may prefer; the interpreter accepts code
+    the compiler refuses, so compile that width as well."""
+    if not os.path.exists(offline._bin("ptxas")):
+        pytest.skip("this triton has no bundled ptxas")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _OTHER_WARPS], env=env, cwd=ROOT, timeout=600,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [0, 0, 0]

@@ -227,16 +227,19 @@ def line_profile(launch: Launch, compiled, top: int = 20) -> list[tuple]:
             for where, n in ranked]
 
 
-def codec_launches(dtype, codec: str, numel: int = 128 << 20, ndim: int = 1) -> list[Launch]:
+def codec_launches(dtype, codec: str, numel: int = 128 << 20, ndim: int = 1,
+                   encode_warps: int | None = None) -> list[Launch]:
     """The launches of encode and decode of ``numel`` elements of ``dtype``
     (a torch dtype) with ``codec``, with realistic argument values: one
-    kernel each (format v2), one program per chunk."""
+    kernel each (format v2), one program per chunk; the encode at
+    ``encode_warps`` warps when given, else at ``codec_encode.SETTINGS``'."""
     info = F.dtype_info(dtype)
     C = F.CHUNK_ELEMS
     nch = F.nchunks_for(numel, C)
     word = {2: "*i16", 4: "*i32"}[info.itemsize]
     header = F.Header(codec, dtype, (numel,) * ndim, numel, C, nch, 0)
-    enc, enc_const, enc_warps = E.launch_plan(info, codec, C)
+    enc, enc_const, enc_warps = (E.launch_plan(info, codec, C) if encode_warps is None
+                                 else E._launch_plan(info, codec, C, encode_warps))
     enc_args = dict(x_ptr=word, out_ptr="*u8", ticket_ptr="*i32", status_ptr="*i64",
                     total_ptr="*i64", numel=numel, nch=nch)
     if "C" in enc.arg_names and "C" not in enc_const:
