@@ -372,3 +372,25 @@ def test_table_entry_fields_and_raw_padding_flagged(dtype):
         assert err & D.ERR_PADDING.value, (at, err)
     y, err = decode(p)
     assert err == 0 and torch.equal(bits(y), bits(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_exponent_past_the_dtype_flagged(dtype):
+    """A hot chunk whose base is moved to the top (bottom) exponent, so that
+    its elements of positive (negative) offsets name an exponent the dtype
+    lacks, sets ERR_EXPONENT and nothing else (the table, counts and
+    paddings are intact); the torch reference refuses each payload too."""
+    from triton_kernels import dense_decode as D
+    x = mixed(dtype, seed=11)[:C].clone().to(DEV)
+    p = codec_torch.encode(x, "dense")
+    h = F.parse_header(p)
+    table, _ = F.read_table(p, h)
+    assert table.mode.tolist() == [1], table.mode
+    for base in (F.dtype_info(dtype).emax, 0):
+        q = p.clone()
+        q[h.table_offset + 2] = base
+        _torch_raises(q)
+        _, err = decode(q)
+        assert err == D.ERR_EXPONENT.value, (base, err)
+    y, err = decode(p)
+    assert err == 0 and torch.equal(bits(y), bits(x))

@@ -302,7 +302,7 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
     e = tl.where(d4 == 3, ebyte.to(tl.int32) & 0xFF, base + nib - 8)
     if not FULL:  # (a full chunk's zeros have nibble 8: e = base, in range)
         e = tl.where(keep != 0, e, 0)
-    bad = tl.reduce(tl.reduce(e, 2, _or), 1, _or)
+    bad = tl.reduce(tl.reshape(e, (T, 8 * G)), 1, _or)
     ev = tl.where((bad >> EXP_BITS) != 0, ERR_EXPONENT, 0)  # (negative: set too)
     # sm: the kept elements' bytes at their rank; a zero's sign from its symbol.
     if ITEMSIZE == 4:
