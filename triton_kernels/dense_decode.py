@@ -431,9 +431,11 @@ def _decode_full(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
         8 * b1, 8 * b2, 8 * b3, 8 * b4, 0, 0, ITEMSIZE, EXP_BITS, MAN_BITS, G, T, True)
     # The thread holding the last element checks the chunk's totals.
     last = tl.arange(0, T) == T - 1
-    tiers = (e1 != 8 * b1 + o1) | (e2 != 8 * b2 + o2) | (e3 != 8 * b3 + 2 * o3) | (
-        e4 != 8 * b4 + 2 * o4)
-    counts = ((incl >> ESC_AT) != nesc) | ((incl & KEPT_MASK) != n - nz)
+    # (Each run end against the table's, by one OR of XORs; the escape and
+    # kept counts as one word, fields that cannot carry into each other.)
+    tiers = ((e1 ^ (8 * b1 + o1)) | (e2 ^ (8 * b2 + o2)) | (e3 ^ (8 * b3 + 2 * o3)) | (
+        e4 ^ (8 * b4 + 2 * o4))) != 0
+    counts = incl != (nesc << ESC_AT) + (n - nz)
     ev = ev | tl.where(last & tiers, ERR_TIERS, 0) | tl.where(last & counts, ERR_COUNTS, 0)
     pad = _pads_bad_spread(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg, T)
     return tl.reduce(ev | tl.where(pad != 0, ERR_PADDING, 0), 0, _or)
@@ -518,7 +520,8 @@ def dense_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off, 
     E0_BAD: tl.constexpr = (0xFC00F8FE | (0x100 if ITEMSIZE != 4 else 0)
                             | ((0xFF & ~EMAX) << 16)) - (1 << 32)  # (as an int32)
     bad = (e0 & E0_BAD) != 0
-    bad = bad | (nz > n) | (o1 > n) | (o2 > o1) | (o3 > o2) | (o4 > o3) | (nesc > o4)
+    # (The fields are 16-bit: no difference overflows, one sign test for all.)
+    bad = bad | (((n - nz) | (n - o1) | (o1 - o2) | (o2 - o3) | (o3 - o4) | (o4 - nesc)) < 0)
     bad = bad | ((mode == 0) & ((e0 | e1 | e2 | e3) != 0))
     coded = mode == 1
     low16 = flags & 1
