@@ -393,24 +393,23 @@ def _pads_bad(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg):
 
 
 @triton.jit
-def _pads_bad_spread(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg,
+def _pads_bad_spread(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc,
                      T: tl.constexpr):
     """_pads_bad with the four paddings' bytes spread over the threads, for
-    a full chunk: thread t reads byte t % 16 of the 16 bytes before the end
-    of part (t // 16) % 4 (codes, sm, rem, esc; every end is >= 16, the
-    codes alone are 8T bytes) and says whether it is padding and not zero:
-    [T], to be OR-ed over the threads."""
+    a full chunk: thread t reads byte t % 16 of the 16-byte block that holds
+    the last data byte of part (t // 16) % 4 (codes, sm, rem, esc; each part
+    is padded to the next multiple of 16, and every part's data ends at or
+    after byte 16 of the segment: the codes alone are 8T bytes) and says
+    whether it is padding (past that byte) and not zero: [T], to be OR-ed
+    over the threads. A part whose data ends on a multiple of 16 has no
+    padding: its block is the one before, none of whose bytes is past."""
     k = tl.arange(0, T)
     part = (k >> 4) & 3
     j = k & 15
-    end = tl.where(part < 2, tl.where(part == 0, a_sm, a_rem),
-                   tl.where(part == 2, a_esc, seg))
-    # The four paddings' lengths (each < 16), one byte each.
-    pads = (a_sm - codes_nb) | ((a_rem - a_sm - sm_nb) << 8) | (
-        (a_esc - a_rem - rem_nb) << 16) | ((seg - a_esc - esc_nb) << 24)
-    pad = (pads >> (8 * part)) & 0xFF
-    byte = tl.load(src + end - 16 + j)
-    return ((j + pad >= 16) & (byte != 0)).to(tl.int32)
+    last = tl.where(part < 2, tl.where(part == 0, codes_nb, a_sm + sm_nb),
+                    tl.where(part == 2, a_rem + rem_nb, a_esc + esc_nb)) - 1
+    byte = tl.load(src + (last & -16) + j)
+    return ((j > (last & 15)) & (byte != 0)).to(tl.int32)
 
 
 @triton.jit
@@ -437,7 +436,7 @@ def _decode_full(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
         e4 ^ (8 * b4 + 2 * o4))) != 0
     counts = incl != (nesc << ESC_AT) + (n - nz)
     ev = ev | tl.where(last & tiers, ERR_TIERS, 0) | tl.where(last & counts, ERR_COUNTS, 0)
-    pad = _pads_bad_spread(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg, T)
+    pad = _pads_bad_spread(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, T)
     return tl.reduce(ev | tl.where(pad != 0, ERR_PADDING, 0), 0, _or)
 
 
