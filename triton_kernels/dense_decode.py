@@ -114,6 +114,21 @@ def _sym_table(zp, zn, phase, FULL: tl.constexpr):
     return tl.where(zp != 0, tl.where(zn != 0, t3, t2), tl.where(zn != 0, t1, t0))
 
 
+def _kx(zp: int, zn: int, sign_at: int) -> int:
+    """_kept_esc_word's value for the zero flags (zp, zn)."""
+    table = F.dense_symbol_table(bool(zp), bool(zn), 0)
+    zeros = [r for r, s in enumerate(table) if s in (F.ZERO_SYMBOL, F.NEG_ZERO_SYMBOL)]
+    kept = sum(1 << r for r in range(F.DENSE_SLOTS + 1) if r not in zeros)
+    neg = [r for r, s in enumerate(table) if s == F.NEG_ZERO_SYMBOL]
+    return kept | ESC_KX.value | sum(1 << (sign_at + r) for r in neg)
+
+
+KX15 = tuple(tl.constexpr(_kx(zp, zn, 15)) for zp in (0, 1) for zn in (0, 1))
+KX31 = tuple(tl.constexpr(_kx(zp, zn, 31)) for zp in (0, 1) for zn in (0, 1))
+(KA00, KA01, KA10, KA11), (KB00, KB01, KB10, KB11) = KX15, KX31
+assert all(k.value < 1 << 31 for k in KX15)
+
+
 @triton.jit
 def _kept_esc_word(zp, zn, SIGN_AT: tl.constexpr):
     """Shifted right by a rank r: bit 0 says r is kept (has an sm byte: all
@@ -125,14 +140,19 @@ def _kept_esc_word(zp, zn, SIGN_AT: tl.constexpr):
     25, clear), so a zero's 16-bit word is the shifted word's bit 15. With
     SIGN_AT 31 (32-bit words) the sign is at bit 31 + r of an int64 instead
     (bits 31, 32 and 41 are otherwise clear), and the low 32 bits of the
-    shifted word hold a zero's word."""
-    pos_coded = (zp | (1 - zn)) != 0
-    zmask = tl.where(pos_coded, 1 << tl.where(zp != 0, 0, F.DENSE_SLOTS - 1), 0) | tl.where(
-        zn != 0, 1 << zp, 0)
+    shifted word hold a zero's word. One of four constants (_kx), picked
+    by the two flags."""
     if SIGN_AT == 31:
-        return ((0xFFF & ~zmask) | ESC_KX).to(tl.int64) | (zn.to(tl.int64) << (31 + zp))
+        k00 = tl.full([], KB00, tl.int64)
+        k01 = tl.full([], KB01, tl.int64)
+        k10 = tl.full([], KB10, tl.int64)
+        k11 = tl.full([], KB11, tl.int64)
     else:
-        return (0xFFF & ~zmask) | ESC_KX | (zn << (15 + zp))
+        k00 = tl.full([], KA00, tl.int32)
+        k01 = tl.full([], KA01, tl.int32)
+        k10 = tl.full([], KA10, tl.int32)
+        k11 = tl.full([], KA11, tl.int32)
+    return tl.where(zp != 0, tl.where(zn != 0, k11, k10), tl.where(zn != 0, k01, k00))
 
 
 @triton.jit
