@@ -424,10 +424,10 @@ def _pads_bad_spread(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc,
     over the threads. A part whose data ends on a multiple of 16 has no
     padding: its block is the one before, none of whose bytes is past."""
     k = tl.arange(0, T)
-    part = (k >> 4) & 3
     j = k & 15
-    last = tl.where(part < 2, tl.where(part == 0, codes_nb, a_sm + sm_nb),
-                    tl.where(part == 2, a_rem + rem_nb, a_esc + esc_nb)) - 1
+    hi = (k & 16) != 0  # part (k >> 4) & 3 by its two bits
+    last = tl.where((k & 32) == 0, tl.where(hi, a_sm + sm_nb, codes_nb),
+                    tl.where(hi, a_esc + esc_nb, a_rem + rem_nb)) - 1
     byte = tl.load(src + (last & -16) + j)
     return ((j > (last & 15)) & (byte != 0)).to(tl.int32)
 
