@@ -83,9 +83,11 @@ assert all(_sym_lut(zp, zn, ph, (8, 8)) == (
 
 @triton.jit
 def _pick_i64(i, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr, D: tl.constexpr):
-    return tl.where(i == 0, tl.full([], A, tl.int64),
-                    tl.where(i == 1, tl.full([], B, tl.int64),
-                             tl.where(i == 2, tl.full([], C, tl.int64), tl.full([], D, tl.int64))))
+    """A, B, C or D for i = 0, 1, 2, 3 (i is a checked phase: 0..3), by i's two bits."""
+    odd = (i & 1) != 0
+    return tl.where((i & 2) == 0,
+                    tl.where(odd, tl.full([], B, tl.int64), tl.full([], A, tl.int64)),
+                    tl.where(odd, tl.full([], D, tl.int64), tl.full([], C, tl.int64)))
 
 
 @triton.jit
