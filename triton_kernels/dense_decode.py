@@ -69,16 +69,17 @@ SYM = tuple(tl.constexpr(_sym_lut(zp, zn, ph)) for zp in (0, 1) for zn in (0, 1)
 SYMF = tuple(tl.constexpr(_sym_lut(zp, zn, ph, (8, 8))) for zp in (0, 1) for zn in (0, 1)
              for ph in range(4))
 (F00, F01, F02, F03, F10, F11, F12, F13, F20, F21, F22, F23, F30, F31, F32, F33) = SYMF
-# SYMF's nibbles are DENSE_ORDER[phase]'s (offset + 8) shifted up by one
-# nibble per coded zero, 8 below them (the zeros) and in nibbles 10 (+0.0
-# with neither flag) and 11 (ESC) above, cut to 12 nibbles: the four orders
-# are enough to build them (_sym_full).
-ORD = tuple(tl.constexpr(sum((o + 8) << (4 * r) for r, o in enumerate(order)))
+# SYMF's nibbles 0..10 are DENSE_ORDER[phase]'s (offset + 8) shifted up by
+# one nibble per coded zero, with 8 below them (the zeros) and, with neither
+# flag, in nibble 10 (+0.0) above: the four orders with an 8 in nibble 10
+# are enough to build them (_sym_full). Nibble 11 (ESC) is not read in a
+# full chunk, whose escapes take the escape byte.
+ORD = tuple(tl.constexpr(sum((o + 8) << (4 * r) for r, o in enumerate(order)) | 8 << 40)
             for order in F.DENSE_ORDER)
 (O0, O1, O2, O3) = ORD
-assert all(_sym_lut(zp, zn, ph, (8, 8)) == (
-    ((ORD[ph].value << (4 * (zp + zn))) & ((1 << 44) - 1)) | (0x88 & ((1 << 4 * (zp + zn)) - 1))
-    | (0 if zp + zn else 8 << 40) | 8 << 44) for zp in (0, 1) for zn in (0, 1) for ph in range(4))
+assert all(_sym_lut(zp, zn, ph, (8, 8)) & ((1 << 44) - 1) == (
+    (ORD[ph].value << (4 * (zp + zn))) | (0x88 >> (4 * (2 - zp - zn)))) & ((1 << 44) - 1)
+    for zp in (0, 1) for zn in (0, 1) for ph in range(4))
 
 
 @triton.jit
@@ -92,11 +93,11 @@ def _pick_i64(i, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr, D: tl.conste
 
 @triton.jit
 def _sym_full(zp, zn, phase):
-    """SYMF's table of (zp, zn, phase), built from the phase's order (ORD)."""
+    """SYMF's table of (zp, zn, phase) in nibbles 0..10 (ranks 0..10), built
+    from the phase's order (ORD); nibbles 11 and above are not SYMF's."""
     z = zp + zn
     o = _pick_i64(phase, O0, O1, O2, O3)
-    low = ((z == 0).to(tl.int64) << 43) | (0x88 & ((1 << 4 * z) - 1))
-    return ((o << (4 * z).to(tl.int64)) & ((1 << 44) - 1)) | low | (1 << 47)
+    return (o << (4 * z).to(tl.int64)) | (0x88 >> (8 - 4 * z))
 
 
 @triton.jit
