@@ -372,3 +372,49 @@ def test_table_entry_fields_and_raw_padding_flagged(dtype):
         assert err & D.ERR_PADDING.value, (at, err)
     y, err = decode(p)
     assert err == 0 and torch.equal(bits(y), bits(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_exponent_past_the_dtype_flagged(dtype):
+    """A hot chunk whose base is moved to the top (bottom) exponent, so that
+    its elements of positive (negative) offsets name an exponent the dtype
+    lacks, sets ERR_EXPONENT and nothing else (the table, counts and
+    paddings are intact); the torch reference refuses each payload too."""
+    from triton_kernels import dense_decode as D
+    x = mixed(dtype, seed=11)[:C].clone().to(DEV)
+    p = codec_torch.encode(x, "dense")
+    h = F.parse_header(p)
+    table, _ = F.read_table(p, h)
+    assert table.mode.tolist() == [1], table.mode
+    for base in (F.dtype_info(dtype).emax, 0):
+        q = p.clone()
+        q[h.table_offset + 2] = base
+        _torch_raises(q)
+        _, err = decode(q)
+        assert err == D.ERR_EXPONENT.value, (base, err)
+    y, err = decode(p)
+    assert err == 0 and torch.equal(bits(y), bits(x))
+
+
+def test_kept_and_escape_counts_flagged():
+    """A hot chunk whose entry claims one zero more, or one escape more (or
+    fewer), than its codes hold, with the segment's padded layout unchanged
+    (the table and offsets checks pass): the decoded counts disagree and
+    ERR_COUNTS is set; the torch reference refuses each payload too."""
+    from triton_kernels import dense_decode as D
+    x = mixed(torch.bfloat16, seed=12)[:C].clone().to(DEV)
+    p = codec_torch.encode(x, "dense")
+    h = F.parse_header(p)
+    table, _ = F.read_table(p, h)
+    assert table.mode.tolist() == [1], table.mode
+    nz, nesc, o4 = int(table.n_zero[0]), int(table.n_esc[0]), int(table.n_open[0, 3])
+    assert (C - nz) % 16 != 1, nz  # one sm byte fewer keeps the padded sm
+    assert nesc % 16 != 0 and nesc < o4, (nesc, o4)  # one escape byte more keeps the padded esc
+    t0 = h.table_offset
+    for at, v in ((t0 + 4, nz + 1), (t0 + 6, nesc + 1)):  # n_zero, n_esc (u16)
+        q = p.clone()
+        q[at], q[at + 1] = v & 0xFF, v >> 8
+        _torch_raises(q)
+        _, err = decode(q)
+        assert err & D.ERR_COUNTS.value, (at - t0, err)
+        assert not err & (D.ERR_TABLE.value | D.ERR_OFFSETS.value), (at - t0, err)

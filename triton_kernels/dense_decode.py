@@ -69,32 +69,35 @@ SYM = tuple(tl.constexpr(_sym_lut(zp, zn, ph)) for zp in (0, 1) for zn in (0, 1)
 SYMF = tuple(tl.constexpr(_sym_lut(zp, zn, ph, (8, 8))) for zp in (0, 1) for zn in (0, 1)
              for ph in range(4))
 (F00, F01, F02, F03, F10, F11, F12, F13, F20, F21, F22, F23, F30, F31, F32, F33) = SYMF
-# SYMF's nibbles are DENSE_ORDER[phase]'s (offset + 8) shifted up by one
-# nibble per coded zero, 8 below them (the zeros) and in nibbles 10 (+0.0
-# with neither flag) and 11 (ESC) above, cut to 12 nibbles: the four orders
-# are enough to build them (_sym_full).
-ORD = tuple(tl.constexpr(sum((o + 8) << (4 * r) for r, o in enumerate(order)))
+# SYMF's nibbles 0..10 are DENSE_ORDER[phase]'s (offset + 8) shifted up by
+# one nibble per coded zero, with 8 below them (the zeros) and, with neither
+# flag, in nibble 10 (+0.0) above: the four orders with an 8 in nibble 10
+# are enough to build them (_sym_full). Nibble 11 (ESC) is not read in a
+# full chunk, whose escapes take the escape byte.
+ORD = tuple(tl.constexpr(sum((o + 8) << (4 * r) for r, o in enumerate(order)) | 8 << 40)
             for order in F.DENSE_ORDER)
 (O0, O1, O2, O3) = ORD
-assert all(_sym_lut(zp, zn, ph, (8, 8)) == (
-    ((ORD[ph].value << (4 * (zp + zn))) & ((1 << 44) - 1)) | (0x88 & ((1 << 4 * (zp + zn)) - 1))
-    | (0 if zp + zn else 8 << 40) | 8 << 44) for zp in (0, 1) for zn in (0, 1) for ph in range(4))
+assert all(_sym_lut(zp, zn, ph, (8, 8)) & ((1 << 44) - 1) == (
+    (ORD[ph].value << (4 * (zp + zn))) | (0x88 >> (4 * (2 - zp - zn)))) & ((1 << 44) - 1)
+    for zp in (0, 1) for zn in (0, 1) for ph in range(4))
 
 
 @triton.jit
 def _pick_i64(i, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr, D: tl.constexpr):
-    return tl.where(i == 0, tl.full([], A, tl.int64),
-                    tl.where(i == 1, tl.full([], B, tl.int64),
-                             tl.where(i == 2, tl.full([], C, tl.int64), tl.full([], D, tl.int64))))
+    """A, B, C or D for i = 0, 1, 2, 3 (i is a checked phase: 0..3), by i's two bits."""
+    odd = (i & 1) != 0
+    return tl.where((i & 2) == 0,
+                    tl.where(odd, tl.full([], B, tl.int64), tl.full([], A, tl.int64)),
+                    tl.where(odd, tl.full([], D, tl.int64), tl.full([], C, tl.int64)))
 
 
 @triton.jit
 def _sym_full(zp, zn, phase):
-    """SYMF's table of (zp, zn, phase), built from the phase's order (ORD)."""
+    """SYMF's table of (zp, zn, phase) in nibbles 0..10 (ranks 0..10), built
+    from the phase's order (ORD); nibbles 11 and above are not SYMF's."""
     z = zp + zn
     o = _pick_i64(phase, O0, O1, O2, O3)
-    low = ((z == 0).to(tl.int64) << 43) | (0x88 & ((1 << 4 * z) - 1))
-    return ((o << (4 * z).to(tl.int64)) & ((1 << 44) - 1)) | low | (1 << 47)
+    return (o << (4 * z).to(tl.int64)) | (0x88 >> (8 - 4 * z))
 
 
 @triton.jit
@@ -114,6 +117,21 @@ def _sym_table(zp, zn, phase, FULL: tl.constexpr):
     return tl.where(zp != 0, tl.where(zn != 0, t3, t2), tl.where(zn != 0, t1, t0))
 
 
+def _kx(zp: int, zn: int, sign_at: int) -> int:
+    """_kept_esc_word's value for the zero flags (zp, zn)."""
+    table = F.dense_symbol_table(bool(zp), bool(zn), 0)
+    zeros = [r for r, s in enumerate(table) if s in (F.ZERO_SYMBOL, F.NEG_ZERO_SYMBOL)]
+    kept = sum(1 << r for r in range(F.DENSE_SLOTS + 1) if r not in zeros)
+    neg = [r for r, s in enumerate(table) if s == F.NEG_ZERO_SYMBOL]
+    return kept | ESC_KX.value | sum(1 << (sign_at + r) for r in neg)
+
+
+KX15 = tuple(tl.constexpr(_kx(zp, zn, 15)) for zp in (0, 1) for zn in (0, 1))
+KX31 = tuple(tl.constexpr(_kx(zp, zn, 31)) for zp in (0, 1) for zn in (0, 1))
+(KA00, KA01, KA10, KA11), (KB00, KB01, KB10, KB11) = KX15, KX31
+assert all(k.value < 1 << 31 for k in KX15)
+
+
 @triton.jit
 def _kept_esc_word(zp, zn, SIGN_AT: tl.constexpr):
     """Shifted right by a rank r: bit 0 says r is kept (has an sm byte: all
@@ -125,14 +143,19 @@ def _kept_esc_word(zp, zn, SIGN_AT: tl.constexpr):
     25, clear), so a zero's 16-bit word is the shifted word's bit 15. With
     SIGN_AT 31 (32-bit words) the sign is at bit 31 + r of an int64 instead
     (bits 31, 32 and 41 are otherwise clear), and the low 32 bits of the
-    shifted word hold a zero's word."""
-    pos_coded = (zp | (1 - zn)) != 0
-    zmask = tl.where(pos_coded, 1 << tl.where(zp != 0, 0, F.DENSE_SLOTS - 1), 0) | tl.where(
-        zn != 0, 1 << zp, 0)
+    shifted word hold a zero's word. One of four constants (_kx), picked
+    by the two flags."""
     if SIGN_AT == 31:
-        return ((0xFFF & ~zmask) | ESC_KX).to(tl.int64) | (zn.to(tl.int64) << (31 + zp))
+        k00 = tl.full([], KB00, tl.int64)
+        k01 = tl.full([], KB01, tl.int64)
+        k10 = tl.full([], KB10, tl.int64)
+        k11 = tl.full([], KB11, tl.int64)
     else:
-        return (0xFFF & ~zmask) | ESC_KX | (zn << (15 + zp))
+        k00 = tl.full([], KA00, tl.int32)
+        k01 = tl.full([], KA01, tl.int32)
+        k10 = tl.full([], KA10, tl.int32)
+        k11 = tl.full([], KA11, tl.int32)
+    return tl.where(zp != 0, tl.where(zn != 0, k11, k10), tl.where(zn != 0, k01, k00))
 
 
 @triton.jit
@@ -302,7 +325,7 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
     e = tl.where(d4 == 3, ebyte.to(tl.int32) & 0xFF, base + nib - 8)
     if not FULL:  # (a full chunk's zeros have nibble 8: e = base, in range)
         e = tl.where(keep != 0, e, 0)
-    bad = tl.reduce(tl.reduce(e, 2, _or), 1, _or)
+    bad = tl.reduce(tl.reshape(e, (T, 8 * G)), 1, _or)
     ev = tl.where((bad >> EXP_BITS) != 0, ERR_EXPONENT, 0)  # (negative: set too)
     # sm: the kept elements' bytes at their rank; a zero's sign from its symbol.
     if ITEMSIZE == 4:
@@ -393,24 +416,23 @@ def _pads_bad(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg):
 
 
 @triton.jit
-def _pads_bad_spread(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg,
+def _pads_bad_spread(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc,
                      T: tl.constexpr):
     """_pads_bad with the four paddings' bytes spread over the threads, for
-    a full chunk: thread t reads byte t % 16 of the 16 bytes before the end
-    of part (t // 16) % 4 (codes, sm, rem, esc; every end is >= 16, the
-    codes alone are 8T bytes) and says whether it is padding and not zero:
-    [T], to be OR-ed over the threads."""
+    a full chunk: thread t reads byte t % 16 of the 16-byte block that holds
+    the last data byte of part (t // 16) % 4 (codes, sm, rem, esc; each part
+    is padded to the next multiple of 16, and every part's data ends at or
+    after byte 16 of the segment: the codes alone are 8T bytes) and says
+    whether it is padding (past that byte) and not zero: [T], to be OR-ed
+    over the threads. A part whose data ends on a multiple of 16 has no
+    padding: its block is the one before, none of whose bytes is past."""
     k = tl.arange(0, T)
-    part = (k >> 4) & 3
     j = k & 15
-    end = tl.where(part < 2, tl.where(part == 0, a_sm, a_rem),
-                   tl.where(part == 2, a_esc, seg))
-    # The four paddings' lengths (each < 16), one byte each.
-    pads = (a_sm - codes_nb) | ((a_rem - a_sm - sm_nb) << 8) | (
-        (a_esc - a_rem - rem_nb) << 16) | ((seg - a_esc - esc_nb) << 24)
-    pad = (pads >> (8 * part)) & 0xFF
-    byte = tl.load(src + end - 16 + j)
-    return ((j + pad >= 16) & (byte != 0)).to(tl.int32)
+    hi = (k & 16) != 0  # part (k >> 4) & 3 by its two bits
+    last = tl.where((k & 32) == 0, tl.where(hi, a_sm + sm_nb, codes_nb),
+                    tl.where(hi, a_esc + esc_nb, a_rem + rem_nb)) - 1
+    byte = tl.load(src + (last & -16) + j)
+    return ((j > (last & 15)) & (byte != 0)).to(tl.int32)
 
 
 @triton.jit
@@ -431,11 +453,13 @@ def _decode_full(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
         8 * b1, 8 * b2, 8 * b3, 8 * b4, 0, 0, ITEMSIZE, EXP_BITS, MAN_BITS, G, T, True)
     # The thread holding the last element checks the chunk's totals.
     last = tl.arange(0, T) == T - 1
-    tiers = (e1 != 8 * b1 + o1) | (e2 != 8 * b2 + o2) | (e3 != 8 * b3 + 2 * o3) | (
-        e4 != 8 * b4 + 2 * o4)
-    counts = ((incl >> ESC_AT) != nesc) | ((incl & KEPT_MASK) != n - nz)
+    # (Each run end against the table's, by one OR of XORs; the escape and
+    # kept counts as one word, fields that cannot carry into each other.)
+    tiers = ((e1 ^ (8 * b1 + o1)) | (e2 ^ (8 * b2 + o2)) | (e3 ^ (8 * b3 + 2 * o3)) | (
+        e4 ^ (8 * b4 + 2 * o4))) != 0
+    counts = incl != (nesc << ESC_AT) + (n - nz)
     ev = ev | tl.where(last & tiers, ERR_TIERS, 0) | tl.where(last & counts, ERR_COUNTS, 0)
-    pad = _pads_bad_spread(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg, T)
+    pad = _pads_bad_spread(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, T)
     return tl.reduce(ev | tl.where(pad != 0, ERR_PADDING, 0), 0, _or)
 
 
@@ -518,7 +542,8 @@ def dense_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off, 
     E0_BAD: tl.constexpr = (0xFC00F8FE | (0x100 if ITEMSIZE != 4 else 0)
                             | ((0xFF & ~EMAX) << 16)) - (1 << 32)  # (as an int32)
     bad = (e0 & E0_BAD) != 0
-    bad = bad | (nz > n) | (o1 > n) | (o2 > o1) | (o3 > o2) | (o4 > o3) | (nesc > o4)
+    # (The fields are 16-bit: no difference overflows, one sign test for all.)
+    bad = bad | (((n - nz) | (n - o1) | (o1 - o2) | (o2 - o3) | (o3 - o4) | (o4 - nesc)) < 0)
     bad = bad | ((mode == 0) & ((e0 | e1 | e2 | e3) != 0))
     coded = mode == 1
     low16 = flags & 1
