@@ -659,9 +659,11 @@ static inline void prefetch_ahead(const void* p) {
 // hardware prefetcher to pick up before they end, and a whole chunk ahead is
 // far enough to hide the memory's latency. Lines a block: a bf16 or fp16
 // segment has fewer lines than a chunk has blocks, an fp32 one fewer than two
-// per block.
+// per block. Always inlined: GCC takes an out-of-line function that only
+// prefetches for one without effects and deletes its calls.
 template <class T>
-ZC_AVX2 static inline void prefetch_next(const uint8_t* next, int64_t next_nbytes, int b) {
+ZC_AVX2 __attribute__((always_inline)) static inline void prefetch_next(const uint8_t* next,
+                                                                       int64_t next_nbytes, int b) {
   constexpr int kLines = T::kF32 ? 2 : 1;
   if (64 * kLines * int64_t(b) < next_nbytes)
     for (int k = 0; k < kLines; ++k)
