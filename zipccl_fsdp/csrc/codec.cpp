@@ -650,10 +650,24 @@ ZC_AVX2 static inline uint32_t movemask(__m256i v) { return uint32_t(_mm256_move
 // Software prefetch this far ahead of a stream (measured better than the
 // hardware prefetcher alone on the fixed3 write pass).
 constexpr int kPrefetchBytes = 1024;
-// The fixed3 write pass's prefetch distance on its output streams.
-constexpr int kWriteAheadBytes = 512;
 static inline void prefetch_ahead(const void* p) {
   _mm_prefetch(static_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T0);
+}
+// The fixed3 decoder and encoder (bf16, fp16) prefetch the segment of the
+// chunk their thread takes next (next, null when another thread may take it),
+// spread over the blocks of the current chunk: a chunk's sub-streams are too
+// short for the hardware prefetcher to pick up before they end, and a whole
+// chunk ahead is far enough to hide the memory's latency. Lines a block: a
+// bf16 or fp16 segment has fewer lines than a chunk has blocks, an fp32 one
+// fewer than two per block. Always inlined: GCC takes an out-of-line function
+// that only prefetches for one without effects and deletes its calls.
+template <class T>
+ZC_AVX2 __attribute__((always_inline)) static inline void prefetch_next(const uint8_t* next,
+                                                                       int64_t next_nbytes, int b) {
+  constexpr int kLines = T::kF32 ? 2 : 1;
+  if (64 * kLines * int64_t(b) < next_nbytes)
+    for (int k = 0; k < kLines; ++k)
+      _mm_prefetch(reinterpret_cast<const char*>(next) + 64 * (kLines * b + k), _MM_HINT_T0);
 }
 ZC_AVX2 static inline int pop(uint32_t m) { return _mm_popcnt_u32(m); }
 
@@ -1276,11 +1290,21 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec) {
 // ---- encode pass 2 ----
 template <class T>
 ZC_AVX2 static void write_fixed3(const typename T::W* w, int n, const Entry& en, uint8_t* codes,
-                                 uint8_t* sm, uint8_t* rem, uint8_t* esc) {
+                                 uint8_t* sm, uint8_t* rem, uint8_t* esc, const uint8_t* next,
+                                 int64_t next_nbytes) {
   using L = Lanes<T>;
   const bool zf = en.flags & kFlagZero, low16 = en.flags & kFlagLow16;
   const Seg seg = segment_nbytes<T>(kFixed3, en, n);
-  const uint8_t* const esc_end = esc + seg.esc;
+  // The escapes are compacted into a buffer on the stack, copied to the
+  // segment at the end: a chunk's escape stream is a few dozen bytes, so
+  // compacting into the segment, whose next bytes belong to another stream,
+  // would take put_compact's bounded path (a memcpy call, around which the
+  // loop's vector registers are spilled) in most blocks of the chunk. Here
+  // every block takes compact32, whose stores may reach 32 bytes past the
+  // data: at most kChunkElems + 32 bytes.
+  alignas(32) uint8_t escbuf[kChunkElems + 32];
+  uint8_t* const esc_out = esc;
+  esc = escbuf;
   EncSt st{sm, sm + seg.sm, FastBitWriter(rem, rem + seg.rem)};
   int lo, width;
   fixed_window<T>(en.base, en.phase, zf, &lo, &width);
@@ -1296,15 +1320,10 @@ ZC_AVX2 static void write_fixed3(const typename T::W* w, int n, const Entry& en,
     const __m256i inwin = _mm256_cmpeq_epi8(_mm256_min_epu8(d, vw), d);
     __m256i code = _mm256_blendv_epi8(v7, _mm256_add_epi8(d, vzf), inwin);
     if (zf) code = _mm256_andnot_si256(zero, code);
-    // The two output streams a block writes, a few lines ahead: a chunk's
-    // codes and sign+mantissa streams start afresh in every segment, too
-    // short for the hardware prefetcher to pick up before they end.
-    _mm_prefetch(reinterpret_cast<const char*>(st.sm) + kWriteAheadBytes, _MM_HINT_T0);
-    if ((b & 3) == 0)  // 48 code bytes per 4 blocks: about a line
-      _mm_prefetch(reinterpret_cast<const char*>(codes + 12 * b) + kWriteAheadBytes * 3 / 4,
-                   _MM_HINT_T0);
+    // Not for fp32, whose write loop was measured faster without it.
+    if constexpr (!T::kF32) prefetch_next<T>(next, next_nbytes, b);
     store_pack3(codes + 12 * b, code);
-    esc = put_compact(e8, movemask(_mm256_cmpeq_epi8(code, v7)), esc, esc_end);
+    esc = compact32(e8, movemask(_mm256_cmpeq_epi8(code, v7)), esc);
     L::emit(raw, w + 32 * b, zf ? ~movemask(zero) : ~0u, low16, st);
   }
   BitWriter cw(codes + 12 * nb);
@@ -1312,6 +1331,7 @@ ZC_AVX2 static void write_fixed3(const typename T::W* w, int n, const Entry& en,
   fixed3_encode_range<T>(w, 32 * nb, n, lo, width, fixed_zeros(en.flags), low16, cw, o);
   cw.finish();
   o.rem.finish();
+  std::memcpy(esc_out, escbuf, size_t(seg.esc));
 }
 
 template <class T>
@@ -1367,7 +1387,7 @@ ZC_AVX2 static void write_dense(const typename T::W* w, int n, const Entry& en, 
 // ---- decode ----
 template <class T>
 ZC_AVX2 static int decode_fixed3(const Entry& en, int n, const uint8_t* codes, DecIn& in,
-                                 typename T::W* out) {
+                                 typename T::W* out, const uint8_t* next, int64_t next_nbytes) {
   using L = Lanes<T>;
   const bool zf = en.flags & kFlagZero, low16 = en.flags & kFlagLow16;
   int lo, width;
@@ -1377,8 +1397,7 @@ ZC_AVX2 static int decode_fixed3(const Entry& en, int n, const uint8_t* codes, D
   FastBitReader rr(in.rem.p, in.end);
   const int nb = n / 32;
   for (int b = 0; b < nb; ++b) {
-    prefetch_ahead(in.sm);
-    prefetch_ahead(codes + 12 * b);
+    prefetch_next<T>(next, next_nbytes, b);
     const __m256i code = unpack3(codes + 12 * b);
     const __m256i escv = _mm256_cmpeq_epi8(code, v7);
     const __m256i zero = zf ? _mm256_cmpeq_epi8(code, z) : z;
@@ -1547,29 +1566,30 @@ static inline Entry analyze_dispatch(const typename T::W* w, int n, int codec, i
 template <class T>
 static inline void write_dispatch(const typename T::W* w, int n, int codec, const Entry& en,
                                   uint8_t* codes, uint8_t* sm, uint8_t* rem, uint8_t* esc,
-                                  int isa) {
+                                  const uint8_t* next, int64_t next_nbytes, int isa) {
 #ifdef ZIPCCL_HAVE_AVX2_KERNELS
   if (isa >= 1 && en.mode == kModeCoded && !(en.flags & kFlagZneg)) {
     if (codec == kFixed3)
-      avx2::write_fixed3<T>(w, n, en, codes, sm, rem, esc);
+      avx2::write_fixed3<T>(w, n, en, codes, sm, rem, esc, next, next_nbytes);
     else
       avx2::write_dense<T>(w, n, en, codes, sm, rem, esc);
     return;
   }
 #endif
-  (void)isa;
+  (void)isa, (void)next, (void)next_nbytes;
   write_chunk<T>(w, n, codec, en, codes, sm, rem, esc);
 }
 
 template <class T>
 static inline int decode_dispatch(int codec, const Entry& en, int n, const uint8_t* codes,
-                                  DecIn& in, typename T::W* out, int isa) {
+                                  DecIn& in, typename T::W* out, const uint8_t* next,
+                                  int64_t next_nbytes, int isa) {
 #ifdef ZIPCCL_HAVE_AVX2_KERNELS
   if (isa >= 1 && !(en.flags & kFlagZneg))
-    return codec == kFixed3 ? avx2::decode_fixed3<T>(en, n, codes, in, out)
+    return codec == kFixed3 ? avx2::decode_fixed3<T>(en, n, codes, in, out, next, next_nbytes)
                             : avx2::decode_dense<T>(en, n, codes, in, out);
 #endif
-  (void)isa;
+  (void)isa, (void)next, (void)next_nbytes;
   return decode_chunk_generic<T>(codec, en, n, codes, in, out);
 }
 
@@ -1591,6 +1611,13 @@ constexpr int64_t kMinParallelChunks = 8;
 // split, a thread that loses its core to another process holds up the whole
 // call.
 constexpr int kChunksPerGrab = 16;
+
+// Whether chunk c + 1 is taken by the thread that takes chunk c: in the
+// parallel loops, chunks go in runs of kChunksPerGrab.
+static inline bool next_is_mine(int64_t c, int64_t nch, int nthreads) {
+  return c + 1 < nch &&
+         (nthreads == 1 || nch < kMinParallelChunks || (c + 1) % kChunksPerGrab != 0);
+}
 
 static inline int chunk_len(int64_t numel, int64_t C, int64_t c) {
   return int(std::min<int64_t>(C, numel - c * C));
@@ -1688,7 +1715,15 @@ static void write_impl(const typename T::W* w, int64_t numel, int codec, const E
     zero_last_block(seg + l.sm, s.sm);
     zero_last_block(seg + l.rem, s.rem);
     zero_last_block(seg + l.esc, s.esc);
-    write_dispatch<T>(w + c * C, n, codec, ent[c], seg, seg + l.sm, seg + l.rem, seg + l.esc, isa);
+    // Prefetched by the encoder: only a segment this thread writes next (a
+    // line that another core is writing would bounce between the two).
+    const bool mine = next_is_mine(c, nch, nthreads);
+    write_dispatch<T>(w + c * C, n, codec, ent[c], seg, seg + l.sm, seg + l.rem, seg + l.esc,
+                      mine ? b + off[c + 1] : nullptr,
+                      mine ? segment_layout<T>(codec, ent[c + 1], chunk_len(numel, C, c + 1),
+                                               nullptr).size
+                           : 0,
+                      isa);
   }
 }
 
@@ -1795,7 +1830,12 @@ static int64_t decode_impl(const uint8_t* p, int64_t total, int codec, int64_t n
           DecIn in{seg + l.sm, seg + l.sm + s.sm, BitReader(seg + l.rem, s.rem), seg + l.esc,
                    seg + l.esc + s.esc, p + total};
           prefetch_head(seg, seg + l.sm, s.codes, s.sm);
-          err = decode_dispatch<T>(codec, en, n, seg, in, out + c * C, isa);
+          // The next segment's size is taken as this one's (its entry is not
+          // checked yet; a prefetch reads nothing the program sees).
+          const bool mine = next_is_mine(c, nch, nthreads);
+          err = decode_dispatch<T>(codec, en, n, seg, in, out + c * C,
+                                   mine ? b + int64_t(o[1]) * kAlign : nullptr,
+                                   mine ? l.size : 0, isa);
         }
         if (err)
           tag = kDataFault | (c << 8) | err;
