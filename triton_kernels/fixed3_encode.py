@@ -601,6 +601,28 @@ def _rem_scatter(rem_dst, r3, krank, keep, room, i, CP: tl.constexpr):
 
 
 @triton.jit
+def _or_run(rem_dst, lo, hi, bit):
+    """OR the run of up to 96 bits (hi:lo) into ``rem_dst``'s 32-bit words
+    from bit ``bit`` on: the run shifted left by ``bit & 31`` is four words
+    from word ``bit >> 5`` (logical shifts: ``(lo >> 1) >> (63 - sh)`` is 0
+    for sh = 0), OR-ed by relaxed atomics, since a run's first and last
+    words are shared with the neighbouring threads'. The barrier orders them
+    after the segment's zeroing stores."""
+    sh = (bit & 31).to(tl.uint64)
+    at = bit >> 5
+    o01 = lo << sh
+    o23 = (hi << sh) | ((lo >> 1) >> (63 - sh))
+    tl.debug_barrier()
+    words = rem_dst.to(tl.pointer_type(tl.int32))
+    for k in tl.static_range(4):
+        if k < 2:
+            v = ((o01 >> (32 * k)) & 0xFFFFFFFF).to(tl.int32)
+        else:
+            v = ((o23 >> (32 * (k - 2))) & 0xFFFFFFFF).to(tl.int32)
+        tl.atomic_or(words + at + k, v, mask=v != 0, sem="relaxed")
+
+
+@triton.jit
 def _rem_runs_halves(rem_dst, r3, inrow, krow, kstart, room, CP: tl.constexpr, T: tl.constexpr):
     """_rem_runs at G = 8 (64 elements a thread): each half of the
     thread's rows (4 rows, 32 elements) is one run of at most 96 bits from
@@ -616,19 +638,7 @@ def _rem_runs_halves(rem_dst, r3, inrow, krow, kstart, room, CP: tl.constexpr, T
     lo = tl.sum(tl.where(s < 64, rv << tl.minimum(s, 63).to(tl.uint64), 0), axis=2)
     hi = tl.sum(tl.where(s >= 64, rv << tl.maximum(s - 64, 0).to(tl.uint64),
                          tl.where(s > 40, rv >> tl.minimum(64 - s, 63).to(tl.uint64), 0)), axis=2)
-    bit = 3 * (kstart[:, None] + tl.cumsum(hk, axis=1) - hk)  # [T, 2]
-    sh = (bit & 31).to(tl.uint64)
-    at = bit >> 5
-    o01 = lo << sh
-    o23 = (hi << sh) | ((lo >> 1) >> (63 - sh))
-    tl.debug_barrier()
-    words = rem_dst.to(tl.pointer_type(tl.int32))
-    for k in tl.static_range(4):
-        if k < 2:
-            v = ((o01 >> (32 * k)) & 0xFFFFFFFF).to(tl.int32)
-        else:
-            v = ((o23 >> (32 * (k - 2))) & 0xFFFFFFFF).to(tl.int32)
-        tl.atomic_or(words + at + k, v, mask=v != 0, sem="relaxed")
+    _or_run(rem_dst, lo, hi, 3 * (kstart[:, None] + tl.cumsum(hk, axis=1) - hk))  # [T, 2]
 
 
 @triton.jit
@@ -649,18 +659,4 @@ def _rem_runs(rem_dst, r3, inrow, rowx, kstart, room, CP: tl.constexpr, T: tl.co
     lo = tl.sum(tl.where(s < 64, rv << tl.minimum(s, 63).to(tl.uint64), 0), axis=1)
     hi = tl.sum(tl.where(s >= 64, rv << tl.maximum(s - 64, 0).to(tl.uint64),
                          tl.where(s > 40, rv >> tl.minimum(64 - s, 63).to(tl.uint64), 0)), axis=1)
-    bit = 3 * kstart
-    sh = (bit & 31).to(tl.uint64)
-    at = bit >> 5
-    # The 96-bit run (hi:lo) shifted left by sh: four words from word at
-    # (logical shifts: (lo >> 1) >> (63 - sh) is 0 for sh = 0).
-    o01 = lo << sh
-    o23 = (hi << sh) | ((lo >> 1) >> (63 - sh))
-    tl.debug_barrier()
-    words = rem_dst.to(tl.pointer_type(tl.int32))
-    for k in tl.static_range(4):
-        if k < 2:
-            v = ((o01 >> (32 * k)) & 0xFFFFFFFF).to(tl.int32)
-        else:
-            v = ((o23 >> (32 * (k - 2))) & 0xFFFFFFFF).to(tl.int32)
-        tl.atomic_or(words + at + k, v, mask=v != 0, sem="relaxed")
+    _or_run(rem_dst, lo, hi, 3 * kstart)
