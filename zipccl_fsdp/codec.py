@@ -16,6 +16,10 @@ computes them itself, in the passes over each chunk it makes anyway
 (``encode(x, codec, verify=True)``, ``decode(..., sums=buffer)``); for the
 others this module computes them with ``chunk_sums`` (torch ops). Either way
 the comparison and its error are here (``_check_checksums``).
+
+Room (``encode(..., room=r)``): a backend whose module sets ``ROOM`` (cpp)
+allocates its payload's buffer r bytes large; for the others this module
+copies the payload into such a buffer.
 """
 from __future__ import annotations
 
