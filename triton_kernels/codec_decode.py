@@ -8,8 +8,8 @@ length and ``out``'s dtype and numel; the chunk count follows from numel and
 (magic, version, codec, dtype and numel against ``out``, chunk geometry,
 body length, flags, reserved bytes, and the total length against the
 payload's); program 0 also checks the header's CRC-32 (a bitwise loop over
-its 60 + 8 ndim bytes: a few microseconds in one program, beside the
-others' chunks), the dims (their product is numel) and the zero padding
+its 60 + 8 ndim bytes, in one program while the others decode their
+chunks), the dims (their product is numel) and the zero padding
 after the dims and after the offsets. Then each program decodes its chunk
 (fixed3_decode.py, dense_decode.py; RAW payloads are copied) and ORs what it
 found wrong into one error word, which the host reads once, at the end (the
