@@ -136,6 +136,9 @@ def task_train(mode: str):
     elif mode == "zipccl_slow":  # the adaptive policy told the link is slow: it compresses
         hook = ZipCCLHook(ZipCCLConfig(link_gbps=0.01, codec_gbps=5.0))
         assert model.register_comm_hook(hook) is hook
+    elif mode == "zipccl_fast":  # the adaptive policy told the codec is slower than the link
+        hook = ZipCCLHook(ZipCCLConfig(link_gbps=100.0, codec_gbps=0.5))
+        assert model.register_comm_hook(hook) is hook
     elif mode == "zipccl_default":  # the default hook: adaptive policy
         zipccl_hook.reset_stats()
         assert model.register_comm_hook(zipccl_hook) is zipccl_hook
@@ -263,11 +266,15 @@ def test_fsdp2_two_ranks_bitwise_equal_to_default_and_compressed(pool2):
         assert rs <= 0.4, s["reduce_scatter"]
     # Training moved: the losses are not all the same.
     assert len(set(default[0]["losses"])) > 1
-    # The default hook (policy "adaptive") measures this unthrottled loopback as
-    # faster than the CPU codec and sends every call raw: the same bits again.
-    # Its all-gathers take the raw lane (reduce-scatters keep zipccl's own raw
-    # path, an all-to-all and an fp32 sum).
-    runs = pool2.run(task_train, "zipccl_default")
+    # The default hook (policy "adaptive") decides from what it measures on
+    # this loopback (raw or compressed, by the machine's load): the same bits
+    # whichever way each call went.
+    for s in _stats_of_same_training(default, pool2.run(task_train, "zipccl_default")):
+        assert s["all_gather"]["calls"] > 0 and s["reduce_scatter"]["calls"] > 0, s
+    # Told the codec is slower than the link, it sends every call raw: the
+    # same bits, and its all-gathers take the raw lane (reduce-scatters keep
+    # zipccl's own raw path, an all-to-all and an fp32 sum).
+    runs = pool2.run(task_train, "zipccl_fast")
     assert all(run["lanes"] == ["all_gather"] for run in runs), [run["lanes"] for run in runs]
     for s in _stats_of_same_training(default, runs):
         assert s["all_gather"]["calls"] > 0 and s["reduce_scatter"]["calls"] > 0, s
