@@ -470,15 +470,14 @@ def gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, plan, cf
     itemsize = own.element_size()
     bounds = [_bounds(s.numel(), plan.pieces) for s in slots]
     placed = [True] if same_memory(own, slots[rank]) else []
+    # On the host a coded piece is encoded with room for the widest slot and
+    # padded where it is (a copy would be a pass over host memory); a
+    # device's backend makes no room, and its copy is what zero_padded does.
+    in_place = device.type == "cpu"
 
     def room(i):
-        """The room piece i's payload is encoded with: on the host the widest
-        slot it may be padded to (``padded_in_place`` then saves a pass over
-        host memory); none on a device, whose backend makes no room (a copy
-        into it would cost what ``zero_padded`` does)."""
-        if device.type != "cpu":
-            return 0
-        return max(call.max_bytes(b[i + 1] - b[i]) for b in bounds)
+        """The room piece i's payload is encoded with (``in_place``)."""
+        return max(call.max_bytes(b[i + 1] - b[i]) for b in bounds) if in_place else 0
 
     def mine(i):
         return own[bounds[rank][i]:bounds[rank][i + 1]]
@@ -502,8 +501,8 @@ def gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, plan, cf
             sizes = [row[0] for row in rows]
         width = max(sizes)
         call.streams.before_launch()
-        coded_on_host = rows is not None and device.type == "cpu"  # encoded with room(i)
-        send = (padded_in_place if coded_on_host else zero_padded)(payload, width)
+        pad = padded_in_place if in_place and rows is not None else zero_padded
+        send = pad(payload, width)
         recv = torch.empty(world * width, dtype=torch.uint8, device=device)
         work = _wire.all_gather_single(recv, send, group=group, async_op=True)
         st.add(kind, wire_bytes=width, pad_bytes=width - payload.numel())
