@@ -24,9 +24,9 @@ Prints one table and writes it as ``gpu_check.md`` and ``gpu_check.csv`` in
 ``--out``. A failing case prints its error and the run continues; the exit
 status is 1 if any correctness check failed. ``--smoke`` runs tiny sizes on
 CPU under TRITON_INTERPRET=1 (set here when no GPU is present) to test this
-script itself. ``--sweep`` also times a few (sub-block, warps) settings of
-both codecs' kernels at 256 MiB bf16 (12 settings, each compiled anew: a
-minute or two more).
+script itself. ``--sweep`` also times the fixed3 kernels at a few warp counts
+and its decode at 1, 2, 4 and 8 chunks a program, at 256 MiB bf16 (7
+settings, each compiled anew: a minute or two more).
 """
 from __future__ import annotations
 
@@ -57,7 +57,8 @@ def parse_args():
     p.add_argument("--smoke", action="store_true",
                    help="tiny sizes; without CUDA, CPU tensors under TRITON_INTERPRET=1")
     p.add_argument("--sweep", action="store_true",
-                   help="also time a few (sub-block, num_warps) kernel settings at 256 MiB bf16")
+                   help="also time fixed3 at a few warp counts and decode chunks a program "
+                   "(256 MiB bf16)")
     p.add_argument("--reps", type=int, default=7, help="timed repetitions per case (median)")
     return p.parse_args()
 
@@ -244,6 +245,11 @@ def bench_tensor(data: str, x: torch.Tensor, backends=("triton",), codecs=("fixe
         print(f"  copy failed: {e}")
     for backend in backends:
         for codec in codecs:
+            if backend == "triton":
+                # Each codec's decode timed with its own kernel: a decode plan
+                # that has seen both codecs at one size keeps the kernel of both
+                # (codec_decode._Plan).
+                codec_decode.reset()
             try:
                 p = z.encode(x, codec=codec, backend=backend)
                 ratio = x.numel() * x.element_size() / p.numel()
@@ -285,24 +291,33 @@ def throughput(smoke: bool) -> None:
 
 def sweep(smoke: bool) -> None:
     """Time the encode kernels at a few warp counts (codec_encode.SETTINGS;
-    the decode kernel's is codec_decode.NUM_WARPS, both codecs in one kernel);
-    the settings are restored after. The dense kernels take 4 warps only
-    (32 elements a thread of a 4096-element chunk)."""
+    the decode kernel's is codec_decode.NUM_WARPS), then the fixed3 decode
+    at 1, 2, 4 and 8 chunks a program (codec_decode.PER_CHOICES); the
+    settings are restored after. The dense kernels take 4 warps only (32
+    elements a thread of a 4096-element chunk)."""
     saved = copy.deepcopy(codec_encode.SETTINGS)
-    saved_dec = codec_decode.NUM_WARPS
+    saved_dec = codec_decode.NUM_WARPS, codec_decode.PER_CHOICES, codec_decode.PROGRAMS_WANTED
     n = (16 * 1024 + 6) if smoke else 128 * MiB  # bf16 elements: 256 MiB
     x = torch.randn(n, generator=torch.Generator(device=DEV).manual_seed(0), device=DEV).bfloat16()
     print(f"(sweep) encode/decode num_warps at {n * 2 / MiB:g} MiB bf16", flush=True)
     for warps in (4, 8, 2):
         codec_encode.SETTINGS["fixed3"] = warps
         codec_decode.NUM_WARPS = warps
-        codec_decode.launcher.cache_clear()
+        codec_decode.reset()
         bench_tensor(f"sweep fixed3 warps={warps}", x, codecs=("fixed3",),
                      reps=1 if smoke else 5)
     codec_encode.SETTINGS.clear()
     codec_encode.SETTINGS.update(saved)
-    codec_decode.NUM_WARPS = saved_dec
-    codec_decode.launcher.cache_clear()
+    codec_decode.NUM_WARPS = saved_dec[0]
+    if smoke:
+        codec_decode.PROGRAMS_WANTED = 1  # several chunks a program at the smoke size too
+    for per in (1, 2, 4, 8):
+        codec_decode.PER_CHOICES = (per,) if per > 1 else ()
+        codec_decode.reset()
+        bench_tensor(f"sweep fixed3 decode chunks_per_program={per}", x, codecs=("fixed3",),
+                     reps=1 if smoke else 5)
+    codec_decode.NUM_WARPS, codec_decode.PER_CHOICES, codec_decode.PROGRAMS_WANTED = saved_dec
+    codec_decode.reset()
 
 
 def breakdown(smoke: bool) -> None:

@@ -679,3 +679,78 @@ def test_fixed3_encode_tile_widths(device, dtype, warps, monkeypatch):
     assert bool((table.n_esc[:2] > rounds).all()), table.n_esc.tolist()
     assert (int(table.flags[3]) & (F.FLAG_ZPOS | F.FLAG_ZNEG)) == F.FLAG_ZPOS, table.flags.tolist()
     _check_against_torch(x.to(device), "fixed3")
+
+
+@pytest.fixture
+def decode_plans():
+    """triton_kernels.codec_decode with its plans and launchers forgotten
+    before and after the test (a test that changes how many chunks a
+    program takes must not leave plans made under its settings)."""
+    from triton_kernels import codec_decode as D
+    D.reset()
+    yield D
+    D.reset()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_decode_kernel_by_codec_and_chunks_a_program(device, decode_plans, monkeypatch):
+    """decode(out=) launches the kernel of both codecs for a geometry's first
+    payload, learns the codec from program 0's report in the error word,
+    and launches that codec's own kernel after: fixed3's takes several
+    chunks a program (here, with PROGRAMS_WANTED = 1: 1, 2, 4 and 4 for 1,
+    2, 4 and 10 chunks, so the last program's group of the 10 ends two past
+    the last chunk, which is ragged). A payload of the other codec decodes
+    nothing in it (ERR_CODEC) and is decoded again by the kernel of both,
+    which the geometry keeps from then on. Every decode bit-exact; a
+    corrupt chunk in the middle of a group and a corrupt header are refused
+    with the torch backend's errors."""
+    D = decode_plans
+    monkeypatch.setattr(D, "PROGRAMS_WANTED", 1)
+    launched = []
+    real = D._launch
+
+    def record(plan, codecs, payload, out):
+        launched.append((codecs, plan.launch(codecs)[1]))
+        return real(plan, codecs, payload, out)
+    monkeypatch.setattr(D, "_launch", record)
+    for n, per in ((1, 1), (C + 1, 2), (3 * C + 5, 4), (9 * C + 1, 4)):
+        x = mixed(n, torch.bfloat16, seed=n).to(device)
+        nch = F.nchunks_for(n)
+        assert D.chunks_per_program(nch) == per and D.chunks_per_program(nch, "dense") == 1
+        grid = -(-nch // per)
+        payloads = {c: z.encode(x, codec=c, backend="torch") for c in CODED}
+        launched.clear()
+
+        def decoded(codec):
+            out = torch.full_like(x, 7.0)
+            z.decode(payloads[codec], out=out, backend="triton")
+            return bits(out)
+        assert torch.equal(decoded("fixed3"), bits(x))
+        assert torch.equal(decoded("fixed3"), bits(x))
+        assert launched == [("both", nch), ("fixed3", grid)], (n, launched)
+        if nch == 10:  # chunk 5: the second of program 1's four
+            b = payloads["fixed3"].clone()
+            b[_entry(F.parse_header(b), 5, 0)] = 7
+            _raises_like_torch(b, x, "chunk table entry 5 is invalid")
+            b = payloads["fixed3"].clone()
+            b[0] = ord("X")
+            _raises_like_torch(b, x, "bad magic")
+        launched.clear()
+        assert torch.equal(decoded("dense"), bits(x))
+        assert launched == [("fixed3", grid), ("both", nch)], (n, launched)
+        launched.clear()
+        assert torch.equal(decoded("fixed3"), bits(x))
+        assert torch.equal(decoded("dense"), bits(x))
+        assert launched == [("both", nch), ("both", nch)], (n, launched)
+    # A geometry whose first payloads are RAW (codec "raw") learns nothing
+    # from them; its first coded payload teaches it.
+    x = torch.randn(C + 9, generator=_gen(71)).bfloat16()
+    x[-8:] = _specials(torch.bfloat16).repeat(2)[:8]
+    x = x.to(device)
+    raw = z.encode(x, codec="raw", backend="torch")
+    launched.clear()
+    for p in (raw, raw, z.encode(x, codec="dense", backend="torch"), raw):
+        out = torch.full_like(x, 7.0)
+        z.decode(p, out=out, backend="triton")
+        assert torch.equal(bits(out), bits(x))
+    assert launched == [("both", 2), ("both", 2), ("both", 2), ("dense", 2)], launched

@@ -53,6 +53,9 @@ ERR_HEADER = tl.constexpr(64)    # a header field disagrees with the payload or 
 ERR_GEOMETRY = tl.constexpr(128)  # chunk_elems is not the launch's: relaunch from the header
 ERR_CODEC = tl.constexpr(256)    # a payload this build's kernel has no decoder for
 INFO_SUMS = tl.constexpr(1 << 16)  # not an error: the payload carries checksums
+# Not an error: the header's codec id at this bit, two bits (program 0 reports it,
+# so the host learns which kernel a geometry's payloads take; codec_decode.py).
+INFO_CODEC_SHIFT = tl.constexpr(17)
 ERROR_MASK = (1 << 16) - 1
 
 

@@ -1,5 +1,5 @@
-"""Decode (format v2): one kernel, one program per chunk, no host read
-before it when the caller holds the output.
+"""Decode (format v2): one kernel, no host read before it when the caller
+holds the output.
 
 ``decode_into(payload, out)`` (every collective's call: ``out`` given)
 launches ``decode_kernel`` on what the host already holds: the payload's
@@ -10,17 +10,23 @@ body length, flags, reserved bytes, and the total length against the
 payload's); program 0 also checks the header's CRC-32 (a bitwise loop over
 its 60 + 8 ndim bytes, in one program while the others decode their
 chunks), the dims (their product is numel) and the zero padding
-after the dims and after the offsets. Then each program decodes its chunk
-(fixed3_decode.py, dense_decode.py; RAW payloads are copied) and ORs what it
-found wrong into one error word, which the host reads once, at the end (the
-call's one sync). Nothing is decoded by a program whose header check
-failed, and every load is masked to the payload, so no payload, however
-corrupt, reads out of bounds; a payload whose header is valid but whose
-body is not may leave ``out`` partially written before the error is raised.
+after the dims and after the offsets. Then each program decodes its chunks
+(``PER`` of them: one, or several for fixed3 calls of many chunks,
+``chunks_per_program``; fixed3_decode.py, dense_decode.py; RAW payloads are
+copied) and ORs what it found wrong into one error word, which the host
+reads once, at the end (the call's one sync). Nothing is decoded by a
+program whose header check failed, and every load is masked to the
+payload, so no payload, however corrupt, reads out of bounds; a payload
+whose header is valid but whose body is not may leave ``out`` partially
+written before the error is raised.
 
 ``DENSE`` and ``FIXED3`` say which codecs' branches the kernel is compiled
-with: both, as launched; offline.py compiles one at a time to count each
-codec's hot path (the header check plus its branch).
+with. The kernel of both holds the registers of the larger (dense's, about
+240 a thread against fixed3's 128-168), so a decode launches the kernel of
+the codec its geometry's payloads have had, which program 0 reports in the
+error word (``_Plan``); the first call of a geometry, and a geometry that
+has had both, take the kernel of both. offline.py counts each codec's
+kernel, the one a collective's calls run.
 
 The error path is not hot: it reads the header on the host
 (``format.parse_header``) and runs the torch reference's checks, so the
@@ -47,8 +53,8 @@ from zipccl_fsdp import format as F
 from zipccl_fsdp.errors import CorruptPayloadError
 
 from . import _codec_common as K
-from ._codec_common import (ERR_CODEC, ERR_GEOMETRY, ERR_HEADER, ERR_PADDING, INFO_SUMS, align16,
-                            byte_field, pad_nonzero, tile_shape)
+from ._codec_common import (ERR_CODEC, ERR_GEOMETRY, ERR_HEADER, ERR_PADDING, INFO_CODEC_SHIFT,
+                            INFO_SUMS, align16, byte_field, pad_nonzero, tile_shape)
 from ._launch import Launcher
 from .fixed3_decode import decode_raw_words, fixed3_decode_chunk
 
@@ -59,9 +65,17 @@ except ImportError:  # pragma: no cover - depends on the dense kernels' state
 
 _INT_VIEW = {2: torch.int16, 4: torch.int32}
 NUM_WARPS = 4
+# Chunks a fixed3 decode program takes (chunks_per_program): 4 once a call
+# has enough chunks for PROGRAMS_WANTED programs of 4 (32 Mi elements), 2
+# from half that. 2048 programs are about five waves of an H100/H200's 132
+# SMs at the 3 programs an SM that the bf16 kernel's 168 registers a thread
+# allow, so the last wave's idle SMs cost little.
+PER_CHOICES = (4, 2)
+PROGRAMS_WANTED = 2048
 MAGIC_U32 = tl.constexpr(int.from_bytes(F.MAGIC, "little"))
 CRC_POLY = tl.constexpr(0xEDB88320)  # zlib's CRC-32, reflected
 assert F.CODEC_IDS == {"raw": 0, "fixed3": 1, "dense": 2}
+_KERNEL_OF_CODEC = (None, "fixed3", "dense", None)  # by codec id (RAW: any kernel)
 
 
 @triton.jit
@@ -114,8 +128,8 @@ def _header_rest(p_ptr, ndim, numel, pay_nbytes, table_off, gap, body_off, crc):
 def decode_kernel(p_ptr, out_ptr, err_ptr, pay_nbytes, numel, nch, C, nsums, body_only,
                   DTYPE_CODE: tl.constexpr, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
                   MAN_BITS: tl.constexpr, CP: tl.constexpr, T: tl.constexpr,
-                  DENSE: tl.constexpr, FIXED3: tl.constexpr = True):
-    c = tl.program_id(0)
+                  DENSE: tl.constexpr, FIXED3: tl.constexpr = True, PER: tl.constexpr = 1):
+    g = tl.program_id(0)  # this program's chunks: PER g .. PER g + PER - 1
     numel = numel + tl.zeros([], tl.int64)  # int64 products below (numel may be a constexpr 1)
     # --- the header, checked against the payload and the caller ---
     # The payload is 16-byte aligned (_aligned): words, not bytes.
@@ -148,44 +162,68 @@ def decode_kernel(p_ptr, out_ptr, err_ptr, pay_nbytes, numel, nch, C, nsums, bod
     total = end + 4 * nsums * (flags & 1)
     bad = bad | (~geometry & (pay_nbytes != total) & ((body_only == 0) | (pay_nbytes != end)))
     err = tl.where(bad, ERR_HEADER, tl.where(geometry, ERR_GEOMETRY, 0))
-    if c == 0:
+    if g == 0:
         if err == 0:
             err = _header_rest(p_ptr, ndim, numel, pay_nbytes, table_off, offsets_off + 4 * nchunks,
                                body_off, tl.load(w32 + 15).to(tl.int64) & 0xFFFFFFFF)
         err = err | tl.where((flags & 1) != 0, INFO_SUMS, 0)
+        err = err | ((codec & 3) << INFO_CODEC_SHIFT)
 
-    # --- the chunk ---
-    start = c.to(tl.int64) * C
-    n = tl.minimum(numel - start, C).to(tl.int32)
-    dst = out_ptr + start
+    # --- the chunks ---
     if (err & (ERR_HEADER | ERR_GEOMETRY)) == 0:
-        if is_raw:
-            decode_raw_words(p_ptr + body_off + start * ITEMSIZE, dst, n, n * ITEMSIZE,
-                             ITEMSIZE, CP, T)
-        elif (codec == 1) & FIXED3:
-            err = err | fixed3_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off,
-                                            body_off, body, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
-        elif codec == 2:
-            if DENSE:
-                err = err | dense_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off,
-                                               body_off, body, ITEMSIZE, EXP_BITS, MAN_BITS,
-                                               CP, T)
-            else:
-                err = err | ERR_CODEC
+        if PER == 1:
+            err = err | _decode_chunk(p_ptr, out_ptr, g, numel, nch, C, is_raw, codec, table_off,
+                                      offsets_off, body_off, body, ITEMSIZE, EXP_BITS, MAN_BITS,
+                                      CP, T, DENSE, FIXED3)
         else:
-            err = err | ERR_CODEC
+            for j in range(PER):
+                c = g * PER + j
+                if c < nch:
+                    err = err | _decode_chunk(p_ptr, out_ptr, c, numel, nch, C, is_raw, codec,
+                                              table_off, offsets_off, body_off, body, ITEMSIZE,
+                                              EXP_BITS, MAN_BITS, CP, T, DENSE, FIXED3)
     tl.atomic_or(err_ptr, err, mask=err != 0)
 
 
+@triton.jit
+def _decode_chunk(p_ptr, out_ptr, c, numel, nch, C, is_raw, codec, table_off, offsets_off,
+                  body_off, body, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                  MAN_BITS: tl.constexpr, CP: tl.constexpr, T: tl.constexpr,
+                  DENSE: tl.constexpr, FIXED3: tl.constexpr):
+    """Chunk c of a payload whose header has been checked: its error bits."""
+    start = c.to(tl.int64) * C
+    n = tl.minimum(numel - start, C).to(tl.int32)
+    dst = out_ptr + start
+    err = tl.zeros([], tl.int32)
+    if is_raw:
+        decode_raw_words(p_ptr + body_off + start * ITEMSIZE, dst, n, n * ITEMSIZE,
+                         ITEMSIZE, CP, T)
+    elif (codec == 1) & FIXED3:
+        err = fixed3_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off,
+                                  body, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
+    elif codec == 2:
+        if DENSE:
+            err = dense_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off,
+                                     body, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
+        else:
+            err = err | ERR_CODEC
+    else:
+        err = err | ERR_CODEC
+    return err
+
+
 @functools.lru_cache(maxsize=64)
-def launcher(info: F.DTypeInfo, C: int) -> Launcher:
-    """The decode ``Launcher`` for chunks of C elements (compiled kernels and
-    fixed arguments kept per dtype and chunk size; the size class is the
-    specialization key each Launcher keeps)."""
+def launcher(info: F.DTypeInfo, C: int, per: int = 1, codecs: str = "both") -> Launcher:
+    """The decode ``Launcher`` for chunks of C elements, ``per`` chunks a
+    program, with the branches of ``codecs`` ("fixed3", "dense" or "both";
+    RAW payloads decode in each). Compiled kernels and fixed arguments are
+    kept per dtype, chunk size, ``per`` and ``codecs``; the size class is
+    the specialization key each Launcher keeps."""
     cp, t = tile_shape(C, NUM_WARPS)
     return Launcher(decode_kernel, dict(DTYPE_CODE=info.code, ITEMSIZE=info.itemsize,
                                         EXP_BITS=info.exp_bits, MAN_BITS=info.man_bits, CP=cp,
-                                        T=t, DENSE=dense_geometry(cp, t)), NUM_WARPS)
+                                        T=t, DENSE=codecs != "fixed3" and dense_geometry(cp, t),
+                                        FIXED3=codecs != "dense", PER=per), NUM_WARPS)
 
 
 def dense_geometry(cp: int, t: int) -> bool:
@@ -200,17 +238,73 @@ def _aligned(payload: torch.Tensor) -> torch.Tensor:
     return payload if payload.data_ptr() % 16 == 0 else payload.clone()
 
 
+def chunks_per_program(nch: int, codecs: str = "fixed3") -> int:
+    """How many chunks one decode program takes: for the fixed3 kernel the
+    most of ``PER_CHOICES`` that still leaves at least ``PROGRAMS_WANTED``
+    programs, else 1. Every program checks the header before its chunks
+    (about 5 instructions an element of a 4096-element chunk:
+    docs/benchmarks.md, "Decode kernels by codec, several chunks a
+    program"), so a program of several chunks checks it once for all of
+    them; a call of few chunks keeps one a program, so its programs still
+    fill every SM of the GPU at once. The dense kernel, and the kernel of
+    both codecs, hold about 240 registers a thread at one chunk a program:
+    a chunk loop makes them spill."""
+    if codecs == "fixed3":
+        for per in PER_CHOICES:
+            if nch >= per * PROGRAMS_WANTED:
+                return per
+    return 1
+
+
+class _Plan:
+    """A decode geometry (dtype, numel, chunk size, whether the payload stops
+    at its sums, warps): its launches, one per kernel, made on first use,
+    and which kernel its next call takes.
+
+    The host does not know a payload's codec before the launch (reading it
+    would be a sync), but a geometry's payloads nearly always share one: the
+    first call launches the kernel of both codecs, whose program 0 reports
+    the header's codec in the error word (INFO_CODEC_SHIFT), and
+    later calls launch that codec's own kernel. The kernel of one codec
+    holds fewer registers a thread than the kernel of both (more programs
+    an SM) and, for fixed3, takes several chunks a program. A payload of
+    the other codec decodes nothing in it (ERR_CODEC, no chunk written) and
+    is decoded again by the kernel of both, which that geometry then keeps:
+    one extra launch, once."""
+    __slots__ = ("info", "C", "nch", "fixed", "word", "kernel", "_launches")
+
+    def __init__(self, dtype: torch.dtype, numel: int, C: int, body_only: int):
+        self.info = F.dtype_info(dtype)
+        self.C = C
+        self.nch = F.nchunks_for(numel, C)
+        self.fixed = (numel, self.nch, C, F.nchunks_for(numel), body_only)
+        self.word = _INT_VIEW[self.info.itemsize]
+        self.kernel = None  # None: not known yet; "fixed3", "dense"; "both": both seen
+        self._launches = {}
+
+    def launch(self, codecs: str) -> tuple:
+        """(``launcher(...).bind(...)`` of the kernel of ``codecs``, its grid)."""
+        hit = self._launches.get(codecs)
+        if hit is None:
+            per = chunks_per_program(self.nch, codecs)
+            hit = self._launches[codecs] = (
+                launcher(self.info, self.C, per, codecs).bind(self.fixed), -(-self.nch // per))
+        return hit
+
+
 @functools.lru_cache(maxsize=1024)
-def _plan(dtype: torch.dtype, numel: int, C: int, body_only: int, warps: int) -> tuple:
-    """(launch, chunks, word dtype) of a decode of ``numel`` elements of
-    ``dtype`` in chunks of C, computed once per geometry and warp count
-    (``warps`` is NUM_WARPS; gpu_check.py's sweep changes it and clears
-    ``launcher``'s cache): ``launch`` is ``launcher(info, C)`` with the int
-    arguments after the payload's length bound (``_launch.Bound``)."""
-    info = F.dtype_info(dtype)
-    nch = F.nchunks_for(numel, C)
-    return (launcher(info, C).bind((numel, nch, C, F.nchunks_for(numel), body_only)), nch,
-            _INT_VIEW[info.itemsize])
+def _plan(dtype: torch.dtype, numel: int, C: int, body_only: int, warps: int) -> _Plan:
+    """The ``_Plan`` of a geometry, made once per geometry and warp count
+    (``warps`` is NUM_WARPS; gpu_check.py's sweep changes it and the chunks
+    a program, and calls ``reset``)."""
+    return _Plan(dtype, numel, C, body_only)
+
+
+def reset() -> None:
+    """Forget compiled launchers and plans (after a change of NUM_WARPS,
+    PER_CHOICES or PROGRAMS_WANTED)."""
+    launcher.cache_clear()
+    _plan.cache_clear()
 
 
 _TLS = threading.local()
@@ -256,16 +350,32 @@ def _take_error_word(device: torch.device) -> tuple:
     return ring, ring.take()
 
 
-def _launch(payload, out, numel, C, body_only) -> tuple:
-    launch, nch, word = _plan(out.dtype, numel, C, body_only, NUM_WARPS)
+def _launch(plan: _Plan, codecs: str, payload, out) -> tuple:
+    launch, programs = plan.launch(codecs)
     payload = _aligned(payload)
     err = _take_error_word(payload.device)
-    if nch:
+    if programs:
         # the pointers as addresses (no view of out as words): _launch.Bound
         ring, r = err
-        launch(nch, (payload.data_ptr(), out.data_ptr(), ring.addresses[r], payload.numel()),
-               _launch_tensors, payload, out, ring.views[r], word, launch.fixed)
+        launch(programs, (payload.data_ptr(), out.data_ptr(), ring.addresses[r], payload.numel()),
+               _launch_tensors, payload, out, ring.views[r], plan.word, launch.fixed)
     return err
+
+
+def _run(plan: _Plan, payload, out) -> int:
+    """Launch the kernel the plan holds for its next call and read the error
+    word; learn the payload's codec from it (see ``_Plan``)."""
+    codecs = plan.kernel or "both"
+    bits = _read_error(_launch(plan, codecs, payload, out))
+    if bits & (ERR_HEADER.value | ERR_GEOMETRY.value):
+        return bits
+    seen = _KERNEL_OF_CODEC[(bits >> INFO_CODEC_SHIFT.value) & 3]  # None: a RAW payload
+    if bits & ERR_CODEC.value and codecs != "both":
+        plan.kernel = "both"  # this geometry's payloads have had both codecs
+        bits = _read_error(_launch(plan, "both", payload, out))
+    elif plan.kernel is None and seen is not None:
+        plan.kernel = seen
+    return bits
 
 
 def _launch_tensors(payload, out, err, word, fixed) -> tuple:
@@ -291,12 +401,10 @@ def decode_into(payload: torch.Tensor, out: torch.Tensor) -> bool:
     if numel == 0:  # no chunk, no program: the host checks the header
         F.dtype_info(out.dtype)
         return _decode_empty(payload, out)
-    err = _launch(payload, out, numel, F.CHUNK_ELEMS, 0)
-    bits = _read_error(err)
+    bits = _run(_plan(out.dtype, numel, F.CHUNK_ELEMS, 0, NUM_WARPS), payload, out)
     if bits & ERR_GEOMETRY.value and not bits & ERR_HEADER.value:
         header = F.parse_header(payload)
-        err = _launch(payload, out, numel, header.chunk_elems, 0)
-        bits = _read_error(err)
+        bits = _run(_plan(out.dtype, numel, header.chunk_elems, 0, NUM_WARPS), payload, out)
     if bits & K.ERROR_MASK:
         _raise(payload, out, bits)
     return bool(bits & INFO_SUMS.value)
@@ -314,7 +422,10 @@ def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor) -> torch.
     if header.numel == 0:
         return out
     C = header.chunk_elems or F.CHUNK_ELEMS
-    bits = _read_error(_launch(payload, out, header.numel, C, 1))
+    plan = _plan(out.dtype, header.numel, C, 1, NUM_WARPS)
+    if plan.kernel is None and header.codec in ("fixed3", "dense"):
+        plan.kernel = header.codec  # the host read the header: no need to learn it
+    bits = _run(plan, payload, out)
     if bits & K.ERROR_MASK:
         _raise(payload, out, bits)
     return out
@@ -341,5 +452,6 @@ def _raise(payload: torch.Tensor, out: torch.Tensor, bits: int):
     raise CorruptPayloadError(f"corrupt payload (error bits {bits:#x})")
 
 
-__all__ = ["decode", "decode_into", "decode_kernel", "launcher"]
+__all__ = ["chunks_per_program", "decode", "decode_into", "decode_kernel", "launcher",
+           "reset"]
 _ = ERR_PADDING  # re-exported for tests

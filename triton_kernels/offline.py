@@ -231,8 +231,10 @@ def codec_launches(dtype, codec: str, numel: int = 128 << 20, ndim: int = 1,
                    encode_warps: int | None = None) -> list[Launch]:
     """The launches of encode and decode of ``numel`` elements of ``dtype``
     (a torch dtype) with ``codec``, with realistic argument values: one
-    kernel each (format v2), one program per chunk; the encode at
-    ``encode_warps`` warps when given, else at ``codec_encode.SETTINGS``'."""
+    kernel each (format v2); the encode one program per chunk, at
+    ``encode_warps`` warps when given, else at ``codec_encode.SETTINGS``';
+    the decode ``codec_decode.chunks_per_program`` chunks a program (its
+    chunk loop counted that many times)."""
     info = F.dtype_info(dtype)
     C = F.CHUNK_ELEMS
     nch = F.nchunks_for(numel, C)
@@ -246,14 +248,13 @@ def codec_launches(dtype, codec: str, numel: int = 128 << 20, ndim: int = 1,
         enc_args["C"] = C
     enc_args.update(table_off=header.table_offset, offsets_off=header.offsets_offset,
                     body_off=header.body_offset)
-    dec = D.launcher(info, C)
+    per = D.chunks_per_program(nch, codec)
+    dec = D.launcher(info, C, per, codec)  # the kernel decode_into launches once it knows the codec
     return [
         Launch("encode: encode", enc, enc_args, enc_const, enc_warps, C, reads_input=1),
         Launch("decode: decode", D.decode_kernel,
                dict(p_ptr="*u8", out_ptr=word, err_ptr="*i32",
                     pay_nbytes=header.body_offset + numel * info.itemsize * 3 // 4 + 16,
                     numel=numel, nch=nch, C=C, nsums=F.nchunks_for(numel), body_only=0),
-               # The branch of this codec only: its hot path (codec_decode.py).
-               dict(dec.constexprs, DENSE=codec == "dense" and dec.constexprs["DENSE"],
-                    FIXED3=codec == "fixed3"), dec.num_warps, C, reads_input=1),
+               dec.constexprs, dec.num_warps, per * C, trip_count=per, reads_input=1),
     ]
