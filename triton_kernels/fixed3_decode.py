@@ -409,8 +409,12 @@ def _bf16_pairs(acc, s2, z, zp, zn, lo, T: tl.constexpr, G: tl.constexpr):
 
     Returns the [T, G, 8] tile of words (bf16 bits in the low 16)."""
     p2 = tl.arange(0, 4)[None, None, :]
-    t = acc[:, :, None] >> (6 * p2)
-    c2 = (t & 7) | ((t & 0x38) << 13)
+    # Codes 0..5 spread once a row (odd codes 13 bits up: code 2p + 1 16
+    # bits above code 2p), pairs 0..2 one shift and mask each; pair 3's
+    # odd code would pass bit 31 and its even one meet code 1 there.
+    w = (acc & 0x71C7) | ((acc & 0x38E38) << 13)
+    c2 = tl.where(p2 == 3, (((acc >> 18) & 7) | ((acc >> 5) & 0x70000))[:, :, None],
+                  (w[:, :, None] >> (6 * p2)) & 0x70007)
     lanes = 0x10001
     e2 = c2 * 128 + (((lo - z) & 0xFF) << 7) * lanes
     y = c2 * 0x8010 + ((8 - z) * 16) * lanes
