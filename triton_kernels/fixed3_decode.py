@@ -128,7 +128,8 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
     WIDE: tl.constexpr = G % 4 == 0
     SPARSE: tl.constexpr = G <= 4  # a thread's escapes fit one 32-bit mask
     CP: tl.constexpr = 8 * G * T
-    # bf16 words are assembled two a register (_bf16_pairs): sm as pairs
+    # 16-bit words are assembled two a register (_pairs16); bf16's sm is
+    # taken as pairs in both sm branches, fp16's (with its rem bits) after
     PAIRS: tl.constexpr = SPARSE & (ITEMSIZE == 2) & (not IS_FP16)
     # Every load is masked to its sub-stream and to the body (lim bytes left).
     # Sub-streams start 16-aligned and the body ends 16-aligned, so a word
@@ -183,7 +184,7 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
         # Every element's sm at its own position: whole words.
         room = tl.minimum(a_rem - a_sm, lim - a_sm)
         if PAIRS:
-            # bf16 pairs (see _bf16_pairs): bytes 0, 1 and 2, 3 of each word
+            # bf16 pairs (see _pairs16): bytes 0, 1 and 2, 3 of each word
             # at bits 0 and 16 (bytes past sm_nb are padding: zero, or the
             # chunk is refused).
             wd = load_words(sm_src, room, T, 2 * G)
@@ -299,7 +300,10 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
         err = err | _padding(src, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc, esc_nb, seg, lim)
 
     if PAIRS:
-        word = _bf16_pairs(acc, smv, z, zp, zn, lo, T, G)
+        word = _pairs16(acc, smv, z, zp, zn, lo, EMAX, MAN_BITS, T, G)
+    elif SPARSE & IS_FP16:
+        sa, sb = tl.split(tl.reshape(smv, (T, G, 4, 2)))
+        word = _pairs16(acc, sa | (sb << 16), z, zp, zn, lo, EMAX, MAN_BITS, T, G)
     else:
         if SPARSE:
             # (n > 0: 1 in a coded chunk; a factor the compiler cannot see
@@ -389,16 +393,19 @@ def _patch_all(src, dst, n, codes_w, codes_l, esc_src, esc_l, lo_z, EXP_BITS: tl
 
 
 @triton.jit
-def _bf16_pairs(acc, s2, z, zp, zn, lo, T: tl.constexpr, G: tl.constexpr):
-    """bf16 words of the [T, G, 8] tile, assembled two a 32-bit register
-    (elements 2p and 2p + 1 of a row in the low and high 16 bits): the
-    codes' pair C (code 2p at bit 0, 2p + 1 at bit 16) from the row word,
-    then lane arithmetic that carries nothing across bit 16:
+def _pairs16(acc, s2, z, zp, zn, lo, EMAX: tl.constexpr, MAN_BITS: tl.constexpr,
+             T: tl.constexpr, G: tl.constexpr):
+    """bf16 / fp16 words of the [T, G, 8] tile, assembled two a 32-bit
+    register (elements 2p and 2p + 1 of a row in the low and high 16 bits;
+    s2: their sign+mantissa values, sign at bit MAN_BITS): the codes' pair
+    C (code 2p at bit 0, 2p + 1 at bit 16) from the row word, then lane
+    arithmetic that carries nothing across bit 16:
 
-    - sign: S + (S & 0x80) * 255 per lane moves the sm byte's sign to bit 15;
-    - exponent: (code + (lo - z) mod 256) << 7 per lane (< 0x8400), its 8
-      bits masked (mod 256 is the exponent of a kept element; an escape's
-      is patched later);
+    - sign: S + (S & 2**MAN_BITS) * EMAX per lane moves the sign to bit 15;
+    - exponent: (code + (lo - z) mod (EMAX + 1)) << MAN_BITS per lane
+      (bf16 < 0x8400, fp16 < 0x9800), its field masked (the same value as
+      the element-wise (code + lo - z) << MAN_BITS masked; an escape's is
+      patched later);
     - flagged zeros: Y = C * 0x8010 + (8 - z) * 16 a lane has bit 7 set
       when the code is kept (code >= z) and bit 15 = the code's bit 0 (the
       code's bits 1, 2 land on bits 16, 17: below the high lane's bit 4,
@@ -407,7 +414,7 @@ def _bf16_pairs(acc, s2, z, zp, zn, lo, T: tl.constexpr, G: tl.constexpr):
       bit 15: U selects the code's bit 0 (both zeros flagged: -0.0 is code
       1), V sets it (only ZNEG: every zero is -0.0).
 
-    Returns the [T, G, 8] tile of words (bf16 bits in the low 16)."""
+    Returns the [T, G, 8] tile of words (the element's bits in the low 16)."""
     p2 = tl.arange(0, 4)[None, None, :]
     # Codes 0..5 spread once a row (odd codes 13 bits up: code 2p + 1 16
     # bits above code 2p), pairs 0..2 one shift and mask each; pair 3's
@@ -416,14 +423,16 @@ def _bf16_pairs(acc, s2, z, zp, zn, lo, T: tl.constexpr, G: tl.constexpr):
     c2 = tl.where(p2 == 3, (((acc >> 18) & 7) | ((acc >> 5) & 0x70000))[:, :, None],
                   (w[:, :, None] >> (6 * p2)) & 0x70007)
     lanes = 0x10001
-    e2 = c2 * 128 + (((lo - z) & 0xFF) << 7) * lanes
+    SGN: tl.constexpr = 1 << MAN_BITS
+    FIELD: tl.constexpr = EMAX << MAN_BITS
+    e2 = c2 * SGN + (((lo - z) & EMAX) << MAN_BITS) * lanes
     y = c2 * 0x8010 + ((8 - z) * 16) * lanes
     keep = ((y >> 7) & lanes) * 0xFFFF
     top = -0x7FFF8000  # 0x80008000: bit 15 of each lane
     u = tl.where((zp & zn) != 0, top, 0)
     v = tl.where(((1 - zp) & zn) != 0, top, 0)
     zw = (y & u) ^ v
-    w2 = (s2 + (s2 & 0x00800080) * 255) | (e2 & 0x7F807F80)
+    w2 = (s2 + (s2 & (SGN * lanes)) * EMAX) | (e2 & (FIELD * lanes))
     w2 = (w2 & keep) | (zw & ~keep)
     return tl.reshape(tl.join(w2, w2 >> 16), (T, G, 8))  # (stored as their low 16 bits)
 
