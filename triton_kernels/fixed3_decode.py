@@ -128,6 +128,9 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
     WIDE: tl.constexpr = G % 4 == 0
     SPARSE: tl.constexpr = G <= 4  # a thread's escapes fit one 32-bit mask
     CP: tl.constexpr = 8 * G * T
+    # 16-bit words are assembled two a register (_pairs16); bf16's sm is
+    # taken as pairs in both sm branches, fp16's (with its rem bits) after
+    PAIRS: tl.constexpr = SPARSE & (ITEMSIZE == 2) & (not IS_FP16)
     # Every load is masked to its sub-stream and to the body (lim bytes left).
     # Sub-streams start 16-aligned and the body ends 16-aligned, so a word
     # that starts inside a padded sub-stream and below lim ends inside both.
@@ -180,7 +183,15 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
     if nz == 0:
         # Every element's sm at its own position: whole words.
         room = tl.minimum(a_rem - a_sm, lim - a_sm)
-        if (ITEMSIZE == 2) | (low16 != 0):
+        if PAIRS:
+            # bf16 pairs (see _pairs16): bytes 0, 1 and 2, 3 of each word
+            # at bits 0 and 16 (bytes past sm_nb are padding: zero, or the
+            # chunk is refused).
+            wd = load_words(sm_src, room, T, 2 * G)
+            k2 = tl.arange(0, 2)[None, None, :]
+            x = wd[:, :, None] >> (16 * k2)
+            smv = tl.reshape((x & 0xFF) | ((x << 8) & 0xFF0000), (T, G, 4))
+        elif (ITEMSIZE == 2) | (low16 != 0):
             # (bytes past sm_nb are padding: zero, or the chunk is refused)
             wd = load_words(sm_src, room, T, 2 * G)
             if (ITEMSIZE == 2) & (not IS_FP16):
@@ -260,6 +271,9 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
             incl = tl.where(q == 7, krow[:, :, None],
                             ((kf * 0x249249)[:, :, None] >> (3 * q)) & 7)
             smv = tl.load(rp[:, :, None] + incl).to(tl.int32)
+            if PAIRS:
+                sa, sb = tl.split(tl.reshape(smv, (T, G, 4, 2)))
+                smv = sa | (sb << 16)
         else:
             # Unmasked, the rank clamped to the stream (sm_l - 1 >= -1: a byte
             # of the segment): ranks past it only come with counts that
@@ -279,17 +293,29 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
     # The sign moved from bit MAN_BITS to the top by adding EMAX copies of
     # it (its bit plus EMAX << MAN_BITS carries into the sign's place); the
     # exponent field masked (an escape's e may be EMAX + 1: patched below).
-    if SPARSE:
-        # (n > 0: 1 in a coded chunk; a factor the compiler cannot see
-        # through, so code * 2**MAN_BITS + k_f stays one multiply-add an
-        # element instead of being refactored as (code + lo - z) << MAN_BITS)
-        k_f = ((lo - z) << MAN_BITS) * (n > 0).to(tl.int32)
-        e_f = code * (1 << MAN_BITS) + k_f
+    # --- padding --- (2-byte words, G <= 4: before the escape patch, so
+    # that the sizes are not live across _patch_all's call; fp32, and G = 8
+    # (its registers spill more), count fewer after)
+    if (ITEMSIZE == 2) & SPARSE:
+        err = err | _padding(src, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc, esc_nb, seg, lim)
+
+    if PAIRS:
+        word = _pairs16(acc, smv, z, zp, zn, lo, EMAX, MAN_BITS, T, G)
+    elif SPARSE & IS_FP16:
+        sa, sb = tl.split(tl.reshape(smv, (T, G, 4, 2)))
+        word = _pairs16(acc, sa | (sb << 16), z, zp, zn, lo, EMAX, MAN_BITS, T, G)
     else:
-        e_f = e << MAN_BITS
-    word = (smv + (smv & (1 << MAN_BITS)) * EMAX) | (e_f & (EMAX << MAN_BITS))
-    # Flagged zeros (codes below z): -0.0 has code zp when ZNEG is set.
-    word = tl.where(code < z, tl.where(code == zp, SIGNW * zn, 0), word)
+        if SPARSE:
+            # (n > 0: 1 in a coded chunk; a factor the compiler cannot see
+            # through, so code * 2**MAN_BITS + k_f stays one multiply-add an
+            # element instead of being refactored as (code + lo - z) << MAN_BITS)
+            k_f = ((lo - z) << MAN_BITS) * (n > 0).to(tl.int32)
+            e_f = code * (1 << MAN_BITS) + k_f
+        else:
+            e_f = e << MAN_BITS
+        word = (smv + (smv & (1 << MAN_BITS)) * EMAX) | (e_f & (EMAX << MAN_BITS))
+        # Flagged zeros (codes below z): -0.0 has code zp when ZNEG is set.
+        word = tl.where(code < z, tl.where(code == zp, SIGNW * zn, 0), word)
     store_rows(dst, i, n, word.to(dst.dtype.element_ty), ITEMSIZE, G, T)
 
     if SPARSE:
@@ -324,10 +350,17 @@ def _decode_coded(src, dst, i, valid, lim, n, flags, base, phase, nz, nesc, low1
             err = err | _patch_all(src, dst, n, tl.minimum(a_sm, lim), codes_l, esc_src, esc_l,
                                    lo - z, EXP_BITS, MAN_BITS, G, T)
 
-    # --- padding ---
+    if (ITEMSIZE == 4) | (not SPARSE):
+        err = err | _padding(src, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc, esc_nb, seg, lim)
+    return err
+
+
+@triton.jit
+def _padding(src, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc, esc_nb, seg, lim):
+    """ERR_PADDING when a padding byte of the segment's four sub-streams is not zero."""
     padbad = pads_nonzero(src, codes_nb, a_sm, a_sm + sm_nb, a_rem, a_rem + rem_nb, a_esc,
                           a_esc + esc_nb, seg, lim)
-    return err | tl.where(padbad, ERR_PADDING, 0)
+    return tl.where(padbad, ERR_PADDING, 0)
 
 
 @triton.jit(noinline=True)
@@ -357,6 +390,51 @@ def _patch_all(src, dst, n, codes_w, codes_l, esc_src, esc_l, lo_z, EXP_BITS: tl
     tl.store(p, new.to(dst.dtype.element_ty), mask=esc)
     bad = tl.max(tl.max(tl.max(tl.where(esc, eb, 0), axis=2), axis=1), axis=0) > EMAX
     return tl.where(bad, ERR_EXPONENT, 0)
+
+
+@triton.jit
+def _pairs16(acc, s2, z, zp, zn, lo, EMAX: tl.constexpr, MAN_BITS: tl.constexpr,
+             T: tl.constexpr, G: tl.constexpr):
+    """bf16 / fp16 words of the [T, G, 8] tile, assembled two a 32-bit
+    register (elements 2p and 2p + 1 of a row in the low and high 16 bits;
+    s2: their sign+mantissa values, sign at bit MAN_BITS): the codes' pair
+    C (code 2p at bit 0, 2p + 1 at bit 16) from the row word, then lane
+    arithmetic that carries nothing across bit 16:
+
+    - sign: S + (S & 2**MAN_BITS) * EMAX per lane moves the sign to bit 15;
+    - exponent: (code + (lo - z) mod (EMAX + 1)) << MAN_BITS per lane
+      (bf16 < 0x8400, fp16 < 0x9800), its field masked (the same value as
+      the element-wise (code + lo - z) << MAN_BITS masked; an escape's is
+      patched later);
+    - flagged zeros: Y = C * 0x8010 + (8 - z) * 16 a lane has bit 7 set
+      when the code is kept (code >= z) and bit 15 = the code's bit 0 (the
+      code's bits 1, 2 land on bits 16, 17: below the high lane's bit 4,
+      under its bit 7 without a carry; past bit 31 for the high lane).
+      Kept lanes get the word, the others -0.0 where ``(Y & U) ^ V`` has
+      bit 15: U selects the code's bit 0 (both zeros flagged: -0.0 is code
+      1), V sets it (only ZNEG: every zero is -0.0).
+
+    Returns the [T, G, 8] tile of words (the element's bits in the low 16)."""
+    p2 = tl.arange(0, 4)[None, None, :]
+    # Codes 0..5 spread once a row (odd codes 13 bits up: code 2p + 1 16
+    # bits above code 2p), pairs 0..2 one shift and mask each; pair 3's
+    # odd code would pass bit 31 and its even one meet code 1 there.
+    w = (acc & 0x71C7) | ((acc & 0x38E38) << 13)
+    c2 = tl.where(p2 == 3, (((acc >> 18) & 7) | ((acc >> 5) & 0x70000))[:, :, None],
+                  (w[:, :, None] >> (6 * p2)) & 0x70007)
+    lanes = 0x10001
+    SGN: tl.constexpr = 1 << MAN_BITS
+    FIELD: tl.constexpr = EMAX << MAN_BITS
+    e2 = c2 * SGN + (((lo - z) & EMAX) << MAN_BITS) * lanes
+    y = c2 * 0x8010 + ((8 - z) * 16) * lanes
+    keep = ((y >> 7) & lanes) * 0xFFFF
+    top = -0x7FFF8000  # 0x80008000: bit 15 of each lane
+    u = tl.where((zp & zn) != 0, top, 0)
+    v = tl.where(((1 - zp) & zn) != 0, top, 0)
+    zw = (y & u) ^ v
+    w2 = (s2 + (s2 & (SGN * lanes)) * EMAX) | (e2 & (FIELD * lanes))
+    w2 = (w2 & keep) | (zw & ~keep)
+    return tl.reshape(tl.join(w2, w2 >> 16), (T, G, 8))  # (stored as their low 16 bits)
 
 
 @triton.jit
