@@ -697,15 +697,16 @@ def test_decode_kernel_by_codec_and_chunks_a_program(device, decode_plans, monke
     """decode(out=) launches the kernel of both codecs for a geometry's first
     payload, learns the codec from program 0's report in the error word,
     and launches that codec's own kernel after: fixed3's takes several
-    chunks a program (here, with PROGRAMS_WANTED = 1: 1, 2, 4 and 4 for 1,
-    2, 4 and 10 chunks, so the last program's group of the 10 ends two past
-    the last chunk, which is ragged). A payload of the other codec decodes
+    chunks a program (here, with PROGRAMS_WANTED = 1 and PER_CHOICES (4, 2):
+    1, 2, 4 and 4 for 1, 2, 4 and 10 chunks, so the last program's group of
+    the 10 ends two past the last chunk, which is ragged). A payload of the other codec decodes
     nothing in it (ERR_CODEC) and is decoded again by the kernel of both,
     which the geometry keeps from then on. Every decode bit-exact; a
     corrupt chunk in the middle of a group and a corrupt header are refused
     with the torch backend's errors."""
     D = decode_plans
     monkeypatch.setattr(D, "PROGRAMS_WANTED", 1)
+    monkeypatch.setattr(D, "PER_CHOICES", (4, 2))  # 2 too: the choice, and a group of 2
     launched = []
     real = D._launch
 

@@ -66,11 +66,12 @@ except ImportError:  # pragma: no cover - depends on the dense kernels' state
 _INT_VIEW = {2: torch.int16, 4: torch.int32}
 NUM_WARPS = 4
 # Chunks a fixed3 decode program takes (chunks_per_program): 4 once a call
-# has enough chunks for PROGRAMS_WANTED programs of 4 (32 Mi elements), 2
-# from half that. 2048 programs are about five waves of an H100/H200's 132
-# SMs at the 3 programs an SM that the bf16 kernel's 168 registers a thread
-# allow, so the last wave's idle SMs cost little.
-PER_CHOICES = (4, 2)
+# has enough chunks for PROGRAMS_WANTED programs of 4 (32 Mi elements).
+# 2048 programs are about five waves of an H100/H200's 132 SMs at the 3
+# programs an SM that the bf16 kernel's 168 registers a thread allow, so
+# the last wave's idle SMs cost little. (2 a program is not offered: ptxas
+# then allocates the fp16 kernel 128 registers and spills in the loop.)
+PER_CHOICES = (4,)
 PROGRAMS_WANTED = 2048
 MAGIC_U32 = tl.constexpr(int.from_bytes(F.MAGIC, "little"))
 CRC_POLY = tl.constexpr(0xEDB88320)  # zlib's CRC-32, reflected
