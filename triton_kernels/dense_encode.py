@@ -137,6 +137,76 @@ def _or(a, b):
     return a | b
 
 
+# The encoder's element tile is [T, G, 8] (rows of 8), or [T, G, 2, 4] for a
+# full fp32 chunk (W4: each row as two halves of 4 words, one 16-byte load
+# each). fp32 cannot have a [T, G, 8] tile in a blocked layout: the load's
+# layout has 4 words a thread along the last axis, and a reshape of [T, 2G, 4]
+# to [T, G, 8] gets a linear layout, which tl.cumsum cannot take, so the
+# in-row scans ran across 8 threads in the default layout, with a layout
+# conversion through shared memory each way. The 4-D tile is the load's
+# blocked layout permuted. The helpers below are the row operations of
+# either tile.
+@triton.jit
+def _rsum(x, W4: tl.constexpr):
+    """Row sums [T, G]."""
+    if W4:
+        r = tl.sum(tl.sum(x, axis=3), axis=2)
+    else:
+        r = tl.sum(x, axis=2)
+    return r
+
+
+@triton.jit
+def _rcum(x, W4: tl.constexpr):
+    """In-row inclusive prefix sums in element order (for W4: each half's
+    scan, the first half's sum added to the second's)."""
+    if W4:
+        hs = tl.sum(x, axis=3)  # [T, G, 2]
+        h = tl.arange(0, 2)[None, None, :]
+        lo = tl.sum(tl.where(h == 0, hs, 0), axis=2)
+        r = tl.cumsum(x, axis=3) + tl.where(h == 1, lo[:, :, None], 0)[:, :, :, None]
+    else:
+        r = tl.cumsum(x, axis=2)
+    return r
+
+
+@triton.jit
+def _bt(x, W4: tl.constexpr):
+    """A per-thread [T] value broadcastable to the element tile."""
+    if W4:
+        r = x[:, None, None, None]
+    else:
+        r = x[:, None, None]
+    return r
+
+
+@triton.jit
+def _br(x, W4: tl.constexpr):
+    """A per-row [T, G] value broadcastable to the element tile."""
+    if W4:
+        r = x[:, :, None, None]
+    else:
+        r = x[:, :, None]
+    return r
+
+
+@triton.jit
+def _qidx(W4: tl.constexpr):
+    """An element's index in its row (0..7), broadcastable to the tile."""
+    if W4:
+        r = tl.arange(0, 2)[None, None, :, None] * 4 + tl.arange(0, 4)[None, None, None, :]
+    else:
+        r = tl.arange(0, 8)[None, None, :]
+    return r
+
+
+@triton.jit
+def _thread_excl(f, W4: tl.constexpr):
+    """thread_excl of either element tile."""
+    rpre, tot = row_excl(_rsum(f, W4), f.shape[1])
+    return _br(rpre, W4) + _rcum(f, W4) - f, tot, rpre
+
+
 @triton.jit
 def layout(n, coded, low16, nz, nesc, o1, o2, o3, o4, ITEMSIZE: tl.constexpr,
            IS_FP16: tl.constexpr):
@@ -350,15 +420,19 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     SIGN_SHIFT: tl.constexpr = MAN_BITS + EXP_BITS
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
+    W4: tl.constexpr = FULL and ITEMSIZE == 4  # the [T, G, 2, 4] tile (_rsum)
     start = c.to(tl.int64) * C
     i = tile3(G, T)
     # --- load and analyze (the input's only read) ---
     if FULL:
         n = C + 0 * c
-        if ITEMSIZE == 4:  # a row of 8 words is two 16-byte loads: [T, 2G, 4], reshaped
-            i4 = tl.arange(0, T)[:, None, None] * (8 * G) + tl.arange(0, 2 * G)[None, :, None] * 4 + (
-                tl.arange(0, 4)[None, None, :])
-            w = tl.reshape(tl.load(x_ptr + start + i4), (T, G, 8))
+        if ITEMSIZE == 4:
+            # A row of 8 words is two 16-byte loads: the [T, G, 2, 4] tile
+            # (W4, see _rsum).
+            i4 = (tl.arange(0, T)[:, None, None, None] * (8 * G)
+                  + tl.arange(0, G)[None, :, None, None] * 8
+                  + tl.arange(0, 2)[None, None, :, None] * 4 + tl.arange(0, 4)[None, None, None, :])
+            w = tl.load(x_ptr + start + i4)
         else:
             # Pairs of 16-bit words as int32 [T, G, 4], split by shifts into
             # sign-extended elements: loaded as int16 and widened, LLVM packs
@@ -403,7 +477,7 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     # The locator's sums and both zero counts: in-thread fields of one int32
     # (sum e < 2^13, counts <= 32), then one int64 sum over the threads.
     v = tl.where(normal, e + (1 << 13), tl.where(is_pos, 1 << 19, tl.where(is_neg, 1 << 25, 0)))
-    ts = tl.sum(tl.sum(v, axis=2), axis=1)
+    ts = tl.sum(_rsum(v, W4), axis=1)
     t64 = (ts & 0x1FFF).to(tl.int64) | (((ts >> 13) & 63).to(tl.int64) << 21) | (
         ((ts >> 19) & 63).to(tl.int64) << 34) | ((ts >> 25).to(tl.int64) << 47)
     tot = tl.sum(t64, axis=0)
@@ -416,7 +490,10 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     phase = qq & 3
     low16 = 0
     if ITEMSIZE == 4:
-        low16 = (tl.max(tl.reduce(tl.reduce(w & 0xFFFF, 2, _or), 1, _or), 0) == 0).to(tl.int32)
+        lo = w & 0xFFFF
+        if W4:
+            lo = tl.reduce(lo, 3, _or)
+        low16 = (tl.max(tl.reduce(tl.reduce(lo, 2, _or), 1, _or), 0) == 0).to(tl.int32)
     zp = ((npos << 4) >= n).to(tl.int32)
     zn = ((nneg << 4) >= n).to(tl.int32)
 
@@ -441,17 +518,17 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     # prefix fields to their known bits: a field is then one PRMT, not a
     # shift and a narrow mask.
     f = ((m * 0x408081) & (0x02020101 | (c >> 31))).to(tl.uint32)
-    fpre = tl.cumsum(f, axis=2) - f
-    frow = tl.sum(f, axis=2)  # [T, G]
-    q = tl.arange(0, 8)[None, None, :]
-    r0 = tl.sum(d0 << (2 * q), axis=2) >> 2
+    fpre = _rcum(f, W4) - f
+    frow = _rsum(f, W4)  # [T, G]
+    q = _qidx(W4)
+    r0 = _rsum(d0 << (2 * q), W4) >> 2
     # (The digit bits shifted where they are in m, the row's sum shifted back.
     # Tier 1's prefix is below 8, so & 31 keeps it whole: a wrap-mode shift
     # with no mask of its own.)
-    r1 = tl.sum((m & 2).to(tl.uint32) << (fpre & 31), axis=2) >> 1
-    r2 = tl.sum((m & 4).to(tl.uint32) << ((fpre >> 8) & 0xFF), axis=2) >> 2
-    r3 = tl.sum((dv & 3).to(tl.uint32) << ((fpre >> 16) & 0xFF), axis=2)
-    r4 = tl.sum((dv >> 2).to(tl.uint32) << (fpre >> 24), axis=2)
+    r1 = _rsum((m & 2).to(tl.uint32) << (fpre & 31), W4) >> 1
+    r2 = _rsum((m & 4).to(tl.uint32) << ((fpre >> 8) & 0xFF), W4) >> 2
+    r3 = _rsum((dv & 3).to(tl.uint32) << ((fpre >> 16) & 0xFF), W4)
+    r4 = _rsum((dv >> 2).to(tl.uint32) << (fpre >> 24), W4)
     rpre, ttot = row_excl(frow, G)  # a thread's fields stay below 65
     gq = tl.arange(0, G)[None, :]
     ttot = ttot.to(tl.int32)  # [T]
@@ -462,7 +539,7 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     run4 = tl.sum(r4.to(tl.uint64) << (rpre >> 24).to(tl.uint64), axis=1)
     # Escapes (low half) and kept elements (high half): in-thread ranks.
     esc = ek & 1
-    kpre, ktot, krpre = thread_excl(ek)
+    kpre, ktot, krpre = _thread_excl(ek, W4)
     L1 = ttot & 0xFF
     L2 = (ttot >> 8) & 0xFF
     L3 = (ttot >> 16) & 0xFF
@@ -543,7 +620,7 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     # pointer per thread at its first one, the in-thread rank added per element.
     sm_dst = dst + a_sm
     if ITEMSIZE == 4:  # (fp32 counts fewer instructions with the ranks added first)
-        at = kpre + kex[:, None, None]
+        at = kpre + _bt(kex, W4)
         krank = at >> KS
         smb = 3 - 2 * low16
         smv = tl.where(low16 != 0, smv >> 16, smv)
