@@ -623,7 +623,7 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
         at = kpre + _bt(kex, W4)
         krank = at >> KS
         smb = 3 - 2 * low16
-        smv = tl.where(low16 != 0, smv >> 16, smv)
+        smv = smv >> (16 * low16)  # LOW16: the top byte only (one shift, no select)
         if seg_c < raw_seg:
             for b in tl.static_range(3):
                 tl.store(sm_dst + krank * smb + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
