@@ -619,15 +619,18 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     # Ranks among the kept (high half) and escaped (low half) elements: a
     # pointer per thread at its first one, the in-thread rank added per element.
     sm_dst = dst + a_sm
-    if ITEMSIZE == 4:  # (fp32 counts fewer instructions with the ranks added first)
-        at = kpre + _bt(kex, W4)
-        krank = at >> KS
+    if ITEMSIZE == 4:
         smb = 3 - 2 * low16
         smv = smv >> (16 * low16)  # LOW16: the top byte only (one shift, no select)
         if seg_c < raw_seg:
-            for b in tl.static_range(3):
-                tl.store(sm_dst + krank * smb + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
-                         mask=tl.where(b < smb, keep != 0, False))
+            sm_at = _bt(sm_dst + (kex >> KS) * smb, W4) + (kpre >> KS) * smb
+            tl.store(sm_at, (smv & 0xFF).to(tl.uint8), mask=keep != 0)
+            # Bytes 1 and 2 in a uniform branch: a mask of ``keep`` and
+            # ``not low16`` per element was kept as 32 predicates packed in a
+            # register (two LOP3s an element to pack, more to unpack).
+            if low16 == 0:
+                for b in tl.static_range(1, 3):
+                    tl.store(sm_at + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8), mask=keep != 0)
     else:
         if not FULL:
             sm8 = smv
@@ -636,11 +639,7 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
                      sm8.to(tl.uint8), mask=keep != 0)
     # esc: the escaped elements' exponent bytes, in order.
     if seg_c < raw_seg:
-        if ITEMSIZE == 2:
-            tl.store((dst + a_esc + (kex & EM))[:, None, None] + (kpre & EM),
-                     e.to(tl.uint8), mask=esc != 0)
-        else:
-            tl.store(dst + a_esc + (at & EM), e.to(tl.uint8), mask=esc != 0)
+        tl.store(_bt(dst + a_esc + (kex & EM), W4) + (kpre & EM), e.to(tl.uint8), mask=esc != 0)
     if seg_c < raw_seg:
         words = dst.to(tl.pointer_type(tl.int32))
         lastw = (a_sm >> 2) - 1
