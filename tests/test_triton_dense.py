@@ -156,6 +156,24 @@ def test_zero_signs_and_fp32_low16():
     assert ((table.flags & F.FLAG_LOW16) != 0).tolist() == [True, True]
 
 
+def test_fp32_low16_checks_every_word():
+    """LOW16 only when every word of the chunk has zero low 16 bits: one
+    word with a low bit set, at a first-half and a second-half position of
+    a thread's row (a full fp32 chunk is a [T, G, 2, 4] tile in the
+    encoder) and at the chunk's last word, clears the flag of its chunk and
+    of no other."""
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(3 * C, generator=g).bfloat16().float()
+    for at in (3, 8 * 5 + 6, C - 1):
+        x = base.clone()
+        xi = x.view(torch.int32)
+        xi[C + at] |= 1  # chunk 1
+        p = _roundtrip(x.to(DEV))
+        table, _ = F.read_table(p, F.parse_header(p))
+        assert table.mode.tolist() == [F.MODE_CODED] * 3, at  # (a RAW entry has no flags)
+        assert ((table.flags & F.FLAG_LOW16) != 0).tolist() == [True, False, True], at
+
+
 def test_subnormal_window():
     """Subnormal magnitudes: the locator near exponent 0."""
     g = torch.Generator().manual_seed(3)

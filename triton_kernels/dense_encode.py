@@ -137,6 +137,84 @@ def _or(a, b):
     return a | b
 
 
+# The encoder's element tile is [T, G, 8] (rows of 8), or [T, G, 2, 4] for a
+# full fp32 chunk (W4: each row as two halves of 4 words, one 16-byte load
+# each). fp32 cannot have a [T, G, 8] tile in a blocked layout: the load's
+# layout has 4 words a thread along the last axis, and a reshape of [T, 2G, 4]
+# to [T, G, 8] gets a linear layout, which tl.cumsum cannot take, so the
+# in-row scans ran across 8 threads in the default layout, with a layout
+# conversion through shared memory each way. The 4-D tile is the load's
+# blocked layout permuted. The helpers below are the row operations of
+# either tile.
+@triton.jit
+def _rsum(x, W4: tl.constexpr):
+    """Row sums [T, G]."""
+    if W4:
+        r = tl.sum(tl.sum(x, axis=3), axis=2)
+    else:
+        r = tl.sum(x, axis=2)
+    return r
+
+
+@triton.jit
+def _rcum(x, W4: tl.constexpr):
+    """In-row inclusive prefix sums in element order (for W4: each half's
+    scan, the first half's sum added to the second's)."""
+    if W4:
+        hs = tl.sum(x, axis=3)  # [T, G, 2]
+        h = tl.arange(0, 2)[None, None, :]
+        lo = tl.sum(tl.where(h == 0, hs, 0), axis=2)
+        r = tl.cumsum(x, axis=3) + tl.where(h == 1, lo[:, :, None], 0)[:, :, :, None]
+    else:
+        r = tl.cumsum(x, axis=2)
+    return r
+
+
+@triton.jit
+def _bt(x, W4: tl.constexpr):
+    """A per-thread [T] value broadcastable to the element tile."""
+    if W4:
+        r = x[:, None, None, None]
+    else:
+        r = x[:, None, None]
+    return r
+
+
+@triton.jit
+def _br(x, W4: tl.constexpr):
+    """A per-row [T, G] value broadcastable to the element tile."""
+    if W4:
+        r = x[:, :, None, None]
+    else:
+        r = x[:, :, None]
+    return r
+
+
+@triton.jit
+def _qidx(W4: tl.constexpr):
+    """An element's index in its row (0..7), broadcastable to the tile."""
+    if W4:
+        r = tl.arange(0, 2)[None, None, :, None] * 4 + tl.arange(0, 4)[None, None, None, :]
+    else:
+        r = tl.arange(0, 8)[None, None, :]
+    return r
+
+
+@triton.jit
+def _store_esc(at, kex, kpre, e, esc, W4: tl.constexpr):
+    """The escaped elements' exponent bytes at ``at`` (the esc sub-stream),
+    each at its escape rank: a pointer per thread plus the in-thread rank
+    (the low field of the packed counters kex, kpre)."""
+    tl.store(_bt(at + (kex & EM), W4) + (kpre & EM), e.to(tl.uint8), mask=esc != 0)
+
+
+@triton.jit
+def _thread_excl(f, W4: tl.constexpr):
+    """thread_excl of either element tile."""
+    rpre, tot = row_excl(_rsum(f, W4), f.shape[1])
+    return _br(rpre, W4) + _rcum(f, W4) - f, tot, rpre
+
+
 @triton.jit
 def layout(n, coded, low16, nz, nesc, o1, o2, o3, o4, ITEMSIZE: tl.constexpr,
            IS_FP16: tl.constexpr):
@@ -350,15 +428,27 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     SIGN_SHIFT: tl.constexpr = MAN_BITS + EXP_BITS
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
+    W4: tl.constexpr = FULL and ITEMSIZE == 4  # the [T, G, 2, 4] tile (_rsum)
+    # The noinline calls (the raw segment, the last program's header) after
+    # the coded writes: then no value of those writes is live across a call
+    # (which may clobber any register): bf16 then spills nothing and fp32
+    # less. fp16 makes the header's call right after the offset: with it
+    # last, ptxas recomputes the sign-extended words instead of spilling
+    # them and counts more (90.4 against 89.9). The order of the writes does
+    # not matter: they are disjoint and the host reads after the launch.
+    FINISH_LAST: tl.constexpr = not IS_FP16
     start = c.to(tl.int64) * C
     i = tile3(G, T)
     # --- load and analyze (the input's only read) ---
     if FULL:
         n = C + 0 * c
-        if ITEMSIZE == 4:  # a row of 8 words is two 16-byte loads: [T, 2G, 4], reshaped
-            i4 = tl.arange(0, T)[:, None, None] * (8 * G) + tl.arange(0, 2 * G)[None, :, None] * 4 + (
-                tl.arange(0, 4)[None, None, :])
-            w = tl.reshape(tl.load(x_ptr + start + i4), (T, G, 8))
+        if ITEMSIZE == 4:
+            # A row of 8 words is two 16-byte loads: the [T, G, 2, 4] tile
+            # (W4, see _rsum).
+            i4 = (tl.arange(0, T)[:, None, None, None] * (8 * G)
+                  + tl.arange(0, G)[None, :, None, None] * 8
+                  + tl.arange(0, 2)[None, None, :, None] * 4 + tl.arange(0, 4)[None, None, None, :])
+            w = tl.load(x_ptr + start + i4)
         else:
             # Pairs of 16-bit words as int32 [T, G, 4], split by shifts into
             # sign-extended elements: loaded as int16 and widened, LLVM packs
@@ -403,7 +493,7 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     # The locator's sums and both zero counts: in-thread fields of one int32
     # (sum e < 2^13, counts <= 32), then one int64 sum over the threads.
     v = tl.where(normal, e + (1 << 13), tl.where(is_pos, 1 << 19, tl.where(is_neg, 1 << 25, 0)))
-    ts = tl.sum(tl.sum(v, axis=2), axis=1)
+    ts = tl.sum(_rsum(v, W4), axis=1)
     t64 = (ts & 0x1FFF).to(tl.int64) | (((ts >> 13) & 63).to(tl.int64) << 21) | (
         ((ts >> 19) & 63).to(tl.int64) << 34) | ((ts >> 25).to(tl.int64) << 47)
     tot = tl.sum(t64, axis=0)
@@ -416,7 +506,10 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     phase = qq & 3
     low16 = 0
     if ITEMSIZE == 4:
-        low16 = (tl.max(tl.reduce(tl.reduce(w & 0xFFFF, 2, _or), 1, _or), 0) == 0).to(tl.int32)
+        lo = w & 0xFFFF
+        if W4:
+            lo = tl.reduce(lo, 3, _or)
+        low16 = (tl.max(tl.reduce(tl.reduce(lo, 2, _or), 1, _or), 0) == 0).to(tl.int32)
     zp = ((npos << 4) >= n).to(tl.int32)
     zn = ((nneg << 4) >= n).to(tl.int32)
 
@@ -441,17 +534,17 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     # prefix fields to their known bits: a field is then one PRMT, not a
     # shift and a narrow mask.
     f = ((m * 0x408081) & (0x02020101 | (c >> 31))).to(tl.uint32)
-    fpre = tl.cumsum(f, axis=2) - f
-    frow = tl.sum(f, axis=2)  # [T, G]
-    q = tl.arange(0, 8)[None, None, :]
-    r0 = tl.sum(d0 << (2 * q), axis=2) >> 2
+    fpre = _rcum(f, W4) - f
+    frow = _rsum(f, W4)  # [T, G]
+    q = _qidx(W4)
+    r0 = _rsum(d0 << (2 * q), W4) >> 2
     # (The digit bits shifted where they are in m, the row's sum shifted back.
     # Tier 1's prefix is below 8, so & 31 keeps it whole: a wrap-mode shift
     # with no mask of its own.)
-    r1 = tl.sum((m & 2).to(tl.uint32) << (fpre & 31), axis=2) >> 1
-    r2 = tl.sum((m & 4).to(tl.uint32) << ((fpre >> 8) & 0xFF), axis=2) >> 2
-    r3 = tl.sum((dv & 3).to(tl.uint32) << ((fpre >> 16) & 0xFF), axis=2)
-    r4 = tl.sum((dv >> 2).to(tl.uint32) << (fpre >> 24), axis=2)
+    r1 = _rsum((m & 2).to(tl.uint32) << (fpre & 31), W4) >> 1
+    r2 = _rsum((m & 4).to(tl.uint32) << ((fpre >> 8) & 0xFF), W4) >> 2
+    r3 = _rsum((dv & 3).to(tl.uint32) << ((fpre >> 16) & 0xFF), W4)
+    r4 = _rsum((dv >> 2).to(tl.uint32) << (fpre >> 24), W4)
     rpre, ttot = row_excl(frow, G)  # a thread's fields stay below 65
     gq = tl.arange(0, G)[None, :]
     ttot = ttot.to(tl.int32)  # [T]
@@ -462,7 +555,7 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     run4 = tl.sum(r4.to(tl.uint64) << (rpre >> 24).to(tl.uint64), axis=1)
     # Escapes (low half) and kept elements (high half): in-thread ranks.
     esc = ek & 1
-    kpre, ktot, krpre = thread_excl(ek)
+    kpre, ktot, krpre = _thread_excl(ek, W4)
     L1 = ttot & 0xFF
     L2 = (ttot >> 8) & 0xFF
     L3 = (ttot >> 16) & 0xFF
@@ -489,8 +582,9 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     units = (tl.where(coded, seg_c, raw_seg) >> 4).to(tl.int64)
     off = chunk_offset(status_ptr, c, units)
     tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + (offsets_off >> 2) + c, off.to(tl.int32))
-    if c == nch - 1:
-        _finish(total_ptr, out_ptr, off + units, offsets_off, nch)
+    if not FINISH_LAST:
+        if c == nch - 1:
+            _finish(total_ptr, out_ptr, off + units, offsets_off, nch)
     flags = low16 | (zp << 1) | (zn << 2)
     ent = out_ptr.to(tl.pointer_type(tl.int32)) + (table_off >> 2) + 4 * c.to(tl.int64)
     ci = coded.to(tl.int32)
@@ -499,8 +593,6 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     tl.store(ent + 2, ci * (n1 | (n2 << 16)))
     tl.store(ent + 3, ci * (n3 | (n4 << 16)))
     dst = out_ptr + body_off + 16 * off
-    if seg_c >= raw_seg:
-        _write_raw(x_ptr, start, n, dst, ITEMSIZE, C, T)
     # The coded writes: the per-element scatters (sm, esc) in a uniform
     # branch each, so their masks do not carry ``coded`` (the compiler kept
     # that test per element: ~4 instructions an element); the rest predicated
@@ -537,33 +629,39 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
             zero_pad(dst, len0, tl.minimum(z0, a_sm))
         store_words(dst + z0, tl.zeros([T, 4 * SG], tl.int32), seg_c - z0, T, 4 * SG)
         tl.debug_barrier()
+    # esc: the escaped elements' exponent bytes, in order; for fp16 and fp32
+    # before sm (fewer values live across fp32's sm branch: 91.9 against
+    # 92.7; fp16 90.4 against 90.5), for bf16 after it (77.7 against 77.9).
+    ESC_FIRST: tl.constexpr = not (ITEMSIZE == 2 and MAN_BITS == 7)
+    if ESC_FIRST:
+        if seg_c < raw_seg:
+            _store_esc(dst + a_esc, kex, kpre, e, esc, W4)
     # sm: the kept elements' sign+mantissa bytes at their rank among the kept.
     smv = (((w >> SIGN_SHIFT) & 1) << MAN_BITS) | (w & ((1 << MAN_BITS) - 1))
     # Ranks among the kept (high half) and escaped (low half) elements: a
     # pointer per thread at its first one, the in-thread rank added per element.
     sm_dst = dst + a_sm
-    if ITEMSIZE == 4:  # (fp32 counts fewer instructions with the ranks added first)
-        at = kpre + kex[:, None, None]
-        krank = at >> KS
+    if ITEMSIZE == 4:
         smb = 3 - 2 * low16
-        smv = tl.where(low16 != 0, smv >> 16, smv)
+        smv = smv >> (16 * low16)  # LOW16: the top byte only (one shift, no select)
         if seg_c < raw_seg:
-            for b in tl.static_range(3):
-                tl.store(sm_dst + krank * smb + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8),
-                         mask=tl.where(b < smb, keep != 0, False))
+            sm_at = _bt(sm_dst + (kex >> KS) * smb, W4) + (kpre >> KS) * smb
+            tl.store(sm_at, (smv & 0xFF).to(tl.uint8), mask=keep != 0)
+            # Bytes 1 and 2 in a uniform branch: a mask of ``keep`` and
+            # ``not low16`` per element was kept as 32 predicates packed in a
+            # register (two LOP3s an element to pack, more to unpack).
+            if low16 == 0:
+                for b in tl.static_range(1, 3):
+                    tl.store(sm_at + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8), mask=keep != 0)
     else:
         if not FULL:
             sm8 = smv
         if seg_c < raw_seg:
             tl.store((sm_dst + (kex >> KS))[:, None, None] + (kpre >> KS),
                      sm8.to(tl.uint8), mask=keep != 0)
-    # esc: the escaped elements' exponent bytes, in order.
-    if seg_c < raw_seg:
-        if ITEMSIZE == 2:
-            tl.store((dst + a_esc + (kex & EM))[:, None, None] + (kpre & EM),
-                     e.to(tl.uint8), mask=esc != 0)
-        else:
-            tl.store(dst + a_esc + (at & EM), e.to(tl.uint8), mask=esc != 0)
+    if not ESC_FIRST:
+        if seg_c < raw_seg:
+            _store_esc(dst + a_esc, kex, kpre, e, esc, W4)
     if seg_c < raw_seg:
         words = dst.to(tl.pointer_type(tl.int32))
         lastw = (a_sm >> 2) - 1
@@ -593,6 +691,11 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
             q1 = (run << s3) >> 32
             tl.atomic_or(rw, q0.to(tl.int32), mask=q0 != 0, sem="relaxed")
             tl.atomic_or(rw + 1, q1.to(tl.int32), mask=q1 != 0, sem="relaxed")
+    if seg_c >= raw_seg:
+        _write_raw(x_ptr, start, n, dst, ITEMSIZE, C, T)
+    if FINISH_LAST:
+        if c == nch - 1:
+            _finish(total_ptr, out_ptr, off + units, offsets_off, nch)
 
 
 @triton.jit(noinline=True)
