@@ -21,9 +21,9 @@ whose header is valid but whose body is not may leave ``out`` partially
 written before the error is raised.
 
 ``DENSE`` and ``FIXED3`` say which codecs' branches the kernel is compiled
-with. The kernel of both holds the registers of the larger (dense's, about
-240 a thread against fixed3's 128-168), so a decode launches the kernel of
-the codec its geometry's payloads have had, which program 0 reports in the
+with. A kernel holds the registers of its largest path, so the kernel of
+both runs fixed3 at dense's occupancy: a decode launches the kernel of the
+codec its geometry's payloads have had, which program 0 reports in the
 error word (``_Plan``); the first call of a geometry, and a geometry that
 has had both, take the kernel of both. offline.py counts each codec's
 kernel, the one a collective's calls run.
@@ -66,11 +66,10 @@ except ImportError:  # pragma: no cover - depends on the dense kernels' state
 _INT_VIEW = {2: torch.int16, 4: torch.int32}
 NUM_WARPS = 4
 # Chunks a fixed3 decode program takes (chunks_per_program): 4 once a call
-# has enough chunks for PROGRAMS_WANTED programs of 4 (32 Mi elements).
-# 2048 programs are about five waves of an H100/H200's 132 SMs at the 3
-# programs an SM that the bf16 kernel's 168 registers a thread allow, so
-# the last wave's idle SMs cost little. (2 a program is not offered: ptxas
-# then allocates the fp16 kernel 128 registers and spills in the loop.)
+# still leaves PROGRAMS_WANTED programs of 4, several waves of programs over
+# a large GPU's SMs, so the last wave's idle SMs cost little. (2 is not
+# offered: its fp16 kernel spills in the loop; docs/benchmarks.md, "Decode
+# kernels by codec, several chunks a program".)
 PER_CHOICES = (4,)
 PROGRAMS_WANTED = 2048
 MAGIC_U32 = tl.constexpr(int.from_bytes(F.MAGIC, "little"))
@@ -172,17 +171,12 @@ def decode_kernel(p_ptr, out_ptr, err_ptr, pay_nbytes, numel, nch, C, nsums, bod
 
     # --- the chunks ---
     if (err & (ERR_HEADER | ERR_GEOMETRY)) == 0:
-        if PER == 1:
-            err = err | _decode_chunk(p_ptr, out_ptr, g, numel, nch, C, is_raw, codec, table_off,
-                                      offsets_off, body_off, body, ITEMSIZE, EXP_BITS, MAN_BITS,
-                                      CP, T, DENSE, FIXED3)
-        else:
-            for j in range(PER):
-                c = g * PER + j
-                if c < nch:
-                    err = err | _decode_chunk(p_ptr, out_ptr, c, numel, nch, C, is_raw, codec,
-                                              table_off, offsets_off, body_off, body, ITEMSIZE,
-                                              EXP_BITS, MAN_BITS, CP, T, DENSE, FIXED3)
+        for j in range(PER):
+            c = g * PER + j
+            if c < nch:
+                err = err | _decode_chunk(p_ptr, out_ptr, c, numel, nch, C, is_raw, codec,
+                                          table_off, offsets_off, body_off, body, ITEMSIZE,
+                                          EXP_BITS, MAN_BITS, CP, T, DENSE, FIXED3)
     tl.atomic_or(err_ptr, err, mask=err != 0)
 
 
@@ -242,14 +236,12 @@ def _aligned(payload: torch.Tensor) -> torch.Tensor:
 def chunks_per_program(nch: int, codecs: str = "fixed3") -> int:
     """How many chunks one decode program takes: for the fixed3 kernel the
     most of ``PER_CHOICES`` that still leaves at least ``PROGRAMS_WANTED``
-    programs, else 1. Every program checks the header before its chunks
-    (about 5 instructions an element of a 4096-element chunk:
-    docs/benchmarks.md, "Decode kernels by codec, several chunks a
-    program"), so a program of several chunks checks it once for all of
-    them; a call of few chunks keeps one a program, so its programs still
-    fill every SM of the GPU at once. The dense kernel, and the kernel of
-    both codecs, hold about 240 registers a thread at one chunk a program:
-    a chunk loop makes them spill."""
+    programs, else 1. Every program checks the header before its chunks,
+    so a program of several chunks checks it once for all of them; a call
+    of few chunks keeps one a program, so its programs still fill every SM
+    of the GPU at once. The dense kernel, and the kernel of both codecs, are
+    near the register limit at one chunk a program: a chunk loop makes them
+    spill."""
     if codecs == "fixed3":
         for per in PER_CHOICES:
             if nch >= per * PROGRAMS_WANTED:
@@ -423,10 +415,7 @@ def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor) -> torch.
     if header.numel == 0:
         return out
     C = header.chunk_elems or F.CHUNK_ELEMS
-    plan = _plan(out.dtype, header.numel, C, 1, NUM_WARPS)
-    if plan.kernel is None and header.codec in ("fixed3", "dense"):
-        plan.kernel = header.codec  # the host read the header: no need to learn it
-    bits = _run(plan, payload, out)
+    bits = _run(_plan(out.dtype, header.numel, C, 1, NUM_WARPS), payload, out)
     if bits & K.ERROR_MASK:
         _raise(payload, out, bits)
     return out

@@ -118,16 +118,6 @@ def row_excl(row, G: tl.constexpr):
 
 
 @triton.jit
-def thread_excl(f):
-    """In-thread exclusive prefix sums (element order) of a [T, G, 8] tile of
-    packed counters, each thread's total ([T]) and the prefix at each row's
-    start ([T, G])."""
-    row = tl.sum(f, axis=2)
-    rpre, tot = row_excl(row, f.shape[1])
-    return rpre[:, :, None] + tl.cumsum(f, axis=2) - f, tot, rpre
-
-
-@triton.jit
 def _add2(a0, a1, b0, b1):
     return a0 + b0, a1 + b1
 
@@ -209,8 +199,10 @@ def _store_esc(at, kex, kpre, e, esc, W4: tl.constexpr):
 
 
 @triton.jit
-def _thread_excl(f, W4: tl.constexpr):
-    """thread_excl of either element tile."""
+def thread_excl(f, W4: tl.constexpr):
+    """In-thread exclusive prefix sums (element order) of an element tile
+    of packed counters (either shape, see _rsum), each thread's total ([T])
+    and the prefix at each row's start ([T, G])."""
     rpre, tot = row_excl(_rsum(f, W4), f.shape[1])
     return _br(rpre, W4) + _rcum(f, W4) - f, tot, rpre
 
@@ -431,11 +423,12 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     W4: tl.constexpr = FULL and ITEMSIZE == 4  # the [T, G, 2, 4] tile (_rsum)
     # The noinline calls (the raw segment, the last program's header) after
     # the coded writes: then no value of those writes is live across a call
-    # (which may clobber any register): bf16 then spills nothing and fp32
-    # less. fp16 makes the header's call right after the offset: with it
-    # last, ptxas recomputes the sign-extended words instead of spilling
-    # them and counts more (90.4 against 89.9). The order of the writes does
-    # not matter: they are disjoint and the host reads after the launch.
+    # (which may clobber any register), so fewer spill. fp16 makes the
+    # header's call right after the offset: with it last, ptxas recomputes
+    # the sign-extended words instead of spilling them, which counts more
+    # (docs/benchmarks.md, "Dense Triton kernels, nineteenth session"). The
+    # order of the writes does not matter: they are disjoint and the host
+    # reads after the launch.
     FINISH_LAST: tl.constexpr = not IS_FP16
     start = c.to(tl.int64) * C
     i = tile3(G, T)
@@ -555,7 +548,7 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     run4 = tl.sum(r4.to(tl.uint64) << (rpre >> 24).to(tl.uint64), axis=1)
     # Escapes (low half) and kept elements (high half): in-thread ranks.
     esc = ek & 1
-    kpre, ktot, krpre = _thread_excl(ek, W4)
+    kpre, ktot, krpre = thread_excl(ek, W4)
     L1 = ttot & 0xFF
     L2 = (ttot >> 8) & 0xFF
     L3 = (ttot >> 16) & 0xFF
@@ -630,8 +623,9 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
         store_words(dst + z0, tl.zeros([T, 4 * SG], tl.int32), seg_c - z0, T, 4 * SG)
         tl.debug_barrier()
     # esc: the escaped elements' exponent bytes, in order; for fp16 and fp32
-    # before sm (fewer values live across fp32's sm branch: 91.9 against
-    # 92.7; fp16 90.4 against 90.5), for bf16 after it (77.7 against 77.9).
+    # before sm (fewer values live across fp32's sm branch), for bf16 after
+    # it, whichever counted fewer instructions (docs/benchmarks.md, "Dense
+    # Triton kernels, nineteenth session").
     ESC_FIRST: tl.constexpr = not (ITEMSIZE == 2 and MAN_BITS == 7)
     if ESC_FIRST:
         if seg_c < raw_seg:
