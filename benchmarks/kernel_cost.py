@@ -3,8 +3,9 @@
 Compiles every kernel as encode/decode launch it for 256 MiB of each dtype
 (``triton_kernels/offline.py``), for sm_90 (H100/H200) by default, and
 prints a table from the SASS: registers, shared memory (bytes), register
-spills inside the hot path's loops, hot-path instructions per element (loops counted as often as
-they run), the cold code apart, the widths of global loads and stores on
+spills inside the hot path's loops, instructions per element on the
+kernel's longest path (loops counted as often as they run) and over all its
+inline code, the cold code apart, the widths of global loads and stores on
 the hot path, shuffles and barriers. No GPU and no timing: the figures are
 deterministic for a given triton, so a change to a kernel can be judged
 here, before a GPU run confirms it (``benchmarks/gpu_check.py``).
@@ -19,7 +20,7 @@ here, before a GPU run confirms it (``benchmarks/gpu_check.py``).
     summary <dtype> <codec> encode_instr=<x> decode_instr=<y> input_reads=<n>
         encode_host_syncs=<a> decode_host_syncs_before_launch=<b>
 
-instructions per element on the hot path summed over the call's kernels;
+instructions per element on the longest path summed over the call's kernels;
 input reads: how many of the call's kernels read its input (encode: the
 tensor, decode: the payload's streams), each reading every element once;
 host syncs: counted on the CPU by running ``encode`` and ``decode(out=)``
@@ -138,7 +139,7 @@ def main() -> None:
                    help="repeatable; default all")
     p.add_argument("--arch", type=int, default=90, help="sm_<arch> (default 90)")
     p.add_argument("--lines", metavar="KERNEL",
-                   help='also print the hot path per source line of this kernel, '
+                   help='also print the longest path per source line of this kernel, '
                         'e.g. "encode: write"')
     p.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     p.add_argument("--summary", action="store_true",
@@ -148,7 +149,7 @@ def main() -> None:
     syncs = _syncs_in_subprocess() if args.summary else {}
 
     cols = ["dtype", "codec", "kernel", "regs", "smem", "loop_spills", "instr_per_elem",
-            "hot_instr", "cold_instr", "loads", "stores", "shfl", "bar"]
+            "all_inline", "hot_instr", "cold_instr", "loads", "stores", "shfl", "bar"]
     print(f"# Triton codec kernels, static cost (sm_{args.arch}, 256 MiB launches)\n")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
@@ -167,6 +168,7 @@ def main() -> None:
                 row = dict(dtype=dname, codec=codec, kernel=launch.name, regs=st.registers,
                            smem=st.shared_bytes, loop_spills=st.loop_spills,
                            instr_per_elem=round(st.per_element, 1),
+                           all_inline=round(st.all_inline_per_element, 1),
                            hot_instr=st.instructions, cold_instr=st.cold_instructions,
                            loads=st.loads, stores=st.stores, shfl=st.shuffles,
                            bar=st.barriers)
@@ -180,10 +182,12 @@ def main() -> None:
                 rows.append(dict(dtype=dname, codec=codec, kernel=f"{op} (all kernels)",
                                  instr_per_elem=round(v, 1), input_reads=reads[op]))
                 print(f"| {dname} | {codec} | **{op}, all kernels** |  |  |  | **{v:.1f}** |"
-                      + " |" * 6)
-    print("\ninstr_per_elem: hot-path SASS instructions per element a thread handles, loops "
-          "counted as often as they run; loads/stores: global accesses by width (bits, or "
-          "U8/U16), static counts.")
+                      + " |" * 7)
+    print("\ninstr_per_elem: SASS instructions per element a thread handles on the kernel's "
+          "longest path, loops counted as often as they run (an escape loop as often as "
+          "Gaussian data makes it: offline.escape_trips); all_inline: every inline "
+          "instruction, both sides of each branch; loads/stores: global accesses of the inline "
+          "code by width (bits, or U8/U16), static counts.")
     summaries = []
     for dname in args.dtype or list(DTYPES):
         for codec in args.codec or ["fixed3", "dense"]:
@@ -210,7 +214,7 @@ def main() -> None:
     for r in summaries[:1]:
         print(f"  (host syncs of {r['dtype']} {r['codec']}, by source line: {r['sync_sites']})")
     for dname, codec, name, prof in profiles:
-        print(f"\n## {dname} {codec} {name}: hot path by source line\n")
+        print(f"\n## {dname} {codec} {name}: longest path by source line\n")
         print("| instr/elem | line | opcodes |\n|---|---|---|")
         for where, n, ops in prof:
             print(f"| {n:.2f} | {where} | {ops} |")

@@ -80,8 +80,72 @@ def test_sass_parser_weighs_loops_and_sets_noinline_code_apart():
     hot = offline.parse_hot_path(SASS, trip_count=4)
     assert [op for _, op in hot.rows] == ["MOV", "IADD3", "BRA", "BRA", "CALL.REL.NOINC", "EXIT"]
     assert hot.weight == [1, 4, 4, 1, 1, 1]
+    assert hot.on_path == [True] * 6  # the call's side is the longer one
     assert [where for where, _ in hot.rows][:3] == ["k.py:10", "k.py:12", "k.py:12"]
     assert hot.cold_instructions == 2
+
+
+# An if/else (lines 20 / 22) and a loop (line 31) inside the chunk loop
+# (line 34); line 40 is a warp collective's fallback, reached by BRA.DIV.
+SASS_PATHS = """\
+        .global         k
+k:
+	//## File "/x/k.py", line 10
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+	//## File "/x/k.py", line 20
+        /*0010*/               @P0 BRA `(.L_x_1) ;
+        /*0020*/                   IADD3 R2, R2, 0x1, RZ ;
+        /*0030*/                   IADD3 R2, R2, 0x1, RZ ;
+        /*0040*/                   BRA `(.L_x_2) ;
+.L_x_1:
+	//## File "/x/k.py", line 22
+        /*0050*/                   IADD3 R2, R2, 0x2, RZ ;
+.L_x_2:
+	//## File "/x/k.py", line 30
+        /*0060*/                   BRA.DIV UR4, `(.L_x_9) ;
+.L_x_8:
+        /*0070*/                   SHFL.BFLY PT, R3, R2, 0x1, 0x1f ;
+.L_x_3:
+	//## File "/x/k.py", line 31
+        /*0080*/                   LOP3.LUT R2, R2, 0x1, RZ, 0xc0, !PT ;
+        /*0090*/               @P1 BRA `(.L_x_3) ;
+	//## File "/x/k.py", line 34
+        /*00a0*/               @P2 BRA `(.L_x_0) ;
+        /*00b0*/               @!P3 EXIT ;
+        /*00c0*/                   EXIT ;
+.L_x_9:
+	//## File "/x/k.py", line 40
+        /*00d0*/                   WARPSYNC.COLLECTIVE R4, `(.L_x_10) ;
+.L_x_10:
+        /*00e0*/                   BRA `(.L_x_8) ;
+"""
+
+
+def test_sass_parser_takes_the_longest_path_with_loops_at_their_trips():
+    """The count is the longest way through the control flow: one side of
+    an if/else (the longer), each loop's body as often as it runs (a loop
+    inside another: the product), nothing reached only by BRA.DIV."""
+    hot = offline.parse_hot_path(SASS_PATHS, trip_count=4, loop_trips={"k.py:31": 2.5})
+    ops = [op for _, op in hot.rows]
+    assert len(ops) == 15
+    assert sorted(hot.loops) == [("k.py:31", 2.5, 2), ("k.py:34", 4, 10)]
+    assert hot.weight == [1] + [4] * 7 + [10.0, 10.0, 4] + [1] * 4
+    path = [i for i, on in enumerate(hot.on_path) if on]
+    # entry, the if's two-IADD3 side (not index 5), the loops, both exits;
+    # not the fallback at 13 and 14
+    assert path == [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12]
+    assert sum(hot.weight[i] for i in path) == 51
+    assert hot.cold_instructions == 0
+
+
+def test_sass_parser_counts_a_ptxas_helper_at_its_call():
+    """A 64-bit division is a call of a ptxas helper: its instructions count
+    where it is called, and the helper is not a cold noinline function."""
+    sass = SASS.replace("CALL.REL.NOINC `($k$cold)", "CALL.REL.NOINC `($__internal_0_$__div)")
+    sass = sass.replace("$k$cold:", "$__internal_0_$__div:")
+    hot = offline.parse_hot_path(sass, trip_count=4)
+    assert hot.weight == [1, 4, 4, 1, 1 + 2, 1]
 
 
 def _kernel(rows, dtype, codec, name):

@@ -11,23 +11,27 @@ reads the machine code:
 
 - registers, stack bytes, shared memory, and register spills (local
   stores and loads) inside the hot path's loops;
-- instructions of the hot path, with every loop counted as often as it
-  runs (its trip count is the sub-block count, ``NSUB``), per element a
-  thread handles: the kernel's instruction cost, which bounds its speed when
-  it is issue-bound;
-- global loads and stores of the hot path by width (a ``U8`` access per
+- instructions per element a thread handles on the kernel's longest path
+  (the costliest way through its control flow, each loop counted as often
+  as it runs: the chunk loop ``trip_count`` times, a data-dependent loop
+  as its tag in the source says, ``loop_trips``): the kernel's instruction
+  cost, which bounds its speed when it is issue-bound;
+- global loads and stores of the inline code by width (a ``U8`` access per
   element is what keeps a kernel far from memory bandwidth), shuffles and
   barriers.
 
-The hot path is the kernel's own code; cold paths are ``noinline``
-functions it calls (a raw chunk, an unaligned or zero-omitting segment),
-which the SASS holds after the kernel and which are counted apart. Both
-sides of an inlined branch are counted, so for a kernel without cold
-functions the figure is an upper bound on the path a chunk takes.
+The hot path is the kernel's own (inline) code; cold paths are
+``noinline`` functions it calls (a raw chunk, a chunk with flagged zeros or
+too many escapes), which the SASS holds after the kernel and which are
+counted apart. A program takes one side of each branch, so the longest
+path bounds what any chunk's program executes on the hot path; the sum
+over all inline code (``all_inline_per_element``), which adds up both
+sides of every branch, is kept beside it.
 ``benchmarks/kernel_cost.py`` prints the table.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import re
@@ -35,6 +39,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -60,6 +65,9 @@ class Launch:
     elems_per_program: int
     trip_count: int = 1
     reads_input: int = 0  # 1: the kernel reads every element of the call's input
+    # Trip counts of other loops, by the source line of their back edge
+    # ("file.py:123"); see parse_hot_path.
+    loop_trips: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -69,13 +77,15 @@ class SassStats:
     stack_bytes: int
     shared_bytes: int
     loop_spills: int           # STL/LDL inside hot-path loops
-    instructions: int          # static, hot path
-    per_element: float         # hot path, loops counted trip_count times, per element per thread
+    instructions: int          # static, inline code
+    per_element: float         # the longest path, loops counted as they run, per element per thread
     cold_instructions: int = 0  # static, in noinline functions
     loads: dict = field(default_factory=dict)   # width -> static count (LDG), hot path
     stores: dict = field(default_factory=dict)  # width -> static count (STG), hot path
     shuffles: int = 0
     barriers: int = 0
+    all_inline_per_element: float = 0.0  # every inline instruction, both sides of each branch
+    loops: list = field(default_factory=list)  # (back edge's line, trips, body instructions)
 
 
 def _bin(tool: str) -> str:
@@ -134,27 +144,56 @@ def _run_on_cubin(compiled, *tool_args: str) -> str:
 
 @dataclass
 class _Hot:
-    """The hot path's instructions in order: (source line, opcode) and how
-    often each runs per program; plus the cold code's size."""
+    """The kernel's inline instructions in order: (source line, opcode), how
+    often each runs per program (the product of the trip counts of the loops
+    around it), and which of them lie on the longest path; the cold code's
+    size; the loops found, as (source line of the back edge, trip count,
+    instructions in the body)."""
     rows: list
     weight: list
     cold_instructions: int
+    on_path: list = field(default_factory=list)
+    loops: list = field(default_factory=list)
 
 
 def _hot_path(launch: Launch, compiled) -> _Hot:
-    return parse_hot_path(_run_on_cubin(compiled, "nvdisasm", "-c", "-g"), launch.trip_count)
+    return parse_hot_path(_run_on_cubin(compiled, "nvdisasm", "-c", "-g"), launch.trip_count,
+                          launch.loop_trips)
 
 
-def parse_hot_path(sass: str, trip_count: int) -> _Hot:
+def parse_hot_path(sass: str, trip_count: float, loop_trips: dict | None = None) -> _Hot:
     """Read ``nvdisasm -c -g`` output: the kernel's instructions up to its
-    first noinline function, each with its source line and how often it
-    runs. A loop is a backward branch; its body runs ``trip_count`` times
-    (the kernels' loops walk the chunk's sub-blocks and do not nest)."""
+    first noinline function (cold from there on), each with its source line,
+    how often it runs, and whether it lies on the longest path.
+
+    A loop is a backward branch; its body runs ``loop_trips[line]`` times,
+    ``line`` the back edge's source line ("file.py:123"), else
+    ``trip_count``; a loop inside another runs the product. The longest path
+    is the costliest way from the kernel's entry to an exit through its
+    control flow with each back edge taken as the loop's exit: a program
+    takes one side of each branch, so this bounds what any chunk's program
+    executes when its loops run as counted, where the sum over all inline
+    code would add up both sides of every branch. ``BRA.DIV`` (the fallback
+    of a warp collective reached by a diverged warp, which the kernels'
+    uniform branches never make) counts as not taken. A call of a ptxas
+    helper (``$__internal_...``, a 64-bit division) counts the helper's
+    instructions at the call."""
     where, rows, labels, branches, cold = "?", [], {}, [], 0
-    for line in sass.splitlines():
-        if line.startswith("$"):  # the first noinline function: cold from here on
-            cold = sum(bool(_INSTR.search(x)) for x in sass[sass.index(line):].splitlines())
-            break
+    lines = sass.splitlines()
+    helpers, helper, kernel_done = {}, None, False
+    for k, line in enumerate(lines):
+        if line.startswith("$"):
+            if not kernel_done:  # the first noinline function: cold from here on
+                cold = sum(bool(_INSTR.search(x)) for x in lines[k:])
+                kernel_done = True
+            helper = line.split(":")[0] if line.startswith("$__internal_") else None
+            if helper:
+                helpers[helper] = 0
+            continue
+        if kernel_done:
+            if helper and _INSTR.search(line):
+                helpers[helper] += 1
+            continue
         m = re.search(r'//## File "(.*)", line (\d+)', line)
         if m:
             where = f"{os.path.basename(m.group(1))}:{m.group(2)}"
@@ -166,17 +205,60 @@ def parse_hot_path(sass: str, trip_count: int) -> _Hot:
         m = _INSTR.search(line)
         if not m:
             continue
+        op = m.group(3)
         b = _BRANCH.search(line)
-        if b:
-            branches.append((len(rows), b.group(1)))
-        rows.append((where, m.group(3)))
-    weight = [1] * len(rows)
-    for at, label in branches:
-        start = labels.get(label)
-        if start is not None and start <= at:
-            for i in range(start, at + 1):
-                weight[i] = trip_count
-    return _Hot(rows, weight, cold)
+        c = re.search(r"CALL\S*\s+`\((\$__internal_[^)]*)\)", line)
+        rows.append((where, op))
+        branches.append(dict(pred=bool(m.group(2)), op=op, target=b.group(1) if b else None,
+                             helper=c.group(1) if c else None))
+    n = len(rows)
+    loop_trips = loop_trips or {}
+    succ, back = [], {}  # back: a back edge's source -> the loop's header
+    for i, br in enumerate(branches):
+        op, head = br["op"], br["op"].split(".")[0]
+        nxt = [i + 1] if i + 1 < n else []
+        if head == "BRA" and br["target"] in labels and op != "BRA.DIV":
+            t = labels[br["target"]]
+            if t <= i:  # a back edge; leaving the loop continues after it
+                back[i] = t
+                succ.append(nxt)
+            else:
+                succ.append(sorted(set(nxt + [t])) if br["pred"] else [t])
+        elif head in ("EXIT", "RET") and not br["pred"]:
+            succ.append([])
+        else:
+            succ.append(nxt)
+    reached, todo = set(), [0] if n else []
+    while todo:  # (code reached only through BRA.DIV is not the hot path's)
+        i = todo.pop()
+        if i not in reached:
+            reached.add(i)
+            todo.extend(succ[i] + ([back[i]] if i in back else []))
+    latches = {}  # loop header -> its back edges
+    for i, t in back.items():
+        if i in reached:
+            latches.setdefault(t, []).append(i)
+    # A loop is its header to its last back edge (a loop whose body skips
+    # to the next trip has several); its trips are named by that edge's line.
+    weight, loops = [1] * n, []
+    for t, ends in sorted(latches.items()):
+        i = max(ends)
+        trips = loop_trips.get(rows[i][0], trip_count)
+        loops.append((rows[i][0], trips, i + 1 - t))
+        for j in range(t, i + 1):
+            weight[j] *= trips
+    cost = [weight[i] * (1 + helpers.get(branches[i]["helper"], 0)) for i in range(n)]
+    best, step = [0.0] * (n + 1), [None] * n
+    for i in range(n - 1, -1, -1):  # every edge left goes forward
+        nxt = max(succ[i], key=lambda s: best[s], default=None)
+        best[i] = cost[i] + (best[nxt] if nxt is not None else 0)
+        step[i] = nxt
+    on_path, i = [False] * n, 0 if n else None
+    while i is not None:
+        on_path[i] = True
+        i = step[i]
+    weight = [c for c in cost]
+    return _Hot(rows, weight, cold, on_path, loops)
 
 
 def _per_thread(launch: Launch) -> float:
@@ -202,20 +284,26 @@ def sass_stats(launch: Launch, compiled) -> SassStats:
         loop_spills=sum(op.split(".")[0] in ("STL", "LDL") and w > 1
                         for op, w in zip(ops, hot.weight)),
         instructions=len(ops),
-        per_element=sum(w for op, w in zip(ops, hot.weight) if op != "NOP") / _per_thread(launch),
+        per_element=sum(w for op, w, on in zip(ops, hot.weight, hot.on_path)
+                        if on and op != "NOP") / _per_thread(launch),
+        all_inline_per_element=sum(w for op, w in zip(ops, hot.weight)
+                                   if op != "NOP") / _per_thread(launch),
+        loops=hot.loops,
         cold_instructions=hot.cold_instructions, loads=loads, stores=stores,
         shuffles=sum(op.startswith("SHFL") for op in ops),
         barriers=sum(op.startswith("BAR") for op in ops))
 
 
 def line_profile(launch: Launch, compiled, top: int = 20) -> list[tuple]:
-    """The hot path's instructions per element by source line, largest
+    """The longest path's instructions per element by source line, largest
     first: (file:line, instructions per element, most frequent opcodes).
     A jitted helper's lines count where the helper is written (the debug
     info has no inlining), so one helper line may sum several call sites."""
     hot = _hot_path(launch, compiled)
     total, ops = {}, {}
-    for (where, op), w in zip(hot.rows, hot.weight):
+    for (where, op), w, on in zip(hot.rows, hot.weight, hot.on_path):
+        if not on:
+            continue
         op = op.split(".")[0]
         total[where] = total.get(where, 0) + w
         bucket = ops.setdefault(where, {})
@@ -225,6 +313,49 @@ def line_profile(launch: Launch, compiled, top: int = 20) -> list[tuple]:
              ", ".join(f"{op} {c}" for op, c in
                        sorted(ops[where].items(), key=lambda kv: -kv[1])[:4]))
             for where, n in ranked]
+
+
+# A data-dependent loop's trips are named in the kernel's source by a
+# comment on its ``while`` line: ``# offline: escape rounds`` (one trip per
+# escape of the thread that has the most in its chunk). The loop's step is
+# a value the compiler cannot see as a constant, so it is not unrolled and
+# its back edge is that line's.
+LOOP_TAG = "# offline: "
+
+
+def tagged_loops(tag: str) -> list:
+    """The source lines ("file.py:123") of the kernels' loops tagged ``tag``."""
+    import glob
+    found = []
+    for path in sorted(glob.glob(os.path.join(os.path.dirname(__file__), "*.py"))):
+        with open(path) as f:
+            for k, line in enumerate(f, 1):
+                if line.rstrip().endswith(LOOP_TAG + tag):
+                    found.append(f"{os.path.basename(path)}:{k}")
+    return found
+
+
+@functools.lru_cache(maxsize=32)
+def escape_trips(dtype, per_thread: int, numel: int = 1 << 22) -> float:
+    """The trips an escape loop makes for Gaussian data: over the chunks of
+    ``numel`` elements of N(0, 1) in ``dtype``, the mean of the largest
+    count of fixed3 escapes among a chunk's runs of ``per_thread``
+    consecutive elements (a thread's), with the window the torch reference
+    places (no flagged zero: the kernels' hot path). A seeded draw, so the
+    figure is the same on every run."""
+    from zipccl_fsdp import codec_torch as CT
+    info = F.dtype_info(dtype)
+    C = F.CHUNK_ELEMS
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(numel, generator=g).to(dtype)
+    W, valid = CT._words(x, info, numel // C, C)
+    e, _ = CT._split(W, info)
+    base, phase = CT._locator(e, valid, info)
+    lo, width = CT._fixed_window(base, phase, torch.zeros_like(base), info)
+    d = e - lo[:, None]
+    esc = ((d < 0) | (d >= width[:, None])).to(torch.int32)
+    worst = esc.view(numel // C, C // per_thread, per_thread).sum(2).amax(1)
+    return round(float(worst.double().mean()), 2)
 
 
 def codec_launches(dtype, codec: str, numel: int = 128 << 20, ndim: int = 1,
@@ -250,11 +381,16 @@ def codec_launches(dtype, codec: str, numel: int = 128 << 20, ndim: int = 1,
                     body_off=header.body_offset)
     per = D.chunks_per_program(nch, codec)
     dec = D.launcher(info, C, per, codec)  # the kernel decode_into launches once it knows the codec
+    rounds = tagged_loops("escape rounds")
+    enc_trips = {k: escape_trips(dtype, C // (32 * enc_warps)) for k in rounds}
+    dec_trips = {k: escape_trips(dtype, C // (32 * dec.num_warps)) for k in rounds}
     return [
-        Launch("encode: encode", enc, enc_args, enc_const, enc_warps, C, reads_input=1),
+        Launch("encode: encode", enc, enc_args, enc_const, enc_warps, C, reads_input=1,
+               loop_trips=enc_trips),
         Launch("decode: decode", D.decode_kernel,
                dict(p_ptr="*u8", out_ptr=word, err_ptr="*i32",
                     pay_nbytes=header.body_offset + numel * info.itemsize * 3 // 4 + 16,
                     numel=numel, nch=nch, C=C, nsums=F.nchunks_for(numel), body_only=0),
-               dec.constexprs, dec.num_warps, per * C, trip_count=per, reads_input=1),
+               dec.constexprs, dec.num_warps, per * C, trip_count=per, reads_input=1,
+               loop_trips=dec_trips),
     ]
