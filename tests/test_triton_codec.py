@@ -194,9 +194,8 @@ def test_fixed3_ragged_tails(device, dtype):
         if tail in (3, 2051):  # both signed zeros, flagged in the tail chunk
             x = x * (torch.rand(x.numel(), generator=g) > 0.25).to(dtype)
         x[torch.randint(0, x.numel(), (sp.numel(),), generator=g)] = sp
-        # Escape runs: a thread (32 elements) with more escapes than the
-        # kernels' inline rounds (ROUNDS), across a thread boundary, and in
-        # the tail chunk.
+        # Escape runs: threads whose elements all escape (the escape loops'
+        # longest runs), across a thread boundary, and in the tail chunk.
         x[5:45] = 1e30
         x[C + tail // 2:C + tail // 2 + 9] = -1e-30
         _check_against_torch(x.to(device), "fixed3")
@@ -635,50 +634,104 @@ def test_fixed3_low16_with_zeros_omitted(device):
     _check_against_torch(x.to(device), "fixed3")
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("warps", (2, 4))
+def _goes_general(x: torch.Tensor, payload: torch.Tensor) -> list:
+    """Which chunks the fixed3 kernels hand to fixed3_general (the
+    conditions in fixed3_encode.py and fixed3_decode.py), by chunk:
+    (encode, decode). Encode: a chunk with so many exponent fields of 0
+    that a zero sign could be flagged (at least 1/64 of the chunk), or one
+    stored RAW. Decode: a chunk with a flagged zero (RAW chunks decode
+    apart)."""
+    info = F.dtype_info(x.dtype)
+    emax = (1 << info.exp_bits) - 1
+    w = bits(x).to(torch.int64) & ((1 << (8 * info.itemsize)) - 1)
+    table, _ = F.read_table(payload, F.parse_header(payload))
+    out = []
+    for c in range(F.nchunks_for(x.numel())):
+        e = (w[c * C:(c + 1) * C] >> info.man_bits) & emax
+        coded = int(table.mode[c]) == F.MODE_CODED
+        many0 = int((e == 0).sum()) << F.FIXED_ZERO_SLOT_SHIFT >= e.numel()
+        out.append((many0 or not coded, coded and int(table.flags[c]) & 6 != 0))
+    return out
+
+
+@pytest.mark.parametrize("device", [p for p in DEVICES if p.values[0] == "cpu"])
+@pytest.mark.parametrize("enc_warps, dec_warps", [(2, 4), (4, 2)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_fixed3_encode_tile_widths(device, dtype, warps, monkeypatch):
-    """The fixed3 encoder at 2 warps (64 elements a thread: 64-bit escape
-    masks, ROUNDS64 inline rounds, fp16 rem runs a half-thread each, fp32
-    counts packed a half-thread each) and at 4 (32 a thread). Escapes of
-    distinct exponents in the upper half of a thread's elements (stored in
-    element order), a thread with exactly ROUNDS64 escapes (inline) and, in
-    another chunk, one with ROUNDS64 + 1 (the cold path), both zero signs
-    omitted, a chunk with no zero, one with +0.0 omitted and a few -0.0
-    kept, fp32 LOW16 with zeros, a ragged tail.
-    Byte-identical to torch, decoded bit for bit."""
-    from triton_kernels import codec_encode, fixed3_encode
-    monkeypatch.setitem(codec_encode.SETTINGS, "fixed3", warps)
-    rounds = fixed3_encode.ROUNDS64.value
+def test_fixed3_hot_and_general_chunks(device, dtype, enc_warps, dec_warps, decode_plans,
+                                       monkeypatch):
+    """Each chunk takes the path its data asks for, and every path writes
+    and reads the torch backend's bytes. Hot (too few exponent fields of 0
+    for a zero sign to be flagged): Gaussian, fp32 with and without LOW16,
+    a thread with escapes of distinct exponents in the upper half of its
+    elements, a thread whose elements all escape (the escape loop's longest
+    run), a lone +0.0, a NaN and an infinity, a subnormal, 63 zeros of both
+    signs (one short of a flag), a ragged tail. General (fixed3_general):
+    both zero signs flagged, +0.0 flagged with three -0.0 kept, 64
+    subnormals (no zero to flag, but too many exponents 0 to know without
+    counting the signs), random bits (RAW), fp32 LOW16 with zeros. At 64
+    elements a thread (64-bit escape masks) and 32, for encode and decode.
+    The general functions are counted through their calls under the
+    interpreter."""
+    from triton_kernels import codec_encode, fixed3_decode, fixed3_encode
+    monkeypatch.setitem(codec_encode.SETTINGS, "fixed3", enc_warps)
+    monkeypatch.setattr(decode_plans, "NUM_WARPS", dec_warps)
+    calls = {"encode": 0, "decode": 0}
+
+    def counted(name, fn):
+        def call(*a, **k):
+            calls[name] += 1
+            return fn(*a, **k)
+        return call
+    monkeypatch.setattr(fixed3_encode, "encode_chunk_general",
+                        counted("encode", fixed3_encode.encode_chunk_general))
+    monkeypatch.setattr(fixed3_decode, "decode_chunk_general",
+                        counted("decode", fixed3_decode.decode_chunk_general))
     g = _gen(61)
-    n = 4 * C + 100
-    x = torch.randn(n, generator=g)
+    chunks = 11
+    x = torch.randn(chunks * C + 1000, generator=g)
     if dtype == torch.float32:
-        x[3 * C:] = x[3 * C:].bfloat16().float()  # LOW16
-    x = x * (torch.rand(n, generator=g) > 0.3).float()  # -0.0 and +0.0
-    x[2 * C:3 * C] = torch.randn(C, generator=g)  # no zero
-    # +0.0 omitted, three -0.0 kept (too few to flag)
-    x[3 * C:4 * C] = x[3 * C:4 * C].abs()
-    x[3 * C + 7:3 * C + 10] = -0.0
-    # Escapes (normal in every dtype, far outside the window), a few exponents.
-    far = [2.0 ** k for k in (10, -10, 12, -12, 14, -14)]
-    for k, at in enumerate(range(64 + 33, 64 + 63, 5)):  # upper half of thread 1 (64 a thread)
-        x[at] = far[k % len(far)] * (1 + k / 64)
-    # Threads 3 (chunk 0) and 2 (chunk 1) with exactly ROUNDS64 and
-    # ROUNDS64 + 1 escapes (their other elements in the window).
-    x[3 * 64:4 * 64] = 0.75
-    x[3 * 64:3 * 64 + rounds] = torch.tensor([far[k % 6] for k in range(rounds)])  # inline
-    x[C + 2 * 64:C + 3 * 64] = -0.75
-    x[C + 2 * 64 + 40 - rounds:C + 2 * 64 + 41] = -2.0 ** 13  # the cold path
+        x[:C] = x[:C].bfloat16().float()  # LOW16, hot
     x = x.to(dtype)
+    if dtype == torch.float16:  # Gaussian fp16 has subnormals: none but those placed below
+        x[x.abs() < 2 ** -14] = 1.0
+    far = [2.0 ** k for k in (10, -10, 12, -12, 14, -14)]
+    for k, at in enumerate(range(64 + 33, 64 + 63, 5)):  # upper half of element 64's thread
+        x[at] = far[k % len(far)] * (1 + k / 64)
+    x[C + 3 * 64:C + 4 * 64] = -2.0 ** 13  # a whole thread of escapes (64 or 2 x 32)
+    mask = (torch.rand(x.numel(), generator=g) > 0.3).to(dtype)
+    x[2 * C:3 * C] = x[2 * C:3 * C] * mask[2 * C:3 * C]  # both zero signs flagged
+    x[3 * C:4 * C] = (x[3 * C:4 * C] * mask[3 * C:4 * C]).abs()  # +0.0 flagged
+    x[3 * C + 7:3 * C + 10] = -0.0  # three -0.0, kept
+    x[4 * C + 100] = 0.0  # one zero: not flagged
+    x[5 * C + 5] = float("nan")
+    x[5 * C + 4000] = float("-inf")
+    tiny = torch.finfo(torch.float32).tiny / 4 if dtype != torch.float16 else 1e-7
+    x[5 * C + 17] = tiny
+    x[6 * C:6 * C + 64 * 61:61] = tiny  # 64 subnormals
+    size = torch.empty(0, dtype=dtype).element_size()
+    lim = 1 << (8 * size - 1)
+    x[7 * C:8 * C] = torch.randint(-lim, lim, (C,), generator=g).to(INT_VIEW[size]).view(dtype)
+    if dtype == torch.float32:
+        x[8 * C:9 * C] = (x[8 * C:9 * C] * mask[8 * C:9 * C]).bfloat16().float()  # LOW16, zeros
+    x[9 * C + 1:9 * C + 1 + 63 * 50:50] = torch.tensor([0.0, -0.0]).to(dtype).repeat(32)[:63]
     p = z.encode(x, codec="fixed3", backend="torch")
+    paths = _goes_general(x, p)
+    enc_general = sum(e for e, _ in paths)
+    dec_general = sum(d for _, d in paths)
+    want_general = [False, False, True, True, False, False, True, True, dtype == torch.float32,
+                    False, False, False]
+    assert [e for e, _ in paths] == want_general, paths
+    assert dec_general == 2 + (dtype == torch.float32), paths
     table, _ = F.read_table(p, F.parse_header(p))
-    assert bool((table.mode == F.MODE_CODED).all())
-    assert [int(v > 0) for v in table.n_zero.tolist()] == [1, 1, 0, 1, 1], table.n_zero.tolist()
-    assert bool((table.n_esc[:2] > rounds).all()), table.n_esc.tolist()
-    assert (int(table.flags[3]) & (F.FLAG_ZPOS | F.FLAG_ZNEG)) == F.FLAG_ZPOS, table.flags.tolist()
+    assert int(table.n_esc[1]) >= 64 and int(table.mode[7]) == F.MODE_RAW
     _check_against_torch(x.to(device), "fixed3")
+    # (_check_against_torch encodes and decodes once with the triton backend)
+    assert calls == {"encode": enc_general, "decode": dec_general}, (calls, paths)
+    calls.update(encode=0, decode=0)
+    out = torch.full_like(x, 7.0).to(device)
+    z.decode(p.to(device), out=out, backend="triton")
+    assert torch.equal(bits(out), bits(x.to(device)))
+    assert calls == {"encode": 0, "decode": dec_general}, calls
 
 
 @pytest.fixture

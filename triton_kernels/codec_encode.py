@@ -56,8 +56,9 @@ from .fixed3_encode import fixed3_encode_kernel
 _INT_VIEW = {2: torch.int16, 4: torch.int32}
 # Warps per program, by codec (gpu_check.py --sweep may change it at run time).
 # Encode's own: fixed3 encode runs 2 warps, 64 elements a thread (its
-# per-thread scans, look-back and escape rounds over twice the elements;
-# fixed3_encode.py's G = 8 paths); decode's is codec_decode.NUM_WARPS.
+# per-thread scans, look-back and statistics over twice the elements; the
+# hot path takes up to 64 a thread: fixed3_encode.py); decode's is
+# codec_decode.NUM_WARPS.
 SETTINGS = {"fixed3": 2, "dense": 4}
 
 
