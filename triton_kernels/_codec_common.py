@@ -148,6 +148,14 @@ def fixed_window(base, phase, z, EMAX: tl.constexpr):
 
 
 @triton.jit
+def row_mask(n, r):
+    """The bits of row r's 24-bit code word that belong to elements below n
+    (rows of 8 elements, 3 bits each): 24 - 3 (n - 8 r) clamped to 0..24
+    bits shifted off the top of 0xFFFFFF."""
+    return 0xFFFFFF >> tl.minimum(tl.maximum(24 * r + 24 - 3 * n, 0), 24)
+
+
+@triton.jit
 def store_rows3(dst, acc, r, nbytes):
     """Store the 3 low bytes of each row's 24-bit value at dst + 3 * r, those
     below nbytes."""

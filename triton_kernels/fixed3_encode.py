@@ -43,8 +43,8 @@ import triton
 import triton.language as tl
 
 from ._codec_common import (FIXED_ZERO_SHIFT, align16, cols_or, esc_bits, fixed_window,
-                            low_bit_index, pack_bytes, popc32, store_rows3, store_words,
-                            store_words24, ttile, zero_pad)
+                            low_bit_index, pack_bytes, popc32, row_mask, store_rows3,
+                            store_words, store_words24, ttile, zero_pad)
 from ._lookback import ticket
 from .fixed3_general import encode_chunk_general, place_chunk
 
@@ -61,16 +61,25 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     start = c.to(tl.int64) * C
     n = tl.minimum(numel - start, C).to(tl.int32)
     done = n < 0  # (False)
+    known = tl.zeros([], tl.int32)  # whether the next four are the chunk's (else the general finds them)
+    base = tl.zeros([], tl.int32)
+    phase = tl.zeros([], tl.int32)
+    zeros = tl.zeros([], tl.int32)
+    low16 = tl.zeros([], tl.int32)
     if G <= 8:  # a thread's escapes fit one 64-bit mask
         if ITEMSIZE == 2:
-            done = _encode_pairs(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch,
-                                 table_off, offsets_off, body_off, EXP_BITS, MAN_BITS, CP, T)
+            done, base, phase, zeros = _encode_pairs(
+                x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table_off, offsets_off,
+                body_off, EXP_BITS, MAN_BITS, CP, T)
         else:
-            done = _encode_words(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch,
-                                 table_off, offsets_off, body_off, EXP_BITS, MAN_BITS, CP, T)
+            done, base, phase, zeros, low16 = _encode_words(
+                x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table_off, offsets_off,
+                body_off, EXP_BITS, MAN_BITS, CP, T)
+        known = known + 1
     if not done:
         encode_chunk_general(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table_off,
-                             offsets_off, body_off, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
+                             offsets_off, body_off, known, base, phase, zeros, low16, ITEMSIZE,
+                             EXP_BITS, MAN_BITS, CP, T)
 
 
 @triton.jit
@@ -79,7 +88,9 @@ def _encode_pairs(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table
                   CP: tl.constexpr, T: tl.constexpr):
     """The hot path of 16-bit words (bf16, fp16): a chunk without a flagged
     zero, stored CODED. Returns whether it took the chunk (any other is
-    fixed3_general's)."""
+    fixed3_general's), the locator, and the counts of +0.0 and -0.0 (low
+    and high 16 bits; counted only for a chunk it leaves, whose zeros may
+    be flagged)."""
     G: tl.constexpr = CP // (8 * T)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     IS_FP16: tl.constexpr = EXP_BITS == 5
@@ -139,7 +150,18 @@ def _encode_pairs(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table
             store_escapes(x_ptr + start, dst + a_esc, emask, esc_t, e_at, kmax, n, esc_nb,
                           MAN_BITS, EMAX, T, G)
             done = n >= 0  # (True)
-    return done
+    zeros = tl.zeros([], tl.int32)
+    if not hot:
+        # +0.0 and -0.0: a lane's low 15 bits m set bit 15 of m + 0x7FFF
+        # only when they are not 0.
+        HI: tl.constexpr = 0x8000 * L2
+        nzf = (pr & 0x7FFF7FFF) + 0x7FFF7FFF
+        pz = ((nzf | pr) ^ HI) & HI
+        ng = (pr & (nzf ^ HI)) & HI
+        zt = tl.sum(tl.sum((pz >> 15) + (ng >> 7), axis=2), axis=1)  # 8-bit fields
+        zeros = tl.sum((((zt & 0xFF) + ((zt >> 16) & 0xFF)) | (
+            (((zt >> 8) & 0xFF) + (zt >> 24)) << 16)).to(tl.int32), axis=0)
+    return done, base, phase, zeros
 
 
 @triton.jit
@@ -148,8 +170,7 @@ def _encode_words(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table
                   CP: tl.constexpr, T: tl.constexpr):
     """The hot path of 32-bit words (fp32), LOW16 chunks (exact bf16
     casts: one sm byte an element) and others (three): a chunk without a
-    flagged zero, stored CODED. Returns whether it took the chunk (any
-    other is fixed3_general's)."""
+    flagged zero, stored CODED. Returns what _encode_pairs does, and LOW16."""
     G: tl.constexpr = CP // (8 * T)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     ONE: tl.constexpr = 1 << MAN_BITS  # the padding (see _encode_pairs)
@@ -192,7 +213,12 @@ def _encode_words(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table
             store_escapes(x_ptr + start, dst + a_esc, emask, esc_t, e_at, kmax, n, esc_nb,
                           MAN_BITS, EMAX, T, G)
             done = n >= 0  # (True)
-    return done
+    zeros = tl.zeros([], tl.int32)
+    if not hot:
+        zt = tl.sum(tl.sum((w == 0).to(tl.int32) | ((w == -(1 << 31)).to(tl.int32) << 16),
+                           axis=2), axis=1)
+        zeros = tl.sum(zt, axis=0)
+    return done, base, phase, zeros, low16
 
 
 @triton.jit
@@ -319,14 +345,6 @@ def store_escapes(x, esc_dst, emask, esc_t, e_at, kmax, n, n_esc, MAN_BITS: tl.c
         m = _store_escape(xw, tw, esc_dst, m, e_at + k, k < esc_t, MAN_BITS, EMAX)
         k += one
     zero_pad(esc_dst, n_esc, align16(n_esc))
-
-
-@triton.jit
-def row_mask(n, r):
-    """The bits of row r's 24-bit code word that belong to elements below n
-    (rows of 8 elements, 3 bits each): 24 - 3 (n - 8 r) clamped to 0..24
-    bits shifted off the top of 0xFFFFFF."""
-    return 0xFFFFFF >> tl.minimum(tl.maximum(24 * r + 24 - 3 * n, 0), 24)
 
 
 @triton.jit

@@ -10,13 +10,15 @@ so their code is not on the hot kernels' path (triton_kernels/offline.py
 counts them apart), and they take scalars only: each reads what it needs
 again (the chunk from L1/L2: the input is read from memory once).
 
-They walk the chunk in sub-blocks of ``SB`` elements (two a thread of the
-program's ``T``), a flat tile, carrying the running kept and escape counts
-from one sub-block to the next, so their registers stay below the hot
-path's: a kernel's register allocation is that of its largest function, and
-a wider sub-block would lower the hot path's occupancy for code that rarely
-runs.
-The bytes are format.py's, as every backend writes them.
+They walk the chunk's thread-major tile (thread t holds the E = CP / T
+consecutive elements from E t, as in the hot kernels) one row of 8
+elements a thread at a time, so their registers stay below the hot path's
+(a kernel's register allocation is that of its largest function, and a
+whole chunk in registers would lower the hot path's occupancy for code
+that rarely runs). What crosses threads is once a chunk: the statistics'
+sums, and one scan of each thread's kept and escaped counts, from which a
+thread carries its ranks from row to row. The bytes are format.py's, as
+every backend writes them.
 """
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ import triton
 import triton.language as tl
 
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_PADDING, FIXED_ZERO_SHIFT, align16,
-                            fixed3_layout, fixed_window, load_rows3, pads_nonzero, store_rows3,
-                            zero_pad)
+                            fixed3_layout, fixed_window, load_rows3, pads_nonzero, row_mask,
+                            store_rows3, zero_pad)
 from ._lookback import chunk_offset, store_total
 
 
@@ -41,28 +43,65 @@ def load_words(x_ptr, start, i, valid, ITEMSIZE: tl.constexpr):
 
 
 @triton.jit
-def _codes_at(x_ptr, start, i, n, lo, width, zp, zn, ITEMSIZE: tl.constexpr,
-              EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr):
-    """Elements ``start + i`` (below n): whether each is, its word (load_words),
-    exponent field and code (codes_of)."""
+def _row(x_ptr, start, n, g, G: tl.constexpr, T: tl.constexpr, ITEMSIZE: tl.constexpr,
+         EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr):
+    """Row g of each thread ([T, 8]: elements 8 G t + 8 g + q): the element
+    indices, whether each is below n, its word (load_words) and exponent."""
+    i = tl.arange(0, T)[:, None] * (8 * G) + (tl.arange(0, 8)[None, :] + 8 * g)
     valid = i < n
     w = load_words(x_ptr, start, i, valid, ITEMSIZE)
-    e = (w >> MAN_BITS) & ((1 << EXP_BITS) - 1)
-    return valid, w, e, codes_of(w, e, valid, lo, width, zp, zn, MAN_BITS + EXP_BITS)
+    return i, valid, w, (w >> MAN_BITS) & ((1 << EXP_BITS) - 1)
 
 
 @triton.jit
-def codes_of(w, e, valid, lo, width, zp, zn, SIGN_SHIFT: tl.constexpr):
+def _row_codes(w, e, n, g, lo, width, zp, zn, SIGN_SHIFT: tl.constexpr, G: tl.constexpr,
+               T: tl.constexpr):
+    """Row g of each thread (its words and exponents) as its code word
+    (eight 3-bit codes, 0 past n) and its kept and escape flags
+    (_row_flags)."""
+    code = codes_of(w, e, lo, width, zp, zn, SIGN_SHIFT)
+    r = tl.arange(0, T) * G + g
+    acc = tl.sum(code << (3 * tl.arange(0, 8)[None, :]), axis=1) & row_mask(n, r)
+    kf, ef = _row_flags(acc, zp + zn, n, r)
+    return acc, kf, ef
+
+
+@triton.jit
+def _row_flags(acc, z, n, r):
+    """Rows of eight 3-bit codes (24-bit words, row r of the chunk): a bit
+    at 3 q for each element q below n that is kept (code z or more: not a
+    flagged zero) and for each that escapes (code 7)."""
+    inside = row_mask(n, r) & 0x249249
+    esc = acc & (acc >> 1) & (acc >> 2) & inside
+    one = acc | (acc >> 1)
+    kept = tl.where(z == 0, 0x249249, tl.where(z == 1, one | (acc >> 2), (acc >> 1) | (acc >> 2)))
+    return kept & inside, esc
+
+
+@triton.jit
+def _excl3(f):
+    """Flags a bit at 3 q (q < 8) -> the count of flags before each field
+    (field q of the word: (f << 3) times 0x249249 adds the flags of fields
+    0 .. q - 1 into field q, at most 7: no carry) and the row's count."""
+    pre = (f << 3) * 0x249249
+    return pre, ((pre >> 21) & 7) + ((f >> 21) & 1)
+
+
+@triton.jit
+def codes_of(w, e, lo, width, zp, zn, SIGN_SHIFT: tl.constexpr):
     """The fixed3 code of each element (format.py, "fixed3"): d + z in the
     window (d = e - lo < width), ESC (width + z = 7) outside it, 0 (+0.0)
-    and zp (-0.0) for a zero of a flagged sign; 0 past n."""
+    and zp (-0.0) for a zero of a flagged sign."""
     z = zp + zn
     code = tl.minimum((e - lo).to(tl.uint32), width.to(tl.uint32)).to(tl.int32) + z
-    zero = (w & ((1 << SIGN_SHIFT) - 1)) == 0
-    neg = ((w >> SIGN_SHIFT) & 1) != 0
-    code = tl.where(zero & ~neg & (zp != 0), 0, code)
-    code = tl.where(zero & neg & (zn != 0), zp, code)
-    return tl.where(valid, code, 0)
+    # A zero (every bit but the sign clear) has exponent 0: the code c0
+    # unless its sign is flagged; so the code of +0.0 and of -0.0 is a
+    # scalar each, picked by the sign bit.
+    c0 = tl.minimum((0 - lo).to(tl.uint32), width.to(tl.uint32)).to(tl.int32) + z
+    cpos = tl.where(zp != 0, 0, c0)
+    cneg = tl.where(zn != 0, zp, c0)
+    zc = (((w >> SIGN_SHIFT) & 1) * (cneg ^ cpos)) ^ cpos
+    return tl.where((w & ((1 << SIGN_SHIFT) - 1)) == 0, zc, code)
 
 
 @triton.jit
@@ -100,89 +139,100 @@ def place_chunk(out_ptr, status_ptr, total_ptr, c, n, nch, table_off, offsets_of
 
 @triton.jit(noinline=True)
 def encode_chunk_general(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table_off,
-                         offsets_off, body_off, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
-                         MAN_BITS: tl.constexpr, CP: tl.constexpr, T: tl.constexpr):
+                         offsets_off, body_off, known, base, phase, zeros, low16,
+                         ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
+                         CP: tl.constexpr, T: tl.constexpr):
     """Encode chunk c (``n`` elements from ``start``) completely: its fields
-    from three walks over it (statistics; escapes; the writes, after its
-    place is known), its place (place_chunk), its segment."""
-    SB: tl.constexpr = CP if CP < 2 * T else 2 * T
-    NSB: tl.constexpr = CP // SB
+    (the locator, the +0.0 and -0.0 counts (low and high 16 bits of
+    ``zeros``) and LOW16 given when ``known``, else chunk_statistics'),
+    each thread's kept and escaped counts (a walk), its place
+    (place_chunk), its segment (a walk)."""
+    G: tl.constexpr = CP // (8 * T)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
-    SIGN_SHIFT: tl.constexpr = MAN_BITS + EXP_BITS
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
-    SIGNW: tl.constexpr = -(1 << 31) if ITEMSIZE == 4 else (1 << 15)  # -0.0's word
-    k = tl.arange(0, SB)
-
-    # --- the locator, the zero counts, LOW16 ---
-    s_sum = tl.zeros([], tl.int32)
-    k_norm = tl.zeros([], tl.int32)
-    npos = tl.zeros([], tl.int32)
-    nneg = tl.zeros([], tl.int32)
-    low_or = tl.zeros([], tl.int32)
-    for b in range(NSB):
-        if b * SB < n:
-            i = k + b * SB
-            valid = i < n
-            w = load_words(x_ptr, start, i, valid, ITEMSIZE)
-            e = (w >> MAN_BITS) & EMAX
-            normal = valid & (e > 0) & (e < EMAX)
-            s_sum += tl.sum(tl.where(normal, e, 0), axis=0)
-            k_norm += tl.sum(normal.to(tl.int32), axis=0)
-            npos += tl.sum((valid & (w == 0)).to(tl.int32), axis=0)
-            nneg += tl.sum((valid & (w == SIGNW)).to(tl.int32), axis=0)
-            low_or = low_or | tl.max(w & 0xFFFF, axis=0)
-    qq = tl.where(k_norm > 0, (4 * s_sum) // tl.maximum(k_norm, 1), 0)
-    base = qq >> 2
-    phase = qq & 3
+    if known == 0:
+        stats = chunk_statistics(x_ptr, start, n, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
+        base = (stats & 0xFF).to(tl.int32)
+        phase = ((stats >> 8) & 3).to(tl.int32)
+        low16 = ((stats >> 10) & 1).to(tl.int32)
+        zeros = (stats >> 32).to(tl.int32)
+    npos = zeros & 0xFFFF
+    nneg = (zeros >> 16) & 0xFFFF
     zp = ((npos << FIXED_ZERO_SHIFT) >= n).to(tl.int32)
     zn = ((nneg << FIXED_ZERO_SHIFT) >= n).to(tl.int32)
-    low16 = tl.zeros([], tl.int32)
-    if ITEMSIZE == 4:
-        low16 = (low_or == 0).to(tl.int32)
     nz = zp * npos + zn * nneg
     z = zp + zn
     lo, width = fixed_window(base, phase, z, EMAX)
 
-    # --- escapes ---
-    n_esc = tl.zeros([], tl.int32)
-    for b in range(NSB):
-        if b * SB < n:
-            i = k + b * SB
-            valid, w, e, code = _codes_at(x_ptr, start, i, n, lo, width, zp, zn, ITEMSIZE,
-                                          EXP_BITS, MAN_BITS)
-            n_esc += tl.sum((code == 7).to(tl.int32), axis=0)
+    # --- each thread's kept and escaped counts; their exclusive scan ---
+    ke_t = tl.zeros([T], tl.int32)  # kept, escaped << 16
+    for g in range(G):
+        i, valid, w, e = _row(x_ptr, start, n, g, G, T, ITEMSIZE, EXP_BITS, MAN_BITS)
+        acc, kf, ef = _row_codes(w, e, n, g, lo, width, zp, zn, MAN_BITS + EXP_BITS, G, T)
+        ke_t += _excl3(kf)[1] | (_excl3(ef)[1] << 16)
+    before = tl.cumsum(ke_t, axis=0) - ke_t
+    n_esc = (tl.sum(ke_t, axis=0) >> 16) & 0xFFFF
 
     dst, coded, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc = place_chunk(
         out_ptr, status_ptr, total_ptr, c, n, nch, table_off, offsets_off, body_off, low16, zp,
         zn, base, phase, nz, n_esc, ITEMSIZE, IS_FP16)
     if coded:
-        _write_coded(x_ptr, start, n, dst, lo, width, zp, zn, low16, codes_nb, sm_nb, a_sm, a_rem,
-                     a_esc, esc_nb, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
+        _write_coded(x_ptr, start, n, dst, lo, width, zp, zn, low16, before, codes_nb, sm_nb,
+                     a_sm, a_rem, a_esc, esc_nb, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
     else:
-        for b in range(NSB):
-            i = k + b * SB
-            valid = i < n
-            w = tl.load(x_ptr + start + i, mask=valid, other=0)
-            tl.store(dst.to(x_ptr.dtype) + i, w, mask=valid)
+        for g in range(G):
+            i = tl.arange(0, T)[:, None] * (8 * G) + (tl.arange(0, 8)[None, :] + 8 * g)
+            w = tl.load(x_ptr + start + i, mask=i < n, other=0)
+            tl.store(dst.to(x_ptr.dtype) + i, w, mask=i < n)
         nb = n * ITEMSIZE
         zero_pad(dst, nb, align16(nb))
 
 
+@triton.jit(noinline=True)
+def chunk_statistics(x_ptr, start, n, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                     MAN_BITS: tl.constexpr, CP: tl.constexpr, T: tl.constexpr):
+    """A chunk's fields for a tile the hot path does not take, in a walk:
+    base (bits 0..7), phase (8, 9), LOW16 (10), the +0.0 and -0.0 counts
+    (32..47, 48..63), as one int64 (sums a thread, then one reduction)."""
+    G: tl.constexpr = CP // (8 * T)
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    SIGNW: tl.constexpr = -(1 << 31) if ITEMSIZE == 4 else (1 << 15)  # -0.0's word
+    s_t = tl.zeros([T], tl.int32)
+    k_t = tl.zeros([T], tl.int32)
+    zeros_t = tl.zeros([T], tl.int32)  # +0.0 count, -0.0 count << 16
+    low_t = tl.zeros([T], tl.int32)
+    for g in range(G):
+        i, valid, w, e = _row(x_ptr, start, n, g, G, T, ITEMSIZE, EXP_BITS, MAN_BITS)
+        normal = valid & (e > 0) & (e < EMAX)
+        s_t += tl.sum(tl.where(normal, e, 0), axis=1)
+        k_t += tl.sum(normal.to(tl.int32), axis=1)
+        zeros_t += tl.sum((valid & (w == 0)).to(tl.int32) | (
+            (valid & (w == SIGNW)).to(tl.int32) << 16), axis=1)
+        low_t = low_t | tl.max(w & 0xFFFF, axis=1)
+    st = tl.sum(s_t.to(tl.int64) | (k_t.to(tl.int64) << 32), axis=0)
+    zt = tl.sum(zeros_t.to(tl.int64) | ((low_t != 0).to(tl.int64) << 32), axis=0)
+    s_sum = (st & 0xFFFFFFFF).to(tl.int32)
+    k_norm = (st >> 32).to(tl.int32)
+    qq = tl.where(k_norm > 0, (4 * s_sum) // tl.maximum(k_norm, 1), 0)
+    low16 = tl.zeros([], tl.int64)
+    if ITEMSIZE == 4:
+        low16 = ((zt >> 32) == 0).to(tl.int64)
+    return (qq >> 2).to(tl.int64) | ((qq & 3).to(tl.int64) << 8) | (low16 << 10) | (
+        (zt & 0xFFFFFFFF) << 32)
+
+
 @triton.jit
-def _write_coded(x_ptr, start, n, dst, lo, width, zp, zn, low16, codes_nb, sm_nb, a_sm, a_rem,
-                 a_esc, esc_nb, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+def _write_coded(x_ptr, start, n, dst, lo, width, zp, zn, low16, before, codes_nb, sm_nb, a_sm,
+                 a_rem, a_esc, esc_nb, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
                  MAN_BITS: tl.constexpr, CP: tl.constexpr, T: tl.constexpr):
     """A coded chunk's segment: codes in rows of 8 (3 bytes a row), each
     kept element's sm at its rank among the kept (smb bytes), fp16's rem
-    bits at 3 x that rank (OR-ed into the zeroed stream), each escape's
-    exponent byte at its rank among the escapes; every padding byte zero."""
-    SB: tl.constexpr = CP if CP < 2 * T else 2 * T
-    NSB: tl.constexpr = CP // SB
-    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
-    SIGN_SHIFT: tl.constexpr = MAN_BITS + EXP_BITS
+    bits at 3 x that rank (a row's run OR-ed into the zeroed stream), each
+    escape's exponent byte at its rank among the escapes; every padding
+    byte zero. ``before``: each thread's kept (low 16 bits) and escaped
+    (high) elements before it."""
+    G: tl.constexpr = CP // (8 * T)
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
-    RB: tl.constexpr = SB // 8
-    k = tl.arange(0, SB)
     q = tl.arange(0, 8)[None, :]
     z = zp + zn
     sm_dst = dst + a_sm
@@ -191,48 +241,49 @@ def _write_coded(x_ptr, start, n, dst, lo, width, zp, zn, low16, codes_nb, sm_nb
     if IS_FP16:
         # The rem stream zeroed first (its bits are OR-ed in), every thread's
         # stores ordered before any atomic by the barrier.
-        ZB: tl.constexpr = 3 * CP // 8 + 16  # at least the padded rem stream
-        for b in range((ZB + SB - 1) // SB):
-            j = k + b * SB
-            tl.store(rem_dst + j, tl.zeros([SB], tl.uint8), mask=j < a_esc - a_rem)
+        RB: tl.constexpr = 16 * T
+        for b in range((3 * CP // 8 + 16 + RB - 1) // RB):  # at least the padded stream
+            j = tl.arange(0, RB) + b * RB
+            tl.store(rem_dst + j, tl.zeros([RB], tl.uint8), mask=j < a_esc - a_rem)
         tl.debug_barrier()
     smb = 1
     if ITEMSIZE == 4:
         smb = 3 - 2 * low16
-    kept_before = tl.zeros([], tl.int32)
-    esc_before = tl.zeros([], tl.int32)
-    for b in range(NSB):
-        if b * SB < n:
-            i = k + b * SB
-            valid, w, e, code = _codes_at(x_ptr, start, i, n, lo, width, zp, zn, ITEMSIZE,
-                                          EXP_BITS, MAN_BITS)
-            acc = tl.sum(tl.reshape(code, (RB, 8)) << (3 * q), axis=1)
-            store_rows3(dst, acc, tl.arange(0, RB) + b * RB, codes_nb)
-            kept = (valid & (code >= z)).to(tl.int32)
-            krank = kept_before + tl.cumsum(kept, axis=0) - kept
-            sm = ((w >> EXP_BITS) & (1 << MAN_BITS)) | (w & ((1 << MAN_BITS) - 1))
-            if ITEMSIZE == 4:
-                sm = sm >> (16 * low16)
-            for j in tl.static_range(3 if ITEMSIZE == 4 else 1):
-                live = kept != 0
-                if j > 0:
-                    live = live & (j < smb)
-                tl.store(sm_dst + smb * krank + j, ((sm >> (8 * j)) & 0xFF).to(tl.uint8),
-                         mask=live)
-            if IS_FP16:
-                r3 = (sm >> 8) & 7
-                bit = 3 * krank
-                sh = bit & 31
-                at = bit >> 5
-                words = rem_dst.to(tl.pointer_type(tl.int32))
-                tl.atomic_or(words + at, r3 << sh, mask=(kept != 0) & (r3 != 0))
-                hi = r3 >> ((32 - sh) & 31)  # the bits past the word, when sh > 29
-                tl.atomic_or(words + at + 1, hi, mask=(kept != 0) & (sh > 29) & (hi != 0))
-            esc = (code == 7).to(tl.int32)
-            erank = esc_before + tl.cumsum(esc, axis=0) - esc
-            tl.store(esc_dst + erank, e.to(tl.uint8), mask=esc != 0)
-            kept_before += tl.sum(kept, axis=0)
-            esc_before += tl.sum(esc, axis=0)
+    kr = before & 0xFFFF  # the thread's next kept rank
+    er = (before >> 16) & 0xFFFF  # and escape rank
+    for g in range(G):
+        i, valid, w, e = _row(x_ptr, start, n, g, G, T, ITEMSIZE, EXP_BITS, MAN_BITS)
+        acc, kf, ef = _row_codes(w, e, n, g, lo, width, zp, zn, MAN_BITS + EXP_BITS, G, T)
+        store_rows3(dst, acc, tl.arange(0, T) * G + g, codes_nb)
+        kpre, kc = _excl3(kf)
+        epre, ec = _excl3(ef)
+        kept = (kf[:, None] >> (3 * q)) & 1
+        kin = (kpre[:, None] >> (3 * q)) & 7  # kept before the element, in the row
+        krank = kr[:, None] + kin
+        sm = ((w >> EXP_BITS) & (1 << MAN_BITS)) | (w & ((1 << MAN_BITS) - 1))
+        if ITEMSIZE == 4:
+            sm = sm >> (16 * low16)
+        for j in tl.static_range(3 if ITEMSIZE == 4 else 1):
+            live = kept != 0
+            if j > 0:
+                live = live & (j < smb)
+            tl.store(sm_dst + smb * krank + j, ((sm >> (8 * j)) & 0xFF).to(tl.uint8), mask=live)
+        if IS_FP16:
+            # The row's kept rem values, 3 bits each from bit 3 kr: at most
+            # 24 bits, so two 32-bit words (atomics: a word may be shared
+            # with the thread's previous row and the neighbouring threads).
+            run = tl.sum(((sm >> 8) & 7) * kept << (3 * kin), axis=1).to(tl.int64)
+            bit = 3 * kr
+            two = run << (bit & 31)
+            words = rem_dst.to(tl.pointer_type(tl.int32))
+            lo_w = (two & 0xFFFFFFFF).to(tl.int32)
+            hi_w = (two >> 32).to(tl.int32)
+            tl.atomic_or(words + (bit >> 5), lo_w, mask=lo_w != 0)
+            tl.atomic_or(words + (bit >> 5) + 1, hi_w, mask=hi_w != 0)
+        tl.store(esc_dst + er[:, None] + ((epre[:, None] >> (3 * q)) & 7), e.to(tl.uint8),
+                 mask=((ef[:, None] >> (3 * q)) & 1) != 0)
+        kr += kc
+        er += ec
     zero_pad(dst, codes_nb, a_sm)
     zero_pad(sm_dst, sm_nb, a_rem - a_sm)
     zero_pad(esc_dst, esc_nb, align16(esc_nb))
@@ -244,20 +295,19 @@ def decode_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc,
                          CP: tl.constexpr, T: tl.constexpr):
     """Decode a CODED chunk whose entry and offsets are checked (its segment
     at ``src``, ``lim`` body bytes from there; every load is masked to its
-    sub-stream and to the body): each element from its code, its sm at its
-    rank among the kept, fp16's rem bits at 3 x that rank, an escape's
-    exponent at its rank among the escapes. Returns the error bits: decoded
-    escape and zero counts against the entry, escapes naming no exponent of
-    the dtype, padding bytes not zero."""
-    SB: tl.constexpr = CP if CP < 2 * T else 2 * T
-    NSB: tl.constexpr = CP // SB
+    sub-stream and to the body), in two walks: each thread's kept and
+    escaped counts, then each element from its code, its sm at its rank
+    among the kept, fp16's rem bits at 3 x that rank, an escape's exponent
+    at its rank among the escapes. Returns the error bits: decoded escape
+    and zero counts against the entry, escapes naming no exponent of the
+    dtype, padding bytes not zero."""
+    G: tl.constexpr = CP // (8 * T)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     SIGN_SHIFT: tl.constexpr = MAN_BITS + EXP_BITS
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     SIGNW: tl.constexpr = -(1 << 31) if ITEMSIZE == 4 else (1 << 15)  # -0.0's word
-    RB: tl.constexpr = SB // 8
-    k = tl.arange(0, SB)
     q = tl.arange(0, 8)[None, :]
+    t = tl.arange(0, T)
     low16 = flags & 1
     zp = (flags >> 1) & 1
     zn = (flags >> 2) & 1
@@ -274,49 +324,62 @@ def decode_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc,
     smb = 1
     if ITEMSIZE == 4:
         smb = 3 - 2 * low16
-    kept_before = tl.zeros([], tl.int32)
-    esc_before = tl.zeros([], tl.int32)
-    bad_e = tl.zeros([], tl.int32)
-    for b in range(NSB):
-        if b * SB < n:
-            i = k + b * SB
-            valid = i < n
-            acc = load_rows3(src, tl.arange(0, RB) + b * RB, codes_l)
-            code = tl.reshape((acc[:, None] >> (3 * q)) & 7, (SB,))
-            zero = valid & (code < z)
-            kept = (valid & (code >= z)).to(tl.int32)
-            esc = (valid & (code == 7)).to(tl.int32)
-            krank = kept_before + tl.cumsum(kept, axis=0) - kept
-            erank = esc_before + tl.cumsum(esc, axis=0) - esc
-            eb = tl.load(src + a_esc + erank, mask=(esc != 0) & (erank < esc_l),
-                         other=0).to(tl.int32)
-            bad_e = bad_e | tl.max(tl.where(esc != 0, eb, 0), axis=0)
-            e = tl.where(esc != 0, eb, lo + code - z) & EMAX
-            sm = tl.zeros([SB], tl.int32)
-            for j in tl.static_range(3 if ITEMSIZE == 4 else 1):
-                at = smb * krank + j
-                live = (kept != 0) & (at < sm_l)
-                if j > 0:
-                    live = live & (j < smb)
-                sm = sm | (tl.load(src + a_sm + at, mask=live, other=0).to(tl.int32) << (8 * j))
-            if ITEMSIZE == 4:
-                sm = sm << (16 * low16)
-            if IS_FP16:
-                bit = 3 * krank
-                at = bit >> 3
-                two = tl.load(src + a_rem + at, mask=(kept != 0) & (at < rem_l),
-                              other=0).to(tl.int32) | (
-                    tl.load(src + a_rem + at + 1, mask=(kept != 0) & (at + 1 < rem_l),
-                            other=0).to(tl.int32) << 8)
-                sm = sm | (((two >> (bit & 7)) & 7) << 8)
-            word = (((sm >> MAN_BITS) & 1) << SIGN_SHIFT) | (e << MAN_BITS) | (
-                sm & ((1 << MAN_BITS) - 1))
-            word = tl.where(zero, tl.where(code == cneg, SIGNW, 0), word)
-            tl.store(dst + i, word.to(dst.dtype.element_ty), mask=valid)
-            kept_before += tl.sum(kept, axis=0)
-            esc_before += tl.sum(esc, axis=0)
-    err = tl.where((esc_before != nesc) | (n - kept_before != nz), ERR_COUNTS, 0)
-    err = err | tl.where(bad_e > EMAX, ERR_EXPONENT, 0)
+    # --- each thread's kept and escaped counts, checked against the entry ---
+    # (From the rows' code words: a flag a 3-bit field, counted by a
+    # multiply; a scan along a row of the [T, 8] tile would cross lanes.)
+    ke_t = tl.zeros([T], tl.int32)  # kept, escaped << 16
+    for g in range(G):
+        r = t * G + g
+        kf, ef = _row_flags(load_rows3(src, r, codes_l), z, n, r)
+        ke_t += _excl3(kf)[1] | (_excl3(ef)[1] << 16)
+    before = tl.cumsum(ke_t, axis=0) - ke_t
+    tot = tl.sum(ke_t, axis=0)
+    err = tl.where((((tot >> 16) & 0xFFFF) != nesc) | (n - (tot & 0xFFFF) != nz), ERR_COUNTS, 0)
+    # --- the elements ---
+    kr = before & 0xFFFF
+    er = (before >> 16) & 0xFFFF
+    bad_e = tl.zeros([T, 8], tl.int32)
+    for g in range(G):
+        r = t * G + g
+        i = t[:, None] * (8 * G) + (q + 8 * g)
+        valid = i < n
+        acc = load_rows3(src, r, codes_l)
+        code = (acc[:, None] >> (3 * q)) & 7
+        kf, ef = _row_flags(acc, z, n, r)
+        kpre, kc = _excl3(kf)
+        epre, ec = _excl3(ef)
+        kept = ((kf[:, None] >> (3 * q)) & 1) != 0
+        esc = ((ef[:, None] >> (3 * q)) & 1) != 0
+        zero = valid & ~kept
+        krank = kr[:, None] + ((kpre[:, None] >> (3 * q)) & 7)
+        erank = er[:, None] + ((epre[:, None] >> (3 * q)) & 7)
+        eb = tl.load(src + a_esc + erank, mask=esc & (erank < esc_l), other=0).to(tl.int32)
+        bad_e = bad_e | eb
+        e = tl.where(esc, eb, lo + code - z) & EMAX
+        sm = tl.zeros([T, 8], tl.int32)
+        for j in tl.static_range(3 if ITEMSIZE == 4 else 1):
+            at = smb * krank + j
+            live = kept & (at < sm_l)
+            if j > 0:
+                live = live & (j < smb)
+            sm = sm | (tl.load(src + a_sm + at, mask=live, other=0).to(tl.int32) << (8 * j))
+        if ITEMSIZE == 4:
+            sm = sm << (16 * low16)
+        if IS_FP16:
+            bit = 3 * krank
+            at = bit >> 3
+            two = tl.load(src + a_rem + at, mask=kept & (at < rem_l), other=0).to(tl.int32) | (
+                tl.load(src + a_rem + at + 1, mask=kept & (at + 1 < rem_l),
+                        other=0).to(tl.int32) << 8)
+            sm = sm | (((two >> (bit & 7)) & 7) << 8)
+        word = (((sm >> MAN_BITS) & 1) << SIGN_SHIFT) | (e << MAN_BITS) | (
+            sm & ((1 << MAN_BITS) - 1))
+        word = tl.where(zero, tl.where(code == cneg, SIGNW, 0), word)
+        tl.store(dst + i, word.to(dst.dtype.element_ty), mask=valid)
+        kr += kc
+        er += ec
+    if EXP_BITS < 8:  # (an escape's byte may name no exponent)
+        err = err | tl.where(tl.max(tl.max(bad_e, axis=1), axis=0) > EMAX, ERR_EXPONENT, 0)
     padbad = pads_nonzero(src, codes_nb, a_sm, a_sm + sm_nb, a_rem, a_rem + rem_nb, a_esc,
                           a_esc + esc_nb, seg, lim)
     return err | tl.where(padbad, ERR_PADDING, 0)

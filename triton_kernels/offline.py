@@ -261,6 +261,34 @@ def parse_hot_path(sass: str, trip_count: float, loop_trips: dict | None = None)
     return _Hot(rows, weight, cold, on_path, loops)
 
 
+def function_sections(sass: str) -> dict:
+    """The SASS text of each noinline function after the kernel, by name
+    (the ``$kernel$module$_name...`` label), without its label line."""
+    out, name, body = {}, None, []
+    for line in sass.splitlines():
+        if line.startswith("$"):
+            if name:
+                out[name] = "\n".join(body)
+            name, body = line.rstrip(":"), []
+        elif name:
+            body.append(line)
+    if name:
+        out[name] = "\n".join(body)
+    return out
+
+
+def cold_cost(launch: Launch, compiled, function: str, trip_count: float) -> float:
+    """Instructions per element a thread handles on the longest path of the
+    noinline function whose name contains ``function`` (its loops counted
+    ``trip_count`` times, or as ``launch.loop_trips`` names them): what a
+    chunk that takes that cold path executes there."""
+    sass = _run_on_cubin(compiled, "nvdisasm", "-c", "-g")
+    body = next(text for name, text in function_sections(sass).items() if function in name)
+    hot = parse_hot_path(body, trip_count, launch.loop_trips)
+    return sum(w for (_, op), w, on in zip(hot.rows, hot.weight, hot.on_path)
+               if on and op != "NOP") / _per_thread(launch)
+
+
 def _per_thread(launch: Launch) -> float:
     return launch.elems_per_program / (32 * launch.num_warps)
 
