@@ -11,9 +11,11 @@ installed)::
     for byte, and each backend decodes the other's payload bit-exactly.
     A few corrupt payloads must raise CorruptPayloadError.
 (b) GB/s (input bytes / time; CUDA events, warmup, median of several) of
-    triton encode and decode for fixed3 and dense on Gaussian bf16 at 16 MiB
-    to 1 GiB and on fp32 bf16-casts at 256 MiB, beside ``Tensor.copy_`` of
-    the same bytes; the torch backend at 64 MiB for comparison.
+    triton encode and decode for fixed3 and dense on Gaussian bf16 at 4 MiB
+    to 1 GiB, and at 256 MiB on fp32 bf16-casts, bf16 x * mask (30% zeros:
+    the fixed3 kernels' general path) and Gaussian fp16 (fixed3), beside
+    ``Tensor.copy_`` of the same bytes; the torch backend at 64 MiB for
+    comparison.
 (c) Where a fixed3 call's time goes: wall time beside each kernel's device
     time (torch.profiler), and the host's time by function (cProfile).
 (d) The compressed collectives and zipccl's DDP hook on this device
@@ -272,7 +274,7 @@ def bench_tensor(data: str, x: torch.Tensor, backends=("triton",), codecs=("fixe
 def throughput(smoke: bool) -> None:
     print(f"(b) throughput on {torch.cuda.get_device_name() if DEV.type == 'cuda' else 'CPU'}; "
           f"{TARGETS}", flush=True)
-    sizes = [16 * 1024 + 6] if smoke else [16 * MiB, 64 * MiB, 256 * MiB, 1024 * MiB]
+    sizes = [16 * 1024 + 6] if smoke else [4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, 1024 * MiB]
     reps = 1 if smoke else None
     for nbytes in sizes:
         g = torch.Generator(device=DEV).manual_seed(0)
@@ -284,6 +286,16 @@ def throughput(smoke: bool) -> None:
             x32 = torch.randn(nbytes // 4, generator=g, device=DEV).bfloat16().float()
             bench_tensor(f"fp32 bf16-casts {nbytes / MiB:g} MiB", x32, reps=reps)
             del x32
+            # x * mask: 30% zeros of both signs, every chunk through the
+            # general (cold) path of the fixed3 kernels
+            keep = torch.rand(nbytes // 2, generator=g, device=DEV) >= 0.3
+            xm = x * keep.to(x.dtype)
+            del keep
+            bench_tensor(f"x*mask bf16 {nbytes / MiB:g} MiB", xm, reps=reps)
+            del xm
+            x16 = torch.randn(nbytes // 2, generator=g, device=DEV).half()
+            bench_tensor(f"gauss fp16 {nbytes / MiB:g} MiB", x16, codecs=("fixed3",), reps=reps)
+            del x16
         del x
         if DEV.type == "cuda":
             torch.cuda.empty_cache()
@@ -291,28 +303,32 @@ def throughput(smoke: bool) -> None:
 
 def sweep(smoke: bool) -> None:
     """Time the encode kernels at a few warp counts (codec_encode.SETTINGS;
-    the decode kernel's is codec_decode.NUM_WARPS, at one chunk a program),
-    then the fixed3 decode at 4 warps and 1, 2, 4 and 8 chunks a program
-    (codec_decode.PER_CHOICES); the settings are restored after. The dense
+    the decode kernels' are codec_decode.NUM_WARPS and FIXED3_WARPS, at one
+    chunk a program), then the fixed3 decode at 4 warps and 1, 2, 4 and 8
+    chunks a program (codec_decode.PER_CHOICES); the settings are restored
+    after. The dense
     kernels take 4 warps only (32 elements a thread of a 4096-element
     chunk)."""
     saved = copy.deepcopy(codec_encode.SETTINGS)
-    saved_dec = codec_decode.NUM_WARPS, codec_decode.PER_CHOICES, codec_decode.PROGRAMS_WANTED
+    saved_dec = (codec_decode.NUM_WARPS, codec_decode.PER_CHOICES, codec_decode.PROGRAMS_WANTED,
+                 dict(codec_decode.FIXED3_WARPS))
     n = (16 * 1024 + 6) if smoke else 128 * MiB  # bf16 elements: 256 MiB
     x = torch.randn(n, generator=torch.Generator(device=DEV).manual_seed(0), device=DEV).bfloat16()
     print(f"(sweep) encode/decode num_warps at {n * 2 / MiB:g} MiB bf16", flush=True)
-    # The warp counts at one chunk a decode program: at 2 warps (64 elements
-    # a thread) the fp16 and fp32 decode's chunk loop spills.
+    # The warp counts at one chunk a decode program (at 2 warps, 64 elements
+    # a thread, several chunks a program spill fp32's decode).
     codec_decode.PER_CHOICES = ()
     for warps in (4, 8, 2):
         codec_encode.SETTINGS["fixed3"] = warps
         codec_decode.NUM_WARPS = warps
+        codec_decode.FIXED3_WARPS.update({2: warps, 4: warps})
         codec_decode.reset()
         bench_tensor(f"sweep fixed3 warps={warps}", x, codecs=("fixed3",),
                      reps=1 if smoke else 5)
     codec_encode.SETTINGS.clear()
     codec_encode.SETTINGS.update(saved)
     codec_decode.NUM_WARPS = saved_dec[0]
+    codec_decode.FIXED3_WARPS.update({2: 4, 4: 4})  # the chunks a program at 4 warps
     if smoke:
         codec_decode.PROGRAMS_WANTED = 1  # several chunks a program at the smoke size too
     for per in (1, 2, 4, 8):
@@ -320,7 +336,8 @@ def sweep(smoke: bool) -> None:
         codec_decode.reset()
         bench_tensor(f"sweep fixed3 decode chunks_per_program={per}", x, codecs=("fixed3",),
                      reps=1 if smoke else 5)
-    codec_decode.NUM_WARPS, codec_decode.PER_CHOICES, codec_decode.PROGRAMS_WANTED = saved_dec
+    codec_decode.NUM_WARPS, codec_decode.PER_CHOICES, codec_decode.PROGRAMS_WANTED = saved_dec[:3]
+    codec_decode.FIXED3_WARPS.update(saved_dec[3])
     codec_decode.reset()
 
 

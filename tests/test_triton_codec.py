@@ -675,6 +675,7 @@ def test_fixed3_hot_and_general_chunks(device, dtype, enc_warps, dec_warps, deco
     from triton_kernels import codec_encode, fixed3_decode, fixed3_encode
     monkeypatch.setitem(codec_encode.SETTINGS, "fixed3", enc_warps)
     monkeypatch.setattr(decode_plans, "NUM_WARPS", dec_warps)
+    monkeypatch.setattr(decode_plans, "FIXED3_WARPS", {2: dec_warps, 4: dec_warps})
     calls = {"encode": 0, "decode": 0}
 
     def counted(name, fn):

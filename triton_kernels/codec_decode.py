@@ -64,7 +64,14 @@ except ImportError:  # pragma: no cover - depends on the dense kernels' state
     dense_decode_chunk = None
 
 _INT_VIEW = {2: torch.int16, 4: torch.int32}
+# Warps a program: the kernel of both codecs (a geometry's first call) and
+# dense's run NUM_WARPS; fixed3's own kernel FIXED3_WARPS by element size:
+# 64 elements a thread for 16-bit words (its per-thread work, the entry
+# and header checks and the scan, over twice the elements), 32 for fp32,
+# whose tile of twice the bytes spills at 64 (docs/benchmarks.md, "fixed3
+# Triton kernels, twentieth session"). gpu_check.py --sweep times others.
 NUM_WARPS = 4
+FIXED3_WARPS = {2: 2, 4: 4}
 # Chunks a fixed3 decode program takes (chunks_per_program): 4 once a call
 # still leaves PROGRAMS_WANTED programs of 4, several waves of programs over
 # a large GPU's SMs, so the last wave's idle SMs cost little. (2 is not
@@ -214,11 +221,17 @@ def launcher(info: F.DTypeInfo, C: int, per: int = 1, codecs: str = "both") -> L
     RAW payloads decode in each). Compiled kernels and fixed arguments are
     kept per dtype, chunk size, ``per`` and ``codecs``; the size class is
     the specialization key each Launcher keeps."""
-    cp, t = tile_shape(C, NUM_WARPS)
+    warps = decode_warps(info, codecs)
+    cp, t = tile_shape(C, warps)
     return Launcher(decode_kernel, dict(DTYPE_CODE=info.code, ITEMSIZE=info.itemsize,
                                         EXP_BITS=info.exp_bits, MAN_BITS=info.man_bits, CP=cp,
                                         T=t, DENSE=codecs != "fixed3" and dense_geometry(cp, t),
-                                        FIXED3=codecs != "dense", PER=per), NUM_WARPS)
+                                        FIXED3=codecs != "dense", PER=per), warps)
+
+
+def decode_warps(info: F.DTypeInfo, codecs: str) -> int:
+    """Warps a program of the kernel of ``codecs`` for ``info``'s dtype."""
+    return FIXED3_WARPS[info.itemsize] if codecs == "fixed3" else NUM_WARPS
 
 
 def dense_geometry(cp: int, t: int) -> bool:
@@ -288,14 +301,14 @@ class _Plan:
 @functools.lru_cache(maxsize=1024)
 def _plan(dtype: torch.dtype, numel: int, C: int, body_only: int, warps: int) -> _Plan:
     """The ``_Plan`` of a geometry, made once per geometry and warp count
-    (``warps`` is NUM_WARPS; gpu_check.py's sweep changes it and the chunks
-    a program, and calls ``reset``)."""
+    (``warps`` is NUM_WARPS; gpu_check.py's sweep changes it, FIXED3_WARPS
+    and the chunks a program, and calls ``reset``)."""
     return _Plan(dtype, numel, C, body_only)
 
 
 def reset() -> None:
     """Forget compiled launchers and plans (after a change of NUM_WARPS,
-    PER_CHOICES or PROGRAMS_WANTED)."""
+    FIXED3_WARPS, PER_CHOICES or PROGRAMS_WANTED)."""
     launcher.cache_clear()
     _plan.cache_clear()
 
