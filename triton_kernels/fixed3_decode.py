@@ -197,10 +197,11 @@ def _decode_hot(src, dst, n, lim, lo, low16, codes_nb, sm_nb, rem_nb, esc_nb, a_
 @triton.jit
 def load_codes(src, r, nbytes, limit, T: tl.constexpr, G: tl.constexpr):
     """fixed3_encode.store_codes' inverse: the [T, G] rows of eight 3-bit
-    values from a stream of ``nbytes`` bytes (bytes past it read as 0),
-    padded to ``limit`` (whole 32-bit words below it are read)."""
+    values from a stream of ``nbytes`` bytes padded to ``limit``: whole
+    32-bit words below ``limit`` (bytes past ``nbytes`` are the padding,
+    which the caller checks is zero, or not read)."""
     if G % 4 == 0:
-        return tl.where(3 * r < nbytes, load_words24(src, limit, T, G // 4), 0)
+        return load_words24(src, limit, T, G // 4)
     else:
         return load_rows3(src, r, nbytes)
 
@@ -263,12 +264,12 @@ def _patch_escapes(dst, esc_src, esc_l, emask, esc_t, e_at, kmax, n, EXP_BITS: t
         old = tl.load(p, volatile=True).to(tl.int32)
         new = (old & ~(EMAX << MAN_BITS)) | ((eb & EMAX) << MAN_BITS)
         tl.store(p, new.to(dst.dtype.element_ty), mask=act)
-        bad = bad | (eb > EMAX).to(tl.int32)
+        bad = bad | eb  # (above EMAX if any byte is)
         m = m ^ b
         k += one
     err = tl.zeros([], tl.int32)
     if EXP_BITS < 8:
-        err = tl.where(tl.max(bad, axis=0) != 0, ERR_EXPONENT, 0)
+        err = tl.where(tl.max(bad, axis=0) > EMAX, ERR_EXPONENT, 0)
     return err
 
 
