@@ -172,9 +172,10 @@ def _decode_hot(src, dst, n, lim, lo, low16, codes_nb, sm_nb, rem_nb, esc_nb, a_
             racc = load_codes(src + a_rem, r, tl.minimum(rem_nb, lim - a_rem),
                               tl.minimum(a_esc - a_rem, lim - a_rem), T, G)
             s2 = s2 | (_code_pairs(racc) << 8)
-        # The exponent: code + lo per lane (below 0x8400 for an escape's 7:
-        # masked to its field, and patched later); the sign moved from bit
-        # MAN_BITS to 15 by adding EMAX copies of it.
+        # The exponent: code + lo per lane (at most (EMAX + 1) << MAN_BITS,
+        # 0x8000, for an escape's 7: masked to its field, and patched
+        # later); the sign moved from bit MAN_BITS to 15 by adding EMAX
+        # copies of it.
         e2 = _code_pairs(acc) * SGN + ((lo << MAN_BITS) * L2).to(tl.uint32)
         w2 = (s2 + (s2 & (SGN * L2)) * EMAX) | (e2 & (FIELD * L2))
         word = tl.reshape(tl.join(w2, w2 >> 16), (T, G, 8)).to(tl.int16)

@@ -264,9 +264,10 @@ def _write_coded(x_ptr, start, n, dst, lo, width, zp, zn, low16, before, codes_n
         if ITEMSIZE == 4:
             sm = sm >> (16 * low16)
         for j in tl.static_range(3 if ITEMSIZE == 4 else 1):
-            live = kept != 0
-            if j > 0:
-                live = live & (j < smb)
+            # (bytes 1 and 2 only without LOW16; as a product: a scalar
+            # condition combined into a tile's mask is not a mask to every
+            # triton's interpreter)
+            live = (kept * (smb > j).to(tl.int32)) != 0
             tl.store(sm_dst + smb * krank + j, ((sm >> (8 * j)) & 0xFF).to(tl.uint8), mask=live)
         if IS_FP16:
             # The row's kept rem values, 3 bits each from bit 3 kr: at most
@@ -359,9 +360,7 @@ def decode_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc,
         sm = tl.zeros([T, 8], tl.int32)
         for j in tl.static_range(3 if ITEMSIZE == 4 else 1):
             at = smb * krank + j
-            live = kept & (at < sm_l)
-            if j > 0:
-                live = live & (j < smb)
+            live = kept & (at < sm_l * (smb > j).to(tl.int32))  # (see _write_coded)
             sm = sm | (tl.load(src + a_sm + at, mask=live, other=0).to(tl.int32) << (8 * j))
         if ITEMSIZE == 4:
             sm = sm << (16 * low16)
