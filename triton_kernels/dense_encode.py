@@ -43,7 +43,7 @@ import triton.language as tl
 
 from zipccl_fsdp import format as F
 
-from ._codec_common import store_words
+from ._codec_common import store_words, store_words24, words24
 from ._lookback import chunk_offset, store_total, ticket
 
 # The shape of the format this kernel is written for (fails loudly if it changes).
@@ -390,6 +390,30 @@ def _chunk_lut(base, phase, zp, zn):
     return lut << 2, ekw
 
 
+def _hot_rank_lut(phase: int) -> int:
+    """4 x the rank of exponent index j (0..10: offset j - 6; index 10 is
+    every offset outside -6..3, _exp_index4) in bits 4j + 2 .. 4j + 5, for a
+    chunk with neither zero flag (format.dense_symbol_table: the phase's
+    order, then +0.0, which a hot chunk does not hold; an offset outside the
+    order is ESC)."""
+    table = F.dense_symbol_table(False, False, phase)
+    acc = 0
+    for j in range(11):
+        d = j - 6
+        acc |= (table.index(d) if d in table else F.DENSE_ESC) << (4 * j)
+    assert acc >> (4 * 10) == F.DENSE_ESC
+    return acc << 2
+
+
+HL0, HL1, HL2, HL3 = (tl.constexpr(_hot_rank_lut(ph)) for ph in range(4))
+
+
+@triton.jit
+def _hot_lut(phase):
+    """_chunk_lut's rank table for a chunk without zero flags (indexes 0..10)."""
+    return _pick64(phase, HL0, HL1, HL2, HL3)
+
+
 @triton.jit
 def _nib(lut, sh):
     return ((lut >> sh) & 15).to(tl.int32)
@@ -406,70 +430,73 @@ def _finish(total_ptr, out_ptr, units, offsets_off, nch):
 
 
 @triton.jit
+def _load_full(x_ptr, start, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+               MAN_BITS: tl.constexpr, G: tl.constexpr, T: tl.constexpr):
+    """A full chunk's words (the input's only read) and exponents: fp32 as the
+    [T, G, 2, 4] tile (W4, see _rsum) in ``w``; 16-bit words as int32 pairs
+    ``wp`` ([T, G, 4]), with their sm bytes (bytes 0 and 2 of ``sm8p``, the
+    pairs' other bytes not theirs) and the sign-extended words ``w`` and
+    exponents ``e`` of the [T, G, 8] tile."""
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
+    if ITEMSIZE == 4:
+        # A row of 8 words is two 16-byte loads: the [T, G, 2, 4] tile.
+        i4 = (tl.arange(0, T)[:, None, None, None] * (8 * G)
+              + tl.arange(0, G)[None, :, None, None] * 8
+              + tl.arange(0, 2)[None, None, :, None] * 4 + tl.arange(0, 4)[None, None, None, :])
+        w = tl.load(x_ptr + start + i4)
+        wp = w
+        sm8p = w
+        e = (w >> MAN_BITS) & EMAX
+    else:
+        # Pairs of 16-bit words as int32 [T, G, 4], split by shifts into
+        # sign-extended elements: loaded as int16 and widened, LLVM packs
+        # the element math into 16x2 SIMD ops with a repack per step.
+        i2 = tl.arange(0, T)[:, None, None] * (4 * G) + tl.arange(0, G)[None, :, None] * 4 + (
+            tl.arange(0, 4)[None, None, :])
+        wp = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + start // 2 + i2)
+        w = tl.reshape(tl.join((wp << 16) >> 16, wp >> 16), (T, G, 8))
+        # The sm bytes of both words of a pair at once. bf16: the sign
+        # moved next to the 7 mantissa bits (bits 7 and 23 taken from 8
+        # above, one bit select; the mask ORs in c >> 31, which is 0 for a
+        # chunk id, so that LLVM keeps the select, one LOP3, instead of
+        # two ANDs with complementary constants and an OR); fp16: the low
+        # mantissa byte.
+        if IS_FP16:
+            sm8p = wp
+        else:
+            msk = 0x00800080 | (c >> 31)
+            sm8p = wp ^ ((wp ^ (wp >> 8)) & msk)
+        # Both exponents of a pair by one shift and mask.
+        ep = (wp >> MAN_BITS) & (EMAX | (EMAX << 16))
+        e = tl.reshape(tl.join(ep & EMAX, ep >> 16), (T, G, 8))
+    return w, wp, sm8p, e
+
+
+@triton.jit
 def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
                   body_off, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
                   MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr,
                   FULL: tl.constexpr):
-    """Chunk c: its analysis, table entry, offset and segment. FULL: the
-    chunk has C elements (the hot path; the ragged last chunk is the cold
-    _encode_tail)."""
+    """Chunk c, any content: its analysis, table entry, offset and segment.
+    FULL: the chunk has C elements. Cold code only (inlined into the
+    noinline _encode_general and _encode_tail): the hot path is
+    _encode_full's."""
     G: tl.constexpr = C // (8 * T)
-    # 16-byte granules per thread that cover a coded segment past tier 0
-    # (smaller than the raw one).
-    SG: tl.constexpr = (C * ITEMSIZE + 16 * T - 1) // (16 * T)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
-    SIGN_SHIFT: tl.constexpr = MAN_BITS + EXP_BITS
-    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     W4: tl.constexpr = FULL and ITEMSIZE == 4  # the [T, G, 2, 4] tile (_rsum)
-    # The noinline calls (the raw segment, the last program's header) after
-    # the coded writes: then no value of those writes is live across a call
-    # (which may clobber any register), so fewer spill. fp16 makes the
-    # header's call right after the offset: with it last, ptxas recomputes
-    # the sign-extended words instead of spilling them, which counts more
-    # (docs/benchmarks.md, "Dense Triton kernels, nineteenth session"). The
-    # order of the writes does not matter: they are disjoint and the host
-    # reads after the launch.
-    FINISH_LAST: tl.constexpr = not IS_FP16
     start = c.to(tl.int64) * C
     i = tile3(G, T)
-    # --- load and analyze (the input's only read) ---
+    # --- load and analyze ---
     if FULL:
         n = C + 0 * c
-        if ITEMSIZE == 4:
-            # A row of 8 words is two 16-byte loads: the [T, G, 2, 4] tile
-            # (W4, see _rsum).
-            i4 = (tl.arange(0, T)[:, None, None, None] * (8 * G)
-                  + tl.arange(0, G)[None, :, None, None] * 8
-                  + tl.arange(0, 2)[None, None, :, None] * 4 + tl.arange(0, 4)[None, None, None, :])
-            w = tl.load(x_ptr + start + i4)
-        else:
-            # Pairs of 16-bit words as int32 [T, G, 4], split by shifts into
-            # sign-extended elements: loaded as int16 and widened, LLVM packs
-            # the element math into 16x2 SIMD ops with a repack per step.
-            i2 = tl.arange(0, T)[:, None, None] * (4 * G) + tl.arange(0, G)[None, :, None] * 4 + (
-                tl.arange(0, 4)[None, None, :])
-            wp = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + start // 2 + i2)
-            w = tl.reshape(tl.join((wp << 16) >> 16, wp >> 16), (T, G, 8))
-            # The sm bytes of both words of a pair at once (the byte store
-            # keeps the low 8 bits: no mask per element). bf16: the sign
-            # moved next to the 7 mantissa bits (bits 7 and 23 taken from 8
-            # above, one bit select; the mask ORs in c >> 31, which is 0 for a
-            # chunk id, so that LLVM keeps the select, one LOP3, instead of
-            # two ANDs with complementary constants and an OR); fp16: the low
-            # mantissa byte.
-            if IS_FP16:
-                sm8 = w
-            else:
-                msk = 0x00800080 | (c >> 31)
-                smp = wp ^ ((wp ^ (wp >> 8)) & msk)
-                sm8 = tl.reshape(tl.join(smp, smp >> 16), (T, G, 8))
-            # Both exponents of a pair by one shift and mask.
-            ep = (wp >> MAN_BITS) & (EMAX | (EMAX << 16))
-            e = tl.reshape(tl.join(ep & EMAX, ep >> 16), (T, G, 8))
+        w, wp, sm8p, e = _load_full(x_ptr, start, c, ITEMSIZE, EXP_BITS, MAN_BITS, G, T)
         vi = 1
     else:
         n = tl.minimum(numel - start, C).to(tl.int32)
         w = tl.load(x_ptr + start + i, mask=i < n, other=0).to(tl.int32)
+        wp = w
+        sm8p = w
         vi = (i < n).to(tl.int32)
     if ITEMSIZE == 2:
         if not FULL:
@@ -497,12 +524,7 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     qq = tl.where(k_norm > 0, (4 * s_sum) // tl.maximum(k_norm, 1), 0)
     base = qq >> 2
     phase = qq & 3
-    low16 = 0
-    if ITEMSIZE == 4:
-        lo = w & 0xFFFF
-        if W4:
-            lo = tl.reduce(lo, 3, _or)
-        low16 = (tl.max(tl.reduce(tl.reduce(lo, 2, _or), 1, _or), 0) == 0).to(tl.int32)
+    low16 = _low16(w, ITEMSIZE, W4)
     zp = ((npos << 4) >= n).to(tl.int32)
     zn = ((nneg << 4) >= n).to(tl.int32)
 
@@ -510,11 +532,56 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     lut4, ekw = _chunk_lut(base, phase, zp, zn)
     idx4 = tl.where(is_pos, 48, tl.where(is_neg, 44, _exp_index4(e, base)))
     sh = ((lut4 >> idx4.to(tl.int64)) & 60).to(tl.int64)  # 4 x the rank
+    # Escape (bit 0) and kept (bit KS) flags of the rank from the chunk's word.
+    ek = ((ekw >> sh) & EK_FLAGS).to(tl.int32)
+    _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offsets_off, body_off,
+                    c, start, n, w, wp, sm8p, e, sh, ek, vi, base, phase, low16, zp, zn,
+                    ITEMSIZE, EXP_BITS, MAN_BITS, C, T, FULL, False)
+
+
+@triton.jit
+def _low16(w, ITEMSIZE: tl.constexpr, W4: tl.constexpr):
+    """fp32: 1 where every word of the chunk has zero low 16 bits (LOW16), else 0."""
+    low16 = 0
+    if ITEMSIZE == 4:
+        lo = w & 0xFFFF
+        if W4:
+            lo = tl.reduce(lo, 3, _or)
+        low16 = (tl.max(tl.reduce(tl.reduce(lo, 2, _or), 1, _or), 0) == 0).to(tl.int32)
+    return low16
+
+
+@triton.jit
+def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offsets_off, body_off,
+                    c, start, n, w, wp, sm8p, e, sh, ek, vi, base, phase, low16, zp, zn,
+                    ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
+                    C: tl.constexpr, T: tl.constexpr, FULL: tl.constexpr, HOT: tl.constexpr):
+    """Chunk c's tier streams, table entry, offset and segment, from its
+    elements' ranks (``sh``: 4 x the rank) and escape (bit 0) and kept (bit
+    KS) flags ``ek``. HOT (a full chunk with every element kept and no
+    zero flag, _encode_full): ``ek`` holds the escape flags alone, and an
+    element's sm byte(s) and rem bits are at its index in their streams,
+    so they are stored as words, thread by thread; otherwise each kept
+    element's are scattered to its rank among the kept."""
+    G: tl.constexpr = C // (8 * T)
+    # 16-byte granules per thread that cover a coded segment past tier 0
+    # (smaller than the raw one).
+    SG: tl.constexpr = (C * ITEMSIZE + 16 * T - 1) // (16 * T)
+    SIGN_SHIFT: tl.constexpr = MAN_BITS + EXP_BITS
+    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
+    W4: tl.constexpr = FULL and ITEMSIZE == 4  # the [T, G, 2, 4] tile (_rsum)
+    # The noinline calls (the raw segment, the last program's header) after
+    # the coded writes: then no value of those writes is live across a call
+    # (which may clobber any register), so fewer spill. fp16 makes the
+    # header's call right after the offset: with it last, ptxas recomputes
+    # the sign-extended words instead of spilling them, which counts more
+    # (docs/benchmarks.md, "Dense Triton kernels, nineteenth session"). The
+    # order of the writes does not matter: they are disjoint and the host
+    # reads after the launch.
+    FINISH_LAST: tl.constexpr = not IS_FP16
     m = _nib(tl.full([], RANK_M, tl.int64), sh)
     dv = _nib(tl.full([], RANK_D, tl.int64), sh)  # tier-3 digit | tier-4 digit << 2
     d0 = tl.minimum(sh.to(tl.int32), 12)  # 4 x the tier-0 digit, min(rank, 3)
-    # Escape (bit 0) and kept (bit KS) flags of the rank from the chunk's word.
-    ek = ((ekw >> sh) & EK_FLAGS).to(tl.int32)
     if not FULL:
         m = m * vi
         dv = dv * vi
@@ -560,8 +627,10 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     ex4 = in4 - cnt4
     kex = kin - ktot
     n_esc = ktotal & EM
-    kept = ktotal >> KS
-    nz = n - kept
+    if HOT:
+        nz = 0 * n
+    else:
+        nz = n - (ktotal >> KS)
     n1 = (tot4 & 0xFFFF).to(tl.int32)
     n2 = ((tot4 >> 16) & 0xFFFF).to(tl.int32)
     n3 = ((tot4 >> 33) & 0x7FFF).to(tl.int32)
@@ -635,7 +704,10 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     # Ranks among the kept (high half) and escaped (low half) elements: a
     # pointer per thread at its first one, the in-thread rank added per element.
     sm_dst = dst + a_sm
-    if ITEMSIZE == 4:
+    if HOT:
+        if seg_c < raw_seg:
+            _store_sm_rows(dst + 16 * (a_sm >> 4), smv, sm8p, low16, ITEMSIZE, G, T)
+    elif ITEMSIZE == 4:
         smb = 3 - 2 * low16
         smv = smv >> (16 * low16)  # LOW16: the top byte only (one shift, no select)
         if seg_c < raw_seg:
@@ -648,7 +720,9 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
                 for b in tl.static_range(1, 3):
                     tl.store(sm_at + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8), mask=keep != 0)
     else:
-        if not FULL:
+        if FULL:
+            sm8 = tl.reshape(tl.join(sm8p, sm8p >> 16), (T, G, 8))
+        else:
             sm8 = smv
         if seg_c < raw_seg:
             tl.store((sm_dst + (kex >> KS))[:, None, None] + (kpre >> KS),
@@ -664,32 +738,95 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
         _or_run(words, 8 * b3 + p3, run3, lastw, True)
         _or_run(words, 8 * b4 + p4, run4, lastw, True)
         if IS_FP16:
-            # A row's kept elements' 3 bits (<= 24) at their rank in the row,
-            # OR-ed in at the row's first kept rank: two words a row.
-            if FULL:
-                # Both words of a pair at once (sign to bit 2, mantissa bits
-                # 8, 9 to 0, 1), and an element without an sm byte (an exact
-                # zero, whose mantissa bits are 0) keeps none of its sign:
-                # the kept bit, moved to bit 2, ORed with 3 is the mask.
-                remp = ((wp >> 13) & 0x00040004) | ((wp >> 8) & 0x00030003)
-                rem3p = tl.reshape(tl.join(remp & 7, remp >> 16), (T, G, 8))
-                rem3 = rem3p & ((ek >> (KS - 2)) | 3)
+            # fp16 rem: the kept elements' 3 bits (sign, mantissa bits 9, 8)
+            # in order.
+            if HOT:
+                _store_rem_rows(dst + 16 * (a_rem >> 4), wp, G, T)
             else:
-                rem3 = tl.where(keep != 0, ((w >> 13) & 4) | ((w >> 8) & 3), 0)
-            rk = krpre >> KS  # kept elements before the row, in the thread
-            run = tl.sum(rem3 << (3 * ((kpre >> KS) - rk[:, :, None])), axis=2).to(tl.uint64)
-            bit = 3 * ((kex >> KS)[:, None] + rk)
-            s3 = (bit & 31).to(tl.uint64)
-            rw = words + (a_rem >> 2) + (bit >> 5)
-            q0 = (run << s3) & 0xFFFFFFFF
-            q1 = (run << s3) >> 32
-            tl.atomic_or(rw, q0.to(tl.int32), mask=q0 != 0, sem="relaxed")
-            tl.atomic_or(rw + 1, q1.to(tl.int32), mask=q1 != 0, sem="relaxed")
+                # A row's kept elements' 3 bits (<= 24) at their rank in the
+                # row, OR-ed in at the row's first kept rank: two words a row.
+                if FULL:
+                    # Both words of a pair at once (sign to bit 2, mantissa bits
+                    # 8, 9 to 0, 1), and an element without an sm byte (an exact
+                    # zero, whose mantissa bits are 0) keeps none of its sign:
+                    # the kept bit, moved to bit 2, ORed with 3 is the mask.
+                    remp = ((wp >> 13) & 0x00040004) | ((wp >> 8) & 0x00030003)
+                    rem3p = tl.reshape(tl.join(remp & 7, remp >> 16), (T, G, 8))
+                    rem3 = rem3p & ((ek >> (KS - 2)) | 3)
+                else:
+                    rem3 = tl.where(keep != 0, ((w >> 13) & 4) | ((w >> 8) & 3), 0)
+                rk = krpre >> KS  # kept elements before the row, in the thread
+                run = tl.sum(rem3 << (3 * ((kpre >> KS) - rk[:, :, None])), axis=2).to(tl.uint64)
+                bit = 3 * ((kex >> KS)[:, None] + rk)
+                s3 = (bit & 31).to(tl.uint64)
+                rw = words + (a_rem >> 2) + (bit >> 5)
+                q0 = (run << s3) & 0xFFFFFFFF
+                q1 = (run << s3) >> 32
+                tl.atomic_or(rw, q0.to(tl.int32), mask=q0 != 0, sem="relaxed")
+                tl.atomic_or(rw + 1, q1.to(tl.int32), mask=q1 != 0, sem="relaxed")
     if seg_c >= raw_seg:
         _write_raw(x_ptr, start, n, dst, ITEMSIZE, C, T)
     if FINISH_LAST:
         if c == nch - 1:
             _finish(total_ptr, out_ptr, off + units, offsets_off, nch)
+
+
+@triton.jit
+def _store_sm_rows(at, smv, sm8p, low16, ITEMSIZE: tl.constexpr, G: tl.constexpr,
+                   T: tl.constexpr):
+    """The hot path's sm stream (every element kept: element k's bytes at
+    k times their count), stored as words from ``at`` (16-byte aligned):
+    16-bit words' sm bytes (bytes 0 and 2 of each pair of ``sm8p``) four to
+    a word; fp32's 3-byte sign+mantissa values (``smv``, the [T, G, 2, 4]
+    tile) four to three words, or with LOW16 their top bytes four to a
+    word."""
+    wd = at.to(tl.pointer_type(tl.int32))
+    if ITEMSIZE == 4:
+        a, b = tl.split(tl.reshape(smv, (T, G, 2, 2, 2)))  # a: entries 0, 2 of 4; b: 1, 3
+        v0, v2 = tl.split(a)
+        v1, v3 = tl.split(b)  # [T, G, 2]: a row's two halves
+        h = tl.arange(0, T)[:, None, None] * (2 * G) + tl.arange(0, G)[None, :, None] * 2 + (
+            tl.arange(0, 2)[None, None, :])  # the half's index in the chunk
+        if low16 != 0:
+            x = ((v0 >> 16) & 0xFF) | ((v1 >> 8) & 0xFF00) | (v2 & 0xFF0000) | (
+                (v3 << 8) & -0x1000000)
+            tl.store(wd + h, x)
+        else:
+            w0, w1, w2 = words24(v0, v1, v2, v3)
+            tl.store(wd + 3 * h, w0)
+            tl.store(wd + 3 * h + 1, w1)
+            tl.store(wd + 3 * h + 2, w2)
+    else:
+        a, b = tl.split(tl.reshape(sm8p, (T, G, 2, 2)))  # [T, G, 2]: pairs 2j, 2j + 1
+        x = (a & 0xFF) | ((a >> 8) & 0xFF00) | ((b & 0xFF) << 16) | ((b << 8) & -0x1000000)
+        k = tl.arange(0, T)[:, None] * (2 * G) + tl.arange(0, 2 * G)[None, :]
+        tl.store(wd + k, tl.reshape(x, (T, 2 * G)))
+
+
+@triton.jit
+def _store_rem_rows(at, wp, G: tl.constexpr, T: tl.constexpr):
+    """The hot path's fp16 rem stream (every element kept: element k's 3 bits
+    at bit 3k), from the [T, G, 4] word pairs ``wp``: a row's eight 3-bit
+    values are 24 bits, a thread's four rows three words at ``at`` (16-byte
+    aligned) + 12 t."""
+    tl.static_assert(G == 4)
+    # A pair's two 3-bit values (sign to bit 2, mantissa bits 8, 9 to 0, 1;
+    # the second word's to bits 3..5).
+    remp = ((wp >> 13) & 0x00040004) | ((wp >> 8) & 0x00030003)
+    y = (remp | (remp >> 13)) & 0x3F
+    row = tl.sum(y << (6 * tl.arange(0, 4)[None, None, :]), axis=2)  # [T, 4]
+    store_words24(at, row, 12 * T, T, 1)
+
+
+@triton.jit(noinline=True)
+def _encode_general(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
+                    body_off, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                    MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr):
+    """A full chunk the hot path does not take: one with an element that is
+    not a normal number (an exact zero of either sign, a subnormal, an
+    infinity or a NaN). Cold code: it reads the chunk again (from cache)."""
+    _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
+                  body_off, c, ITEMSIZE, EXP_BITS, MAN_BITS, C, T, True)
 
 
 @triton.jit(noinline=True)
@@ -702,6 +839,45 @@ def _encode_tail(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, o
 
 
 @triton.jit
+def _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
+                 body_off, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                 MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr):
+    """A full chunk: the hot path when every element is a normal number
+    (Gaussian data: no exact zero, subnormal, infinity or NaN), else the
+    cold _encode_general. With every element normal, none is a zero, so
+    every element is kept and neither zero flag is set (their thresholds
+    count zeros), the locator's count is C, and an element's rank depends
+    on its exponent alone."""
+    G: tl.constexpr = C // (8 * T)
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    W4: tl.constexpr = ITEMSIZE == 4
+    tl.static_assert(C & (C - 1) == 0 and 254 * C < (1 << 20))
+    start = c.to(tl.int64) * C
+    w, wp, sm8p, e = _load_full(x_ptr, start, c, ITEMSIZE, EXP_BITS, MAN_BITS, G, T)
+    normal = (e - 1).to(tl.uint32) < EMAX - 1  # 0 < e < EMAX
+    # The exponents' sum and, at bit 13, the elements that are not normal:
+    # a thread's sum is below 32 * 254 < 2^13; over the threads the sum (below
+    # 2^20) and, from bit 20, the threads that hold any such element.
+    ts = tl.sum(_rsum(tl.where(normal, e, 1 << 13), W4), axis=1)
+    tot = tl.sum((ts & 0x1FFF) | tl.where(ts >= (1 << 13), 1 << 20, 0), axis=0)
+    if tot < (1 << 20):
+        qq = (4 * tot).to(tl.uint32) // C  # format's locator: 4 x the mean exponent, floored
+        base = (qq >> 2).to(tl.int32)
+        phase = (qq & 3).to(tl.int32)
+        low16 = _low16(w, ITEMSIZE, W4)
+        idx4 = _exp_index4(e, base)
+        sh = ((_hot_lut(phase) >> idx4.to(tl.int64)) & 60).to(tl.int64)  # 4 x the rank
+        # Escapes: exponent index 10 (offsets outside -6..3).
+        esc = (idx4 + 24) >> 6
+        _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offsets_off,
+                        body_off, c, start, C + 0 * c, w, wp, sm8p, e, sh, esc, 1, base, phase,
+                        low16, 0, 0, ITEMSIZE, EXP_BITS, MAN_BITS, C, T, True, True)
+    else:
+        _encode_general(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off,
+                        offsets_off, body_off, c, ITEMSIZE, EXP_BITS, MAN_BITS, C, T)
+
+
+@triton.jit
 def dense_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, numel, nch,
                         table_off, offsets_off, body_off,
                         ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
@@ -710,8 +886,8 @@ def dense_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, numel
     # programs that run.
     c = ticket(ticket_ptr)
     if (c.to(tl.int64) + 1) * C <= numel:
-        _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
-                      body_off, c, ITEMSIZE, EXP_BITS, MAN_BITS, C, T, True)
+        _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
+                     body_off, c, ITEMSIZE, EXP_BITS, MAN_BITS, C, T)
     else:
         _encode_tail(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
                      body_off, c, ITEMSIZE, EXP_BITS, MAN_BITS, C, T)
