@@ -34,7 +34,7 @@ import triton.language as tl
 from zipccl_fsdp import format as F
 
 from .dense_encode import _or, layout, tile3
-from ._codec_common import load_words24, unpack_bytes
+from ._codec_common import load_words24, low_bit_index, unpack_bytes
 
 # Error bits: the decoders' shared word (_codec_common.py).
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING,  # noqa: E402
@@ -296,50 +296,72 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
     d4, e4 = _tier(codes64, nwords, p4, _is3(d3), G, 2)
     rank = d0 + b1 + b2 + d3 + d4  # 11: an escape
     nib = ((lut >> (4 * rank).to(tl.int64)) & 15).to(tl.int32)
-    if FULL:
-        # Kept (bit 0) and escape (bit ESC_AT) flags of the rank, from the
-        # chunk's word kx (_kept_esc_word).
-        kxr = (kx >> rank).to(tl.int32)  # (an int64 kx: its low word, one funnel shift)
-        ek = kxr & (KEPT_MASK + 1 + 1)
-        keep = ek & 1
+    if HOT:
+        # A thread's tier-4 digits, element k's at bits 2k, 2k + 1 of two
+        # words (elements 0..15, 16..31): 3 is an escape, 2 is rank 10
+        # (+0.0, which has no sm byte: none in a chunk whose n_zero is 0).
+        # The escaped elements' exponents come after the store
+        # (_patch_escapes); until then they are base (ESC's nibble, 8).
+        kq = tl.arange(0, 4 * G)[None, None, :]
+        dd = tl.sum(tl.reshape(d4, (T, 2, 4 * G)) << (2 * kq), axis=2)  # [T, 2]
+        d_lo, d_hi = tl.split(dd)
+        esc_lo = d_lo & (d_lo >> 1) & 0x55555555
+        esc_hi = d_hi & (d_hi >> 1) & 0x55555555
+        zeros = ((d_lo >> 1) & ~d_lo) | ((d_hi >> 1) & ~d_hi)
+        # A thread's escapes: the fields' sum, then SWAR (no popc in the interpreter).
+        x = esc_lo + esc_hi
+        x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+        x = (x + (x >> 4)) & 0x0F0F0F0F
+        tot = (x * 0x01010101) >> 24
+        incl = tl.cumsum(tot, axis=0) << ESC_AT
+        e = base + nib - 8
     else:
-        zero = ((nib + 2) >> 4) * vi  # nibbles 14 (-0.0) and 15 (+0.0)
-        keep = vi - zero
-        # Ranks among the block's kept elements (low bits) and escapes (high).
-        ek = keep | (_is3(d4) << ESC_AT)
-    pre, tot, rpre = _excl(ek, G)
-    incl = tl.cumsum(tot, axis=0)
-    if FULL:
-        # A pointer per thread, one byte before its first escape and kept
-        # element, plus the in-thread inclusive rank: an element that has
-        # one reads its own byte, any other a byte of the thread's run or
-        # the one before it (the value is not used), so no load needs a
-        # mask or a clamp. A thread whose run would end past the table's
-        # count (a corrupt segment; the count check fails) reads from byte
-        # 32 of the segment instead: ranks are <= 32 and a full chunk's
-        # codes alone are 8T bytes, so every load stays inside the segment.
-        ex = incl - tot
-        tbe = ebase + (ex >> ESC_AT)
-        tbk = kbase + (ex & KEPT_MASK)
-        e_at = tl.where(tbe + (tot >> ESC_AT) <= esc_nb, a_esc + tbe - 1, 32)
-        kin = pre + ek  # in-thread inclusive ranks
-        ebyte = tl.load((src + e_at)[:, None, None] + (kin >> ESC_AT))
-        krank = kin
-    else:
-        at = pre + (incl - tot)[:, None, None]
-        # Ranks past the table's counts (a corrupt segment; the count check
-        # fails) are clamped to the sub-stream's last byte, or the byte before
-        # it when empty: still inside the segment (its codes start it).
-        erank = tl.minimum(ebase + (at >> ESC_AT), esc_nb - 1)
-        krank = tl.minimum(kbase + (at & KEPT_MASK), nkept - 1)
-        ebyte = tl.load(src + a_esc + erank)  # (erank clamped: inside the segment)
-        tbk = krank
-        kin = krank
-    e = tl.where(d4 == 3, ebyte.to(tl.int32) & 0xFF, base + nib - 8)
-    if not FULL:  # (a full chunk's zeros have nibble 8: e = base, in range)
-        e = tl.where(keep != 0, e, 0)
+        if FULL:
+            # Kept (bit 0) and escape (bit ESC_AT) flags of the rank, from the
+            # chunk's word kx (_kept_esc_word).
+            kxr = (kx >> rank).to(tl.int32)  # (an int64 kx: its low word, one funnel shift)
+            ek = kxr & (KEPT_MASK + 1 + 1)
+            keep = ek & 1
+        else:
+            zero = ((nib + 2) >> 4) * vi  # nibbles 14 (-0.0) and 15 (+0.0)
+            keep = vi - zero
+            # Ranks among the block's kept elements (low bits) and escapes (high).
+            ek = keep | (_is3(d4) << ESC_AT)
+        pre, tot, rpre = _excl(ek, G)
+        incl = tl.cumsum(tot, axis=0)
+        if FULL:
+            # A pointer per thread, one byte before its first escape and kept
+            # element, plus the in-thread inclusive rank: an element that has
+            # one reads its own byte, any other a byte of the thread's run or
+            # the one before it (the value is not used), so no load needs a
+            # mask or a clamp. A thread whose run would end past the table's
+            # count (a corrupt segment; the count check fails) reads from byte
+            # 32 of the segment instead: ranks are <= 32 and a full chunk's
+            # codes alone are 8T bytes, so every load stays inside the segment.
+            ex = incl - tot
+            tbe = ebase + (ex >> ESC_AT)
+            tbk = kbase + (ex & KEPT_MASK)
+            e_at = tl.where(tbe + (tot >> ESC_AT) <= esc_nb, a_esc + tbe - 1, 32)
+            kin = pre + ek  # in-thread inclusive ranks
+            ebyte = tl.load((src + e_at)[:, None, None] + (kin >> ESC_AT))
+            krank = kin
+        else:
+            at = pre + (incl - tot)[:, None, None]
+            # Ranks past the table's counts (a corrupt segment; the count check
+            # fails) are clamped to the sub-stream's last byte, or the byte before
+            # it when empty: still inside the segment (its codes start it).
+            erank = tl.minimum(ebase + (at >> ESC_AT), esc_nb - 1)
+            krank = tl.minimum(kbase + (at & KEPT_MASK), nkept - 1)
+            ebyte = tl.load(src + a_esc + erank)  # (erank clamped: inside the segment)
+            tbk = krank
+            kin = krank
+        e = tl.where(d4 == 3, ebyte.to(tl.int32) & 0xFF, base + nib - 8)
+        if not FULL:  # (a full chunk's zeros have nibble 8: e = base, in range)
+            e = tl.where(keep != 0, e, 0)
     bad = tl.reduce(tl.reshape(e, (T, 8 * G)), 1, _or)
     ev = tl.where((bad >> EXP_BITS) != 0, ERR_EXPONENT, 0)  # (negative: set too)
+    if HOT:
+        ev = ev | tl.where((zeros & 0x55555555) != 0, ERR_COUNTS, 0)
     # sm: the kept elements' bytes at their rank; a zero's sign from its symbol.
     if HOT:  # every element kept: its bytes at its index
         sm = _load_sm_rows(src + 16 * (a_sm >> 4), src + 16 * (a_rem >> 4), low16, ITEMSIZE,
@@ -370,6 +392,9 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
             i4 = k0 + tl.arange(0, T)[:, None, None] * (8 * G) + (
                 tl.arange(0, 2 * G)[None, :, None] * 4 + tl.arange(0, 4)[None, None, :])
             tl.store(dst + i4, tl.reshape(w, (T, 2 * G, 4)))
+        if HOT:
+            ev = ev | _patch_escapes(src, dst + k0, a_esc, esc_nb, (incl >> ESC_AT) - tot, tot,
+                                     esc_lo, esc_hi, EXP_BITS, MAN_BITS, G, T)
     else:
         tl.store(dst + i, w.to(dst.dtype.element_ty), mask=vi != 0)
     return ev, e1, e2, e3, e4, incl
@@ -474,6 +499,48 @@ def _load_sm_rows(sm_at, rem_at, low16, ITEMSIZE: tl.constexpr, EXP_BITS: tl.con
             rem = (row[:, :, None] >> (3 * tl.arange(0, 8)[None, None, :])) & 7
             sm = sm | _rem_bits(rem)
     return sm
+
+
+@triton.jit
+def _patch_escapes(src, dst, a_esc, esc_nb, first, cnt, esc_lo, esc_hi, EXP_BITS: tl.constexpr,
+                   MAN_BITS: tl.constexpr, G: tl.constexpr, T: tl.constexpr):
+    """A hot chunk's escaped elements' exponents, written into the words the
+    block stored: escapes are rare (Gaussian data: about one a thread in
+    eight), so each thread takes its own in rounds, one a round (the
+    lowest set bit of its escape words ``esc_lo``, ``esc_hi``: bit 2k for
+    element k of each half), reading its escape byte (ranks from ``first``,
+    the thread's first; past the table's count, a corrupt segment, clamped
+    to the sub-stream's last byte or the byte before it, inside the
+    segment) and reading back and rewriting the element's word. Returns
+    ERR_EXPONENT where an escape byte names no exponent of the dtype."""
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    kmax = tl.max(cnt, axis=0)
+    bad = cnt * 0
+    if kmax > 0:
+        # The block's stores before the read-backs (a word may have been
+        # stored by another thread of the block).
+        tl.debug_barrier()
+        words = dst + tl.arange(0, T) * (8 * G)
+        at = a_esc + first
+        last = a_esc + esc_nb - 1
+        k = kmax * 0
+        one = (a_esc > 0).to(tl.int32)  # 1, but not to the compiler: it does not unroll the loop
+        while k < kmax:  # offline: dense escape rounds
+            lo = esc_lo != 0
+            m = tl.where(lo, esc_lo, esc_hi)
+            live = m != 0
+            b = m & -m
+            el = (low_bit_index(b) >> 1) + tl.where(lo, 0, 8 * G // 2)
+            esc_lo = tl.where(lo, esc_lo ^ b, esc_lo)
+            esc_hi = tl.where(lo, esc_hi, esc_hi ^ b)
+            byte = tl.load(src + tl.minimum(at, last), mask=live, other=0).to(tl.int32) & 0xFF
+            old = tl.load(words + el, mask=live, other=0).to(tl.int32)
+            new = (old & ~(EMAX << MAN_BITS)) | (byte << MAN_BITS)
+            tl.store(words + el, new.to(dst.dtype.element_ty), mask=live)
+            bad = bad | byte
+            at = at + 1
+            k = k + one
+    return tl.where((bad >> EXP_BITS) != 0, ERR_EXPONENT, 0)
 
 
 @triton.jit
