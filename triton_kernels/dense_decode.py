@@ -15,9 +15,14 @@ device word (``ERR_*``), read by the caller once, at the end; nothing is
 decoded from a chunk whose entry or offset is bad, and every load stays
 inside the chunk's segment.
 
-Hot path: every full CODED chunk, zeros of either sign coded or not (the
-kept elements' sm bytes are read at their rank among the kept ones). Cold
-(noinline): RAW chunks, and chunks that are not a full ``[T, 4, 8]`` tile:
+Hot path: a full CODED chunk without zeros (n_zero 0, no zero flag: what
+Gaussian data gives). Every element is kept, so its sm byte(s) and fp16 rem
+bits are read as words at its own index, thread by thread; the escaped
+elements' exponents (about one a thread in eight) are written after the
+block's store, one of each thread's a round (``_patch_escapes``). Cold
+(noinline): a full chunk with zeros (``_decode_zeros``: the kept elements'
+sm bytes read at their rank among the kept, every element's escape byte at
+its rank), RAW chunks, and chunks that are not a full ``[T, 4, 8]`` tile:
 the ragged last one, and payloads whose chunk size is not 4096 (the format
 allows 8..65535, a multiple of 8; such a chunk is decoded in sub-blocks of
 up to 4096 elements, each tier's stream position, the escape and the kept

@@ -7,10 +7,16 @@ its padded segment size in 16-byte units, gets its segment offset from the
 decoupled look-back (``_lookback.chunk_offset``), writes ``offsets[c]`` and
 then its whole segment, padding included (format.py, "Body").
 
-Hot path: every full chunk, whatever its zeros (flagged or not: the kept
-elements' sm bytes go to their rank among the kept ones). Cold (noinline):
-the ragged last chunk (the same code with masks) and the raw copy of a
-chunk that does not shrink.
+Hot path (``_encode_full``): a full chunk without exact zeros, which is
+what Gaussian data (FSDP parameters and gradients) gives. Every element is
+kept, so its sm byte(s) and fp16 rem bits sit at its own index in their
+streams and are stored as words, thread by thread; its rank depends on its
+exponent alone; and its escapes (about one a thread in eight) are written
+in rounds, one of each thread's a round (``_escape_rounds``). Cold
+(noinline): a full chunk with zeros (``_encode_general``: each kept
+element's sm bytes at its rank among the kept, every escape scattered at
+its rank; it reads the chunk again, from cache), the ragged last chunk (the
+same code with masks) and the raw copy of a chunk that does not shrink.
 
 Layout. The chunk is a ``[T, G, 8]`` tile: T = 32 * num_warps threads, and
 thread t holds the 8 * G consecutive elements ``t * 8G + g * 8 + q`` (its G
@@ -33,8 +39,9 @@ exclusive prefix of the threads' counts. Runs of neighbouring threads share
 bytes (a run may be shorter than a byte), so the streams past tier 0 are
 written by zeroing their granules, a barrier, and 32-bit atomic ORs of each
 run's (at most three) words: no thread needs another's bits. The fp16 rem
-stream (3 bits per kept element) is written the same way, a row of 8
-elements (<= 24 bits, two words) at a time.
+stream (3 bits per kept element) is written the same way on the cold
+path, a row of 8 elements (<= 24 bits, two words) at a time; on the hot
+path a thread's 32 elements' bits are its own three words.
 """
 from __future__ import annotations
 
@@ -43,7 +50,7 @@ import triton.language as tl
 
 from zipccl_fsdp import format as F
 
-from ._codec_common import store_words, store_words24, words24
+from ._codec_common import low_bit_index, popc32, store_words, store_words24, words24
 from ._lookback import chunk_offset, store_total, ticket
 
 # The shape of the format this kernel is written for (fails loudly if it changes).
@@ -196,6 +203,16 @@ def _store_esc(at, kex, kpre, e, esc, W4: tl.constexpr):
     each at its escape rank: a pointer per thread plus the in-thread rank
     (the low field of the packed counters kex, kpre)."""
     tl.store(_bt(at + (kex & EM), W4) + (kpre & EM), e.to(tl.uint8), mask=esc != 0)
+
+
+@triton.jit
+def _kidx(G: tl.constexpr, W4: tl.constexpr):
+    """An element's index among its thread's 8G, broadcastable to the tile."""
+    if W4:
+        r = tl.arange(0, G)[None, :, None, None] * 8 + _qidx(W4)
+    else:
+        r = tl.arange(0, G)[None, :, None] * 8 + _qidx(W4)
+    return r
 
 
 @triton.jit
@@ -613,9 +630,12 @@ def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offse
     run2 = tl.sum(r2 << ((rpre >> 8) & 0xFF), axis=1)
     run3 = tl.sum(r3.to(tl.uint64) << ((rpre >> 16) & 0xFF).to(tl.uint64), axis=1)
     run4 = tl.sum(r4.to(tl.uint64) << (rpre >> 24).to(tl.uint64), axis=1)
-    # Escapes (low half) and kept elements (high half): in-thread ranks.
-    esc = ek & 1
-    kpre, ktot, krpre = thread_excl(ek, W4)
+    if HOT:  # ek: a thread's escape mask (bit k: its element k)
+        ktot = popc32(ek)
+    else:
+        # Escapes (low half) and kept elements (high half): in-thread ranks.
+        esc = ek & 1
+        kpre, ktot, krpre = thread_excl(ek, W4)
     L1 = ttot & 0xFF
     L2 = (ttot >> 8) & 0xFF
     L3 = (ttot >> 16) & 0xFF
@@ -695,7 +715,7 @@ def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offse
     # before sm (fewer values live across fp32's sm branch), for bf16 after
     # it, whichever counted fewer instructions (docs/benchmarks.md, "Dense
     # Triton kernels, nineteenth session").
-    ESC_FIRST: tl.constexpr = not (ITEMSIZE == 2 and MAN_BITS == 7)
+    ESC_FIRST: tl.constexpr = not (ITEMSIZE == 2 and MAN_BITS == 7) and not HOT
     if ESC_FIRST:
         if seg_c < raw_seg:
             _store_esc(dst + a_esc, kex, kpre, e, esc, W4)
@@ -727,7 +747,11 @@ def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offse
         if seg_c < raw_seg:
             tl.store((sm_dst + (kex >> KS))[:, None, None] + (kpre >> KS),
                      sm8.to(tl.uint8), mask=keep != 0)
-    if not ESC_FIRST:
+    if HOT:
+        if seg_c < raw_seg:
+            _escape_rounds(x_ptr + start, dst + a_esc + kex, ek, ktot, nch, EXP_BITS, MAN_BITS,
+                           G, T)
+    elif not ESC_FIRST:
         if seg_c < raw_seg:
             _store_esc(dst + a_esc, kex, kpre, e, esc, W4)
     if seg_c < raw_seg:
@@ -804,6 +828,29 @@ def _store_sm_rows(at, smv, sm8p, low16, ITEMSIZE: tl.constexpr, G: tl.constexpr
 
 
 @triton.jit
+def _escape_rounds(x_ptr, at, mask, cnt, nch, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
+                   G: tl.constexpr, T: tl.constexpr):
+    """A hot chunk's escape bytes: escapes are rare (Gaussian data: about one
+    a thread in eight), so each thread writes its own in rounds, one a
+    round (the lowest set bit of its escape mask ``mask``), from ``at``
+    (the thread's first escape byte) on, its exponent read from the
+    element's word again (``x_ptr``: the chunk's first word; from cache)."""
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    kmax = tl.max(cnt, axis=0)
+    words = x_ptr + tl.arange(0, T) * (8 * G)
+    k = kmax * 0
+    one = (nch > 0).to(tl.int32)  # 1, but not to the compiler: it does not unroll the loop
+    while k < kmax:  # offline: dense escape rounds
+        live = mask != 0
+        b = mask & -mask
+        mask = mask ^ b
+        w = tl.load(words + low_bit_index(b), mask=live, other=0).to(tl.int32)
+        tl.store(at, ((w >> MAN_BITS) & EMAX).to(tl.uint8), mask=live)
+        at = at + 1
+        k = k + one
+
+
+@triton.jit
 def _store_rem_rows(at, wp, G: tl.constexpr, T: tl.constexpr):
     """The hot path's fp16 rem stream (every element kept: element k's 3 bits
     at bit 3k), from the [T, G, 4] word pairs ``wp``: a row's eight 3-bit
@@ -822,9 +869,8 @@ def _store_rem_rows(at, wp, G: tl.constexpr, T: tl.constexpr):
 def _encode_general(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
                     body_off, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
                     MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr):
-    """A full chunk the hot path does not take: one with an element that is
-    not a normal number (an exact zero of either sign, a subnormal, an
-    infinity or a NaN). Cold code: it reads the chunk again (from cache)."""
+    """A full chunk the hot path does not take: one with an exact zero of
+    either sign. Cold code: it reads the chunk again (from cache)."""
     _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
                   body_off, c, ITEMSIZE, EXP_BITS, MAN_BITS, C, T, True)
 
@@ -842,33 +888,42 @@ def _encode_tail(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, o
 def _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
                  body_off, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
                  MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr):
-    """A full chunk: the hot path when every element is a normal number
-    (Gaussian data: no exact zero, subnormal, infinity or NaN), else the
-    cold _encode_general. With every element normal, none is a zero, so
-    every element is kept and neither zero flag is set (their thresholds
-    count zeros), the locator's count is C, and an element's rank depends
-    on its exponent alone."""
+    """A full chunk: the hot path when it holds no exact zero of either sign
+    (Gaussian data), else the cold _encode_general. Without zeros every
+    element is kept (has its sm bytes), neither zero flag is set (their
+    thresholds count zeros), and an element's rank depends on its exponent
+    alone (subnormals, infinities and NaNs are escapes)."""
     G: tl.constexpr = C // (8 * T)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     W4: tl.constexpr = ITEMSIZE == 4
-    tl.static_assert(C & (C - 1) == 0 and 254 * C < (1 << 20))
+    tl.static_assert(254 * C < (1 << 21))
     start = c.to(tl.int64) * C
     w, wp, sm8p, e = _load_full(x_ptr, start, c, ITEMSIZE, EXP_BITS, MAN_BITS, G, T)
     normal = (e - 1).to(tl.uint32) < EMAX - 1  # 0 < e < EMAX
-    # The exponents' sum and, at bit 13, the elements that are not normal:
-    # a thread's sum is below 32 * 254 < 2^13; over the threads the sum (below
-    # 2^20) and, from bit 20, the threads that hold any such element.
-    ts = tl.sum(_rsum(tl.where(normal, e, 1 << 13), W4), axis=1)
-    tot = tl.sum((ts & 0x1FFF) | tl.where(ts >= (1 << 13), 1 << 20, 0), axis=0)
-    if tot < (1 << 20):
-        qq = (4 * tot).to(tl.uint32) // C  # format's locator: 4 x the mean exponent, floored
-        base = (qq >> 2).to(tl.int32)
-        phase = (qq & 3).to(tl.int32)
+    if ITEMSIZE == 4:
+        zero = (w << 1) == 0
+    else:
+        zero = (w << 17) == 0  # (w sign-extended)
+    # The locator's sums and the zeros: in-thread fields of one int32 (sum
+    # e < 2^13, counts <= 32), then one int64 sum over the threads (the
+    # threads that hold a zero at bit 34).
+    v = tl.where(normal, e + (1 << 13), tl.where(zero, 1 << 19, 0))
+    ts = tl.sum(_rsum(v, W4), axis=1)
+    t64 = (ts & 0x1FFF).to(tl.int64) | (((ts >> 13) & 63).to(tl.int64) << 21) | (
+        (ts >= (1 << 19)).to(tl.int64) << 34)
+    tot = tl.sum(t64, axis=0)
+    if tot < (1 << 34):
+        s_sum = (tot & 0x1FFFFF).to(tl.int32)
+        k_norm = (tot >> 21).to(tl.int32)
+        qq = tl.where(k_norm > 0, (4 * s_sum) // tl.maximum(k_norm, 1), 0)
+        base = qq >> 2
+        phase = qq & 3
         low16 = _low16(w, ITEMSIZE, W4)
         idx4 = _exp_index4(e, base)
         sh = ((_hot_lut(phase) >> idx4.to(tl.int64)) & 60).to(tl.int64)  # 4 x the rank
-        # Escapes: exponent index 10 (offsets outside -6..3).
-        esc = (idx4 + 24) >> 6
+        # Escapes: exponent index 10 (offsets outside -6..3), a thread's as
+        # the bits of its mask (bit k: its element k).
+        esc = tl.sum(_rsum(((idx4 + 24) >> 6) << _kidx(G, W4), W4), axis=1)
         _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offsets_off,
                         body_off, c, start, C + 0 * c, w, wp, sm8p, e, sh, esc, 1, base, phase,
                         low16, 0, 0, ITEMSIZE, EXP_BITS, MAN_BITS, C, T, True, True)
