@@ -749,7 +749,7 @@ def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offse
                      sm8.to(tl.uint8), mask=keep != 0)
     if HOT:
         if seg_c < raw_seg:
-            _escape_rounds(x_ptr + start, dst + a_esc + kex, ek, ktot, nch, EXP_BITS, MAN_BITS,
+            _escape_rounds(x_ptr + start, dst + a_esc + kex, ek, ktot, c, EXP_BITS, MAN_BITS,
                            G, T)
     elif not ESC_FIRST:
         if seg_c < raw_seg:
@@ -828,18 +828,20 @@ def _store_sm_rows(at, smv, sm8p, low16, ITEMSIZE: tl.constexpr, G: tl.constexpr
 
 
 @triton.jit
-def _escape_rounds(x_ptr, at, mask, cnt, nch, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
+def _escape_rounds(x_ptr, at, mask, cnt, c, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
                    G: tl.constexpr, T: tl.constexpr):
     """A hot chunk's escape bytes: escapes are rare (Gaussian data: about one
     a thread in eight), so each thread writes its own in rounds, one a
     round (the lowest set bit of its escape mask ``mask``), from ``at``
     (the thread's first escape byte) on, its exponent read from the
-    element's word again (``x_ptr``: the chunk's first word; from cache)."""
+    element's word again (``x_ptr``: the chunk's first word; from cache).
+    ``c``: the chunk id (from the ticket's atomic: a value the compiler
+    cannot know, for the loop's step)."""
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     kmax = tl.max(cnt, axis=0)
     words = x_ptr + tl.arange(0, T) * (8 * G)
     k = kmax * 0
-    one = (nch > 0).to(tl.int32)  # 1, but not to the compiler: it does not unroll the loop
+    one = (c >= 0).to(tl.int32)  # 1, but not to the compiler: it does not unroll the loop
     while k < kmax:  # offline: dense escape rounds
         live = mask != 0
         b = mask & -mask
