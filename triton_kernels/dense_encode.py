@@ -823,8 +823,9 @@ def _store_sm_rows(at, smv, sm8p, low16, ITEMSIZE: tl.constexpr, G: tl.constexpr
     else:
         a, b = tl.split(tl.reshape(sm8p, (T, G, 2, 2)))  # [T, G, 2]: pairs 2j, 2j + 1
         x = (a & 0xFF) | ((a >> 8) & 0xFF00) | ((b & 0xFF) << 16) | ((b << 8) & -0x1000000)
-        k = tl.arange(0, T)[:, None] * (2 * G) + tl.arange(0, 2 * G)[None, :]
-        tl.store(wd + k, tl.reshape(x, (T, 2 * G)))
+        k = tl.arange(0, T)[:, None, None] * (2 * G) + tl.arange(0, G)[None, :, None] * 2 + (
+            tl.arange(0, 2)[None, None, :])
+        tl.store(wd + k, x)
 
 
 @triton.jit
