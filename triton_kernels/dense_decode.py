@@ -39,7 +39,7 @@ import triton.language as tl
 from zipccl_fsdp import format as F
 
 from .dense_encode import _or, layout, tile3
-from ._codec_common import load_words24, low_bit_index, unpack_bytes
+from ._codec_common import load_words24, low_bit_index
 
 # Error bits: the decoders' shared word (_codec_common.py).
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING,  # noqa: E402
@@ -495,9 +495,11 @@ def _load_sm_rows(sm_at, rem_at, low16, ITEMSIZE: tl.constexpr, EXP_BITS: tl.con
             v3 = (w2 >> 8) & 0xFFFFFF
         sm = tl.reshape(tl.join(tl.join(v0, v2), tl.join(v1, v3)), (T, G, 8))
     else:
-        k = tl.arange(0, T)[:, None] * (2 * G) + tl.arange(0, 2 * G)[None, :]
-        x = tl.load(wd + k)  # [T, 2G]
-        sm = unpack_bytes(x, T, G)
+        k = tl.arange(0, T)[:, None, None] * (2 * G) + tl.arange(0, G)[None, :, None] * 2 + (
+            tl.arange(0, 2)[None, None, :])
+        x = tl.load(wd + k)  # [T, G, 2]: a row's two words
+        sm = tl.reshape((x[:, :, :, None] >> (8 * tl.arange(0, 4)[None, None, None, :])) & 0xFF,
+                        (T, G, 8))
         if IS_FP16:
             tl.static_assert(G == 4)
             row = load_words24(rem_at, 12 * T, T, 1)  # [T, 4]: row g's 24 bits
