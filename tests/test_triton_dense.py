@@ -436,3 +436,147 @@ def test_kept_and_escape_counts_flagged():
         _, err = decode(q)
         assert err & D.ERR_COUNTS.value, (at - t0, err)
         assert not err & (D.ERR_TABLE.value | D.ERR_OFFSETS.value), (at - t0, err)
+
+
+def _count_calls(monkeypatch, module, names) -> dict:
+    """Count the calls of the jitted functions ``names`` of ``module`` that
+    the kernels make: under the interpreter a kernel's call of another is a
+    Python call of the module's attribute. Empty (nothing counted) when the
+    kernels are compiled for a GPU."""
+    calls = {}
+    if HAS_CUDA:
+        return calls
+    for name in names:
+        orig = getattr(module, name)
+
+        def counted(*a, _orig=orig, _name=name, **k):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _orig(*a, **k)
+        monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+def hot_and_cold(dtype, seed: int = 21) -> torch.Tensor:
+    """9 chunks + 37 elements, for the hot paths (a full chunk without zeros)
+    and the cold ones:
+    0: Gaussian: hot;
+    1: Gaussian with NaN payloads, +-inf and subnormals, no zero: hot, its
+       locator's count of normal numbers below the chunk's length;
+    2: many escapes: thread 0's 32 elements, thread 5's first 31, every
+       third element of thread 9 (the largest finite value, +-inf): hot,
+       32 rounds;
+    3: Gaussian with one +0.0 (no flag, n_zero 1): cold encode and decode;
+    4: Gaussian with one -0.0 (no flag: coded by its exponent, n_zero 0):
+       cold encode, hot decode;
+    5: 300 -0.0 and no +0.0 (ZNEG): cold encode and decode;
+    6: fp32: bf16 casts (LOW16); 16-bit: Gaussian of spread 0.02 (fp16:
+       subnormals); no zero: hot;
+    7: random bit patterns without zeros: hot encode, RAW;
+    8: Gaussian: hot (after the RAW chunk);
+    9: a ragged tail of 37: cold."""
+    g = torch.Generator().manual_seed(seed)
+    size = torch.empty(0, dtype=dtype).element_size()
+    x = torch.randn(9 * C + 37, generator=g).to(dtype)
+    sp = _specials(dtype, zeros=False)
+    x[C + torch.randperm(C, generator=g)[:3 * sp.numel()]] = sp.repeat(3)
+    big = torch.tensor([torch.finfo(dtype).max, -torch.finfo(dtype).max, float("inf"),
+                        -float("inf")], dtype=dtype)
+    x[2 * C:2 * C + 32] = big.repeat(8)
+    x[2 * C + 5 * 32:2 * C + 6 * 32 - 1] = big.repeat(8)[:31]
+    x[2 * C + 9 * 32:2 * C + 10 * 32:3] = big.repeat(3)[:11]
+    x[3 * C + 100] = 0.0
+    x[4 * C + 200] = -0.0
+    x[5 * C + torch.randperm(C, generator=g)[:300]] = -0.0
+    if dtype == torch.float32:
+        x[6 * C:7 * C] = x[6 * C:7 * C].bfloat16().float()
+    else:
+        x[6 * C:7 * C] = (torch.randn(C, generator=g) * 0.02).to(dtype)
+    lim = 1 << (8 * size - 1)
+    x[7 * C:8 * C] = torch.randint(-lim, lim, (C,), generator=g).to(INT_VIEW[size]).view(dtype)
+    for k in (0, 1, 2, 4, 6, 7, 8):  # no exact zero but those placed above
+        part = x[k * C:(k + 1) * C]
+        part[(bits(part) << 1 == 0) & ~torch.isin(torch.arange(C), torch.tensor([200]))] = 1.0
+    return x
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_hot_and_cold_chunks_take_their_paths(dtype, monkeypatch):
+    """Every path of hot_and_cold's chunks, bytes equal to the torch
+    reference's and decoded bit for bit; under the interpreter, the cold
+    functions are called for the chunks meant for them and no other."""
+    from triton_kernels import dense_decode as DD
+    from triton_kernels import dense_encode as DE
+    enc = _count_calls(monkeypatch, DE, ["_encode_general", "_encode_tail", "_escape_rounds"])
+    dec = _count_calls(monkeypatch, DD, ["_decode_zeros", "_decode_general", "_decode_raw",
+                                         "_patch_escapes"])
+    x = hot_and_cold(dtype).to(DEV)
+    p = _roundtrip(x)
+    table, _ = F.read_table(p, F.parse_header(p))
+    assert table.mode.tolist()[:9] == [1] * 7 + [0, 1], table.mode
+    tail_coded = int(table.mode[9]) == F.MODE_CODED
+    zf = (table.flags & (F.FLAG_ZPOS | F.FLAG_ZNEG)).tolist()
+    assert zf[:7] == [0, 0, 0, 0, 0, F.FLAG_ZNEG, 0], zf
+    assert table.n_zero.tolist()[:7] == [0, 0, 0, 1, 0, 300, 0], table.n_zero
+    n_esc = table.n_esc.tolist()
+    assert n_esc[1] >= 3 * _specials(dtype, zeros=False).numel() and n_esc[2] >= 32 + 31 + 11
+    low16 = ((table.flags & F.FLAG_LOW16) != 0).tolist()
+    assert low16[6] == (dtype == torch.float32)
+    if not HAS_CUDA:
+        assert enc == {"_encode_general": 3, "_encode_tail": 1, "_escape_rounds": 5}, enc
+        want = {"_decode_zeros": 2, "_decode_raw": 1 if tail_coded else 2, "_patch_escapes": 6}
+        if tail_coded:
+            want["_decode_general"] = 1
+        assert dec == want, dec
+
+
+def _tier_digit_at(p, h, table, starts, c, tier, k):
+    """(byte index, bit shift) of digit k of chunk c's tier ``tier`` (3 or 4:
+    the 2-bit tiers) in the payload."""
+    n_open = table.n_open[c].tolist()
+    b = (2 * C + 7) >> 3
+    widths = [(n_open[0] + 7) >> 3, (n_open[1] + 7) >> 3, (2 * n_open[2] + 7) >> 3]
+    b += sum(widths[:tier - 1])
+    return int(starts[c, 0]) + b + (2 * k) // 8, (2 * k) % 8
+
+
+def test_hot_decode_flags_what_a_hot_chunk_cannot_hold():
+    """A hot chunk (n_zero 0, no zero flag) whose codes name +0.0's rank (a
+    tier-4 digit 0 or 1 made 2: the tiers' counts unchanged), whose escape
+    count is one short of its codes' (the last escape's byte is read from
+    the clamped stream), or (fp16) whose escape byte names an exponent past
+    the dtype's, sets ERR_COUNTS (ERR_EXPONENT) and none of ERR_TABLE,
+    ERR_OFFSETS; the torch reference refuses each payload too."""
+    from triton_kernels import dense_decode as D
+    for dtype in (torch.bfloat16, torch.float16):
+        x = hot_and_cold(dtype)[:C].clone().to(DEV)
+        p = codec_torch.encode(x, "dense")
+        h = F.parse_header(p)
+        table, offsets = F.read_table(p, h)
+        starts = F.stream_starts(h, table, offsets)
+        assert table.mode.tolist() == [1] and int(table.n_zero[0]) == 0
+        assert int(table.flags[0]) & (F.FLAG_ZPOS | F.FLAG_ZNEG) == 0
+        cases = []
+        for k in range(int(table.n_open[0, 3])):
+            at, sh = _tier_digit_at(p, h, table, starts, 0, 4, k)
+            if (int(p[at]) >> sh) & 3 < 2:
+                q = p.clone()
+                q[at] = (int(q[at]) & ~(3 << sh)) | (2 << sh)
+                cases.append(("zero rank", q, D.ERR_COUNTS.value))
+                break
+        nesc = int(table.n_esc[0])
+        assert nesc % 16 != 1, nesc  # one escape byte fewer keeps the padded esc
+        q = p.clone()
+        q[h.table_offset + 6], q[h.table_offset + 7] = (nesc - 1) & 0xFF, (nesc - 1) >> 8
+        cases.append(("escapes", q, D.ERR_COUNTS.value))
+        if dtype == torch.float16:
+            q = p.clone()
+            q[int(starts[0, 3])] = 0x40
+            cases.append(("escape byte", q, D.ERR_EXPONENT.value))
+        assert len(cases) == 2 + (dtype == torch.float16)
+        for name, q, bit in cases:
+            _torch_raises(q)
+            _, err = decode(q)
+            assert err & bit, (dtype, name, err)
+            assert not err & (D.ERR_TABLE.value | D.ERR_OFFSETS.value), (dtype, name, err)
+        y, err = decode(p)
+        assert err == 0 and torch.equal(bits(y), bits(x))

@@ -15,9 +15,14 @@ device word (``ERR_*``), read by the caller once, at the end; nothing is
 decoded from a chunk whose entry or offset is bad, and every load stays
 inside the chunk's segment.
 
-Hot path: every full CODED chunk, zeros of either sign coded or not (the
-kept elements' sm bytes are read at their rank among the kept ones). Cold
-(noinline): RAW chunks, and chunks that are not a full ``[T, 4, 8]`` tile:
+Hot path: a full CODED chunk without zeros (n_zero 0, no zero flag: what
+Gaussian data gives). Every element is kept, so its sm byte(s) and fp16 rem
+bits are read as words at its own index, thread by thread; the escaped
+elements' exponents (about one a thread in eight) are written after the
+block's store, one of each thread's a round (``_patch_escapes``). Cold
+(noinline): a full chunk with zeros (``_decode_zeros``: the kept elements'
+sm bytes read at their rank among the kept, every element's escape byte at
+its rank), RAW chunks, and chunks that are not a full ``[T, 4, 8]`` tile:
 the ragged last one, and payloads whose chunk size is not 4096 (the format
 allows 8..65535, a multiple of 8; such a chunk is decoded in sub-blocks of
 up to 4096 elements, each tier's stream position, the escape and the kept
@@ -34,6 +39,7 @@ import triton.language as tl
 from zipccl_fsdp import format as F
 
 from .dense_encode import _or, layout, tile3
+from ._codec_common import load_words24, low_bit_index
 
 # Error bits: the decoders' shared word (_codec_common.py).
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING,  # noqa: E402
@@ -130,6 +136,11 @@ KX15 = tuple(tl.constexpr(_kx(zp, zn, 15)) for zp in (0, 1) for zn in (0, 1))
 KX31 = tuple(tl.constexpr(_kx(zp, zn, 31)) for zp in (0, 1) for zn in (0, 1))
 (KA00, KA01, KA10, KA11), (KB00, KB01, KB10, KB11) = KX15, KX31
 assert all(k.value < 1 << 31 for k in KX15)
+# A chunk without zeros (_decode_full's HOT): shifted right by a rank r, bit 0
+# says r is the rank of +0.0 (10: with no zero flag it has no sm byte, so
+# in a chunk whose n_zero is 0 no element has it), bit ESC_AT that r is ESC.
+KX_HOT = tl.constexpr((1 << F.dense_symbol_table(False, False, 0).index(F.ZERO_SYMBOL))
+                      | ESC_KX.value)
 
 
 @triton.jit
@@ -251,13 +262,17 @@ def _decode_raw(src, dst, n, seg, ITEMSIZE: tl.constexpr, C: tl.constexpr, T: tl
 def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nkept, rem_nb, esc_nb,
                   p1, p2, p3, p4, ebase, kbase, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
                   MAN_BITS: tl.constexpr, G: tl.constexpr, T: tl.constexpr,
-                  FULL: tl.constexpr):
+                  FULL: tl.constexpr, HOT: tl.constexpr = False):
     """Decode elements k0 .. k0 + 8GT - 1 (those below n) of a CODED chunk
     whose entry and offset were checked: tier t's stream continues at bit
     p<t> of the codes, the block's first escape and kept element have ranks
     ebase and kbase; the table says nkept elements are kept and esc_nb
     escaped (loads past them are not made, so a corrupt segment is never
-    read past its end). FULL: all 8GT elements exist (no masks). Returns, per
+    read past its end). FULL: all 8GT elements exist (no masks). HOT (a
+    full chunk without zeros: _decode_full): every element is kept, so its
+    sm byte(s) and rem bits are at its own index, read as words thread by
+    thread, and the low field of ``kx`` counts the elements of a zero's rank
+    instead of the kept ones (none in a valid segment). Returns, per
     thread: ERR_EXPONENT where an element names an exponent the dtype lacks,
     the four tiers' run ends (bits) and the inclusive prefix of (escapes,
     kept elements << 16) over the block's threads."""
@@ -286,48 +301,120 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
     d4, e4 = _tier(codes64, nwords, p4, _is3(d3), G, 2)
     rank = d0 + b1 + b2 + d3 + d4  # 11: an escape
     nib = ((lut >> (4 * rank).to(tl.int64)) & 15).to(tl.int32)
-    if FULL:
-        # Kept (bit 0) and escape (bit ESC_AT) flags of the rank, from the
-        # chunk's word kx (_kept_esc_word).
-        kxr = (kx >> rank).to(tl.int32)  # (an int64 kx: its low word, one funnel shift)
-        ek = kxr & (KEPT_MASK + 1 + 1)
-        keep = ek & 1
+    if HOT:
+        # A thread's tier-4 digits, element k's at bits 2k, 2k + 1 of two
+        # words (elements 0..15, 16..31): 3 is an escape, 2 is rank 10
+        # (+0.0, which has no sm byte: none in a chunk whose n_zero is 0).
+        # The escaped elements' exponents come after the store
+        # (_patch_escapes); until then they are base (ESC's nibble, 8).
+        kq = tl.arange(0, 4 * G)[None, None, :]
+        dd = tl.sum(tl.reshape(d4, (T, 2, 4 * G)) << (2 * kq), axis=2)  # [T, 2]
+        d_lo, d_hi = tl.split(dd)
+        esc_lo = d_lo & (d_lo >> 1) & 0x55555555
+        esc_hi = d_hi & (d_hi >> 1) & 0x55555555
+        zeros = ((d_lo >> 1) & ~d_lo) | ((d_hi >> 1) & ~d_hi)
+        # A thread's escapes: the fields' sum, then SWAR (no popc in the interpreter).
+        x = esc_lo + esc_hi
+        x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+        x = (x + (x >> 4)) & 0x0F0F0F0F
+        tot = (x * 0x01010101) >> 24
+        incl = tl.cumsum(tot, axis=0) << ESC_AT
+        e = base + nib - 8
     else:
-        zero = ((nib + 2) >> 4) * vi  # nibbles 14 (-0.0) and 15 (+0.0)
-        keep = vi - zero
-        # Ranks among the block's kept elements (low bits) and escapes (high).
-        ek = keep | (_is3(d4) << ESC_AT)
-    pre, tot, rpre = _excl(ek, G)
-    incl = tl.cumsum(tot, axis=0)
-    if FULL:
-        # A pointer per thread, one byte before its first escape and kept
-        # element, plus the in-thread inclusive rank: an element that has
-        # one reads its own byte, any other a byte of the thread's run or
-        # the one before it (the value is not used), so no load needs a
-        # mask or a clamp. A thread whose run would end past the table's
-        # count (a corrupt segment; the count check fails) reads from byte
-        # 32 of the segment instead: ranks are <= 32 and a full chunk's
-        # codes alone are 8T bytes, so every load stays inside the segment.
-        ex = incl - tot
-        tbe = ebase + (ex >> ESC_AT)
-        tbk = kbase + (ex & KEPT_MASK)
-        e_at = tl.where(tbe + (tot >> ESC_AT) <= esc_nb, a_esc + tbe - 1, 32)
-        kin = pre + ek  # in-thread inclusive ranks
-        ebyte = tl.load((src + e_at)[:, None, None] + (kin >> ESC_AT))
-    else:
-        at = pre + (incl - tot)[:, None, None]
-        # Ranks past the table's counts (a corrupt segment; the count check
-        # fails) are clamped to the sub-stream's last byte, or the byte before
-        # it when empty: still inside the segment (its codes start it).
-        erank = tl.minimum(ebase + (at >> ESC_AT), esc_nb - 1)
-        krank = tl.minimum(kbase + (at & KEPT_MASK), nkept - 1)
-        ebyte = tl.load(src + a_esc + erank)  # (erank clamped: inside the segment)
-    e = tl.where(d4 == 3, ebyte.to(tl.int32) & 0xFF, base + nib - 8)
-    if not FULL:  # (a full chunk's zeros have nibble 8: e = base, in range)
-        e = tl.where(keep != 0, e, 0)
+        if FULL:
+            # Kept (bit 0) and escape (bit ESC_AT) flags of the rank, from the
+            # chunk's word kx (_kept_esc_word).
+            kxr = (kx >> rank).to(tl.int32)  # (an int64 kx: its low word, one funnel shift)
+            ek = kxr & (KEPT_MASK + 1 + 1)
+            keep = ek & 1
+        else:
+            zero = ((nib + 2) >> 4) * vi  # nibbles 14 (-0.0) and 15 (+0.0)
+            keep = vi - zero
+            # Ranks among the block's kept elements (low bits) and escapes (high).
+            ek = keep | (_is3(d4) << ESC_AT)
+        pre, tot, rpre = _excl(ek, G)
+        incl = tl.cumsum(tot, axis=0)
+        if FULL:
+            # A pointer per thread, one byte before its first escape and kept
+            # element, plus the in-thread inclusive rank: an element that has
+            # one reads its own byte, any other a byte of the thread's run or
+            # the one before it (the value is not used), so no load needs a
+            # mask or a clamp. A thread whose run would end past the table's
+            # count (a corrupt segment; the count check fails) reads from byte
+            # 32 of the segment instead: ranks are <= 32 and a full chunk's
+            # codes alone are 8T bytes, so every load stays inside the segment.
+            ex = incl - tot
+            tbe = ebase + (ex >> ESC_AT)
+            tbk = kbase + (ex & KEPT_MASK)
+            e_at = tl.where(tbe + (tot >> ESC_AT) <= esc_nb, a_esc + tbe - 1, 32)
+            kin = pre + ek  # in-thread inclusive ranks
+            ebyte = tl.load((src + e_at)[:, None, None] + (kin >> ESC_AT))
+            krank = kin
+        else:
+            at = pre + (incl - tot)[:, None, None]
+            # Ranks past the table's counts (a corrupt segment; the count check
+            # fails) are clamped to the sub-stream's last byte, or the byte before
+            # it when empty: still inside the segment (its codes start it).
+            erank = tl.minimum(ebase + (at >> ESC_AT), esc_nb - 1)
+            krank = tl.minimum(kbase + (at & KEPT_MASK), nkept - 1)
+            ebyte = tl.load(src + a_esc + erank)  # (erank clamped: inside the segment)
+            tbk = krank
+            kin = krank
+        e = tl.where(d4 == 3, ebyte.to(tl.int32) & 0xFF, base + nib - 8)
+        if not FULL:  # (a full chunk's zeros have nibble 8: e = base, in range)
+            e = tl.where(keep != 0, e, 0)
     bad = tl.reduce(tl.reshape(e, (T, 8 * G)), 1, _or)
     ev = tl.where((bad >> EXP_BITS) != 0, ERR_EXPONENT, 0)  # (negative: set too)
+    if HOT:
+        ev = ev | tl.where((zeros & 0x55555555) != 0, ERR_COUNTS, 0)
     # sm: the kept elements' bytes at their rank; a zero's sign from its symbol.
+    if HOT:  # every element kept: its bytes at its index
+        sm = _load_sm_rows(src + 16 * (a_sm >> 4), src + 16 * (a_rem >> 4), low16, ITEMSIZE,
+                           EXP_BITS, G, T)
+    else:
+        sm = _gather_sm(src, a_sm, a_rem, a_esc, low16, nkept, kbase, incl, tot, tbk, kin, krank,
+                        pre, rpre, ITEMSIZE, EXP_BITS, G, T, FULL)
+    if not FULL:
+        if IS_FP16:
+            sm = tl.where(zero != 0, (15 - nib) << 15, sm)
+        else:
+            sm = tl.where(zero != 0, (15 - nib) << MAN_BITS, sm)
+    if ITEMSIZE == 2 and MAN_BITS == 7:  # bf16: sm * 0x101 is sm | sm << 8 (8-bit sm)
+        w = ((sm * 0x101) & 0x807F) | (e << MAN_BITS)
+    elif ITEMSIZE == 4:  # sm's sign bit moved up by EXP_BITS (sm + s (2^E - 1)), e added below
+        w = (sm + (sm & (1 << MAN_BITS)) * ((1 << EXP_BITS) - 1)) + e * (1 << MAN_BITS)
+    else:  # fp16: sm is the word but its exponent
+        w = sm | (e << MAN_BITS)
+    if FULL:
+        if not HOT:  # a zero: its sign alone (kx)
+            if ITEMSIZE == 4:
+                w = tl.where(keep != 0, w, kxr & (-0x7FFFFFFF - 1))
+            else:
+                w = tl.where(keep != 0, w, kxr & 0x8000)
+        if ITEMSIZE == 2:
+            tl.store(dst + i, w.to(tl.int16))
+        else:  # a row of 8 words is two 16-byte stores: [T, 2G, 4]
+            i4 = k0 + tl.arange(0, T)[:, None, None] * (8 * G) + (
+                tl.arange(0, 2 * G)[None, :, None] * 4 + tl.arange(0, 4)[None, None, :])
+            tl.store(dst + i4, tl.reshape(w, (T, 2 * G, 4)))
+        if HOT:
+            ev = ev | _patch_escapes(src, dst + k0, a_esc, esc_nb, (incl >> ESC_AT) - tot, tot,
+                                     esc_lo, esc_hi, EXP_BITS, MAN_BITS, G, T)
+    else:
+        tl.store(dst + i, w.to(dst.dtype.element_ty), mask=vi != 0)
+    return ev, e1, e2, e3, e4, incl
+
+
+@triton.jit
+def _gather_sm(src, a_sm, a_rem, a_esc, low16, nkept, kbase, incl, tot, tbk, kin, krank, pre,
+               rpre, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, G: tl.constexpr,
+               T: tl.constexpr, FULL: tl.constexpr):
+    """The kept elements' sm values (fp16: with their rem bits), each read
+    at its rank among the kept (FULL: the per-thread pointer ``tbk`` and
+    in-thread inclusive ranks ``kin`` of _decode_block; else the clamped
+    ranks ``krank``); an element that is not kept reads some byte of the
+    segment, whose value the caller replaces."""
+    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     if ITEMSIZE == 4:
         smb = 3 - 2 * low16
     else:
@@ -344,14 +431,14 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
         # 16..23) they start two bytes early, so the third reads it and the
         # first two read bytes before it, still inside the segment (its codes
         # come first), whose bits the mask drops.
-        word = tl.zeros([T, G, 8], tl.int32)
+        word = tl.zeros(kr.shape, tl.int32)
         at = sm_src - 2 * low16 + kr * smb
         for b in tl.static_range(3):
             byte = tl.load(at + b)
             word = word | ((byte.to(tl.int32) & 0xFF) << (8 * b))
         sm = word & (0xFFFFFF - 0xFFFF * low16)
     else:
-        sm = tl.load(sm_src + kr).to(tl.int32) & 0xFF  # (a zero's: replaced below)
+        sm = tl.load(sm_src + kr).to(tl.int32) & 0xFF  # (a zero's: replaced by the caller)
         if IS_FP16:
             # rem: a row's kept elements' 3-bit values are <= 24 bits from
             # bit 3 k of the rem stream (k: the row's first kept rank), read
@@ -365,35 +452,102 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
             r1w = tl.load(rem32 + wi + 1, mask=wi + 1 < room, other=0).to(tl.uint32).to(tl.uint64)
             run = ((r0w | (r1w << 32)) >> (bit & 31).to(tl.uint64)).to(tl.uint32)
             rem = ((run >> (3 * ((pre - rpre) & KEPT_MASK)).to(tl.uint32)) & 7).to(tl.int32)
-            # The word's sign (rem bit 2, to bit 15) and top mantissa bits
-            # (rem bits 0, 1, to bits 8, 9) by one multiply: rem << 8 and
-            # rem << 13 are disjoint. sm is then the word but its exponent.
-            sm = sm | ((rem * 0x2100) & 0x8300)
-    if not FULL:
-        if IS_FP16:
-            sm = tl.where(zero != 0, (15 - nib) << 15, sm)
+            sm = sm | _rem_bits(rem)
+    return sm
+
+
+@triton.jit
+def _rem_bits(rem):
+    """fp16: the word's sign (rem bit 2, to bit 15) and top mantissa bits
+    (rem bits 0, 1, to bits 8, 9) by one multiply: rem << 8 and rem << 13
+    are disjoint. sm | this is the word but its exponent."""
+    return (rem * 0x2100) & 0x8300
+
+
+@triton.jit
+def _load_sm_rows(sm_at, rem_at, low16, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                  G: tl.constexpr, T: tl.constexpr):
+    """A hot chunk's sm values as the [T, G, 8] tile (every element kept:
+    element k's sm byte(s) at k times their count from ``sm_at``, fp16's
+    rem bits at bit 3k from ``rem_at``; both 16-byte aligned), read as
+    words thread by thread: 16-bit words' sm bytes four to a word (fp16:
+    with the rem bits, a row's 24 bits, a thread's four rows in three
+    words); fp32's 3-byte values four to three words, or with LOW16 their
+    top bytes (the value's bits 16..23) four to a word."""
+    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
+    wd = sm_at.to(tl.pointer_type(tl.int32))
+    if ITEMSIZE == 4:
+        h = tl.arange(0, T)[:, None, None] * (2 * G) + tl.arange(0, G)[None, :, None] * 2 + (
+            tl.arange(0, 2)[None, None, :])  # a row's two halves of 4 elements: [T, G, 2]
+        if low16 != 0:
+            x = tl.load(wd + h)
+            v0 = (x & 0xFF) << 16
+            v1 = (x & 0xFF00) << 8
+            v2 = x & 0xFF0000
+            v3 = (x >> 8) & 0xFF0000
         else:
-            sm = tl.where(zero != 0, (15 - nib) << MAN_BITS, sm)
-    if ITEMSIZE == 2 and MAN_BITS == 7:  # bf16: sm * 0x101 is sm | sm << 8 (8-bit sm)
-        w = ((sm * 0x101) & 0x807F) | (e << MAN_BITS)
-    elif ITEMSIZE == 4:  # sm's sign bit moved up by EXP_BITS (sm + s (2^E - 1)), e added below
-        w = (sm + (sm & (1 << MAN_BITS)) * ((1 << EXP_BITS) - 1)) + e * (1 << MAN_BITS)
-    else:  # fp16: sm is the word but its exponent
-        w = sm | (e << MAN_BITS)
-    if FULL:  # a zero: its sign alone (kx)
-        if ITEMSIZE == 4:
-            w = tl.where(keep != 0, w, kxr & (-0x7FFFFFFF - 1))
-        else:
-            w = tl.where(keep != 0, w, kxr & 0x8000)
-        if ITEMSIZE == 2:
-            tl.store(dst + i, w.to(tl.int16))
-        else:  # a row of 8 words is two 16-byte stores: [T, 2G, 4]
-            i4 = k0 + tl.arange(0, T)[:, None, None] * (8 * G) + (
-                tl.arange(0, 2 * G)[None, :, None] * 4 + tl.arange(0, 4)[None, None, :])
-            tl.store(dst + i4, tl.reshape(w, (T, 2 * G, 4)))
+            w0 = tl.load(wd + 3 * h)
+            w1 = tl.load(wd + 3 * h + 1)
+            w2 = tl.load(wd + 3 * h + 2)
+            v0 = w0 & 0xFFFFFF
+            v1 = ((w0 >> 24) & 0xFF) | ((w1 & 0xFFFF) << 8)
+            v2 = ((w1 >> 16) & 0xFFFF) | ((w2 & 0xFF) << 16)
+            v3 = (w2 >> 8) & 0xFFFFFF
+        sm = tl.reshape(tl.join(tl.join(v0, v2), tl.join(v1, v3)), (T, G, 8))
     else:
-        tl.store(dst + i, w.to(dst.dtype.element_ty), mask=vi != 0)
-    return ev, e1, e2, e3, e4, incl
+        k = tl.arange(0, T)[:, None, None] * (2 * G) + tl.arange(0, G)[None, :, None] * 2 + (
+            tl.arange(0, 2)[None, None, :])
+        x = tl.load(wd + k)  # [T, G, 2]: a row's two words
+        sm = tl.reshape((x[:, :, :, None] >> (8 * tl.arange(0, 4)[None, None, None, :])) & 0xFF,
+                        (T, G, 8))
+        if IS_FP16:
+            tl.static_assert(G == 4)
+            row = load_words24(rem_at, 12 * T, T, 1)  # [T, 4]: row g's 24 bits
+            rem = (row[:, :, None] >> (3 * tl.arange(0, 8)[None, None, :])) & 7
+            sm = sm | _rem_bits(rem)
+    return sm
+
+
+@triton.jit
+def _patch_escapes(src, dst, a_esc, esc_nb, first, cnt, esc_lo, esc_hi, EXP_BITS: tl.constexpr,
+                   MAN_BITS: tl.constexpr, G: tl.constexpr, T: tl.constexpr):
+    """A hot chunk's escaped elements' exponents, written into the words the
+    block stored: escapes are rare (Gaussian data: about one a thread in
+    eight), so each thread takes its own in rounds, one a round (the
+    lowest set bit of its escape words ``esc_lo``, ``esc_hi``: bit 2k for
+    element k of each half), reading its escape byte (ranks from ``first``,
+    the thread's first; past the table's count, a corrupt segment, clamped
+    to the sub-stream's last byte or the byte before it, inside the
+    segment) and reading back and rewriting the element's word. Returns
+    ERR_EXPONENT where an escape byte names no exponent of the dtype."""
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    kmax = tl.max(cnt, axis=0)
+    bad = cnt * 0
+    if kmax > 0:
+        # The block's stores before the read-backs (a word may have been
+        # stored by another thread of the block).
+        tl.debug_barrier()
+        words = dst + tl.arange(0, T) * (8 * G)
+        at = a_esc + first
+        last = a_esc + esc_nb - 1
+        k = kmax * 0
+        one = (a_esc > 0).to(tl.int32)  # 1, but not to the compiler: it does not unroll the loop
+        while k < kmax:  # offline: dense escape rounds
+            lo = esc_lo != 0
+            m = tl.where(lo, esc_lo, esc_hi)
+            live = m != 0
+            b = m & -m
+            el = (low_bit_index(b) >> 1) + tl.where(lo, 0, 8 * G // 2)
+            esc_lo = tl.where(lo, esc_lo ^ b, esc_lo)
+            esc_hi = tl.where(lo, esc_hi, esc_hi ^ b)
+            byte = tl.load(src + tl.minimum(at, last), mask=live, other=0).to(tl.int32) & 0xFF
+            old = tl.load(words + el, mask=live, other=0).to(tl.int32)
+            new = (old & ~(EMAX << MAN_BITS)) | (byte << MAN_BITS)
+            tl.store(words + el, new.to(dst.dtype.element_ty), mask=live)
+            bad = bad | byte
+            at = at + 1
+            k = k + one
+    return tl.where((bad >> EXP_BITS) != 0, ERR_EXPONENT, 0)
 
 
 @triton.jit
@@ -438,29 +592,47 @@ def _pads_bad_spread(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc,
 @triton.jit
 def _decode_full(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
                  ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
-                 CP: tl.constexpr, T: tl.constexpr):
-    """A full CODED chunk of CP = 32 T elements (the hot path); returns ERR_* bits."""
+                 CP: tl.constexpr, T: tl.constexpr, HOT: tl.constexpr):
+    """A full CODED chunk of CP = 32 T elements; returns ERR_* bits. HOT: a
+    chunk without zeros (no zero flag, n_zero 0: Gaussian data), the hot
+    path; else the cold _decode_zeros'."""
     G: tl.constexpr = CP // (8 * T)
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     b1, b2, b3, b4, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = _chunk_layout(
         n, flags, nz, nesc, o1, o2, o3, o4, ITEMSIZE, IS_FP16)
     zp = (flags >> 1) & 1
     zn = (flags >> 2) & 1
-    lut = _sym_full(zp, zn, phase)
-    kx = _kept_esc_word(zp, zn, 31 if ITEMSIZE == 4 else 15)
+    if HOT:
+        lut = _pick_i64(phase, F00, F01, F02, F03)
+        kx = tl.full([], KX_HOT, tl.int32)
+        kept = 0  # the low field counts zeros' ranks: none
+    else:
+        lut = _sym_full(zp, zn, phase)
+        kx = _kept_esc_word(zp, zn, 31 if ITEMSIZE == 4 else 15)
+        kept = n - nz
     ev, e1, e2, e3, e4, incl = _decode_block(
         src, dst, 0, n, base, lut, kx, flags & 1, a_sm, a_rem, a_esc, n - nz, rem_nb, esc_nb,
-        8 * b1, 8 * b2, 8 * b3, 8 * b4, 0, 0, ITEMSIZE, EXP_BITS, MAN_BITS, G, T, True)
+        8 * b1, 8 * b2, 8 * b3, 8 * b4, 0, 0, ITEMSIZE, EXP_BITS, MAN_BITS, G, T, True, HOT)
     # The thread holding the last element checks the chunk's totals.
     last = tl.arange(0, T) == T - 1
     # (Each run end against the table's, by one OR of XORs; the escape and
     # kept counts as one word, fields that cannot carry into each other.)
     tiers = ((e1 ^ (8 * b1 + o1)) | (e2 ^ (8 * b2 + o2)) | (e3 ^ (8 * b3 + 2 * o3)) | (
         e4 ^ (8 * b4 + 2 * o4))) != 0
-    counts = incl != (nesc << ESC_AT) + (n - nz)
+    counts = incl != (nesc << ESC_AT) + kept
     ev = ev | tl.where(last & tiers, ERR_TIERS, 0) | tl.where(last & counts, ERR_COUNTS, 0)
     pad = _pads_bad_spread(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, T)
     return tl.reduce(ev | tl.where(pad != 0, ERR_PADDING, 0), 0, _or)
+
+
+@triton.jit(noinline=True)
+def _decode_zeros(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
+                  ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
+                  CP: tl.constexpr, T: tl.constexpr):
+    """Cold code: a full CODED chunk with zeros (a zero flag or n_zero > 0),
+    whose kept elements' sm bytes are read at their rank among the kept."""
+    return _decode_full(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4, ITEMSIZE,
+                        EXP_BITS, MAN_BITS, CP, T, False)
 
 
 @triton.jit(noinline=True)
@@ -564,8 +736,12 @@ def dense_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off, 
             err = err | _decode_raw(src, dst, n, seg, ITEMSIZE, CP, T)
         elif G == 4:
             if n == CP:
-                err = err | _decode_full(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3,
-                                         o4, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
+                if (nz | (flags & 6)) == 0:
+                    err = err | _decode_full(src, dst, n, flags, base, phase, nz, nesc, o1, o2,
+                                             o3, o4, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T, True)
+                else:
+                    err = err | _decode_zeros(src, dst, n, flags, base, phase, nz, nesc, o1, o2,
+                                              o3, o4, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
             else:
                 err = err | _decode_general(src, dst, n, flags, base, phase, nz, nesc, o1, o2,
                                             o3, o4, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)

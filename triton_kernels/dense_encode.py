@@ -7,10 +7,16 @@ its padded segment size in 16-byte units, gets its segment offset from the
 decoupled look-back (``_lookback.chunk_offset``), writes ``offsets[c]`` and
 then its whole segment, padding included (format.py, "Body").
 
-Hot path: every full chunk, whatever its zeros (flagged or not: the kept
-elements' sm bytes go to their rank among the kept ones). Cold (noinline):
-the ragged last chunk (the same code with masks) and the raw copy of a
-chunk that does not shrink.
+Hot path (``_encode_full``): a full chunk without exact zeros, which is
+what Gaussian data (FSDP parameters and gradients) gives. Every element is
+kept, so its sm byte(s) and fp16 rem bits sit at its own index in their
+streams and are stored as words, thread by thread; its rank depends on its
+exponent alone; and its escapes (about one a thread in eight) are written
+in rounds, one of each thread's a round (``_escape_rounds``). Cold
+(noinline): a full chunk with zeros (``_encode_general``: each kept
+element's sm bytes at its rank among the kept, every escape scattered at
+its rank; it reads the chunk again, from cache), the ragged last chunk (the
+same code with masks) and the raw copy of a chunk that does not shrink.
 
 Layout. The chunk is a ``[T, G, 8]`` tile: T = 32 * num_warps threads, and
 thread t holds the 8 * G consecutive elements ``t * 8G + g * 8 + q`` (its G
@@ -33,8 +39,9 @@ exclusive prefix of the threads' counts. Runs of neighbouring threads share
 bytes (a run may be shorter than a byte), so the streams past tier 0 are
 written by zeroing their granules, a barrier, and 32-bit atomic ORs of each
 run's (at most three) words: no thread needs another's bits. The fp16 rem
-stream (3 bits per kept element) is written the same way, a row of 8
-elements (<= 24 bits, two words) at a time.
+stream (3 bits per kept element) is written the same way on the cold
+path, a row of 8 elements (<= 24 bits, two words) at a time; on the hot
+path a thread's 32 elements' bits are its own three words.
 """
 from __future__ import annotations
 
@@ -43,7 +50,7 @@ import triton.language as tl
 
 from zipccl_fsdp import format as F
 
-from ._codec_common import store_words
+from ._codec_common import low_bit_index, popc32, store_words, store_words24, words24
 from ._lookback import chunk_offset, store_total, ticket
 
 # The shape of the format this kernel is written for (fails loudly if it changes).
@@ -196,6 +203,16 @@ def _store_esc(at, kex, kpre, e, esc, W4: tl.constexpr):
     each at its escape rank: a pointer per thread plus the in-thread rank
     (the low field of the packed counters kex, kpre)."""
     tl.store(_bt(at + (kex & EM), W4) + (kpre & EM), e.to(tl.uint8), mask=esc != 0)
+
+
+@triton.jit
+def _kidx(G: tl.constexpr, W4: tl.constexpr):
+    """An element's index among its thread's 8G, broadcastable to the tile."""
+    if W4:
+        r = tl.arange(0, G)[None, :, None, None] * 8 + _qidx(W4)
+    else:
+        r = tl.arange(0, G)[None, :, None] * 8 + _qidx(W4)
+    return r
 
 
 @triton.jit
@@ -390,6 +407,30 @@ def _chunk_lut(base, phase, zp, zn):
     return lut << 2, ekw
 
 
+def _hot_rank_lut(phase: int) -> int:
+    """4 x the rank of exponent index j (0..10: offset j - 6; index 10 is
+    every offset outside -6..3, _exp_index4) in bits 4j + 2 .. 4j + 5, for a
+    chunk with neither zero flag (format.dense_symbol_table: the phase's
+    order, then +0.0, which a hot chunk does not hold; an offset outside the
+    order is ESC)."""
+    table = F.dense_symbol_table(False, False, phase)
+    acc = 0
+    for j in range(11):
+        d = j - 6
+        acc |= (table.index(d) if d in table else F.DENSE_ESC) << (4 * j)
+    assert acc >> (4 * 10) == F.DENSE_ESC
+    return acc << 2
+
+
+HL0, HL1, HL2, HL3 = (tl.constexpr(_hot_rank_lut(ph)) for ph in range(4))
+
+
+@triton.jit
+def _hot_lut(phase):
+    """_chunk_lut's rank table for a chunk without zero flags (indexes 0..10)."""
+    return _pick64(phase, HL0, HL1, HL2, HL3)
+
+
 @triton.jit
 def _nib(lut, sh):
     return ((lut >> sh) & 15).to(tl.int32)
@@ -406,70 +447,73 @@ def _finish(total_ptr, out_ptr, units, offsets_off, nch):
 
 
 @triton.jit
+def _load_full(x_ptr, start, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+               MAN_BITS: tl.constexpr, G: tl.constexpr, T: tl.constexpr):
+    """A full chunk's words (the input's only read) and exponents: fp32 as the
+    [T, G, 2, 4] tile (W4, see _rsum) in ``w``; 16-bit words as int32 pairs
+    ``wp`` ([T, G, 4]), with their sm bytes (bytes 0 and 2 of ``sm8p``, the
+    pairs' other bytes not theirs) and the sign-extended words ``w`` and
+    exponents ``e`` of the [T, G, 8] tile."""
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
+    if ITEMSIZE == 4:
+        # A row of 8 words is two 16-byte loads: the [T, G, 2, 4] tile.
+        i4 = (tl.arange(0, T)[:, None, None, None] * (8 * G)
+              + tl.arange(0, G)[None, :, None, None] * 8
+              + tl.arange(0, 2)[None, None, :, None] * 4 + tl.arange(0, 4)[None, None, None, :])
+        w = tl.load(x_ptr + start + i4)
+        wp = w
+        sm8p = w
+        e = (w >> MAN_BITS) & EMAX
+    else:
+        # Pairs of 16-bit words as int32 [T, G, 4], split by shifts into
+        # sign-extended elements: loaded as int16 and widened, LLVM packs
+        # the element math into 16x2 SIMD ops with a repack per step.
+        i2 = tl.arange(0, T)[:, None, None] * (4 * G) + tl.arange(0, G)[None, :, None] * 4 + (
+            tl.arange(0, 4)[None, None, :])
+        wp = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + start // 2 + i2)
+        w = tl.reshape(tl.join((wp << 16) >> 16, wp >> 16), (T, G, 8))
+        # The sm bytes of both words of a pair at once. bf16: the sign
+        # moved next to the 7 mantissa bits (bits 7 and 23 taken from 8
+        # above, one bit select; the mask ORs in c >> 31, which is 0 for a
+        # chunk id, so that LLVM keeps the select, one LOP3, instead of
+        # two ANDs with complementary constants and an OR); fp16: the low
+        # mantissa byte.
+        if IS_FP16:
+            sm8p = wp
+        else:
+            msk = 0x00800080 | (c >> 31)
+            sm8p = wp ^ ((wp ^ (wp >> 8)) & msk)
+        # Both exponents of a pair by one shift and mask.
+        ep = (wp >> MAN_BITS) & (EMAX | (EMAX << 16))
+        e = tl.reshape(tl.join(ep & EMAX, ep >> 16), (T, G, 8))
+    return w, wp, sm8p, e
+
+
+@triton.jit
 def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
                   body_off, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
                   MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr,
                   FULL: tl.constexpr):
-    """Chunk c: its analysis, table entry, offset and segment. FULL: the
-    chunk has C elements (the hot path; the ragged last chunk is the cold
-    _encode_tail)."""
+    """Chunk c, any content: its analysis, table entry, offset and segment.
+    FULL: the chunk has C elements. Cold code only (inlined into the
+    noinline _encode_general and _encode_tail): the hot path is
+    _encode_full's."""
     G: tl.constexpr = C // (8 * T)
-    # 16-byte granules per thread that cover a coded segment past tier 0
-    # (smaller than the raw one).
-    SG: tl.constexpr = (C * ITEMSIZE + 16 * T - 1) // (16 * T)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
-    SIGN_SHIFT: tl.constexpr = MAN_BITS + EXP_BITS
-    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     W4: tl.constexpr = FULL and ITEMSIZE == 4  # the [T, G, 2, 4] tile (_rsum)
-    # The noinline calls (the raw segment, the last program's header) after
-    # the coded writes: then no value of those writes is live across a call
-    # (which may clobber any register), so fewer spill. fp16 makes the
-    # header's call right after the offset: with it last, ptxas recomputes
-    # the sign-extended words instead of spilling them, which counts more
-    # (docs/benchmarks.md, "Dense Triton kernels, nineteenth session"). The
-    # order of the writes does not matter: they are disjoint and the host
-    # reads after the launch.
-    FINISH_LAST: tl.constexpr = not IS_FP16
     start = c.to(tl.int64) * C
     i = tile3(G, T)
-    # --- load and analyze (the input's only read) ---
+    # --- load and analyze ---
     if FULL:
         n = C + 0 * c
-        if ITEMSIZE == 4:
-            # A row of 8 words is two 16-byte loads: the [T, G, 2, 4] tile
-            # (W4, see _rsum).
-            i4 = (tl.arange(0, T)[:, None, None, None] * (8 * G)
-                  + tl.arange(0, G)[None, :, None, None] * 8
-                  + tl.arange(0, 2)[None, None, :, None] * 4 + tl.arange(0, 4)[None, None, None, :])
-            w = tl.load(x_ptr + start + i4)
-        else:
-            # Pairs of 16-bit words as int32 [T, G, 4], split by shifts into
-            # sign-extended elements: loaded as int16 and widened, LLVM packs
-            # the element math into 16x2 SIMD ops with a repack per step.
-            i2 = tl.arange(0, T)[:, None, None] * (4 * G) + tl.arange(0, G)[None, :, None] * 4 + (
-                tl.arange(0, 4)[None, None, :])
-            wp = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + start // 2 + i2)
-            w = tl.reshape(tl.join((wp << 16) >> 16, wp >> 16), (T, G, 8))
-            # The sm bytes of both words of a pair at once (the byte store
-            # keeps the low 8 bits: no mask per element). bf16: the sign
-            # moved next to the 7 mantissa bits (bits 7 and 23 taken from 8
-            # above, one bit select; the mask ORs in c >> 31, which is 0 for a
-            # chunk id, so that LLVM keeps the select, one LOP3, instead of
-            # two ANDs with complementary constants and an OR); fp16: the low
-            # mantissa byte.
-            if IS_FP16:
-                sm8 = w
-            else:
-                msk = 0x00800080 | (c >> 31)
-                smp = wp ^ ((wp ^ (wp >> 8)) & msk)
-                sm8 = tl.reshape(tl.join(smp, smp >> 16), (T, G, 8))
-            # Both exponents of a pair by one shift and mask.
-            ep = (wp >> MAN_BITS) & (EMAX | (EMAX << 16))
-            e = tl.reshape(tl.join(ep & EMAX, ep >> 16), (T, G, 8))
+        w, wp, sm8p, e = _load_full(x_ptr, start, c, ITEMSIZE, EXP_BITS, MAN_BITS, G, T)
         vi = 1
     else:
         n = tl.minimum(numel - start, C).to(tl.int32)
         w = tl.load(x_ptr + start + i, mask=i < n, other=0).to(tl.int32)
+        wp = w
+        sm8p = w
         vi = (i < n).to(tl.int32)
     if ITEMSIZE == 2:
         if not FULL:
@@ -497,12 +541,7 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     qq = tl.where(k_norm > 0, (4 * s_sum) // tl.maximum(k_norm, 1), 0)
     base = qq >> 2
     phase = qq & 3
-    low16 = 0
-    if ITEMSIZE == 4:
-        lo = w & 0xFFFF
-        if W4:
-            lo = tl.reduce(lo, 3, _or)
-        low16 = (tl.max(tl.reduce(tl.reduce(lo, 2, _or), 1, _or), 0) == 0).to(tl.int32)
+    low16 = _low16(w, ITEMSIZE, W4)
     zp = ((npos << 4) >= n).to(tl.int32)
     zn = ((nneg << 4) >= n).to(tl.int32)
 
@@ -510,11 +549,56 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     lut4, ekw = _chunk_lut(base, phase, zp, zn)
     idx4 = tl.where(is_pos, 48, tl.where(is_neg, 44, _exp_index4(e, base)))
     sh = ((lut4 >> idx4.to(tl.int64)) & 60).to(tl.int64)  # 4 x the rank
+    # Escape (bit 0) and kept (bit KS) flags of the rank from the chunk's word.
+    ek = ((ekw >> sh) & EK_FLAGS).to(tl.int32)
+    _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offsets_off, body_off,
+                    c, start, n, w, wp, sm8p, e, sh, ek, vi, base, phase, low16, zp, zn,
+                    ITEMSIZE, EXP_BITS, MAN_BITS, C, T, FULL, False)
+
+
+@triton.jit
+def _low16(w, ITEMSIZE: tl.constexpr, W4: tl.constexpr):
+    """fp32: 1 where every word of the chunk has zero low 16 bits (LOW16), else 0."""
+    low16 = 0
+    if ITEMSIZE == 4:
+        lo = w & 0xFFFF
+        if W4:
+            lo = tl.reduce(lo, 3, _or)
+        low16 = (tl.max(tl.reduce(tl.reduce(lo, 2, _or), 1, _or), 0) == 0).to(tl.int32)
+    return low16
+
+
+@triton.jit
+def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offsets_off, body_off,
+                    c, start, n, w, wp, sm8p, e, sh, ek, vi, base, phase, low16, zp, zn,
+                    ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
+                    C: tl.constexpr, T: tl.constexpr, FULL: tl.constexpr, HOT: tl.constexpr):
+    """Chunk c's tier streams, table entry, offset and segment, from its
+    elements' ranks (``sh``: 4 x the rank) and escape (bit 0) and kept (bit
+    KS) flags ``ek``. HOT (a full chunk with every element kept and no
+    zero flag, _encode_full): ``ek`` holds the escape flags alone, and an
+    element's sm byte(s) and rem bits are at its index in their streams,
+    so they are stored as words, thread by thread; otherwise each kept
+    element's are scattered to its rank among the kept."""
+    G: tl.constexpr = C // (8 * T)
+    # 16-byte granules per thread that cover a coded segment past tier 0
+    # (smaller than the raw one).
+    SG: tl.constexpr = (C * ITEMSIZE + 16 * T - 1) // (16 * T)
+    SIGN_SHIFT: tl.constexpr = MAN_BITS + EXP_BITS
+    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
+    W4: tl.constexpr = FULL and ITEMSIZE == 4  # the [T, G, 2, 4] tile (_rsum)
+    # The noinline calls (the raw segment, the last program's header) after
+    # the coded writes: then no value of those writes is live across a call
+    # (which may clobber any register), so fewer spill. fp16 makes the
+    # header's call right after the offset: with it last, ptxas recomputes
+    # the sign-extended words instead of spilling them, which counts more
+    # (docs/benchmarks.md, "Dense Triton kernels, nineteenth session"). The
+    # order of the writes does not matter: they are disjoint and the host
+    # reads after the launch.
+    FINISH_LAST: tl.constexpr = not IS_FP16
     m = _nib(tl.full([], RANK_M, tl.int64), sh)
     dv = _nib(tl.full([], RANK_D, tl.int64), sh)  # tier-3 digit | tier-4 digit << 2
     d0 = tl.minimum(sh.to(tl.int32), 12)  # 4 x the tier-0 digit, min(rank, 3)
-    # Escape (bit 0) and kept (bit KS) flags of the rank from the chunk's word.
-    ek = ((ekw >> sh) & EK_FLAGS).to(tl.int32)
     if not FULL:
         m = m * vi
         dv = dv * vi
@@ -546,9 +630,12 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     run2 = tl.sum(r2 << ((rpre >> 8) & 0xFF), axis=1)
     run3 = tl.sum(r3.to(tl.uint64) << ((rpre >> 16) & 0xFF).to(tl.uint64), axis=1)
     run4 = tl.sum(r4.to(tl.uint64) << (rpre >> 24).to(tl.uint64), axis=1)
-    # Escapes (low half) and kept elements (high half): in-thread ranks.
-    esc = ek & 1
-    kpre, ktot, krpre = thread_excl(ek, W4)
+    if HOT:  # ek: a thread's escape mask (bit k: its element k)
+        ktot = popc32(ek)
+    else:
+        # Escapes (low half) and kept elements (high half): in-thread ranks.
+        esc = ek & 1
+        kpre, ktot, krpre = thread_excl(ek, W4)
     L1 = ttot & 0xFF
     L2 = (ttot >> 8) & 0xFF
     L3 = (ttot >> 16) & 0xFF
@@ -560,8 +647,10 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     ex4 = in4 - cnt4
     kex = kin - ktot
     n_esc = ktotal & EM
-    kept = ktotal >> KS
-    nz = n - kept
+    if HOT:
+        nz = 0 * n
+    else:
+        nz = n - (ktotal >> KS)
     n1 = (tot4 & 0xFFFF).to(tl.int32)
     n2 = ((tot4 >> 16) & 0xFFFF).to(tl.int32)
     n3 = ((tot4 >> 33) & 0x7FFF).to(tl.int32)
@@ -626,7 +715,7 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     # before sm (fewer values live across fp32's sm branch), for bf16 after
     # it, whichever counted fewer instructions (docs/benchmarks.md, "Dense
     # Triton kernels, nineteenth session").
-    ESC_FIRST: tl.constexpr = not (ITEMSIZE == 2 and MAN_BITS == 7)
+    ESC_FIRST: tl.constexpr = not (ITEMSIZE == 2 and MAN_BITS == 7) and not HOT
     if ESC_FIRST:
         if seg_c < raw_seg:
             _store_esc(dst + a_esc, kex, kpre, e, esc, W4)
@@ -635,7 +724,10 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     # Ranks among the kept (high half) and escaped (low half) elements: a
     # pointer per thread at its first one, the in-thread rank added per element.
     sm_dst = dst + a_sm
-    if ITEMSIZE == 4:
+    if HOT:
+        if seg_c < raw_seg:
+            _store_sm_rows(dst + 16 * (a_sm >> 4), smv, sm8p, low16, ITEMSIZE, G, T)
+    elif ITEMSIZE == 4:
         smb = 3 - 2 * low16
         smv = smv >> (16 * low16)  # LOW16: the top byte only (one shift, no select)
         if seg_c < raw_seg:
@@ -648,12 +740,18 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
                 for b in tl.static_range(1, 3):
                     tl.store(sm_at + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8), mask=keep != 0)
     else:
-        if not FULL:
+        if FULL:
+            sm8 = tl.reshape(tl.join(sm8p, sm8p >> 16), (T, G, 8))
+        else:
             sm8 = smv
         if seg_c < raw_seg:
             tl.store((sm_dst + (kex >> KS))[:, None, None] + (kpre >> KS),
                      sm8.to(tl.uint8), mask=keep != 0)
-    if not ESC_FIRST:
+    if HOT:
+        if seg_c < raw_seg:
+            _escape_rounds(x_ptr + start, dst + a_esc + kex, ek, ktot, c, EXP_BITS, MAN_BITS,
+                           G, T)
+    elif not ESC_FIRST:
         if seg_c < raw_seg:
             _store_esc(dst + a_esc, kex, kpre, e, esc, W4)
     if seg_c < raw_seg:
@@ -664,32 +762,120 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
         _or_run(words, 8 * b3 + p3, run3, lastw, True)
         _or_run(words, 8 * b4 + p4, run4, lastw, True)
         if IS_FP16:
-            # A row's kept elements' 3 bits (<= 24) at their rank in the row,
-            # OR-ed in at the row's first kept rank: two words a row.
-            if FULL:
-                # Both words of a pair at once (sign to bit 2, mantissa bits
-                # 8, 9 to 0, 1), and an element without an sm byte (an exact
-                # zero, whose mantissa bits are 0) keeps none of its sign:
-                # the kept bit, moved to bit 2, ORed with 3 is the mask.
-                remp = ((wp >> 13) & 0x00040004) | ((wp >> 8) & 0x00030003)
-                rem3p = tl.reshape(tl.join(remp & 7, remp >> 16), (T, G, 8))
-                rem3 = rem3p & ((ek >> (KS - 2)) | 3)
+            # fp16 rem: the kept elements' 3 bits (sign, mantissa bits 9, 8)
+            # in order.
+            if HOT:
+                _store_rem_rows(dst + 16 * (a_rem >> 4), wp, G, T)
             else:
-                rem3 = tl.where(keep != 0, ((w >> 13) & 4) | ((w >> 8) & 3), 0)
-            rk = krpre >> KS  # kept elements before the row, in the thread
-            run = tl.sum(rem3 << (3 * ((kpre >> KS) - rk[:, :, None])), axis=2).to(tl.uint64)
-            bit = 3 * ((kex >> KS)[:, None] + rk)
-            s3 = (bit & 31).to(tl.uint64)
-            rw = words + (a_rem >> 2) + (bit >> 5)
-            q0 = (run << s3) & 0xFFFFFFFF
-            q1 = (run << s3) >> 32
-            tl.atomic_or(rw, q0.to(tl.int32), mask=q0 != 0, sem="relaxed")
-            tl.atomic_or(rw + 1, q1.to(tl.int32), mask=q1 != 0, sem="relaxed")
+                # A row's kept elements' 3 bits (<= 24) at their rank in the
+                # row, OR-ed in at the row's first kept rank: two words a row.
+                if FULL:
+                    # Both words of a pair at once (sign to bit 2, mantissa bits
+                    # 8, 9 to 0, 1), and an element without an sm byte (an exact
+                    # zero, whose mantissa bits are 0) keeps none of its sign:
+                    # the kept bit, moved to bit 2, ORed with 3 is the mask.
+                    remp = ((wp >> 13) & 0x00040004) | ((wp >> 8) & 0x00030003)
+                    rem3p = tl.reshape(tl.join(remp & 7, remp >> 16), (T, G, 8))
+                    rem3 = rem3p & ((ek >> (KS - 2)) | 3)
+                else:
+                    rem3 = tl.where(keep != 0, ((w >> 13) & 4) | ((w >> 8) & 3), 0)
+                rk = krpre >> KS  # kept elements before the row, in the thread
+                run = tl.sum(rem3 << (3 * ((kpre >> KS) - rk[:, :, None])), axis=2).to(tl.uint64)
+                bit = 3 * ((kex >> KS)[:, None] + rk)
+                s3 = (bit & 31).to(tl.uint64)
+                rw = words + (a_rem >> 2) + (bit >> 5)
+                q0 = (run << s3) & 0xFFFFFFFF
+                q1 = (run << s3) >> 32
+                tl.atomic_or(rw, q0.to(tl.int32), mask=q0 != 0, sem="relaxed")
+                tl.atomic_or(rw + 1, q1.to(tl.int32), mask=q1 != 0, sem="relaxed")
     if seg_c >= raw_seg:
         _write_raw(x_ptr, start, n, dst, ITEMSIZE, C, T)
     if FINISH_LAST:
         if c == nch - 1:
             _finish(total_ptr, out_ptr, off + units, offsets_off, nch)
+
+
+@triton.jit
+def _store_sm_rows(at, smv, sm8p, low16, ITEMSIZE: tl.constexpr, G: tl.constexpr,
+                   T: tl.constexpr):
+    """The hot path's sm stream (every element kept: element k's bytes at
+    k times their count), stored as words from ``at`` (16-byte aligned):
+    16-bit words' sm bytes (bytes 0 and 2 of each pair of ``sm8p``) four to
+    a word; fp32's 3-byte sign+mantissa values (``smv``, the [T, G, 2, 4]
+    tile) four to three words, or with LOW16 their top bytes four to a
+    word."""
+    wd = at.to(tl.pointer_type(tl.int32))
+    if ITEMSIZE == 4:
+        a, b = tl.split(tl.reshape(smv, (T, G, 2, 2, 2)))  # a: entries 0, 2 of 4; b: 1, 3
+        v0, v2 = tl.split(a)
+        v1, v3 = tl.split(b)  # [T, G, 2]: a row's two halves
+        h = tl.arange(0, T)[:, None, None] * (2 * G) + tl.arange(0, G)[None, :, None] * 2 + (
+            tl.arange(0, 2)[None, None, :])  # the half's index in the chunk
+        if low16 != 0:
+            x = ((v0 >> 16) & 0xFF) | ((v1 >> 8) & 0xFF00) | (v2 & 0xFF0000) | (
+                (v3 << 8) & -0x1000000)
+            tl.store(wd + h, x)
+        else:
+            w0, w1, w2 = words24(v0, v1, v2, v3)
+            tl.store(wd + 3 * h, w0)
+            tl.store(wd + 3 * h + 1, w1)
+            tl.store(wd + 3 * h + 2, w2)
+    else:
+        a, b = tl.split(tl.reshape(sm8p, (T, G, 2, 2)))  # [T, G, 2]: pairs 2j, 2j + 1
+        x = (a & 0xFF) | ((a >> 8) & 0xFF00) | ((b & 0xFF) << 16) | ((b << 8) & -0x1000000)
+        k = tl.arange(0, T)[:, None, None] * (2 * G) + tl.arange(0, G)[None, :, None] * 2 + (
+            tl.arange(0, 2)[None, None, :])
+        tl.store(wd + k, x)
+
+
+@triton.jit
+def _escape_rounds(x_ptr, at, mask, cnt, c, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
+                   G: tl.constexpr, T: tl.constexpr):
+    """A hot chunk's escape bytes: escapes are rare (Gaussian data: about one
+    a thread in eight), so each thread writes its own in rounds, one a
+    round (the lowest set bit of its escape mask ``mask``), from ``at``
+    (the thread's first escape byte) on, its exponent read from the
+    element's word again (``x_ptr``: the chunk's first word; from cache).
+    ``c``: the chunk id (from the ticket's atomic: a value the compiler
+    cannot know, for the loop's step)."""
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    kmax = tl.max(cnt, axis=0)
+    words = x_ptr + tl.arange(0, T) * (8 * G)
+    k = kmax * 0
+    one = (c >= 0).to(tl.int32)  # 1, but not to the compiler: it does not unroll the loop
+    while k < kmax:  # offline: dense escape rounds
+        live = mask != 0
+        b = mask & -mask
+        mask = mask ^ b
+        w = tl.load(words + low_bit_index(b), mask=live, other=0).to(tl.int32)
+        tl.store(at, ((w >> MAN_BITS) & EMAX).to(tl.uint8), mask=live)
+        at = at + 1
+        k = k + one
+
+
+@triton.jit
+def _store_rem_rows(at, wp, G: tl.constexpr, T: tl.constexpr):
+    """The hot path's fp16 rem stream (every element kept: element k's 3 bits
+    at bit 3k), from the [T, G, 4] word pairs ``wp``: a row's eight 3-bit
+    values are 24 bits, a thread's four rows three words at ``at`` (16-byte
+    aligned) + 12 t."""
+    tl.static_assert(G == 4)
+    # A pair's two 3-bit values (sign to bit 2, mantissa bits 8, 9 to 0, 1;
+    # the second word's to bits 3..5).
+    remp = ((wp >> 13) & 0x00040004) | ((wp >> 8) & 0x00030003)
+    y = (remp | (remp >> 13)) & 0x3F
+    row = tl.sum(y << (6 * tl.arange(0, 4)[None, None, :]), axis=2)  # [T, 4]
+    store_words24(at, row, 12 * T, T, 1)
+
+
+@triton.jit(noinline=True)
+def _encode_general(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
+                    body_off, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                    MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr):
+    """A full chunk the hot path does not take: one with an exact zero of
+    either sign. Cold code: it reads the chunk again (from cache)."""
+    _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
+                  body_off, c, ITEMSIZE, EXP_BITS, MAN_BITS, C, T, True)
 
 
 @triton.jit(noinline=True)
@@ -702,6 +888,54 @@ def _encode_tail(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, o
 
 
 @triton.jit
+def _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
+                 body_off, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                 MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr):
+    """A full chunk: the hot path when it holds no exact zero of either sign
+    (Gaussian data), else the cold _encode_general. Without zeros every
+    element is kept (has its sm bytes), neither zero flag is set (their
+    thresholds count zeros), and an element's rank depends on its exponent
+    alone (subnormals, infinities and NaNs are escapes)."""
+    G: tl.constexpr = C // (8 * T)
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    W4: tl.constexpr = ITEMSIZE == 4
+    tl.static_assert(254 * C < (1 << 21))
+    start = c.to(tl.int64) * C
+    w, wp, sm8p, e = _load_full(x_ptr, start, c, ITEMSIZE, EXP_BITS, MAN_BITS, G, T)
+    normal = (e - 1).to(tl.uint32) < EMAX - 1  # 0 < e < EMAX
+    if ITEMSIZE == 4:
+        zero = (w << 1) == 0
+    else:
+        zero = (w << 17) == 0  # (w sign-extended)
+    # The locator's sums and the zeros: in-thread fields of one int32 (sum
+    # e < 2^13, counts <= 32), then one int64 sum over the threads (the
+    # threads that hold a zero at bit 34).
+    v = tl.where(normal, e + (1 << 13), tl.where(zero, 1 << 19, 0))
+    ts = tl.sum(_rsum(v, W4), axis=1)
+    t64 = (ts & 0x1FFF).to(tl.int64) | (((ts >> 13) & 63).to(tl.int64) << 21) | (
+        (ts >= (1 << 19)).to(tl.int64) << 34)
+    tot = tl.sum(t64, axis=0)
+    if tot < (1 << 34):
+        s_sum = (tot & 0x1FFFFF).to(tl.int32)
+        k_norm = (tot >> 21).to(tl.int32)
+        qq = tl.where(k_norm > 0, (4 * s_sum) // tl.maximum(k_norm, 1), 0)
+        base = qq >> 2
+        phase = qq & 3
+        low16 = _low16(w, ITEMSIZE, W4)
+        idx4 = _exp_index4(e, base)
+        sh = ((_hot_lut(phase) >> idx4.to(tl.int64)) & 60).to(tl.int64)  # 4 x the rank
+        # Escapes: exponent index 10 (offsets outside -6..3), a thread's as
+        # the bits of its mask (bit k: its element k).
+        esc = tl.sum(_rsum(((idx4 + 24) >> 6) << _kidx(G, W4), W4), axis=1)
+        _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offsets_off,
+                        body_off, c, start, C + 0 * c, w, wp, sm8p, e, sh, esc, 1, base, phase,
+                        low16, 0, 0, ITEMSIZE, EXP_BITS, MAN_BITS, C, T, True, True)
+    else:
+        _encode_general(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off,
+                        offsets_off, body_off, c, ITEMSIZE, EXP_BITS, MAN_BITS, C, T)
+
+
+@triton.jit
 def dense_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, numel, nch,
                         table_off, offsets_off, body_off,
                         ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
@@ -710,8 +944,8 @@ def dense_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, numel
     # programs that run.
     c = ticket(ticket_ptr)
     if (c.to(tl.int64) + 1) * C <= numel:
-        _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
-                      body_off, c, ITEMSIZE, EXP_BITS, MAN_BITS, C, T, True)
+        _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
+                     body_off, c, ITEMSIZE, EXP_BITS, MAN_BITS, C, T)
     else:
         _encode_tail(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
                      body_off, c, ITEMSIZE, EXP_BITS, MAN_BITS, C, T)

@@ -386,6 +386,31 @@ def escape_trips(dtype, per_thread: int, numel: int = 1 << 22) -> float:
     return round(float(worst.double().mean()), 2)
 
 
+@functools.lru_cache(maxsize=32)
+def dense_escape_trips(dtype, per_thread: int, numel: int = 1 << 22) -> float:
+    """The trips a dense escape loop (tag ``dense escape rounds``: one trip
+    per escape of the thread that has the most in its chunk) makes for
+    Gaussian data: over the chunks of ``numel`` elements of N(0, 1) in
+    ``dtype``, the mean of the largest count of dense escapes (rank
+    ``format.DENSE_ESC``) among a chunk's runs of ``per_thread``
+    consecutive elements (a thread's), with the base and phase the torch
+    reference places and neither zero flag (the kernels' hot path: no
+    exact zeros). A seeded draw, so the figure is the same on every run."""
+    from zipccl_fsdp import codec_torch as CT
+    info = F.dtype_info(dtype)
+    C = F.CHUNK_ELEMS
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(numel, generator=g).to(dtype)
+    W, valid = CT._words(x, info, numel // C, C)
+    e, _ = CT._split(W, info)
+    base, phase = CT._locator(e, valid, info)
+    lut, _ = CT._dense_rank_lut(e.device)
+    d = (e - base[:, None]).clamp(-CT._R, CT._R) + CT._R
+    esc = (lut[0, 0, phase[:, None], d] == F.DENSE_ESC).to(torch.int32)
+    worst = esc.view(numel // C, C // per_thread, per_thread).sum(2).amax(1)
+    return round(float(worst.double().mean()), 2)
+
+
 def codec_launches(dtype, codec: str, numel: int = 128 << 20, ndim: int = 1,
                    encode_warps: int | None = None) -> list[Launch]:
     """The launches of encode and decode of ``numel`` elements of ``dtype``
@@ -412,6 +437,10 @@ def codec_launches(dtype, codec: str, numel: int = 128 << 20, ndim: int = 1,
     rounds = tagged_loops("escape rounds")
     enc_trips = {k: escape_trips(dtype, C // (32 * enc_warps)) for k in rounds}
     dec_trips = {k: escape_trips(dtype, C // (32 * dec.num_warps)) for k in rounds}
+    dense_rounds = tagged_loops("dense escape rounds")
+    enc_trips.update({k: dense_escape_trips(dtype, C // (32 * enc_warps)) for k in dense_rounds})
+    dec_trips.update({k: dense_escape_trips(dtype, C // (32 * dec.num_warps))
+                      for k in dense_rounds})
     return [
         Launch("encode: encode", enc, enc_args, enc_const, enc_warps, C, reads_input=1,
                loop_trips=enc_trips),
