@@ -1,25 +1,29 @@
-"""Static cost of the dense kernels' cold functions, compiled for a GPU without one.
+"""Static cost of the codec kernels' cold functions, compiled for a GPU without one.
 
-``kernel_cost.py`` counts a kernel's hot path (its inline code) and sets the
-``noinline`` functions it calls apart as cold code. This prints, for each
-such function of the dense encode and decode kernels, the instructions per
-element a thread handles on the function's own longest path (the same
-counting as offline.parse_hot_path: loops at their trips, a call of another
-noinline function counted as the call alone), so that what a chunk off the
-hot path costs can be read: a full chunk with zeros (encode
-``_encode_general``, decode ``_decode_zeros``), the ragged last chunk, a RAW
-chunk. A cold chunk also pays what the kernel did before the call (encode:
-the load and the analysis of ``_encode_full``; decode: the header and the
-chunk's entry).
+``kernel_cost.py`` counts a kernel's hot path (its inline code: the chunks
+Gaussian data makes) and sets the ``noinline`` functions it calls apart as
+cold code. This prints, for each such function of the encode and decode
+kernels, the instructions per element of a chunk a thread handles on the
+function's own longest path (``offline.cold_cost``: the same counting,
+loops at their trips, a call of another noinline function counted as the
+call alone), so that what a chunk off the hot path costs can be read:
 
-    python benchmarks/cold_cost.py                 # every dtype
-    python benchmarks/cold_cost.py --dtype fp16
+- fixed3: a chunk with zeros to flag, a RAW chunk (encode
+  ``encode_chunk_general``; decode ``decode_chunk_general``, RAW
+  ``decode_raw_words``);
+- dense: a full chunk with zeros (encode ``_encode_general``, decode
+  ``_decode_zeros``), the ragged last chunk, a RAW chunk.
+
+A cold chunk also pays what the kernel did before the call (encode: the
+load and the statistics; decode: the header and the chunk's entry).
+
+    python benchmarks/cold_cost.py                 # every dtype and codec
+    python benchmarks/cold_cost.py --dtype fp16 --codec fixed3
 """
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -30,28 +34,21 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 import torch  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-COLD = {"encode": ("_encode_general", "_encode_tail", "_write_raw"),
-        "decode": ("_decode_zeros", "_decode_general", "_decode_raw")}
+COLD = {("fixed3", "encode"): ("encode_chunk_general",),
+        ("fixed3", "decode"): ("decode_chunk_general", "decode_raw_words"),
+        ("dense", "encode"): ("_encode_general", "_encode_tail", "_write_raw"),
+        ("dense", "decode"): ("_decode_zeros", "_decode_general", "_decode_raw")}
 
 
-def cold_costs(dtype) -> list[tuple]:
-    """(kernel, function, instructions per element on its longest path,
-    static instructions) for the dense kernels' cold functions."""
+def cold_costs(dtype, codec: str) -> list[tuple]:
+    """(kernel, function, instructions per element of a chunk on its longest
+    path) for the codec's cold functions."""
     from triton_kernels import offline
     out = []
-    for launch in offline.codec_launches(dtype, "dense"):
-        op = launch.name.split(":")[0]
-        sass = offline._run_on_cubin(offline.compile_launch(launch), "nvdisasm", "-c", "-g")
-        lines = sass.splitlines()
-        for name in COLD[op]:
-            at = next(k for k, line in enumerate(lines)
-                      if line.startswith("$") and re.search(rf"\$_{name}__", line))
-            body = "\n".join(lines[at + 1:])
-            hot = offline.parse_hot_path(body, 1, launch.loop_trips)
-            per_thread = launch.elems_per_program / launch.trip_count / (32 * launch.num_warps)
-            total = sum(w for (_, op_), w, on in zip(hot.rows, hot.weight, hot.on_path)
-                        if on and op_ != "NOP")
-            out.append((launch.name, name, total / per_thread, len(hot.rows)))
+    for launch in offline.codec_launches(dtype, codec):
+        compiled = offline.compile_launch(launch)
+        for name in COLD[codec, launch.name.split(":")[0]]:
+            out.append((launch.name, name, offline.cold_cost(launch, compiled, name)))
     return out
 
 
@@ -59,12 +56,17 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dtype", choices=list(DTYPES), action="append",
                    help="repeatable; default all")
+    p.add_argument("--codec", choices=["fixed3", "dense"], action="append",
+                   help="repeatable; default both")
     args = p.parse_args()
-    print("| dtype | kernel | cold function | instr_per_elem | static_instr |")
-    print("|---|---|---|---|---|")
+    print("| dtype | codec | kernel | cold function | instr_per_elem |\n|---|---|---|---|---|")
     for dname in args.dtype or list(DTYPES):
-        for kernel, name, per, static in cold_costs(DTYPES[dname]):
-            print(f"| {dname} | {kernel} | {name} | {per:.1f} | {static} |", flush=True)
+        for codec in args.codec or ["fixed3", "dense"]:
+            for kernel, name, per_elem in cold_costs(DTYPES[dname], codec):
+                print(f"| {dname} | {codec} | {kernel} | {name} | {per_elem:.1f} |", flush=True)
+    print("\ninstr_per_elem: SASS instructions per element of a chunk a thread handles on the "
+          "function's longest path (loops at their trips); the kernel's own work before the "
+          "call is kernel_cost.py's.")
 
 
 if __name__ == "__main__":

@@ -166,7 +166,7 @@ def encode_chunk_general(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch
 
     # --- each thread's kept and escaped counts; their exclusive scan ---
     ke_t = tl.zeros([T], tl.int32)  # kept, escaped << 16
-    for g in range(G):
+    for g in range(G):  # offline: chunk rows
         i, valid, w, e = _row(x_ptr, start, n, g, G, T, ITEMSIZE, EXP_BITS, MAN_BITS)
         acc, kf, ef = _row_codes(w, e, n, g, lo, width, zp, zn, MAN_BITS + EXP_BITS, G, T)
         ke_t += _excl3(kf)[1] | (_excl3(ef)[1] << 16)
@@ -180,7 +180,7 @@ def encode_chunk_general(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch
         _write_coded(x_ptr, start, n, dst, lo, width, zp, zn, low16, before, codes_nb, sm_nb,
                      a_sm, a_rem, a_esc, esc_nb, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
     else:
-        for g in range(G):
+        for g in range(G):  # offline: chunk rows
             i = tl.arange(0, T)[:, None] * (8 * G) + (tl.arange(0, 8)[None, :] + 8 * g)
             w = tl.load(x_ptr + start + i, mask=i < n, other=0)
             tl.store(dst.to(x_ptr.dtype) + i, w, mask=i < n)
@@ -201,7 +201,7 @@ def chunk_statistics(x_ptr, start, n, ITEMSIZE: tl.constexpr, EXP_BITS: tl.const
     k_t = tl.zeros([T], tl.int32)
     zeros_t = tl.zeros([T], tl.int32)  # +0.0 count, -0.0 count << 16
     low_t = tl.zeros([T], tl.int32)
-    for g in range(G):
+    for g in range(G):  # offline: chunk rows
         i, valid, w, e = _row(x_ptr, start, n, g, G, T, ITEMSIZE, EXP_BITS, MAN_BITS)
         normal = valid & (e > 0) & (e < EMAX)
         s_t += tl.sum(tl.where(normal, e, 0), axis=1)
@@ -251,7 +251,7 @@ def _write_coded(x_ptr, start, n, dst, lo, width, zp, zn, low16, before, codes_n
         smb = 3 - 2 * low16
     kr = before & 0xFFFF  # the thread's next kept rank
     er = (before >> 16) & 0xFFFF  # and escape rank
-    for g in range(G):
+    for g in range(G):  # offline: chunk rows
         i, valid, w, e = _row(x_ptr, start, n, g, G, T, ITEMSIZE, EXP_BITS, MAN_BITS)
         acc, kf, ef = _row_codes(w, e, n, g, lo, width, zp, zn, MAN_BITS + EXP_BITS, G, T)
         store_rows3(dst, acc, tl.arange(0, T) * G + g, codes_nb)
@@ -329,7 +329,7 @@ def decode_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc,
     # (From the rows' code words: a flag a 3-bit field, counted by a
     # multiply; a scan along a row of the [T, 8] tile would cross lanes.)
     ke_t = tl.zeros([T], tl.int32)  # kept, escaped << 16
-    for g in range(G):
+    for g in range(G):  # offline: chunk rows
         r = t * G + g
         kf, ef = _row_flags(load_rows3(src, r, codes_l), z, n, r)
         ke_t += _excl3(kf)[1] | (_excl3(ef)[1] << 16)
@@ -340,7 +340,7 @@ def decode_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc,
     kr = before & 0xFFFF
     er = (before >> 16) & 0xFFFF
     bad_e = tl.zeros([T, 8], tl.int32)
-    for g in range(G):
+    for g in range(G):  # offline: chunk rows
         r = t * G + g
         i = t[:, None] * (8 * G) + (q + 8 * g)
         valid = i < n

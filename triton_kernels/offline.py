@@ -277,16 +277,19 @@ def function_sections(sass: str) -> dict:
     return out
 
 
-def cold_cost(launch: Launch, compiled, function: str, trip_count: float) -> float:
-    """Instructions per element a thread handles on the longest path of the
-    noinline function whose name contains ``function`` (its loops counted
-    ``trip_count`` times, or as ``launch.loop_trips`` names them): what a
-    chunk that takes that cold path executes there."""
+def cold_cost(launch: Launch, compiled, function: str) -> float:
+    """Instructions per element of a chunk a thread handles on the longest
+    path of the noinline function whose name contains ``function`` (its
+    loops counted as ``launch.loop_trips`` names them, else once; a call of
+    another noinline function counted as the call alone): what a chunk that
+    takes that cold path executes there, beside what the kernel did before
+    the call."""
     sass = _run_on_cubin(compiled, "nvdisasm", "-c", "-g")
-    body = next(text for name, text in function_sections(sass).items() if function in name)
-    hot = parse_hot_path(body, trip_count, launch.loop_trips)
+    body = next(text for name, text in function_sections(sass).items()
+                if re.search(rf"\$_?{re.escape(function)}__", name))
+    hot = parse_hot_path(body, 1, launch.loop_trips)
     return sum(w for (_, op), w, on in zip(hot.rows, hot.weight, hot.on_path)
-               if on and op != "NOP") / _per_thread(launch)
+               if on and op != "NOP") / (_per_thread(launch) / launch.trip_count)
 
 
 def _per_thread(launch: Launch) -> float:
@@ -434,6 +437,7 @@ def codec_launches(dtype, codec: str, numel: int = 128 << 20, ndim: int = 1,
                     body_off=header.body_offset)
     per = D.chunks_per_program(nch, codec)
     dec = D.launcher(info, C, per, codec)  # the kernel decode_into launches once it knows the codec
+    rows = tagged_loops("chunk rows")  # fixed3_general's walks, a row of 8 a thread a trip
     rounds = tagged_loops("escape rounds")
     enc_trips = {k: escape_trips(dtype, C // (32 * enc_warps)) for k in rounds}
     dec_trips = {k: escape_trips(dtype, C // (32 * dec.num_warps)) for k in rounds}
@@ -441,6 +445,8 @@ def codec_launches(dtype, codec: str, numel: int = 128 << 20, ndim: int = 1,
     enc_trips.update({k: dense_escape_trips(dtype, C // (32 * enc_warps)) for k in dense_rounds})
     dec_trips.update({k: dense_escape_trips(dtype, C // (32 * dec.num_warps))
                       for k in dense_rounds})
+    enc_trips.update({k: C // (8 * 32 * enc_warps) for k in rows})
+    dec_trips.update({k: C // (8 * 32 * dec.num_warps) for k in rows})
     return [
         Launch("encode: encode", enc, enc_args, enc_const, enc_warps, C, reads_input=1,
                loop_trips=enc_trips),
