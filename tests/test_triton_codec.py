@@ -735,6 +735,38 @@ def test_fixed3_hot_and_general_chunks(device, dtype, enc_warps, dec_warps, deco
     assert calls == {"encode": 0, "decode": dec_general}, calls
 
 
+@pytest.mark.parametrize("device", [p for p in DEVICES if p.values[0] == "cpu"])
+@pytest.mark.parametrize("dec_warps", (2, 4))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fixed3_code_bits_past_n_are_ignored(device, dtype, dec_warps, decode_plans,
+                                             monkeypatch):
+    """The last code byte's bits past 3 n belong to no element: every
+    encoder writes zeros there, and the torch reference ignores them. Set
+    to ones (an escape code just past the last element of a ragged chunk
+    the hot path decodes), the triton decoder gives the same values, writes
+    nothing past n and reports no error, at 64 and 32 elements a thread
+    (escape masks of 64 and 32 bits)."""
+    monkeypatch.setattr(decode_plans, "NUM_WARPS", dec_warps)
+    monkeypatch.setattr(decode_plans, "FIXED3_WARPS", {2: dec_warps, 4: dec_warps})
+    n = C + 1001  # the tail's codes end 3 bits into byte 375
+    x = torch.randn(n, generator=_gen(81)).to(dtype)
+    if dtype == torch.float16:
+        x[x.abs() < 2 ** -14] = 1.0  # no subnormal: every chunk hot
+    p = z.encode(x, codec="fixed3", backend="torch")
+    h = F.parse_header(p)
+    table, offsets = F.read_table(p, h)
+    assert table.mode.tolist() == [F.MODE_CODED] * 2 and table.flags.tolist() == [0, 0]
+    last = int(F.stream_starts(h, table, offsets)[1, 0]) + 3 * 1001 // 8
+    p[last] |= 0xF8
+    want = torch.empty_like(x)
+    z.decode(p, out=want, backend="torch")
+    assert torch.equal(bits(want), bits(x))
+    buf = torch.full((n + 64,), 7.0, dtype=dtype)
+    z.decode(p, out=buf[:n], backend="triton")
+    assert torch.equal(bits(buf[:n]), bits(x))
+    assert torch.equal(bits(buf[n:]), bits(torch.full((64,), 7.0, dtype=dtype)))
+
+
 @pytest.fixture
 def decode_plans():
     """triton_kernels.codec_decode with its plans and launchers forgotten

@@ -75,23 +75,6 @@ def tile3(G: tl.constexpr, T: tl.constexpr):
 
 
 @triton.jit
-def sum3(x):
-    """Sum of a [G, T, 8] tile: in-thread over g and q, then across threads."""
-    return tl.sum(tl.sum(tl.sum(x, axis=2), axis=0), axis=0)
-
-
-@triton.jit
-def tile_excl(f):
-    """Exclusive prefix sums in element order of a [G, T, 8] tile of (packed)
-    counters, and the tile's total: in-thread over the thread's rows, then
-    one scan over the threads' totals."""
-    row = tl.sum(f, axis=2)
-    pre = (tl.cumsum(row, axis=0) - row)[:, :, None] + tl.cumsum(f, axis=2) - f
-    tot = tl.sum(row, axis=0)
-    return pre + (tl.cumsum(tot, axis=0) - tot)[None, :, None], tl.sum(tot, axis=0)
-
-
-@triton.jit
 def align16(x):
     return (x + 15) & -16
 
@@ -196,27 +179,12 @@ def ttile(G: tl.constexpr, T: tl.constexpr):
 
 
 @triton.jit
-def load_rows(src, i, n, ITEMSIZE: tl.constexpr, G: tl.constexpr, T: tl.constexpr):
-    """The [T, G, 8] tile of words at src + i (i: ttile), sign-extended to
-    int32, 0 at or past n. 32-bit words are loaded as two [T, G, 4] halves
-    (one 16-byte load each) joined in the thread: one load of the whole
-    tile would be split into 16-byte vectors with a row's halves in two
-    threads, and every in-thread sum over a row would cross threads."""
-    if ITEMSIZE == 4:
-        h = tl.arange(0, T)[:, None, None] * (8 * G) + tl.arange(0, G)[None, :, None] * 8 + (
-            tl.arange(0, 4)[None, None, :])
-        a = tl.load(src + h, mask=h < n, other=0)
-        b = tl.load(src + h + 4, mask=h + 4 < n, other=0)
-        return tl.reshape(tl.permute(tl.join(a, b), (0, 1, 3, 2)), (T, G, 8)).to(tl.int32)
-    else:
-        return tl.load(src + i, mask=i < n, other=0).to(tl.int32)
-
-
-@triton.jit
 def store_rows(dst, i, n, v, ITEMSIZE: tl.constexpr, G: tl.constexpr, T: tl.constexpr):
-    """load_rows' inverse: the [T, G, 8] tile v stored at dst + i, below n;
-    32-bit words as two [T, G, 4] halves (one 16-byte store each), split in
-    the thread."""
+    """The [T, G, 8] tile v stored at dst + i (i: ttile), below n (the
+    inverse of fixed3_encode.load_rows32); 32-bit words as two [T, G, 4]
+    halves (one 16-byte store each), split in the thread: one store of the
+    whole tile would be split into 16-byte vectors with a row's halves in
+    two threads."""
     if ITEMSIZE == 4:
         h = tl.arange(0, T)[:, None, None] * (8 * G) + tl.arange(0, G)[None, :, None] * 8 + (
             tl.arange(0, 4)[None, None, :])
@@ -380,23 +348,3 @@ def esc_bits(acc):
     x = (x | (x >> 2)) & 0x0C30C3
     x = (x | (x >> 4)) & 0x00F00F
     return (x | (x >> 8)) & 0xFF
-
-
-@triton.jit
-def kept_bits(acc, z):
-    """Rows of eight 3-bit codes (int32, 24 bits) -> the number of codes of
-    at least z (0, 1 or 2) in each row, from the row word (no reduction over
-    a tile of codes): a bit at 3q per kept code, counted by a multiply."""
-    one = acc | (acc >> 1)
-    f = tl.where(z == 0, 0x249249, tl.where(z == 1, one | (acc >> 2), (acc >> 1) | (acc >> 2)))
-    f = f & 0x249249
-    # Bits 3, 6, .., 21 shifted to 0, .., 18: the product's bits 18..20 sum them.
-    return (((f >> 3) * 0x249249) >> 18 & 7) + (f & 1)
-
-
-# fixed3: escape rounds a program runs inline (a thread's escapes in order);
-# a chunk with a thread of more escapes takes a cold path for all of them.
-# Chunks of a thread's 32 elements with more than 10 escapes: Gaussian bf16
-# none; x * mask with 10% / 30% / 50% zeros (both zero signs flagged, a
-# window of 5 exponents) 0.4% / 0.2% / 0% (docs/benchmarks.md).
-ROUNDS = tl.constexpr(10)

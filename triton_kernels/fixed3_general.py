@@ -234,7 +234,6 @@ def _write_coded(x_ptr, start, n, dst, lo, width, zp, zn, low16, before, codes_n
     G: tl.constexpr = CP // (8 * T)
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     q = tl.arange(0, 8)[None, :]
-    z = zp + zn
     sm_dst = dst + a_sm
     esc_dst = dst + a_esc
     rem_dst = dst + a_rem
