@@ -366,13 +366,15 @@ def tagged_loops(tag: str) -> list:
     return found
 
 
-@functools.lru_cache(maxsize=32)
-def escape_trips(dtype, per_thread: int, numel: int = 1 << 22) -> float:
-    """The trips an escape loop makes for Gaussian data: over the chunks of
+@functools.lru_cache(maxsize=64)
+def escape_trips(dtype, per_thread: int, codec: str = "fixed3", numel: int = 1 << 22) -> float:
+    """The trips an escape loop (one trip per escape of the thread that has
+    the most in its chunk) makes for Gaussian data: over the chunks of
     ``numel`` elements of N(0, 1) in ``dtype``, the mean of the largest
-    count of fixed3 escapes among a chunk's runs of ``per_thread``
-    consecutive elements (a thread's), with the window the torch reference
-    places (no flagged zero: the kernels' hot path). A seeded draw, so the
+    count of escapes among a chunk's runs of ``per_thread`` consecutive
+    elements (a thread's), with the locator the torch reference places and
+    no flagged zero (the kernels' hot path): fixed3's exponents outside the
+    window, dense's of rank ``format.DENSE_ESC``. A seeded draw, so the
     figure is the same on every run."""
     from zipccl_fsdp import codec_torch as CT
     info = F.dtype_info(dtype)
@@ -382,35 +384,15 @@ def escape_trips(dtype, per_thread: int, numel: int = 1 << 22) -> float:
     W, valid = CT._words(x, info, numel // C, C)
     e, _ = CT._split(W, info)
     base, phase = CT._locator(e, valid, info)
-    lo, width = CT._fixed_window(base, phase, torch.zeros_like(base), info)
-    d = e - lo[:, None]
-    esc = ((d < 0) | (d >= width[:, None])).to(torch.int32)
-    worst = esc.view(numel // C, C // per_thread, per_thread).sum(2).amax(1)
-    return round(float(worst.double().mean()), 2)
-
-
-@functools.lru_cache(maxsize=32)
-def dense_escape_trips(dtype, per_thread: int, numel: int = 1 << 22) -> float:
-    """The trips a dense escape loop (tag ``dense escape rounds``: one trip
-    per escape of the thread that has the most in its chunk) makes for
-    Gaussian data: over the chunks of ``numel`` elements of N(0, 1) in
-    ``dtype``, the mean of the largest count of dense escapes (rank
-    ``format.DENSE_ESC``) among a chunk's runs of ``per_thread``
-    consecutive elements (a thread's), with the base and phase the torch
-    reference places and neither zero flag (the kernels' hot path: no
-    exact zeros). A seeded draw, so the figure is the same on every run."""
-    from zipccl_fsdp import codec_torch as CT
-    info = F.dtype_info(dtype)
-    C = F.CHUNK_ELEMS
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(numel, generator=g).to(dtype)
-    W, valid = CT._words(x, info, numel // C, C)
-    e, _ = CT._split(W, info)
-    base, phase = CT._locator(e, valid, info)
-    lut, _ = CT._dense_rank_lut(e.device)
-    d = (e - base[:, None]).clamp(-CT._R, CT._R) + CT._R
-    esc = (lut[0, 0, phase[:, None], d] == F.DENSE_ESC).to(torch.int32)
-    worst = esc.view(numel // C, C // per_thread, per_thread).sum(2).amax(1)
+    if codec == "fixed3":
+        lo, width = CT._fixed_window(base, phase, torch.zeros_like(base), info)
+        d = e - lo[:, None]
+        esc = (d < 0) | (d >= width[:, None])
+    else:
+        lut, _ = CT._dense_rank_lut(e.device)
+        d = (e - base[:, None]).clamp(-CT._R, CT._R) + CT._R
+        esc = lut[0, 0, phase[:, None], d] == F.DENSE_ESC
+    worst = esc.to(torch.int32).view(numel // C, C // per_thread, per_thread).sum(2).amax(1)
     return round(float(worst.double().mean()), 2)
 
 
@@ -442,8 +424,9 @@ def codec_launches(dtype, codec: str, numel: int = 128 << 20, ndim: int = 1,
     enc_trips = {k: escape_trips(dtype, C // (32 * enc_warps)) for k in rounds}
     dec_trips = {k: escape_trips(dtype, C // (32 * dec.num_warps)) for k in rounds}
     dense_rounds = tagged_loops("dense escape rounds")
-    enc_trips.update({k: dense_escape_trips(dtype, C // (32 * enc_warps)) for k in dense_rounds})
-    dec_trips.update({k: dense_escape_trips(dtype, C // (32 * dec.num_warps))
+    enc_trips.update({k: escape_trips(dtype, C // (32 * enc_warps), "dense")
+                      for k in dense_rounds})
+    dec_trips.update({k: escape_trips(dtype, C // (32 * dec.num_warps), "dense")
                       for k in dense_rounds})
     enc_trips.update({k: C // (8 * 32 * enc_warps) for k in rows})
     dec_trips.update({k: C // (8 * 32 * dec.num_warps) for k in rows})
