@@ -6,15 +6,16 @@ loads its chunk once (the only read of the input from memory) into the
 thread-major ``[T, G, 8]`` tile (``_codec_common.ttile``: thread t holds
 the 8 G consecutive elements from 8 G t).
 
-The hot path is the chunk Gaussian data makes: no exponent field of 0
-(a zero or a subnormal) or EMAX (an infinity or a NaN). Then every
-element is normal, so the locator is the mean of all the exponents, no
-zero can be flagged (format.py: a sign is flagged when it is at least 1/64
-of the chunk), every element ships its sign+mantissa at its own position
-and the segment is whole words of registers:
+The hot path is the chunk Gaussian data makes: fewer exponent fields 0
+than 1/64 of the chunk, so no zero sign can be flagged (format.py flags a
+sign that is at least 1/64 of the chunk), every element ships its
+sign+mantissa at its own position, and the segment is whole words of
+registers:
 
-- the statistics: each thread's exponent sum and whether it holds a special
-  exponent, one reduction over the threads;
+- the statistics: each thread's exponent sum and counts of exponent
+  fields not 0 and EMAX (the locator is the mean over the normals: exact,
+  so subnormals, infinities, NaNs and a few zeros stay hot, as escapes),
+  one reduction over the threads;
 - codes: the window's code of each exponent, rows of eight 3-bit codes
   (3 bytes), stored as 32-bit words;
 - sm: each element's sign+mantissa byte, stored in 16-byte granules
@@ -28,10 +29,11 @@ and the segment is whole words of registers:
   table entry and offset, and for the last chunk the body length and the
   header (fixed3_general.place_chunk).
 
-Every other chunk (zeros or special exponents, a chunk stored RAW) and
-tiles of more than 64 elements a thread are encoded by
+Every other chunk (zeros to flag, a chunk stored RAW) and tiles of more
+than 64 elements a thread are encoded by
 fixed3_general.encode_chunk_general, a noinline function: off the hot
-path, reading the chunk again.
+path, reading the chunk again; the hot path hands it the statistics and
+the counts of +0.0 and -0.0 it needs.
 
 16-bit words are handled two to a 32-bit register (lanes: element 2j low,
 2j + 1 high), whose fields are computed by lane arithmetic that carries
@@ -61,7 +63,8 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     start = c.to(tl.int64) * C
     n = tl.minimum(numel - start, C).to(tl.int32)
     done = n < 0  # (False)
-    known = tl.zeros([], tl.int32)  # whether the next four are the chunk's (else the general finds them)
+    # The chunk's statistics, when the hot path found them (else the general does).
+    known = tl.zeros([], tl.int32)
     base = tl.zeros([], tl.int32)
     phase = tl.zeros([], tl.int32)
     zeros = tl.zeros([], tl.int32)
@@ -108,10 +111,9 @@ def _encode_pairs(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table
     flags = (((u + EMAX * L2) & H) << (8 - EXP_BITS)) + (((u + L2) & H) >> EXP_BITS)
     su = tl.sum(tl.sum(u, axis=2), axis=1)  # lanes of at most 4 G EMAX
     sf = tl.sum(tl.sum(flags, axis=2), axis=1)
-    hot, base, phase, lo, _none = _statistics((su & 0xFFFF) + (su >> 16),
-                                          ((sf >> 8) & 0xFF) + (sf >> 24),
-                                          (sf & 0xFF) + ((sf >> 16) & 0xFF), tl.zeros([T], tl.int32),
-                                          n, EMAX, CP)
+    hot, base, phase, lo, _none = _statistics(
+        (su & 0xFFFF) + (su >> 16), ((sf >> 8) & 0xFF) + (sf >> 24),
+        (sf & 0xFF) + ((sf >> 16) & 0xFF), tl.zeros([T], tl.int32), n, EMAX, CP)
     done = n < 0  # (False)
     if hot:
         # The code of each lane: v = (e - lo) mod 2**15 is in the window when
