@@ -306,9 +306,8 @@ def sweep(smoke: bool) -> None:
     the decode kernels' are codec_decode.NUM_WARPS and FIXED3_WARPS, at one
     chunk a program), then the fixed3 decode at 4 warps and 1, 2, 4 and 8
     chunks a program (codec_decode.PER_CHOICES); the settings are restored
-    after. The dense
-    kernels take 4 warps only (32 elements a thread of a 4096-element
-    chunk)."""
+    after. The dense kernels take 4 warps only (32 elements a thread of a
+    4096-element chunk)."""
     saved = copy.deepcopy(codec_encode.SETTINGS)
     saved_dec = (codec_decode.NUM_WARPS, codec_decode.PER_CHOICES, codec_decode.PROGRAMS_WANTED,
                  dict(codec_decode.FIXED3_WARPS))

@@ -11,7 +11,7 @@ deterministic for a given triton, so a change to a kernel can be judged
 here, before a GPU run confirms it (``benchmarks/gpu_check.py``).
 
     python benchmarks/kernel_cost.py                      # every dtype and codec
-    python benchmarks/kernel_cost.py --dtype bf16 --codec fixed3 --lines "encode: write"
+    python benchmarks/kernel_cost.py --dtype bf16 --codec fixed3 --lines "encode: encode"
     python benchmarks/kernel_cost.py --json out.json      # for tests/test_triton_offline.py
     python benchmarks/kernel_cost.py --summary            # one line per dtype and codec
 
@@ -140,7 +140,7 @@ def main() -> None:
     p.add_argument("--arch", type=int, default=90, help="sm_<arch> (default 90)")
     p.add_argument("--lines", metavar="KERNEL",
                    help='also print the longest path per source line of this kernel, '
-                        'e.g. "encode: write"')
+                        'e.g. "encode: encode"')
     p.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     p.add_argument("--summary", action="store_true",
                    help="also count host syncs (under the interpreter) and print one "

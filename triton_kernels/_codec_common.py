@@ -1,9 +1,9 @@
-"""Pieces the format v2 kernels share: the chunk tile, in-thread and
-cross-thread prefix sums, segment layout, zero padding, the fixed3 window.
+"""Pieces the format v2 kernels share: the chunk tile, segment layout, zero
+padding, the fixed3 window, word-wide stream loads and stores.
 
 The chunk tile. A program handles one chunk of up to ``CP`` elements (a
-power of 2, at least the chunk length) as a ``[G, T, 8]`` tile, ``T``
-threads (32 per warp) and ``G = CP // (8 T)``: thread t holds the 8 G
+power of 2, at least the chunk length) as a ``[T, G, 8]`` tile (``ttile``),
+``T`` threads (32 per warp) and ``G = CP // (8 T)``: thread t holds the 8 G
 consecutive elements ``t * 8G + g * 8 + q``, so its rows of 8 are one
 16-byte load each for 16-bit words, packing its codes into bytes is a
 shift-and-add inside the thread, and what crosses threads is one value per
@@ -63,15 +63,6 @@ def tile_shape(chunk_elems: int, num_warps: int) -> tuple:
     """(CP, T) of the chunk tile for chunks of ``chunk_elems`` elements."""
     cp = max(8, triton.next_power_of_2(chunk_elems))
     return cp, min(32 * num_warps, cp // 8)
-
-
-@triton.jit
-def tile3(G: tl.constexpr, T: tl.constexpr):
-    """Element index of the [G, T, 8] chunk tile: thread t holds t*8G .. t*8G + 8G - 1."""
-    g = tl.arange(0, G)[:, None, None]
-    t = tl.arange(0, T)[None, :, None]
-    q = tl.arange(0, 8)[None, None, :]
-    return t * (8 * G) + g * 8 + q
 
 
 @triton.jit

@@ -74,9 +74,9 @@ NUM_WARPS = 4
 FIXED3_WARPS = {2: 2, 4: 4}
 # Chunks a fixed3 decode program takes (chunks_per_program): 4 once a call
 # still leaves PROGRAMS_WANTED programs of 4, several waves of programs over
-# a large GPU's SMs, so the last wave's idle SMs cost little. (2 is not
-# offered: its fp16 kernel spills in the loop; docs/benchmarks.md, "Decode
-# kernels by codec, several chunks a program".)
+# a large GPU's SMs, so the last wave's idle SMs cost little; a program
+# checks the header once for all its chunks (docs/benchmarks.md, "fixed3
+# Triton kernels, twentieth session": the counts at 1, 2, 4 and 8).
 PER_CHOICES = (4,)
 PROGRAMS_WANTED = 2048
 MAGIC_U32 = tl.constexpr(int.from_bytes(F.MAGIC, "little"))

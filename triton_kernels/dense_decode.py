@@ -38,8 +38,8 @@ import triton.language as tl
 
 from zipccl_fsdp import format as F
 
-from .dense_encode import _or, layout, tile3
-from ._codec_common import load_words24, low_bit_index
+from .dense_encode import _or, layout
+from ._codec_common import load_words24, low_bit_index, ttile
 
 # Error bits: the decoders' shared word (_codec_common.py).
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING,  # noqa: E402
@@ -251,7 +251,7 @@ def _decode_raw(src, dst, n, seg, ITEMSIZE: tl.constexpr, C: tl.constexpr, T: tl
     """A RAW chunk: its segment (seg bytes) holds its words, then zero
     padding; returns ERR_PADDING if a padding byte is not zero (cold code)."""
     G: tl.constexpr = C // (8 * T)
-    i = tile3(G, T)
+    i = ttile(G, T)
     valid = i < n
     w = tl.load(src.to(dst.dtype) + i, mask=valid, other=0)  # inside the segment: checked
     tl.store(dst + i, w, mask=valid)
@@ -276,9 +276,8 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
     thread: ERR_EXPONENT where an element names an exponent the dtype lacks,
     the four tiers' run ends (bits) and the inclusive prefix of (escapes,
     kept elements << 16) over the block's threads."""
-    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
-    i = k0 + tile3(G, T)
+    i = k0 + ttile(G, T)
     # Tier 0: a row's eight 2-bit digits are the 16-bit word 2 * row. The
     # [T, G, 1] load, broadcast, fixes the layout every later step inherits:
     # a thread's elements in its own registers.

@@ -50,7 +50,7 @@ import triton.language as tl
 
 from zipccl_fsdp import format as F
 
-from ._codec_common import low_bit_index, popc32, store_words, store_words24, words24
+from ._codec_common import low_bit_index, popc32, store_words, store_words24, ttile, words24
 from ._lookback import chunk_offset, store_total, ticket
 
 # The shape of the format this kernel is written for (fails loudly if it changes).
@@ -99,15 +99,6 @@ def _signed64(v: int) -> int:
 # ---------------------------------------------------------------------------
 # Helpers shared with dense_decode.py
 # ---------------------------------------------------------------------------
-@triton.jit
-def tile3(G: tl.constexpr, T: tl.constexpr):
-    """Element index of the [T, G, 8] chunk tile: thread t holds t*8G .. t*8G + 8G - 1."""
-    t = tl.arange(0, T)[:, None, None]
-    g = tl.arange(0, G)[None, :, None]
-    q = tl.arange(0, 8)[None, None, :]
-    return t * (8 * G) + g * 8 + q
-
-
 @triton.jit
 def row_excl(row, G: tl.constexpr):
     """Exclusive prefix sums along the G rows of a thread ([T, G]) and their
@@ -302,7 +293,7 @@ def _write_raw(x_ptr, start, n, dst, ITEMSIZE: tl.constexpr, C: tl.constexpr,
                T: tl.constexpr):
     """A RAW chunk: its words, then zeros up to the segment's end (cold code)."""
     G: tl.constexpr = C // (8 * T)
-    i = tile3(G, T)
+    i = ttile(G, T)
     valid = i < n
     w = tl.load(x_ptr + start + i, mask=valid, other=0)
     tl.store(dst.to(x_ptr.dtype) + i, w, mask=valid)
@@ -503,7 +494,7 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     W4: tl.constexpr = FULL and ITEMSIZE == 4  # the [T, G, 2, 4] tile (_rsum)
     start = c.to(tl.int64) * C
-    i = tile3(G, T)
+    i = ttile(G, T)
     # --- load and analyze ---
     if FULL:
         n = C + 0 * c

@@ -37,19 +37,10 @@ import triton.language as tl
 
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING, ERR_TABLE,
                             align16, fixed3_layout, fixed_window, load_rows3, load_words,
-                            load_words24, low_bit_index, pad_nonzero, pads_nonzero, store_rows,
+                            load_words24, low_bit_index, pad_nonzero, store_rows,
                             ttile, unpack_bytes)
 from .fixed3_encode import L2, escape_masks, popc_mask
-from .fixed3_general import decode_chunk_general
-
-
-@triton.jit
-def load_u32(ptr, mask):
-    """A little-endian u32 at any byte address (int64), 0 where not mask."""
-    v = tl.zeros([], tl.int64)
-    for b in tl.static_range(4):
-        v = v | (tl.load(ptr + b, mask=mask, other=0).to(tl.int64) << (8 * b))
-    return v
+from .fixed3_general import decode_chunk_general, padding_error
 
 
 @triton.jit(noinline=True)
@@ -189,7 +180,8 @@ def _decode_hot(src, dst, n, lim, lo, low16, codes_nb, sm_nb, rem_nb, esc_nb, a_
         e_f = (code + lo) << MAN_BITS
         word = (sm + (sm & (1 << MAN_BITS)) * EMAX) | (e_f & FIELD)
     store_rows(dst, ttile(G, T), n, word, ITEMSIZE, G, T)
-    err = err | _padding(src, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc, esc_nb, seg, lim)
+    err = err | padding_error(src, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc, esc_nb, seg,
+                              lim)
     err = err | _patch_escapes(dst, src + a_esc, tl.minimum(esc_nb, lim - a_esc), emask, esc_t,
                                e_at, kmax, n, EXP_BITS, MAN_BITS, T, G)
     return err
@@ -218,14 +210,6 @@ def _code_pairs(acc):
     w = (acc & 0x71C7) | ((acc & 0x38E38) << 13)
     return tl.where(p2 == 3, (((acc >> 18) & 7) | ((acc >> 5) & 0x70000))[:, :, None],
                     (w[:, :, None] >> (6 * p2)) & 0x70007).to(tl.uint32)
-
-
-@triton.jit
-def _padding(src, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc, esc_nb, seg, lim):
-    """ERR_PADDING when a padding byte of the segment's four sub-streams is not zero."""
-    padbad = pads_nonzero(src, codes_nb, a_sm, a_sm + sm_nb, a_rem, a_rem + rem_nb, a_esc,
-                          a_esc + esc_nb, seg, lim)
-    return tl.where(padbad, ERR_PADDING, 0)
 
 
 @triton.jit

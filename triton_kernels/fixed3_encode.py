@@ -48,7 +48,7 @@ from ._codec_common import (FIXED_ZERO_SHIFT, align16, cols_or, esc_bits, fixed_
                             low_bit_index, pack_bytes, popc32, row_mask, store_rows3,
                             store_words, store_words24, ttile, zero_pad)
 from ._lookback import ticket
-from .fixed3_general import encode_chunk_general, place_chunk
+from .fixed3_general import encode_chunk_general, is_coded, place_chunk
 
 L2 = tl.constexpr(0x10001)  # one in each 16-bit lane
 
@@ -125,7 +125,7 @@ def _encode_pairs(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table
         r = tl.arange(0, T)[:, None] * G + tl.arange(0, G)[None, :]  # row index, [T, G]
         acc = _pair_rows3(c2) & row_mask(n, r)  # a row's eight codes; 0 past n
         emask, esc_t, e_at, n_esc, kmax = escape_counts(acc, T, G)
-        if _fits(n, n_esc, 2, IS_FP16):
+        if is_coded(n, 0, 0, n_esc, 2, IS_FP16):
             dst, coded, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc = place_chunk(
                 out_ptr, status_ptr, total_ptr, c, n, nch, table_off, offsets_off, body_off, 0,
                 0, 0, base, phase, 0, n_esc, 2, IS_FP16)
@@ -194,7 +194,7 @@ def _encode_words(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table
         q = tl.arange(0, 8)[None, None, :]
         acc = tl.sum(code << (3 * q), axis=2) & row_mask(n, r)
         emask, esc_t, e_at, n_esc, kmax = escape_counts(acc, T, G)
-        if _fits32(n, n_esc, low16):
+        if is_coded(n, low16, 0, n_esc, 4, False):
             dst, coded, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc = place_chunk(
                 out_ptr, status_ptr, total_ptr, c, n, nch, table_off, offsets_off, body_off,
                 low16, 0, 0, base, phase, 0, n_esc, 4, False)
@@ -251,24 +251,6 @@ def _statistics(s_t, nz_t, mx_t, x_t, n, EMAX: tl.constexpr, CP: tl.constexpr):
     phase = qq & 3
     lo, _ = fixed_window(base, phase, 0, EMAX)
     return ((CP - nonzero) << FIXED_ZERO_SHIFT) < n, base, phase, lo, (tot >> 46).to(tl.int32)
-
-
-@triton.jit
-def _fits(n, n_esc, ITEMSIZE: tl.constexpr, IS_FP16: tl.constexpr):
-    """Whether a chunk of n elements, none omitted, is CODED (its padded
-    segment smaller than its padded raw bytes: format.py)."""
-    codes = align16((3 * n + 7) >> 3)
-    rem = 0
-    if IS_FP16:
-        rem = codes
-    return codes + align16(n) + rem + align16(n_esc) < align16(ITEMSIZE * n)
-
-
-@triton.jit
-def _fits32(n, n_esc, low16):
-    """_fits of an fp32 chunk (one sm byte an element with LOW16, else three)."""
-    return align16((3 * n + 7) >> 3) + align16((3 - 2 * low16) * n) + align16(n_esc) < align16(
-        4 * n)
 
 
 @triton.jit

@@ -1,11 +1,10 @@
 """fixed3 (format v2) for any chunk, element by element: the cold path of
 fixed3_encode.py and fixed3_decode.py.
 
-The hot kernels code the chunks Gaussian data makes (no exact zero,
-subnormal, infinity or NaN in the chunk, so no flagged zero) with the whole
-chunk in registers. Every other chunk comes here: zeros of either sign
-flagged and their sign+mantissa omitted, exponents 0 and EMAX, RAW chunks,
-and tiles the hot path does not take. These functions are ``noinline``,
+The hot kernels code the chunks Gaussian data makes (too few exponent
+fields 0 for a zero sign to be flagged) with the whole chunk in registers.
+Every other chunk comes here: zeros of either sign flagged and their
+sign+mantissa omitted, RAW chunks, and tiles the hot path does not take. These functions are ``noinline``,
 so their code is not on the hot kernels' path (triton_kernels/offline.py
 counts them apart), and they take scalars only: each reads what it needs
 again (the chunk from L1/L2: the input is read from memory once).
@@ -31,9 +30,8 @@ from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_PADDING, FIXED_ZERO_SH
 from ._lookback import chunk_offset, store_total
 
 
-
 @triton.jit
-def load_words(x_ptr, start, i, valid, ITEMSIZE: tl.constexpr):
+def _load_elements(x_ptr, start, i, valid, ITEMSIZE: tl.constexpr):
     """Elements ``start + i`` as int32 words: 16-bit words zero-extended
     (-0.0 is 0x8000), 32-bit words as they are; 0 where not valid."""
     w = tl.load(x_ptr + start + i, mask=valid, other=0).to(tl.int32)
@@ -46,10 +44,10 @@ def load_words(x_ptr, start, i, valid, ITEMSIZE: tl.constexpr):
 def _row(x_ptr, start, n, g, G: tl.constexpr, T: tl.constexpr, ITEMSIZE: tl.constexpr,
          EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr):
     """Row g of each thread ([T, 8]: elements 8 G t + 8 g + q): the element
-    indices, whether each is below n, its word (load_words) and exponent."""
+    indices, whether each is below n, its word (_load_elements) and exponent."""
     i = tl.arange(0, T)[:, None] * (8 * G) + (tl.arange(0, 8)[None, :] + 8 * g)
     valid = i < n
-    w = load_words(x_ptr, start, i, valid, ITEMSIZE)
+    w = _load_elements(x_ptr, start, i, valid, ITEMSIZE)
     return i, valid, w, (w >> MAN_BITS) & ((1 << EXP_BITS) - 1)
 
 
@@ -102,6 +100,13 @@ def codes_of(w, e, lo, width, zp, zn, SIGN_SHIFT: tl.constexpr):
     cneg = tl.where(zn != 0, zp, c0)
     zc = (((w >> SIGN_SHIFT) & 1) * (cneg ^ cpos)) ^ cpos
     return tl.where((w & ((1 << SIGN_SHIFT) - 1)) == 0, zc, code)
+
+
+@triton.jit
+def is_coded(n, low16, nz, n_esc, ITEMSIZE: tl.constexpr, IS_FP16: tl.constexpr):
+    """Whether a chunk with these fields is stored CODED: its padded segment
+    smaller than its padded raw bytes (format.py)."""
+    return fixed3_layout(n, True, low16, nz, n_esc, ITEMSIZE, IS_FP16)[7] < align16(n * ITEMSIZE)
 
 
 @triton.jit
@@ -378,6 +383,13 @@ def decode_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc,
         er += ec
     if EXP_BITS < 8:  # (an escape's byte may name no exponent)
         err = err | tl.where(tl.max(tl.max(bad_e, axis=1), axis=0) > EMAX, ERR_EXPONENT, 0)
+    return err | padding_error(src, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc, esc_nb, seg, lim)
+
+
+@triton.jit
+def padding_error(src, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc, esc_nb, seg, lim):
+    """ERR_PADDING when a padding byte of a coded segment's four
+    sub-streams is not zero (bytes at or past ``lim`` not read)."""
     padbad = pads_nonzero(src, codes_nb, a_sm, a_sm + sm_nb, a_rem, a_rem + rem_nb, a_esc,
                           a_esc + esc_nb, seg, lim)
-    return err | tl.where(padbad, ERR_PADDING, 0)
+    return tl.where(padbad, ERR_PADDING, 0)

@@ -21,8 +21,8 @@ reads the machine code:
   barriers.
 
 The hot path is the kernel's own (inline) code; cold paths are
-``noinline`` functions it calls (a raw chunk, a chunk with flagged zeros or
-too many escapes), which the SASS holds after the kernel and which are
+``noinline`` functions it calls (a chunk Gaussian data does not make: zeros
+to flag, a RAW chunk), which the SASS holds after the kernel and which are
 counted apart. A program takes one side of each branch, so the longest
 path bounds what any chunk's program executes on the hot path; the sum
 over all inline code (``all_inline_per_element``), which adds up both
@@ -257,8 +257,7 @@ def parse_hot_path(sass: str, trip_count: float, loop_trips: dict | None = None)
     while i is not None:
         on_path[i] = True
         i = step[i]
-    weight = [c for c in cost]
-    return _Hot(rows, weight, cold, on_path, loops)
+    return _Hot(rows, cost, cold, on_path, loops)
 
 
 def function_sections(sass: str) -> dict:
@@ -346,8 +345,8 @@ def line_profile(launch: Launch, compiled, top: int = 20) -> list[tuple]:
             for where, n in ranked]
 
 
-# A data-dependent loop's trips are named in the kernel's source by a
-# comment on its ``while`` line: ``# offline: escape rounds`` (one trip per
+# A loop whose trips depend on the data is named in the kernel's source by a
+# comment on its line, e.g. ``# offline: escape rounds`` (one trip per
 # escape of the thread that has the most in its chunk). The loop's step is
 # a value the compiler cannot see as a constant, so it is not unrolled and
 # its back edge is that line's.
@@ -396,6 +395,18 @@ def escape_trips(dtype, per_thread: int, codec: str = "fixed3", numel: int = 1 <
     return round(float(worst.double().mean()), 2)
 
 
+def _loop_trips(dtype, per_thread: int) -> dict:
+    """The trips of the kernels' tagged loops at ``per_thread`` elements a
+    thread: escape loops as Gaussian data makes them (escape_trips), the
+    general paths' walks over a chunk one row of 8 a thread a trip."""
+    trips = {}
+    for tag, n in (("escape rounds", escape_trips(dtype, per_thread)),
+                   ("dense escape rounds", escape_trips(dtype, per_thread, "dense")),
+                   ("chunk rows", per_thread // 8)):
+        trips.update({line: n for line in tagged_loops(tag)})
+    return trips
+
+
 def codec_launches(dtype, codec: str, numel: int = 128 << 20, ndim: int = 1,
                    encode_warps: int | None = None) -> list[Launch]:
     """The launches of encode and decode of ``numel`` elements of ``dtype``
@@ -419,17 +430,8 @@ def codec_launches(dtype, codec: str, numel: int = 128 << 20, ndim: int = 1,
                     body_off=header.body_offset)
     per = D.chunks_per_program(nch, codec)
     dec = D.launcher(info, C, per, codec)  # the kernel decode_into launches once it knows the codec
-    rows = tagged_loops("chunk rows")  # fixed3_general's walks, a row of 8 a thread a trip
-    rounds = tagged_loops("escape rounds")
-    enc_trips = {k: escape_trips(dtype, C // (32 * enc_warps)) for k in rounds}
-    dec_trips = {k: escape_trips(dtype, C // (32 * dec.num_warps)) for k in rounds}
-    dense_rounds = tagged_loops("dense escape rounds")
-    enc_trips.update({k: escape_trips(dtype, C // (32 * enc_warps), "dense")
-                      for k in dense_rounds})
-    dec_trips.update({k: escape_trips(dtype, C // (32 * dec.num_warps), "dense")
-                      for k in dense_rounds})
-    enc_trips.update({k: C // (8 * 32 * enc_warps) for k in rows})
-    dec_trips.update({k: C // (8 * 32 * dec.num_warps) for k in rows})
+    enc_trips = _loop_trips(dtype, C // (32 * enc_warps))
+    dec_trips = _loop_trips(dtype, C // (32 * dec.num_warps))
     return [
         Launch("encode: encode", enc, enc_args, enc_const, enc_warps, C, reads_input=1,
                loop_trips=enc_trips),
