@@ -31,7 +31,8 @@ devices, below autograd, so it runs for forward and backward alike and
 autograd records the same graph. It runs for these ops only, on every thread
 (autograd's backward threads included). A ``TorchDispatchMode`` would route
 every op of its thread through Python, which slows tensor-parallel steps
-measurably (``benchmarks/dtensor_overhead.py``, docs/benchmarks.md).
+measurably (``benchmarks/dtensor_overhead.py``; docs/benchmarks.md, "DTensor
+overhead").
 
 Torch's own kernels stay registered underneath: a call zipccl does not take
 (integer dtypes such as MoE token counts, reduce ops other than sum/avg, odd

@@ -20,7 +20,7 @@ INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float
 
 
 # --------------------------------------------------------------------------
-# Helpers (run inside the ranks)
+# Data and rank bodies (run inside the ranks)
 # --------------------------------------------------------------------------
 def make_data(n: int, dtype: torch.dtype, seed: int, rank: int,
               kind: str = "gauss") -> torch.Tensor:

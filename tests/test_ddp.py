@@ -314,7 +314,8 @@ def run_where_the_calls_run(cfg: ZipCCLConfig) -> tuple:
 def test_the_calibrating_call_runs_in_the_hook(pool2):
     # Told a slow link, the default policy times the codec at its first call,
     # in the hook: timed beside backward, the codec looks slower than it is
-    # and the policy's decisions flip from run to run (docs/benchmarks.md).
+    # and the policy's decisions flip from run to run (docs/benchmarks.md,
+    # "Calibration").
     # The calls after it may be compressed: the worker runs them.
     slow = ZipCCLConfig(min_bytes=0, link_gbps=0.01)
     for threads, compressed in pool2.run(run_where_the_calls_run, slow):

@@ -317,8 +317,7 @@ def test_random_exponent_spreads_agree_with_torch(device, monkeypatch):
     to far wider than a chunk's code) and zero fractions, some inputs at an
     odd address: every payload byte-identical to the torch backend's and
     decoded bit for bit (dense at 4096-element chunks, the one size its
-    kernels take). (A throwaway version of this ran 680 cases in the
-    sixth session without a mismatch.)"""
+    kernels take)."""
     g = _gen(6)
     for case in range(16):
         pick = torch.randint(0, 1 << 20, (6,), generator=g).tolist()

@@ -137,9 +137,10 @@ def test_sass_parser_takes_the_longest_path_with_loops_at_their_trips():
     assert hot.cold_instructions == 0
 
 
-def test_sass_parser_counts_a_ptxas_helper_at_its_call():
-    """A 64-bit division is a call of a ptxas helper: its instructions count
-    where it is called, and the helper is not a cold noinline function."""
+def test_sass_parser_counts_a_ptxas_subroutine_at_its_call():
+    """A 64-bit division is a call of a ptxas subroutine: its instructions
+    count where it is called, and the subroutine is not a cold noinline
+    function."""
     sass = SASS.replace("CALL.REL.NOINC `($k$cold)", "CALL.REL.NOINC `($__internal_0_$__div)")
     sass = sass.replace("$k$cold:", "$__internal_0_$__div:")
     hot = offline.parse_hot_path(sass, trip_count=4)
@@ -196,7 +197,7 @@ def test_host_syncs_are_counted(rows):
 # asks fp32, twice the bytes, to cost what bf16 does. Met as well, per byte
 # of input (what a fraction of a device copy measures): fp32 within 10% of
 # bf16. fp16 decode is not within 10% of bf16's own count (docs/benchmarks.md,
-# "fixed3 Triton kernels, twentieth session": fp16's 3-bit rem stream costs
+# "Kernel cost (offline SASS)": fp16's 3-bit rem stream costs
 # about 2 instructions an element more at any speed).
 BOUND = {"fixed3": (32.0, 24.0), "dense": (80.0, 60.0)}
 
@@ -221,7 +222,7 @@ def test_issue17_acceptance(rows):
 
 @pytest.mark.xfail(strict=True, reason="fixed3 fp16 decode counts 1.18x bf16's (17.5 against "
                    "14.8): the rem stream's ~2 instructions an element (docs/benchmarks.md, "
-                   "'fixed3 Triton kernels, twentieth session'); encode is within 10%")
+                   "'Kernel cost (offline SASS)'); encode is within 10%")
 def test_fixed3_fp16_within_ten_percent_of_bf16(rows):
     """Issue 17's relative bound read literally for fp16 (the same bytes an
     element as bf16): within 10% of bf16's own count."""

@@ -157,7 +157,7 @@ def byte_field(v, k, LO: tl.constexpr, NB: tl.constexpr):
 
 
 # ---------------------------------------------------------------------------
-# Thread-major tile and word-wide stream helpers (fixed3 kernels)
+# Thread-major tile and word-wide stream functions (fixed3 kernels)
 # ---------------------------------------------------------------------------
 @triton.jit
 def ttile(G: tl.constexpr, T: tl.constexpr):

@@ -68,15 +68,15 @@ _INT_VIEW = {2: torch.int16, 4: torch.int32}
 # dense's run NUM_WARPS; fixed3's own kernel FIXED3_WARPS by element size:
 # 64 elements a thread for 16-bit words (its per-thread work, the entry
 # and header checks and the scan, over twice the elements), 32 for fp32,
-# whose tile of twice the bytes spills at 64 (docs/benchmarks.md, "fixed3
-# Triton kernels, twentieth session"). gpu_check.py --sweep times others.
+# whose tile of twice the bytes spills at 64 (docs/benchmarks.md, "Kernel
+# cost (offline SASS)"). gpu_check.py --sweep times others.
 NUM_WARPS = 4
 FIXED3_WARPS = {2: 2, 4: 4}
 # Chunks a fixed3 decode program takes (chunks_per_program): 4 once a call
 # still leaves PROGRAMS_WANTED programs of 4, several waves of programs over
 # a large GPU's SMs, so the last wave's idle SMs cost little; a program
-# checks the header once for all its chunks (docs/benchmarks.md, "fixed3
-# Triton kernels, twentieth session": the counts at 1, 2, 4 and 8).
+# checks the header once for all its chunks (docs/benchmarks.md, "Kernel
+# cost (offline SASS)": the counts at 1, 2, 4 and 8).
 PER_CHOICES = (4,)
 PROGRAMS_WANTED = 2048
 MAGIC_U32 = tl.constexpr(int.from_bytes(F.MAGIC, "little"))

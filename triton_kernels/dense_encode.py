@@ -97,7 +97,7 @@ def _signed64(v: int) -> int:
 
 
 # ---------------------------------------------------------------------------
-# Helpers shared with dense_decode.py
+# Functions shared with dense_decode.py
 # ---------------------------------------------------------------------------
 @triton.jit
 def row_excl(row, G: tl.constexpr):
@@ -132,7 +132,7 @@ def _or(a, b):
 # to [T, G, 8] gets a linear layout, which tl.cumsum cannot take, so the
 # in-row scans ran across 8 threads in the default layout, with a layout
 # conversion through shared memory each way. The 4-D tile is the load's
-# blocked layout permuted. The helpers below are the row operations of
+# blocked layout permuted. The functions below are the row operations of
 # either tile.
 @triton.jit
 def _rsum(x, W4: tl.constexpr):
@@ -583,7 +583,7 @@ def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offse
     # (which may clobber any register), so fewer spill. fp16 makes the
     # header's call right after the offset: with it last, ptxas recomputes
     # the sign-extended words instead of spilling them, which counts more
-    # (docs/benchmarks.md, "Dense Triton kernels, nineteenth session"). The
+    # (``benchmarks/kernel_cost.py --codec dense``). The
     # order of the writes does not matter: they are disjoint and the host
     # reads after the launch.
     FINISH_LAST: tl.constexpr = not IS_FP16
@@ -704,8 +704,7 @@ def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offse
         tl.debug_barrier()
     # esc: the escaped elements' exponent bytes, in order; for fp16 and fp32
     # before sm (fewer values live across fp32's sm branch), for bf16 after
-    # it, whichever counted fewer instructions (docs/benchmarks.md, "Dense
-    # Triton kernels, nineteenth session").
+    # it, whichever counted fewer instructions (``benchmarks/kernel_cost.py``).
     ESC_FIRST: tl.constexpr = not (ITEMSIZE == 2 and MAN_BITS == 7) and not HOT
     if ESC_FIRST:
         if seg_c < raw_seg:

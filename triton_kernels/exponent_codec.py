@@ -6,7 +6,7 @@ module was imported (triton reads it when ``@triton.jit`` decorates a kernel).
 ``codec_encode.py`` and ``codec_decode.py`` hold the launchers (and the
 decoder's header check); the kernels live one file per codec and op
 (``fixed3_encode.py``, ``fixed3_decode.py``, ``dense_encode.py``,
-``dense_decode.py``), the helpers they share in ``_codec_common.py`` (the
+``dense_decode.py``), the functions they share in ``_codec_common.py`` (the
 chunk tile) and ``_lookback.py`` (segment offsets in one pass);
 ``offline.py`` compiles them for a GPU without one.
 

@@ -176,23 +176,23 @@ def parse_hot_path(sass: str, trip_count: float, loop_trips: dict | None = None)
     code would add up both sides of every branch. ``BRA.DIV`` (the fallback
     of a warp collective reached by a diverged warp, which the kernels'
     uniform branches never make) counts as not taken. A call of a ptxas
-    helper (``$__internal_...``, a 64-bit division) counts the helper's
-    instructions at the call."""
+    subroutine (``$__internal_...``, a 64-bit division) counts the
+    subroutine's instructions at the call."""
     where, rows, labels, branches, cold = "?", [], {}, [], 0
     lines = sass.splitlines()
-    helpers, helper, kernel_done = {}, None, False
+    subs, sub, kernel_done = {}, None, False
     for k, line in enumerate(lines):
         if line.startswith("$"):
             if not kernel_done:  # the first noinline function: cold from here on
                 cold = sum(bool(_INSTR.search(x)) for x in lines[k:])
                 kernel_done = True
-            helper = line.split(":")[0] if line.startswith("$__internal_") else None
-            if helper:
-                helpers[helper] = 0
+            sub = line.split(":")[0] if line.startswith("$__internal_") else None
+            if sub:
+                subs[sub] = 0
             continue
         if kernel_done:
-            if helper and _INSTR.search(line):
-                helpers[helper] += 1
+            if sub and _INSTR.search(line):
+                subs[sub] += 1
             continue
         m = re.search(r'//## File "(.*)", line (\d+)', line)
         if m:
@@ -210,7 +210,7 @@ def parse_hot_path(sass: str, trip_count: float, loop_trips: dict | None = None)
         c = re.search(r"CALL\S*\s+`\((\$__internal_[^)]*)\)", line)
         rows.append((where, op))
         branches.append(dict(pred=bool(m.group(2)), op=op, target=b.group(1) if b else None,
-                             helper=c.group(1) if c else None))
+                             sub=c.group(1) if c else None))
     n = len(rows)
     loop_trips = loop_trips or {}
     succ, back = [], {}  # back: a back edge's source -> the loop's header
@@ -247,7 +247,7 @@ def parse_hot_path(sass: str, trip_count: float, loop_trips: dict | None = None)
         loops.append((rows[i][0], trips, i + 1 - t))
         for j in range(t, i + 1):
             weight[j] *= trips
-    cost = [weight[i] * (1 + helpers.get(branches[i]["helper"], 0)) for i in range(n)]
+    cost = [weight[i] * (1 + subs.get(branches[i]["sub"], 0)) for i in range(n)]
     best, step = [0.0] * (n + 1), [None] * n
     for i in range(n - 1, -1, -1):  # every edge left goes forward
         nxt = max(succ[i], key=lambda s: best[s], default=None)
@@ -327,8 +327,8 @@ def sass_stats(launch: Launch, compiled) -> SassStats:
 def line_profile(launch: Launch, compiled, top: int = 20) -> list[tuple]:
     """The longest path's instructions per element by source line, largest
     first: (file:line, instructions per element, most frequent opcodes).
-    A jitted helper's lines count where the helper is written (the debug
-    info has no inlining), so one helper line may sum several call sites."""
+    A jitted function's lines count where the function is written (the debug
+    info has no inlining), so one of its lines may sum several call sites."""
     hot = _hot_path(launch, compiled)
     total, ops = {}, {}
     for (where, op), w, on in zip(hot.rows, hot.weight, hot.on_path):

@@ -1,4 +1,4 @@
-"""Small helpers about where tensors live, how they are cut and padded, and
+"""Small functions about where tensors live, how they are cut and padded, and
 how host bytes reach a device, shared by the collectives, pipeline.py and
 format.py."""
 from __future__ import annotations

@@ -51,8 +51,8 @@ class RankOrderSum:
     or fp32 chunks widens, adds and asks for NaNs in one pass (``codec_cpp.sum_add``), and a bf16
     result is cast with its NaNs made canonical in the same pass
     (``codec_cpp.sum_to_bf16``): the same bits as the torch ops below, with
-    no pass of its own for the NaN test (docs/benchmarks.md, "The rank-order
-    sum in one pass")."""
+    no pass of its own for the NaN test (docs/benchmarks.md, "Rank-order
+    sum")."""
 
     def __init__(self, out: torch.Tensor, flat_in: torch.Tensor, op, world: int) -> None:
         self.out = out
@@ -86,7 +86,7 @@ class RankOrderSum:
             dst.add_(term)
         else:
             # Widen first: the same bits as a mixed-dtype add_ (bf16/fp16 ->
-            # fp32 is exact), and faster on a CPU (docs/benchmarks.md).
+            # fp32 is exact), and faster on a CPU (docs/benchmarks.md, "Rank-order sum").
             dst.add_(src.to(torch.float32))
 
     def finish(self) -> None:
@@ -170,7 +170,7 @@ def canonical_nans(t: torch.Tensor, source: torch.Tensor | None = None) -> None:
     tensor ``t`` was cast from, which holds a NaN where ``t`` does (a cast
     makes no NaN of a number, nor a number of a NaN), asked instead of ``t``
     whether there is any: its maximum is the cheaper one to take on a CPU
-    (docs/benchmarks.md, "The NaN test on the fp32 sum")."""
+    (docs/benchmarks.md, "Rank-order sum")."""
     if not _may_hold_nan(t if source is None else source):
         return
     t.view(_BITS[t.element_size()]).masked_fill_(t.isnan(), CANONICAL_NAN[t.dtype])

@@ -11,7 +11,7 @@ call is the slowest rank's, and a row shows medians of ``--repeat`` rounds and
 their ratio (raw / zipccl: above 1 means zipccl is faster). Beside it: what
 the policy did (``plan``: raw, or codec x pieces), what its cost model
 predicted for raw and for its plan, and the measured ratio of raw to wire
-bytes. Tables and how they were taken: docs/benchmarks.md.
+bytes. Tables and how they were taken: docs/benchmarks.md, "Link benchmark".
 
 Message size is the full tensor on each rank: the all-gather output, the
 reduce-scatter input, the all-reduce tensor, the all-to-all input. Data is

@@ -26,8 +26,7 @@ Where the figures come from, and why every rank holds the same:
   runs inside a collective than alone, and ``E``, ``D``, ``c``, ``R`` are corrected
   by that factor (``cost.fit_slowdown``). On a loopback, where moving bytes is
   itself CPU work competing with the codec, that factor is what keeps the
-  policy raw (docs/benchmarks.md, section "Unthrottled loopback: the policy
-  stays raw").
+  policy raw (docs/benchmarks.md, section "Link benchmark").
 
 With both ``link_gbps`` and ``codec_gbps`` given nothing is timed and nothing
 is sent: the figures are pure functions of the config.
@@ -61,8 +60,7 @@ PROBE_SECONDS = 0.04
 AB_ROUNDS = 8
 """Timed rounds of the in-situ A/B (best of): fewer let a noisy link spread
 the fitted codec slowdown widely enough to flip decisions between
-calibrations (docs/benchmarks.md, section "Why close calls flip: the in-situ
-factor is ill-conditioned"). Each round
+calibrations (docs/benchmarks.md, section "Calibration"). Each round
 costs a raw and a compressed all-gather of about PROBE_SECONDS, once per
 (group, dtype)."""
 
@@ -78,8 +76,7 @@ CODEC_SMALL_ELEMS = 1024
 CODEC_RUNS = 5
 """Timed runs of each codec measurement (the minimum is taken): a codec timed
 alone is fast, and one run slowed by a neighbour's burst would otherwise
-stand for the whole process (docs/benchmarks.md, section "Calibration under
-load")."""
+stand for the whole process (docs/benchmarks.md, section "Calibration")."""
 
 
 def probe_data(numel: int, dtype: torch.dtype, generator, device) -> torch.Tensor:

@@ -49,7 +49,7 @@ class ZipCCLConfig:
     ``policy="adaptive"``, per call whichever of fixed3 and dense the policy
     predicts faster; under "always", the codec module's default, "dense",
     which sends fewer bytes than "fixed3" on model data (ratios and speeds:
-    docs/benchmarks.md, ``zipccl bench codec``)."""
+    docs/benchmarks.md, "Codec speed and ratio")."""
 
     backend: BackendName = "auto"
     """Codec backend: "auto" (Triton on CUDA, C++ or torch on CPU), "torch",
@@ -99,8 +99,8 @@ class ZipCCLConfig:
     the same schedule. Not covered: dtypes the codec does not handle (handed
     to torch) and the pieces after a failed encode (the framing encoder is
     what failed). The payload grows by 4 bytes per 4096 elements; the cost in
-    time and memory is measured in docs/benchmarks.md
-    (``benchmarks/verify_cost.py``)."""
+    time and memory is measured in docs/benchmarks.md ("Verify cost",
+    ``benchmarks/verify_cost.py``)."""
 
     policy: Literal["adaptive", "always", "never"] = "adaptive"
     """How each call chooses between raw and compressed (``policy.py``).

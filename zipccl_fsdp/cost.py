@@ -52,12 +52,12 @@ PIECE_OVERHEAD_S = 300e-6
 """Host cost of one more piece beyond its two latencies and its codec calls
 (tensor set-up, async launches and waits handed between threads); tuned on
 pipelined all-gathers of 1 to 16 pieces, see docs/benchmarks.md, section
-"Why close calls flip: the in-situ factor is ill-conditioned"."""
+"Calibration"."""
 
 BEST_FRACTION = {torch.bfloat16: 0.62, torch.float16: 0.8, torch.float32: 0.3}
 """A wire fraction hard to beat on model data (fp32: gradients cast from
 bf16), per dtype; the figures behind it are in docs/benchmarks.md, section
-"Policy split: figures moved out of docstrings". The expectation of a call site before its class has
+"Figures behind constants". The expectation of a call site before its class has
 been seen, so that the first call measures the ratio; and the test that
 tells "raw because of the link or size" from "raw because of this ratio"."""
 

@@ -48,7 +48,8 @@ The collectives (``collectives/``) call in here at four points.
   warning with the traceback, later ones at debug level.
 
 Costs are measured by ``benchmarks/verify_cost.py`` and catch rates by
-``benchmarks/bitflip_transit.py`` (docs/benchmarks.md).
+``benchmarks/bitflip_transit.py`` (docs/benchmarks.md, "Verify cost" and "Bit
+flips in transit").
 """
 from __future__ import annotations
 

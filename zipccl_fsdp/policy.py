@@ -64,7 +64,7 @@ __all__ = ["Policy", "of", "plan", "all_to_all_plan", "sure_raw", "raw_for_good"
 
 DENSE_OVER_FIXED3 = 0.95
 """dense wire fraction / fixed3 wire fraction on model data (docs/benchmarks.md,
-section "Policy split: figures moved out of docstrings"): how a site's ratio under one codec predicts
+section "Figures behind constants"): how a site's ratio under one codec predicts
 the other's."""
 
 A2A_SKIP_AFTER = 4

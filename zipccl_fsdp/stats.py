@@ -118,8 +118,9 @@ class CommStats:
 
         The profiler range is opened only while a profiler runs: an open
         ``record_function`` around a gloo collective adds latency comparable
-        to a small raw call (docs/benchmarks.md). A profiler that records
-        every thread (``experimental_config=_ExperimentalConfig(profile_all_threads=True)``)
+        to a small raw call (docs/benchmarks.md, "Figures behind constants").
+        A profiler that records every thread
+        (``experimental_config=_ExperimentalConfig(profile_all_threads=True)``)
         also shows the ranges of the DDP hook's calls, which run on zipccl's
         worker thread (``background.py``)."""
         return _Phase(self._data[kind], kind, phase)

@@ -21,7 +21,7 @@ Why: a real call follows a blocking collective, and Python right after one
 runs several times slower than in a loop (cold caches, a vCPU back from
 idle), so zipccl's general raw path costs a large fraction of a small gloo
 call; through a lane a raw call costs about what torch's own does
-(``benchmarks/raw_call_overhead.py``, docs/benchmarks.md).
+(``benchmarks/raw_call_overhead.py``; docs/benchmarks.md, "Raw call overhead").
 
 A lane never raises on bad input and never changes what a call does: a call
 it is not sure of takes the general path, with its checks and messages

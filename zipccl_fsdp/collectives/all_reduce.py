@@ -32,8 +32,8 @@ GATHER_EXTRA_BYTES = 128 * 1024
 that sends at most this many bytes per rank more than the schedule's two
 halves (``gathers_whole``): on two ranks it never sends more, on more ranks
 only small messages qualify. One collective instead of two halves is what a
-small raw call costs least with (docs/benchmarks.md, section "Raw all-reduce:
-one all-gather and a local rank-order sum")."""
+small raw call costs least with (docs/benchmarks.md, section "Raw
+all-reduce")."""
 
 GATHER_MAX_BYTES = 1 << 20
 """The largest all-gather of whole tensors (``world`` x the tensor's bytes)
@@ -200,7 +200,8 @@ def all_reduce_outlook(tensor: torch.Tensor, group=None, config: ZipCCLConfig | 
       policy's first compressible call of this dtype and device on ``group``).
       Run it where nothing else competes for the machine: a codec timed
       beside backward looks slower than it is, and the policy's decision for
-      every later call flips from run to run (docs/benchmarks.md);
+      every later call flips from run to run (docs/benchmarks.md,
+      "Calibration");
     * ``""``: anything else: compressed or raw, it waits on the host (a raw
       all-reduce too: torch's, then its NaNs made canonical, or zipccl's
       rank-order sum, so no all-reduce of a coded dtype is handed to torch

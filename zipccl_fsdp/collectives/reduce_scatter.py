@@ -61,7 +61,8 @@ def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=F
            **K._decided(plan, world > 1))
     # Raw or compressed, the same schedule and the same rank-order sum: the
     # result never depends on the decision (a raw call is an all-to-all of the
-    # chunks, then the sum; docs/benchmarks.md measures it against torch's).
+    # chunks, then the sum; docs/benchmarks.md, "Link benchmark", measures it
+    # against torch's).
     sent = K._verified(cfg, plan) if world > 1 else plan
     K._pipelined_done(st, "reduce_scatter", _pipeline.scatter_reduce(
         "reduce_scatter", input.view(-1), [n] * world, output.view(-1), parsed, group, rank,

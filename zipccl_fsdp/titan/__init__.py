@@ -17,8 +17,8 @@ Config functions (``--config``):
 ``llama3_debugmodel``
     torchtitan's own ``llama3_debugmodel`` (dim 256, 6 layers, about 6.2 M
     parameters). On CPUs its step is cut from 8 x 2048 tokens to 2 x 256 to
-    keep CPU runs short (step times: docs/benchmarks.md, section "Policy
-    split: figures moved out of docstrings").
+    keep CPU runs short (step times: docs/benchmarks.md, section "Figures
+    behind constants").
 ``llama3_tiny_baseline``, ``llama3_debugmodel_baseline``
     the same without zipccl: FSDP2's default comms, for side-by-side runs.
 ``llama3_8b``
@@ -69,14 +69,14 @@ from .metrics import ZipcclMetricsProcessor as _ZipcclMetricsProcessor
 from .profiling import ZipcclProfiler as _ZipcclProfiler
 
 # Step shapes on CPUs: small enough for a CPU run of a few steps (step times:
-# docs/benchmarks.md, section "Policy split: figures moved out of docstrings").
+# docs/benchmarks.md, section "Figures behind constants").
 _CPU_SEQ_LEN = 256
 _TINY_LOCAL_BATCH = 8
 _DEBUGMODEL_CPU_LOCAL_BATCH = 2
 _TINY_LR = 3e-3
 """Higher than the debugmodel's 8e-4, so that the loss falls visibly within
-the tiny runs' 20 steps (the losses: docs/benchmarks.md, section "Policy
-split: figures moved out of docstrings")."""
+the tiny runs' 20 steps (the losses: docs/benchmarks.md, section "Figures
+behind constants")."""
 
 
 def llama3_tiny() -> Trainer.Config:

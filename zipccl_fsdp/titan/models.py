@@ -2,8 +2,8 @@
 
 The tiny model is torchtitan's llama3 ``debugmodel`` scaled down (dim 64,
 2 layers, 4 heads of 16, SwiGLU hidden 192, vocab 2048: about 0.37 M
-parameters), built with the same helpers and initialisations as the
-debugmodel. Those helpers are private to ``torchtitan.models.llama3``; the
+parameters), built with the same builders and initialisations as the
+debugmodel. Those builders are private to ``torchtitan.models.llama3``; the
 package pins ``torchtitan==0.3.0``, and :func:`llama3_tiny_spec` is the one
 place that would follow a rename.
 """
@@ -86,7 +86,7 @@ def deepseek_v3_tiny_config(attn_backend: str = "flex") -> "DeepSeekV3Model.Conf
     """Return a tiny DeepSeek-V3 MoE config: torchtitan's ``debugmodel`` scaled
     down (dim 64, 2 layers of which 1 MoE, 4 routed + 1 shared experts, top 2,
     multi-head latent attention with 4 heads; about 0.5 M parameters), built with
-    the same private helpers (``torchtitan.models.deepseek_v3``, pinned 0.3.0)."""
+    the same private builders (``torchtitan.models.deepseek_v3``, pinned 0.3.0)."""
     from torchtitan.models.deepseek_v3 import (
         _EMBEDDING_INIT as DSV3_EMBEDDING_INIT,
         _NORM_INIT as DSV3_NORM_INIT,

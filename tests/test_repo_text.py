@@ -1,0 +1,97 @@
+"""Checks of the repository's tracked text: what the project says of itself.
+
+The project speaks of its code, not of how or by whom it was written: no
+tracked file names work sessions or the agents that did the work, and
+docs/benchmarks.md is a reference (one section per benchmark, the latest
+table), not a diary, so it stays short and every citation of it names a
+section it has.
+"""
+import pathlib
+import re
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BENCHMARKS = "docs/benchmarks.md"
+MAX_BENCHMARK_LINES = 1000
+
+# Spelled in pieces so that this file does not say them itself. A plain
+# substring, case-insensitive: identifiers ("_x_helpers") count too, and the
+# technical senses ("a helper function") are worded otherwise ("function",
+# "subroutine", "builder").
+BANNED = re.compile("|".join(("ses" + "sion", "hel" + "per")), re.IGNORECASE)
+
+
+def _tracked() -> list[str]:
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                             check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        pytest.skip(f"not a git checkout ({e})")
+    return [p for p in out.decode().split("\0") if p]
+
+
+def _text(path: str) -> str | None:
+    try:
+        return (ROOT / path).read_text(encoding="utf-8")
+    except (UnicodeDecodeError, IsADirectoryError, FileNotFoundError):
+        return None  # binary, a submodule, or deleted in the work tree
+
+
+def test_no_tracked_file_speaks_of_work_sessions_or_their_agents():
+    hits = []
+    for path in _tracked():
+        for word in BANNED.findall(path):
+            hits.append(f"{path}: its name says {word!r}")
+        text = _text(path)
+        if text is None:
+            continue
+        for n, line in enumerate(text.splitlines(), 1):
+            if BANNED.search(line):
+                hits.append(f"{path}:{n}: {line.strip()[:100]}")
+    assert not hits, "tracked text names work sessions or their agents:\n" + "\n".join(hits)
+
+
+def test_benchmarks_document_is_a_short_reference():
+    lines = (ROOT / BENCHMARKS).read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= MAX_BENCHMARK_LINES, (
+        f"{BENCHMARKS} has {len(lines)} lines, more than {MAX_BENCHMARK_LINES}: keep the latest "
+        "table of each benchmark and let git keep the history")
+
+
+def _sections() -> set[str]:
+    text = (ROOT / BENCHMARKS).read_text(encoding="utf-8")
+    heads = re.findall(r"^#+\s+(.+?)\s*$", text, flags=re.MULTILINE)
+    return {re.sub(r"\s*\(to be measured\)$", "", h) for h in heads}
+
+
+# A citation: docs/benchmarks.md, then optionally a comma, "section" or "(",
+# then the section's name in double or single quotes.
+_CITATION = re.compile(r"benchmarks\.md`?\)?,?\s*(?:section\s+|\()?[\"']([^\"']+)[\"']")
+
+
+def _flattened(text: str) -> str:
+    """The text with comment markers at line starts, line breaks and the
+    seams of implicitly concatenated Python strings removed, so that a name
+    wrapped over lines reads as one."""
+    text = re.sub(r"\n[ \t]*(#|//)?[ \t]*", " ", text)
+    return re.sub(r"\"\s+\"", "", text)
+
+
+def test_citations_of_the_benchmarks_document_name_its_sections():
+    sections = _sections()
+    cited, unknown = 0, []
+    for path in _tracked():
+        if path == BENCHMARKS:
+            continue
+        text = _text(path)
+        if text is None or "benchmarks.md" not in text:
+            continue
+        for name in _CITATION.findall(_flattened(text)):
+            cited += 1
+            if name not in sections:
+                unknown.append(f"{path}: {name!r}")
+    assert cited > 0, "the citation pattern found nothing: it no longer matches how the code cites"
+    assert not unknown, ("citations of sections docs/benchmarks.md does not have:\n"
+                         + "\n".join(unknown) + f"\nsections: {sorted(sections)}")
