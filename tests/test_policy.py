@@ -425,7 +425,7 @@ def test_config_validates_policy_fields():
     with pytest.raises(ValueError, match="pipeline_pieces"):
         ZipCCLConfig(pipeline_pieces=-1)
     a, b = ZipCCLConfig(policy="adaptive"), ZipCCLConfig(policy="adaptive", link_gbps=1.0)
-    assert a.protocol_fingerprint() != b.protocol_fingerprint()
+    assert a.protocol_fields() != b.protocol_fields()
 
 
 # --------------------------------------------------------------------------

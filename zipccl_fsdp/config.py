@@ -1,15 +1,16 @@
 """``ZipCCLConfig``: what the compressed collectives compress, and how.
 
 Every rank of a process group must use the same values for the fields that
-decide the wire protocol (``min_bytes``, the ``compress_*`` switches and
-``unsupported_dtype``): they choose between raw and compressed paths, and ranks
-that choose differently would call different collectives and hang. The first
-call with a config on a group checks this (``check_consistency``) and raises
-``ZipCCLConfigError`` on every rank when they disagree, naming the field and
-the ranks (``integrity.check_agreement``; the fields are
-``protocol_fields()``, plus the payload format version and the codec set of
-the build). ``codec`` and ``backend`` may differ between ranks: payloads are
-self-describing.
+decide the wire protocol (``ZipCCLConfig.protocol_fields()``: every field but
+``backend``, ``check_consistency`` and, unless the policy is "adaptive",
+``codec``): they choose between raw and compressed paths or change the wire
+bytes, and ranks that choose differently would call different collectives
+and hang. The first call with a config on a group checks this
+(``check_consistency``) and raises ``ZipCCLConfigError`` on every rank when
+they disagree, naming the field and the ranks (``integrity.check_agreement``;
+the fields are ``protocol_fields()``, plus the payload format version and
+the codec set of the build). ``backend``, and ``codec`` outside "adaptive",
+may differ between ranks: payloads are self-describing.
 
 A config is settings only: frozen, every field a plain value the user sets.
 What the collectives learn while they run (agreement checks, the adaptive
@@ -19,7 +20,6 @@ is no process-wide state.
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, fields
 from typing import Literal, get_args
 
@@ -84,9 +84,11 @@ class ZipCCLConfig:
     check_consistency: bool = True
     """On the first call of this config on a process group, all-gather a
     fingerprint of the protocol fields and raise ``ZipCCLConfigError`` on every
-    rank if the ranks disagree (costs one tiny all-gather per group, once: 8
-    bytes per rank; on a mismatch a second one of 256 bytes per rank finds the
-    field and the ranks). It must itself be equal on every rank."""
+    rank if the ranks disagree. It costs one small all-gather per group, once:
+    a vector as wide as a size row of the schedule per rank (a few int64s per
+    rank of the group); on a mismatch a second one
+    of ``integrity.PROTOCOL_SLOTS`` int64s (256 bytes) per rank finds the fields
+    and the ranks. It must itself be equal on every rank."""
 
     verify: bool = False
     """Integrity mode: every payload carries a checksum per 4096 elements
@@ -197,11 +199,6 @@ class ZipCCLConfig:
                 "link_latency_us": self.link_latency_us,
                 "codec_gbps": self.codec_gbps,
                 "pipeline_pieces": self.pipeline_pieces}
-
-    def protocol_fingerprint(self) -> int:
-        """A 63-bit hash of ``protocol_fields()``."""
-        text = repr(sorted(self.protocol_fields().items()))
-        return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
 
 
 _SWITCHES = tuple(f.name for f in fields(ZipCCLConfig) if f.name.startswith("compress_"))

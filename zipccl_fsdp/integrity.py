@@ -6,8 +6,8 @@ The collectives (``collectives/``) call in here at four points.
 * **Agreement** (``check_agreement``): at the first call of a config on a
   process group every rank all-gathers a tagged int64, a hash of what it will put
   on the wire: the payload format version, the codec set of its build and
-  ``ZipCCLConfig.protocol_fields()`` (``min_bytes``, the ``compress_*``
-  switches, ``unsupported_dtype``, ``verify``). When the hashes differ, every
+  ``ZipCCLConfig.protocol_fields()`` (the settings that choose a path or
+  change the wire bytes). When the hashes differ, every
   rank sees it (it is an all-gather), so every rank joins a second all-gather
   of a fixed-size vector of one int64 per field (``PROTOCOL_SLOTS``: 256 bytes
   per rank) and raises ``ZipCCLConfigError`` naming each differing field and
@@ -95,7 +95,8 @@ REFUSALS = ("its arguments are invalid",
 
 PROTOCOL_SLOTS = 32
 """Slots of the per-field agreement vector: slot 0 hashes the field names, one
-slot per field after it (room for 31 fields; the build has 9)."""
+slot per field after it (room for 31 fields, about twice what
+``protocol_fields`` returns; ``field_vector`` raises when they outgrow it)."""
 
 # Integers below this travel as themselves (so errors can print them); other
 # values (strings, tuples, big ints) as a hash with this bit set.

@@ -46,11 +46,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-RECIPE_SECTIONS = {
-    "description": "optional text: what the recipe is for",
-    "titan": "table: module, config, nproc",
-    "zipccl": "table: how zipccl compresses",
-}
 TITAN_KEYS = {
     "module": "torchtitan --module: a module with config functions",
     "config": "torchtitan --config: the config function to call",
