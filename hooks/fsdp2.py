@@ -34,6 +34,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
 from zipccl_fsdp.collectives import all_gather_single, reduce_scatter_single
 
 from . import hsdp
+from ._fsdp2_internals import FSDP2InternalsError, internals_error
 
 # Comms we may replace, and restore on remove(): torch's own plain ones.
 _TORCH_ALL_GATHERS = (DefaultAllGather, ProcessGroupAllocAllGather)
@@ -97,18 +98,6 @@ def is_fsdp2_model(model) -> bool:
 # _check_internals). Each parameter group (torch._fully_shard._fsdp_param_group
 # .FSDPParamGroup) holds its own comms, called with its own process group.
 _GROUP_ATTRS = ("_all_gather_comm", "_reduce_scatter_comm", "mesh_info")
-
-
-class FSDP2InternalsError(RuntimeError):
-    """FSDP2's state in this torch does not have what zipccl reads or writes."""
-
-
-def internals_error(what: str, where: str) -> FSDP2InternalsError:
-    return FSDP2InternalsError(
-        f"zipccl cannot hook FSDP2 in torch {torch.__version__}: {where} has no {what} "
-        f"(zipccl reads and writes it in torch 2.11 and 2.13; this torch moved it), "
-        f"so the run would go raw or hang; train without zipccl's FSDP2 hook or use "
-        f"a torch zipccl supports")
 
 
 def _param_groups(name: str, module: FSDPModule) -> list:

@@ -48,6 +48,8 @@ from torch.distributed import ReduceOp
 
 from zipccl_fsdp.collectives import all_reduce
 
+from ._fsdp2_internals import internals_error
+
 # The FSDP2 internals used here: FSDPParamGroup attributes of the same names
 # and meaning in torch 2.11, 2.13 and 2.14.1 (read from the wheels' sources).
 _GROUP_ATTRS = ("mesh_info", "post_forward_mesh_info", "_all_reduce_hook",
@@ -59,8 +61,6 @@ _NO_OVERFLOW_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _mesh_info_classes():
-    from .fsdp2 import internals_error
-
     try:
         from torch.distributed.fsdp._fully_shard._fsdp_common import (FSDPMeshInfo,
                                                                        HSDPMeshInfo)
@@ -77,8 +77,6 @@ def is_hsdp(group) -> bool:
 
 def check_group(name: str, group) -> None:
     """Raise if zipccl cannot take over ``group``'s replicate all-reduce (no-op if not HSDP)."""
-    from .fsdp2 import internals_error
-
     hook = getattr(group, "_all_reduce_hook", None)
     if isinstance(hook, ReplicateAllReduce):  # ours: re-registration restores it first
         return
