@@ -1,34 +1,22 @@
-"""Fuzz ``zipccl_fsdp.decode`` with damaged payloads and random bytes.
+"""Damaged payloads for the decoder, and the loop that decodes them.
 
-Every case must end in one of two ways: the decoder returns exactly the
-original tensor (the mutation hit bits that carry no information, e.g. stream
-padding), or it raises CorruptPayloadError. Anything else is counted:
-
-* crash: any other exception;
-* wrong: a tensor returned that differs from the original. With checksums
-  (the default, ``verify=True`` payloads) this must be 0. With ``--no-verify``
-  a flipped sign/mantissa bit is a valid payload of another tensor, so wrong
-  results are expected there and reported as undetectable.
-
-Usage::
-
-    python benchmarks/fuzz_decode.py --cases 100000
+``run(cases, ...)`` mutates valid payloads (both zero signs in the bases)
+and decodes each: the result must be the exact original or a
+``CorruptPayloadError``; anything else is a crash or a wrong tensor. Shared
+by ``tests/test_fuzz.py`` (short runs) and ``benchmarks/fuzz_decode.py``
+(long ones); imports no pytest.
 """
 from __future__ import annotations
 
-import argparse
-import os
 import struct
-import sys
 import time
 import zlib
 from collections import Counter
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import zipccl_fsdp as z  # noqa: E402
-from zipccl_fsdp import format as F  # noqa: E402
+import zipccl_fsdp as z
+from zipccl_fsdp import format as F
 
 INT = {2: torch.int16, 4: torch.int32}
 MUTATIONS = ("bitflip", "multiflip", "truncate", "extend", "header_field", "table_field",
@@ -133,30 +121,3 @@ def run(cases: int, verify: bool = True, backend: str = "auto", seed: int = 0,
             print(f"  {i + 1} cases: {dict(outcomes)}", flush=True)
     return dict(cases=cases, outcomes=dict(outcomes), per_kind=dict(per_kind),
                 slowest_s=slowest[0], slowest_case=slowest[1], examples=examples)
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", type=int, default=100_000)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--backend", default="auto", choices=z.BACKENDS)
-    ap.add_argument("--no-verify", action="store_true", help="payloads without checksums")
-    args = ap.parse_args(argv)
-    t0 = time.perf_counter()
-    res = run(args.cases, not args.no_verify, args.backend, args.seed,
-              report_every=max(args.cases // 10, 1))
-    print(f"\nfuzz_decode: {res['cases']} cases, verify={not args.no_verify}, backend={args.backend}, "
-          f"{time.perf_counter() - t0:.0f} s")
-    print(f"{'mutation':<20} {'exact':>8} {'refused':>8} {'wrong':>8} {'crash':>8}")
-    for kind in ("none",) + MUTATIONS:
-        row = [res["per_kind"].get((kind, o), 0) for o in ("exact", "refused", "wrong", "crash")]
-        print(f"{kind:<20} " + " ".join(f"{v:>8}" for v in row))
-    print(f"slowest case: {res['slowest_s'] * 1e3:.1f} ms ({res['slowest_case']})")
-    for k, v in res["examples"].items():
-        print(f"first {k}: {v}")
-    bad = res["outcomes"].get("crash", 0) + (0 if args.no_verify else res["outcomes"].get("wrong", 0))
-    return 1 if bad else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

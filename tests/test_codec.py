@@ -246,7 +246,8 @@ def _forge(numel, dtype_code, nbytes, body):
 
 @pytest.mark.parametrize("backend", ["torch", "cpp"])
 def test_forged_header_is_refused_before_allocating(backend):
-    # Issue 20 case 7: 29.3 GiB of fp32 claimed by a 2 MiB payload.
+    # A forged header: 29.3 GiB of fp32 claimed by a 2 MiB payload, refused
+    # before anything is allocated.
     numel = 29.3 * 2 ** 30 // 4
     numel = int(numel) // 4096 * 4096
     for body in (0, 2 ** 21 - 128, 16 * (numel // 4096)):
@@ -266,7 +267,8 @@ def align_up(x, a):
 
 
 def test_max_encoded_nbytes_holds_for_every_ndim_and_refuses_nonsense():
-    # Issue 20 case 8: an incompressible (4, 4, 4096) bf16 tensor.
+    # An incompressible (4, 4, 4096) bf16 tensor stays within the bound for
+    # every codec and ndim; nonsense arguments raise ValueError.
     x = case("random_bits", 4 * 4 * 4096, torch.bfloat16).view(4, 4, 4096)
     for codec in z.CODECS:
         for verify in (False, True):
@@ -285,7 +287,7 @@ def test_max_encoded_nbytes_holds_for_every_ndim_and_refuses_nonsense():
 
 @pytest.mark.parametrize("backend", ["torch", "cpp"])
 def test_decode_into_an_out_overlapping_the_payload_is_refused(backend):
-    # Issue 20 case 9: the same clear error on every backend.
+    # The same clear ValueError on every backend, naming the overlap.
     x = case("gauss", 3 * 4096, torch.bfloat16)
     p = z.encode(x, codec="fixed3", backend="torch")
     buf = torch.zeros(p.numel() + x.numel() * 2, dtype=torch.uint8)

@@ -1,7 +1,9 @@
-"""Failure paths of the collectives (issue 20, cases 2, 3, 4, 5, 6, 10, 12, and
-arguments wrong on one rank only):
-each raises the same error type on every rank within seconds, or gives the
-exact result on every path.
+"""Failure paths of the collectives: sizes, configs and reduce ops that differ
+between ranks, an all-to-all whose output overlaps its input, damaged raw
+sends under verify, NaN payloads across piece counts, a hooked model saved
+and loaded, and arguments wrong on one rank only (``benchmarks/fault_matrix.py``
+runs the same cases by number): each raises the same error type on every
+rank within seconds, or gives the exact result on every path.
 
 Process groups time out after 30 s; a case that raised on one rank only
 would leave the others waiting that long, so each task measures how long
@@ -65,7 +67,7 @@ def _in_step() -> bool:
 
 
 # --------------------------------------------------------------------------
-# Case 2: sizes that differ between ranks
+# Sizes that differ between ranks (fault matrix case 2)
 # --------------------------------------------------------------------------
 def task_mismatched_all_reduce(numels: list, policy: str):
     rank = dist.get_rank()
@@ -83,7 +85,7 @@ def test_all_reduce_with_sizes_differing_between_ranks_raises_on_every_rank(pool
 
 
 # --------------------------------------------------------------------------
-# Case 3: check_consistency differing between ranks
+# check_consistency differing between ranks (fault matrix case 3)
 # --------------------------------------------------------------------------
 def task_check_consistency_differs(kind: str):
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -109,7 +111,7 @@ def test_check_consistency_differing_between_ranks_is_a_config_error_everywhere(
 
 
 # --------------------------------------------------------------------------
-# Case 10: reduce ops differing between ranks
+# Reduce ops differing between ranks (fault matrix case 10)
 # --------------------------------------------------------------------------
 def task_ops_differ(kind: str):
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -130,7 +132,7 @@ def test_reduce_ops_differing_between_ranks_raise_on_every_rank(pool3, kind):
 
 
 # --------------------------------------------------------------------------
-# Arguments wrong on one rank only (fault_matrix cases 13, 14)
+# Arguments wrong on one rank only (fault matrix cases 13, 14)
 # --------------------------------------------------------------------------
 REFUSAL_CONFIGS = {
     # the first call of a config on a group: the agreement check comes first
@@ -180,7 +182,7 @@ def test_arguments_wrong_on_one_rank_raise_on_every_rank(pool2, kind, mode):
 
 
 # --------------------------------------------------------------------------
-# Case 4: an all-to-all whose output overlaps its input
+# An all-to-all whose output overlaps its input (fault matrix case 4)
 # --------------------------------------------------------------------------
 def task_all_to_all_overlap(policy: str, shift: int, trials: int):
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -210,7 +212,7 @@ def test_all_to_all_with_overlapping_output_is_exact_on_every_path(pool2, policy
 
 
 # --------------------------------------------------------------------------
-# Case 5: verify=True checks raw sends too
+# verify=True checks raw sends too (fault matrix case 5)
 # --------------------------------------------------------------------------
 RAW_PATHS = {
     "always_below_min_bytes": dict(policy="always"),  # 8 KiB messages: under min_bytes
@@ -296,7 +298,7 @@ def test_verify_catches_a_damaged_raw_send_on_every_rank(pool2, kind, path):
 
 
 # --------------------------------------------------------------------------
-# Case 6: NaN payloads and the piece count
+# NaN payloads and the piece count (fault matrix case 6)
 # --------------------------------------------------------------------------
 def task_nan_payloads(pieces_list: tuple):
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -326,7 +328,7 @@ def test_nan_results_do_not_depend_on_the_piece_count(pool3):
 
 
 # --------------------------------------------------------------------------
-# Case 12: a model with the hook survives torch.save / torch.load
+# A model with the hook survives torch.save / torch.load (fault matrix case 12)
 # --------------------------------------------------------------------------
 def task_ddp_save_load(steps: int):
     from torch import nn

@@ -16,7 +16,6 @@ import datetime
 import os
 import queue
 import signal
-import sys
 import tempfile
 import time
 
@@ -25,14 +24,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import bitflip_cases as B
+import soak_cases
 from dist_utils import DistPool
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-import bitflip_transit as B  # noqa: E402
-import soak  # noqa: E402
-
 FAULT_PG_TIMEOUT_S = 5
-GRACE_S = 5  # what the issue allows beyond the pg timeout
+GRACE_S = 5  # how long past the pg timeout the other ranks may take to raise
 
 
 # --------------------------------------------------------------------------
@@ -150,7 +147,7 @@ def test_bit_flips_in_transit_are_all_caught(pool2):
 
 
 def task_soak(steps: int):
-    return soak.soak(steps, samples=(1, 50, 100))
+    return soak_cases.soak(steps, samples=(1, 50, 100))
 
 
 def test_short_soak_rss_flat_and_stats_consistent(pool2):

@@ -12,15 +12,14 @@
 from __future__ import annotations
 
 import logging
-import os
 import struct
-import sys
 import zlib
 
 import pytest
 import torch
 import torch.distributed as dist
 
+import bitflip_cases as B
 from zipccl_fsdp import codec as zcodec
 from zipccl_fsdp import format as F
 from zipccl_fsdp import integrity
@@ -28,9 +27,6 @@ from zipccl_fsdp.collectives import all_gather_single, all_reduce
 from zipccl_fsdp.config import ZipCCLConfig
 from zipccl_fsdp.errors import CorruptPayloadError, ZipCCLConfigError
 from zipccl_fsdp.stats import CommStats
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-import bitflip_transit as B  # noqa: E402
 
 INT = {2: torch.int16, 4: torch.int32}
 PG_TIMEOUT_S = 20  # nothing here may wait for a timeout: a hang fails the test quickly

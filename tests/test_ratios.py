@@ -1,7 +1,8 @@
 """Compression ratios the project promises, at 2**24 elements.
 
 Ratio = input bytes / payload bytes. The fast code is fixed3, the dense code
-is the best one; bounds are the acceptance figures of the codec issue.
+is the best one; the bounds are the ratios the project promises
+(docs/benchmarks.md, "Compression ratios", prints the measured ones).
 """
 import pytest
 import torch
