@@ -65,6 +65,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import Counter
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -336,10 +337,27 @@ def _deactivate(comp: DTensorCompression) -> None:
 
 
 @contextlib.contextmanager
-def compress_dtensor_comms(config: ZipCCLConfig | None = None):
+def compress_dtensor_comms(config: ZipCCLConfig | None = None) -> Iterator[DTensorCompression]:
     """Compress DTensor and functional collectives, on every thread, inside the block.
 
-    Yields the ``DTensorCompression`` (read its ``stats()``).
+    Inside the block torch's functional collectives (``all_gather_into_tensor``,
+    ``reduce_scatter_tensor``, ``all_reduce``, ``all_to_all_single`` of
+    ``torch.distributed._functional_collectives``, which DTensor's
+    redistributions call, in forward and backward) run zipccl's compressed
+    collectives; calls zipccl does not take (other dtypes and ops) stay
+    torch's. Blocks nest; the innermost one counts the calls.
+
+    Args:
+        config (ZipCCLConfig, optional): how to compress; None is
+            ``DEFAULT_CONFIG``.
+
+    Yields:
+        DTensorCompression: the active compression; read its ``stats()``.
+
+    Raises:
+        TypeError: ``config`` is not a ``ZipCCLConfig`` or None.
+        RuntimeError: the same ``DTensorCompression`` entered twice, or a
+            block left while one entered after it is still active.
 
     Example::
 

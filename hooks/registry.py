@@ -29,7 +29,18 @@ class ZipCCLHook:
     Register with ``register_comm_hook(model, hook)`` or, on an FSDP2 root,
     ``model.register_comm_hook(hook)``; ``hook.remove(model)`` gives the
     model torch's comms back. One hook may serve several models; its
-    statistics then add up.
+    statistics then add up. For DDP the hook is also the comm hook itself:
+    ``ddp_model.register_comm_hook(None, hook)`` calls
+    ``hook(state, bucket) -> Future[Tensor]`` per gradient bucket.
+
+    Args:
+        config (ZipCCLConfig, optional): how its calls compress; None is
+            ``ZipCCLConfig()``. Only the config is pickled with the hook;
+            what its calls learn (agreement, calibration, raw lanes) lives in
+            its ``comm_stats.runtime`` and starts afresh in a copy.
+
+    Raises:
+        TypeError: ``config`` is not a ``ZipCCLConfig``.
 
     Example::
 

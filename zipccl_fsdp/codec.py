@@ -30,6 +30,7 @@ import torch
 
 from . import format as F
 from . import codec_torch
+from .config import BackendName, CodecName
 from .errors import CorruptPayloadError
 
 CODECS = ("raw", "fixed3", "dense")
@@ -171,17 +172,41 @@ def _check_checksums(payload: torch.Tensor, header: F.Header, sums: torch.Tensor
         raise err
 
 
-def encode(tensor: torch.Tensor, *, codec: str = "auto", backend: str = "auto",
+def encode(tensor: torch.Tensor, *, codec: CodecName = "auto", backend: BackendName = "auto",
            verify: bool = False, room: int = 0) -> torch.Tensor:
     """Encode ``tensor`` losslessly into a 1-D uint8 self-describing payload.
 
-    With ``verify=True`` the payload carries a checksum per 4096 elements of
-    the input, which ``decode`` checks on what it produced.
+    The payload holds everything ``decode`` needs (format version, codec,
+    dtype, shape, stream lengths), so any backend on any rank decodes it;
+    every backend writes the same bytes for the same input.
 
-    With ``room`` the payload is a view at the start of a buffer of at least
-    ``room`` bytes that holds nothing else: a caller that must send it padded
-    (an all-gather slot is as wide as the largest payload) pads it where it
-    is instead of copying it. The bytes past the payload are not written.
+    Args:
+        tensor (torch.Tensor): bf16, fp16 or fp32, of at most
+            ``format.MAX_NDIM`` dims, on a device the backend runs on (a
+            non-contiguous one is copied first; autograd records nothing).
+        codec (str): "dense" (tiered prefix code: fewer bytes), "fixed3"
+            (fixed 3-bit codes: faster), "raw" (framing only) or "auto"
+            ("dense").
+        backend (str): "auto" (Triton on CUDA, C++ else torch on CPU),
+            "torch", "cpp" or "triton".
+        verify (bool): append a checksum per 4096 elements of the input,
+            which ``decode`` checks on what it produced (4 bytes each).
+        room (int): when > 0, the payload is a view at the start of a buffer
+            of at least ``room`` bytes that holds nothing else, so a caller
+            that sends it padded (an all-gather slot is as wide as the
+            largest payload) pads it in place; the bytes past the payload
+            are not written.
+
+    Returns:
+        torch.Tensor: the payload, 1-D uint8 on the tensor's device, at most
+        ``max_encoded_nbytes(tensor.numel(), tensor.dtype, codec,
+        ndim=tensor.dim(), verify=verify)`` bytes.
+
+    Raises:
+        TypeError: ``tensor`` is not a tensor, or of a dtype the codec does
+            not code.
+        ValueError: an unknown codec or backend, a backend that cannot run
+            on the tensor's device, too many dims, or a bad ``room``.
 
     Example::
 
@@ -251,12 +276,37 @@ def _apart(payload: torch.Tensor, out: torch.Tensor) -> bool:
 
 
 def decode(payload: torch.Tensor, *, out: torch.Tensor | None = None,
-           backend: str = "auto") -> torch.Tensor:
+           backend: BackendName = "auto") -> torch.Tensor:
     """Decode a payload back into the exact tensor (dtype, shape, every bit).
 
-    With ``out``, the result is written into it (same dtype and numel,
-    contiguous) and ``out`` is returned; otherwise a new tensor is allocated
-    on the payload's device.
+    Every field of the payload is checked before it is trusted (header, chunk
+    table, offsets, padding, and the checksums when ``encode(verify=True)``
+    added them), so a damaged or forged payload raises instead of returning
+    a wrong tensor or allocating what its header claims.
+
+    Args:
+        payload (torch.Tensor): 1-D uint8, as ``encode`` returned it.
+        out (torch.Tensor, optional): where to write the result: the
+            payload's dtype and numel, contiguous, on the payload's device,
+            sharing no byte with it. None allocates a new tensor of the
+            payload's shape on the payload's device.
+        backend (str): "auto", "torch", "cpp" or "triton", as for ``encode``.
+
+    Returns:
+        torch.Tensor: ``out`` when given, else the new tensor.
+
+    Raises:
+        CorruptPayloadError: the payload is damaged, truncated or forged.
+        ValueError: ``out`` does not fit the payload (dtype, numel, device,
+            not contiguous, overlapping it), or an unknown or unusable
+            backend.
+
+    Example::
+
+        >>> payload = zipccl_fsdp.encode(x, codec="fixed3", verify=True)
+        >>> y = torch.empty_like(x)
+        >>> zipccl_fsdp.decode(payload, out=y) is y
+        True
     """
     module = None
     if out is not None and isinstance(payload, torch.Tensor) and out.dtype in F.DTYPES:

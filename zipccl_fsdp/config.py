@@ -36,6 +36,29 @@ _POLICIES = ("always", "never", "adaptive")
 class ZipCCLConfig:
     """Settings of the compressed collectives and of the comm hooks built on them.
 
+    Frozen and plain: what the calls learn while they run lives elsewhere
+    (module docstring), so one config may serve many hooks and groups.
+    Every field is a keyword argument; each one's docstring below says more.
+
+    Args:
+        codec (str): "auto", "dense", "fixed3" or "raw".
+        backend (str): "auto", "torch", "cpp" or "triton".
+        min_bytes (int): units of encoding smaller than this go raw.
+        compress_all_gather, compress_reduce_scatter, compress_all_reduce,
+            compress_all_to_all (bool): which collective kinds compress.
+        unsupported_dtype (str): "raise" or "raw" for dtypes the codec lacks.
+        check_consistency (bool): check at a group's first call that the
+            ranks agree on the protocol fields.
+        verify (bool): per-chunk checksums checked by the receiver.
+        policy (str): "adaptive", "always" or "never".
+        link_gbps, link_latency_us, codec_gbps (float, optional): speeds for
+            the adaptive policy; None measures them.
+        pipeline_pieces (int): pieces of a compressed message; 0 lets the
+            policy choose.
+
+    Raises:
+        ValueError: a field of the wrong type or out of its range, naming it.
+
     Example::
 
         >>> cfg = ZipCCLConfig(codec="dense", min_bytes=1 << 20, compress_all_to_all=False)

@@ -19,8 +19,21 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from .stats import KINDS
+
+
+class SupportsAddScalar(Protocol):
+    """What ``TensorBoardStats`` writes to: ``SummaryWriter.add_scalar``."""
+
+    def add_scalar(self, tag: str, scalar_value: float, global_step: int) -> object: ...
+
+
+class HasStats(Protocol):
+    """What ``TensorBoardStats`` reads: ``ZipCCLHook.stats``, ``DTensorCompression.stats``."""
+
+    def stats(self) -> Mapping[str, Mapping[str, float]]: ...
 
 TAG_PREFIX = "zipccl"
 
@@ -106,15 +119,37 @@ def calibration_scalars(report: Mapping) -> dict[str, float]:
 class TensorBoardStats:
     """Write ``StepDeltas`` of every collective kind to a ``SummaryWriter``.
 
-    ``source`` is anything with a ``stats()`` method returning ``{kind:
-    counters}`` (a ``ZipCCLHook``, a ``DTensorCompression``) or None for the
-    free collectives' own counters. Call ``log(step)`` after each step whose
-    collectives have completed (for DDP: after ``backward``, which waits for
-    every bucket); kinds that made no call since the previous ``log`` write
-    nothing. The writer is not flushed or closed here.
+    Call ``log(step)`` after each step whose collectives have completed (for
+    DDP: after ``backward``, which waits for every bucket); it writes the
+    step's scalars under ``zipccl/<kind>/<name>`` (``raw_MB``, ``wire_MB``,
+    ``ratio``, ``comm_ms``, ... as ``StepDeltas`` lists them), and kinds that
+    made no call since the previous ``log`` write nothing. The writer is not
+    flushed or closed here.
+
+    Args:
+        writer: a ``torch.utils.tensorboard.SummaryWriter``, or anything with
+            its ``add_scalar(tag, value, step)``.
+        source: anything with a ``stats()`` method returning ``{kind:
+            counters}`` (a ``ZipCCLHook``, a ``DTensorCompression``), or None
+            for the free collectives' own counters.
+        kinds (tuple[str, ...]): the collective kinds to log; all by default.
+
+    Raises:
+        TypeError: ``source`` has no ``stats()`` method.
+        ValueError: an unknown kind.
+
+    Example::
+
+        >>> hook = ZipCCLHook()
+        >>> model.register_comm_hook(hook)
+        >>> tb = TensorBoardStats(SummaryWriter("runs/zipccl"), hook)
+        >>> for step in range(steps):
+        ...     train_step(model)
+        ...     tb.log(step)
     """
 
-    def __init__(self, writer, source=None, kinds: tuple = KINDS) -> None:
+    def __init__(self, writer: SupportsAddScalar, source: HasStats | None = None,
+                 kinds: tuple[str, ...] = KINDS) -> None:
         if source is None:
             from . import collectives
             stats = collectives.stats

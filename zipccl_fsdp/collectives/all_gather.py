@@ -29,15 +29,44 @@ def _checked(world: int, rank: int, output_tensor, input_tensor) -> int:
     return input_tensor.numel() * input_tensor.element_size()
 
 
-def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *,
-                      config: ZipCCLConfig | None = None, stats: CommStats | None = None):
+def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                      group: torch.distributed.ProcessGroup | None = None,
+                      async_op: bool = False, *, config: ZipCCLConfig | None = None,
+                      stats: CommStats | None = None) -> torch.distributed.Work | None:
     """All-gather ``input_tensor`` of every rank into ``output_tensor``, compressed.
 
-    Like ``torch.distributed.all_gather_single``: ``output_tensor`` holds
-    world_size x ``input_tensor.numel()`` elements, rank-major; the input may be
-    a view into the output. Bitwise the same result as torch's. With
-    ``async_op=True`` a ``Work`` (complete unless the call went raw; see the
-    module docstring).
+    Like ``torch.distributed.all_gather_single``, with bitwise the same
+    result as torch's; the policy (``config.policy``) decides per call
+    whether it goes raw or compressed.
+
+    Args:
+        output_tensor (torch.Tensor): world_size x ``input_tensor.numel()``
+            elements of the input's dtype and device, rank-major.
+        input_tensor (torch.Tensor): this rank's shard; may be a view into
+            ``output_tensor`` (FSDP2 passes it so).
+        group (ProcessGroup, optional): the process group; None is the
+            default group. A rank outside it gets None back, as from torch.
+        async_op (bool): return a ``Work`` instead of None.
+        config (ZipCCLConfig, optional): how to compress; None is
+            ``DEFAULT_CONFIG``. Its protocol fields must be equal on every
+            rank (checked at its first call on a group).
+        stats (CommStats, optional): where the call is counted; None is the
+            module's own (``zipccl_fsdp.collectives.stats()``).
+
+    Returns:
+        None, or with ``async_op=True`` a ``Work``: torch's own, possibly
+        pending, for a call handed to torch raw; a completed one otherwise.
+
+    Raises:
+        ValueError: arguments wrong on this rank (shapes, dtypes, devices,
+            overlapping buffers), before any payload moves;
+            its peers raise too, naming it, unless they hand the call to
+            torch raw (the module docstring says when).
+        TypeError: a dtype the codec does not code, under
+            ``config.unsupported_dtype="raise"``.
+        ZipCCLConfigError: the ranks' configs disagree on a protocol field.
+        CorruptPayloadError: under ``config.verify``, a payload damaged in
+            transit; every rank of the call raises.
 
     Example::
 

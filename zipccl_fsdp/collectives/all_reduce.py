@@ -59,8 +59,10 @@ def _checked(world: int, rank: int, tensor, op):
     return parsed
 
 
-def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *,
-               config: ZipCCLConfig | None = None, stats: CommStats | None = None):
+def all_reduce(tensor: torch.Tensor, op: ReduceOp.RedOpType | ReduceOp = ReduceOp.SUM,
+               group: torch.distributed.ProcessGroup | None = None, async_op: bool = False,
+               *, config: ZipCCLConfig | None = None,
+               stats: CommStats | None = None) -> torch.distributed.Work | None:
     """All-reduce ``tensor`` in place: compressed reduce-scatter + all-gather.
 
     Like ``torch.distributed.all_reduce`` with SUM, AVG or PREMUL_SUM. Any
@@ -72,8 +74,34 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *,
     or AVG in fp32), then finished as the rank-order sum would be; elsewhere
     a small one (``gathers_whole``) is one all-gather of the whole tensors
     and that sum on every rank, a larger one the schedule on raw bytes (an
-    all-to-all of the chunks, the sum, an all-gather). With
-    ``async_op=True`` a completed ``Work``.
+    all-to-all of the chunks, the sum, an all-gather).
+
+    Args:
+        tensor (torch.Tensor): reduced in place; the same numel, dtype and
+            device on every rank.
+        op (ReduceOp): SUM, AVG or PREMUL_SUM.
+        group (ProcessGroup, optional): the process group; None is the
+            default group. A rank outside it gets None back, as from torch.
+        async_op (bool): return a ``Work`` instead of None.
+        config (ZipCCLConfig, optional): how to compress; None is
+            ``DEFAULT_CONFIG``. Its protocol fields must be equal on every
+            rank (checked at its first call on a group).
+        stats (CommStats, optional): where the call is counted; None is the
+            module's own (``zipccl_fsdp.collectives.stats()``).
+
+    Returns:
+        None, or with ``async_op=True`` a completed ``Work``.
+
+    Raises:
+        ValueError: arguments wrong on this rank (shapes, dtypes, devices,
+            overlapping buffers, an unsupported op), before any payload moves;
+            its peers raise too, naming it, unless they hand the call to
+            torch raw (the module docstring says when).
+        TypeError: a dtype the codec does not code, under
+            ``config.unsupported_dtype="raise"``.
+        ZipCCLConfigError: the ranks' configs disagree on a protocol field.
+        CorruptPayloadError: under ``config.verify``, a payload damaged in
+            transit; every rank of the call raises.
 
     Example::
 

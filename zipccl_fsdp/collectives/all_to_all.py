@@ -34,15 +34,48 @@ def _row_counts(t: torch.Tensor, splits, world: int, name: str) -> list:
     return splits
 
 
-def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
-                      group=None, async_op=False, *, config: ZipCCLConfig | None = None,
-                      stats: CommStats | None = None):
+def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
+                      output_split_sizes: list[int] | None = None,
+                      input_split_sizes: list[int] | None = None,
+                      group: torch.distributed.ProcessGroup | None = None,
+                      async_op: bool = False, *, config: ZipCCLConfig | None = None,
+                      stats: CommStats | None = None) -> torch.distributed.Work | None:
     """Scatter splits of ``input`` to every rank and gather theirs into ``output``, compressed.
 
-    Like ``torch.distributed.all_to_all_single``: splits are row counts of dim
-    0 (equal splits when ``None``). Splits of at least ``config.min_bytes`` are
-    encoded. Bitwise the same result as torch's. With ``async_op=True`` a
-    ``Work`` (complete unless the call went raw; see the module docstring).
+    Like ``torch.distributed.all_to_all_single``, with bitwise the same
+    result as torch's. Splits of at least ``config.min_bytes`` are encoded.
+
+    Args:
+        output (torch.Tensor): receives every rank's split, in rank order;
+            must not overlap ``input``.
+        input (torch.Tensor): this rank's splits, in rank order.
+        output_split_sizes (list[int], optional): rows of dim 0 received
+            from each rank; None splits ``output`` evenly.
+        input_split_sizes (list[int], optional): rows of dim 0 sent to each
+            rank; None splits ``input`` evenly.
+        group (ProcessGroup, optional): the process group; None is the
+            default group. A rank outside it gets None back, as from torch.
+        async_op (bool): return a ``Work`` instead of None.
+        config (ZipCCLConfig, optional): how to compress; None is
+            ``DEFAULT_CONFIG``. Its protocol fields must be equal on every
+            rank (checked at its first call on a group).
+        stats (CommStats, optional): where the call is counted; None is the
+            module's own (``zipccl_fsdp.collectives.stats()``).
+
+    Returns:
+        None, or with ``async_op=True`` a ``Work``: torch's own, possibly
+        pending, for a call handed to torch raw; a completed one otherwise.
+
+    Raises:
+        ValueError: arguments wrong on this rank (shapes, dtypes, devices,
+            overlapping buffers, split sizes), before any payload moves;
+            its peers raise too, naming it, unless they hand the call to
+            torch raw (the module docstring says when).
+        TypeError: a dtype the codec does not code, under
+            ``config.unsupported_dtype="raise"``.
+        ZipCCLConfigError: the ranks' configs disagree on a protocol field.
+        CorruptPayloadError: under ``config.verify``, a payload damaged in
+            transit; every rank of the call raises.
 
     Example::
 

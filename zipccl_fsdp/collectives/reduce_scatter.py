@@ -25,17 +25,48 @@ def _checked(world: int, rank: int, output, input, op):
 
 
 @torch.no_grad()
-def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=False, *,
-                          config: ZipCCLConfig | None = None, stats: CommStats | None = None):
+def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor,
+                          op: ReduceOp.RedOpType | ReduceOp = ReduceOp.SUM,
+                          group: torch.distributed.ProcessGroup | None = None,
+                          async_op: bool = False, *, config: ZipCCLConfig | None = None,
+                          stats: CommStats | None = None) -> torch.distributed.Work | None:
     """Reduce ``input`` over ranks and scatter it: rank r gets chunk r, compressed.
 
-    Like ``torch.distributed.reduce_scatter_single`` with ``op`` SUM, AVG or
-    PREMUL_SUM (``torch.distributed._make_nccl_premul_sum(f)``; also on gloo,
-    which lacks it). The sum runs in fp32 in rank order, then AVG divides by
-    world size and the result is cast to ``output.dtype``: deterministic, the
-    same on every backend and whether the call goes raw or compressed. With
-    ``async_op=True`` the returned ``Work`` is already
-    complete (synchronous underneath for now) unless the call went to torch.
+    Like ``torch.distributed.reduce_scatter_single``. The sum runs in fp32 in
+    rank order, then AVG divides by world size and the result is cast to
+    ``output.dtype``: deterministic, the same on every backend and whether
+    the call goes raw or compressed.
+
+    Args:
+        output (torch.Tensor): this rank's chunk, ``input.numel() // world``
+            elements of the input's dtype and device.
+        input (torch.Tensor): world_size chunks, rank-major.
+        op (ReduceOp): SUM, AVG or PREMUL_SUM
+            (``torch.distributed._make_nccl_premul_sum(f)``; also on gloo,
+            which lacks it).
+        group (ProcessGroup, optional): the process group; None is the
+            default group. A rank outside it gets None back, as from torch.
+        async_op (bool): return a ``Work`` instead of None.
+        config (ZipCCLConfig, optional): how to compress; None is
+            ``DEFAULT_CONFIG``. Its protocol fields must be equal on every
+            rank (checked at its first call on a group).
+        stats (CommStats, optional): where the call is counted; None is the
+            module's own (``zipccl_fsdp.collectives.stats()``).
+
+    Returns:
+        None, or with ``async_op=True`` a ``Work``: torch's own, possibly
+        pending, for a call handed to torch raw; a completed one otherwise.
+
+    Raises:
+        ValueError: arguments wrong on this rank (shapes, dtypes, devices,
+            overlapping buffers, an unsupported op), before any payload moves;
+            its peers raise too, naming it, unless they hand the call to
+            torch raw (the module docstring says when).
+        TypeError: a dtype the codec does not code, under
+            ``config.unsupported_dtype="raise"``.
+        ZipCCLConfigError: the ranks' configs disagree on a protocol field.
+        CorruptPayloadError: under ``config.verify``, a payload damaged in
+            transit; every rank of the call raises.
 
     Example::
 
