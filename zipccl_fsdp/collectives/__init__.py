@@ -54,6 +54,29 @@ slot can hold) is checked on the size rows, which every rank sees. Under
 call sent raw; a completed one for a compressed call, which runs
 synchronously underneath (the size exchange needs the host anyway).
 
+What every collective takes after its tensors (and its ``op``):
+
+* ``group`` (ProcessGroup, optional): the process group; None is the default
+  group. A rank outside it gets None back, as from torch.
+* ``async_op`` (bool): return a ``Work`` instead of None.
+* ``config`` (ZipCCLConfig, keyword-only, optional): how to compress; None is
+  ``DEFAULT_CONFIG``. Its protocol fields must be equal on every rank
+  (checked at its first call on a group).
+* ``stats`` (CommStats, keyword-only, optional): where the call is counted;
+  None is the module's own (``stats()``).
+
+What every collective raises:
+
+* ``ValueError``: arguments wrong on this rank (shapes, dtypes, devices,
+  overlapping buffers, an unsupported op, split sizes), before any payload
+  moves; its peers raise too, naming it, unless they hand the call to torch
+  raw (above).
+* ``TypeError``: a dtype the codec does not code, under
+  ``config.unsupported_dtype="raise"``.
+* ``ZipCCLConfigError``: the ranks' configs disagree on a protocol field.
+* ``CorruptPayloadError``: under ``config.verify``, a payload damaged in
+  transit; every rank of the call raises.
+
 Integrity lives in ``integrity.py``: the agreement check at a group's first
 call (per-field, naming the ranks), ``ZipCCLConfig(verify=True)`` payload
 checksums, and the fallback to the raw collective on every rank when an encode

@@ -44,29 +44,18 @@ def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
             elements of the input's dtype and device, rank-major.
         input_tensor (torch.Tensor): this rank's shard; may be a view into
             ``output_tensor`` (FSDP2 passes it so).
-        group (ProcessGroup, optional): the process group; None is the
-            default group. A rank outside it gets None back, as from torch.
-        async_op (bool): return a ``Work`` instead of None.
-        config (ZipCCLConfig, optional): how to compress; None is
-            ``DEFAULT_CONFIG``. Its protocol fields must be equal on every
-            rank (checked at its first call on a group).
-        stats (CommStats, optional): where the call is counted; None is the
-            module's own (``zipccl_fsdp.collectives.stats()``).
+        group, async_op, config, stats: see ``zipccl_fsdp.collectives``.
 
     Returns:
-        None, or with ``async_op=True`` a ``Work``: torch's own, possibly
-        pending, for a call handed to torch raw; a completed one otherwise.
+        None. With ``async_op=True``, a ``Work``: wait on it before reading
+        ``output_tensor`` (a completed one unless the call went to torch).
 
     Raises:
-        ValueError: arguments wrong on this rank (shapes, dtypes, devices,
-            overlapping buffers), before any payload moves;
-            its peers raise too, naming it, unless they hand the call to
-            torch raw (the module docstring says when).
-        TypeError: a dtype the codec does not code, under
-            ``config.unsupported_dtype="raise"``.
-        ZipCCLConfigError: the ranks' configs disagree on a protocol field.
-        CorruptPayloadError: under ``config.verify``, a payload damaged in
-            transit; every rank of the call raises.
+        ValueError: ``output_tensor`` is not world_size times
+            ``input_tensor``, or the two differ in dtype or device; the
+            peers raise too (``zipccl_fsdp.collectives`` says when).
+        TypeError, ZipCCLConfigError, CorruptPayloadError: as every
+            collective raises them (``zipccl_fsdp.collectives``).
 
     Example::
 

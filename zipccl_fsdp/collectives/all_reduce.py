@@ -80,28 +80,17 @@ def all_reduce(tensor: torch.Tensor, op: ReduceOp.RedOpType | ReduceOp = ReduceO
         tensor (torch.Tensor): reduced in place; the same numel, dtype and
             device on every rank.
         op (ReduceOp): SUM, AVG or PREMUL_SUM.
-        group (ProcessGroup, optional): the process group; None is the
-            default group. A rank outside it gets None back, as from torch.
-        async_op (bool): return a ``Work`` instead of None.
-        config (ZipCCLConfig, optional): how to compress; None is
-            ``DEFAULT_CONFIG``. Its protocol fields must be equal on every
-            rank (checked at its first call on a group).
-        stats (CommStats, optional): where the call is counted; None is the
-            module's own (``zipccl_fsdp.collectives.stats()``).
+        group, async_op, config, stats: as every collective takes them
+            (``zipccl_fsdp.collectives``).
 
     Returns:
         None, or with ``async_op=True`` a completed ``Work``.
 
     Raises:
-        ValueError: arguments wrong on this rank (shapes, dtypes, devices,
-            overlapping buffers, an unsupported op), before any payload moves;
-            its peers raise too, naming it, unless they hand the call to
-            torch raw (the module docstring says when).
-        TypeError: a dtype the codec does not code, under
-            ``config.unsupported_dtype="raise"``.
-        ZipCCLConfigError: the ranks' configs disagree on a protocol field.
-        CorruptPayloadError: under ``config.verify``, a payload damaged in
-            transit; every rank of the call raises.
+        ValueError: ``op`` is not SUM, AVG or PREMUL_SUM, or ``tensor``
+            differs between ranks; every rank raises.
+        TypeError, ZipCCLConfigError, CorruptPayloadError: as every
+            collective raises them (``zipccl_fsdp.collectives``).
 
     Example::
 

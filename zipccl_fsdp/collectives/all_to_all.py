@@ -53,29 +53,19 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
             from each rank; None splits ``output`` evenly.
         input_split_sizes (list[int], optional): rows of dim 0 sent to each
             rank; None splits ``input`` evenly.
-        group (ProcessGroup, optional): the process group; None is the
-            default group. A rank outside it gets None back, as from torch.
-        async_op (bool): return a ``Work`` instead of None.
-        config (ZipCCLConfig, optional): how to compress; None is
-            ``DEFAULT_CONFIG``. Its protocol fields must be equal on every
-            rank (checked at its first call on a group).
-        stats (CommStats, optional): where the call is counted; None is the
-            module's own (``zipccl_fsdp.collectives.stats()``).
+        group, async_op, config, stats: the arguments every collective
+            takes, described in ``zipccl_fsdp.collectives``.
 
     Returns:
-        None, or with ``async_op=True`` a ``Work``: torch's own, possibly
-        pending, for a call handed to torch raw; a completed one otherwise.
+        None, or a ``Work`` when ``async_op``: wait on it before reading
+        the splits in ``output``.
 
     Raises:
-        ValueError: arguments wrong on this rank (shapes, dtypes, devices,
-            overlapping buffers, split sizes), before any payload moves;
-            its peers raise too, naming it, unless they hand the call to
-            torch raw (the module docstring says when).
-        TypeError: a dtype the codec does not code, under
-            ``config.unsupported_dtype="raise"``.
-        ZipCCLConfigError: the ranks' configs disagree on a protocol field.
-        CorruptPayloadError: under ``config.verify``, a payload damaged in
-            transit; every rank of the call raises.
+        ValueError: split sizes that do not fit the tensors, an output that
+            overlaps the input, or dtypes or devices that differ; the peers
+            raise as well (``zipccl_fsdp.collectives`` says when).
+        TypeError, ZipCCLConfigError, CorruptPayloadError: as every
+            collective raises them (``zipccl_fsdp.collectives``).
 
     Example::
 
