@@ -34,7 +34,8 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
 from zipccl_fsdp.collectives import all_gather_single, reduce_scatter_single
 
 from . import hsdp
-from ._fsdp2_internals import FSDP2InternalsError, internals_error  # noqa: F401  (the error is public here)
+# FSDP2InternalsError is imported from here too (it is the error this module raises).
+from ._fsdp2_internals import FSDP2InternalsError, internals_error  # noqa: F401
 
 # Comms we may replace, and restore on remove(): torch's own plain ones.
 _TORCH_ALL_GATHERS = (DefaultAllGather, ProcessGroupAllocAllGather)
