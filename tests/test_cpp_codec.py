@@ -103,7 +103,7 @@ def zero_mix(dtype, mixes, sigma=1.0, seed=0) -> torch.Tensor:
     """One 4096-element chunk per (fraction of +0.0, fraction of -0.0) in
     mixes, then a ragged chunk of the last mix: every combination of the zero
     flags each codec sets (fixed3 flags a sign at 1/64 of the chunk, dense at
-    1/16), on either side of each threshold."""
+    1/32), on either side of each threshold."""
     g = torch.Generator().manual_seed(seed)
     parts = []
     for k, (fp, fn) in enumerate(mixes + mixes[-1:]):

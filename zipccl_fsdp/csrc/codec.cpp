@@ -51,7 +51,7 @@ constexpr int kChunkElems = 4096;
 constexpr int kEntryBytes = 16, kOffsetBytes = 4, kAlign = 16;
 constexpr int kModeRaw = 0, kModeCoded = 1;
 constexpr int kFlagLow16 = 1, kFlagZpos = 2, kFlagZneg = 4;
-constexpr int kFixedZeroShift = 6, kDenseZeroShift = 4;
+constexpr int kFixedZeroShift = 6, kDenseZeroShift = 5;
 constexpr int kFixedBits = 3, kFixedEsc = 7, kRemBits = 3;
 constexpr int kTierBits[5] = {2, 1, 1, 2, 2};
 constexpr int kTierSymbols[5] = {3, 1, 1, 3, 3};  // all-ones digit: continue
