@@ -58,6 +58,7 @@ LAYOUTS = {"llama3_tiny_cpu": "FSDP2", "llama3_tiny_hsdp_cpu": "HSDP",
 INT = {2: torch.int16, 4: torch.int32}
 SM_BITS = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24}
 MIN_TIMED_NBYTES = 8 << 20  # each method codes a group's messages until this much input
+MAX_TIMED_REPS = 64  # ... or this many times (a group of scalars is per-call overhead anyway)
 
 
 def bound_bits(x: torch.Tensor) -> float:
@@ -177,7 +178,7 @@ def messages(folder: Path) -> dict:
 def measure(msgs: list, ms: list) -> dict:
     raw = sum(m.numel() * m.element_size() for m in msgs)
     row = dict(raw=raw, n=len(msgs), bound=8 * raw / sum(bound_bits(m) for m in msgs))
-    reps = max(1, math.ceil(MIN_TIMED_NBYTES / raw))
+    reps = min(MAX_TIMED_REPS, max(1, math.ceil(MIN_TIMED_NBYTES / raw)))
     for meth in ms:
         size, exact = 0, True
         blobs = []
