@@ -21,6 +21,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import statistics
 import subprocess
@@ -53,7 +54,11 @@ def data(kind: str, numel: int, dtype: torch.dtype, seed: int = 0) -> torch.Tens
 
 
 def _build_baseline(rev: str):
-    """The C++ library built from ``rev``'s csrc (a separate build directory)."""
+    """The C++ library built from ``rev``'s csrc (a separate build directory).
+    Its format constants are not checked against format.py: a baseline may
+    predate a threshold change (its payloads then differ, and decode with it)."""
+    from torch.utils.cpp_extension import load
+
     d = Path(tempfile.mkdtemp(prefix="zipccl_base_"))
     srcs = []
     for s in codec_cpp._SOURCES:
@@ -62,7 +67,16 @@ def _build_baseline(rev: str):
                               capture_output=True).stdout
         (d / s.name).write_bytes(text)
         srcs.append(d / s.name)
-    return codec_cpp._build(tuple(srcs))
+    build = codec_cpp._build_dir(tuple(srcs))
+    build.mkdir(parents=True, exist_ok=True)
+    path = load(name=codec_cpp._NAME, sources=[str(s) for s in srcs],
+                extra_cflags=codec_cpp._CFLAGS, extra_ldflags=codec_cpp._LDFLAGS,
+                build_directory=str(build), verbose=False, is_python_module=False)
+    lib = ctypes.CDLL(path)
+    for fn, argtypes in codec_cpp._SIGNATURES.items():
+        getattr(lib, fn).argtypes = argtypes
+        getattr(lib, fn).restype = codec_cpp._I64
+    return lib
 
 
 def _cpu_time(fn, reps: int) -> float:

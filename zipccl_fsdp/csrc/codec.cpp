@@ -604,7 +604,9 @@ static uint32_t run_sum_generic(const typename T::W* w, int i0, int n) {
 
 // --------------------------------------------------------------------------
 // AVX2 + BMI2 kernels, 32 elements per block, every dtype: the codec logic
-// works on 32 exponent bytes and a +0.0 mask; Lanes<T> does the dtype's fields.
+// works on 32 exponent bytes and masks of the +0.0 and -0.0 lanes (the -0.0
+// one only in chunks that code -0.0: the kernels take it as a template flag);
+// Lanes<T> does the dtype's fields.
 // Compiled for that target whatever the build flags; called only after the
 // run-time CPU check.
 //
@@ -903,9 +905,10 @@ ZC_AVX2 static inline uint32_t gt(__m256i r, int k) {  // mask of ranks > k
 }
 
 // ---- element fields, per dtype ----
-// Lanes<T> turns 32 words into exponent bytes and a +0.0 mask (0xFF bytes),
-// emits the sm (and fp16 rem) of the kept ones on encode, and assembles the
-// words from exponent bytes on decode. The codec logic above it is shared.
+// Lanes<T> turns 32 words into exponent bytes and a +0.0 mask (0xFF bytes;
+// neg_zero_lanes gives the -0.0 one), emits the sm (and fp16 rem) of the kept
+// ones on encode, and assembles the words from exponent bytes on decode, the
+// zero lanes from the zero and -0.0 masks. The codec logic above it is shared.
 struct EncSt {
   uint8_t* sm;
   const uint8_t* sm_end;
