@@ -620,6 +620,9 @@ static uint32_t run_sum_generic(const typename T::W* w, int i0, int n) {
 #if defined(__x86_64__) || defined(__i386__)
 #define ZIPCCL_HAVE_AVX2_KERNELS 1
 #define ZC_AVX2 __attribute__((target("avx2,bmi,bmi2,popcnt")))
+// Lanes<FP32>::emit is always inlined: with an instantiation of each kernel
+// per zero-code flag, GCC's budget left it a call per block, 20% slower.
+#define ZC_INLINE __attribute__((always_inline))
 
 namespace avx2 {
 
@@ -1109,8 +1112,8 @@ struct Lanes<FP32> {
     return _mm256_and_si256(_mm256_or_si256(_mm256_or_si256(r.v[0], r.v[1]),
                                             _mm256_or_si256(r.v[2], r.v[3])), m);
   }
-  ZC_AVX2 static inline void emit(const Raw& r, const uint32_t* w, uint32_t keep, bool low16,
-                                  EncSt& st) {
+  ZC_AVX2 ZC_INLINE static inline void emit(const Raw& r, const uint32_t* w, uint32_t keep,
+                                            bool low16, EncSt& st) {
     if (low16) {  // one byte: sign << 7 | top 7 mantissa bits
       __m256i s[4];
       const __m256i m80 = _mm256_set1_epi32(0x80), m7f = _mm256_set1_epi32(0x7F);
