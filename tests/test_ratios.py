@@ -57,3 +57,59 @@ def test_random_bits_expand_at_most_one_percent(gen):
     x = torch.randint(-2**15, 2**15, (N,), generator=gen, dtype=torch.int16).view(torch.bfloat16)
     for codec in z.CODECS:
         assert ratio(x, codec) >= 0.99
+
+
+def masked(gen, frac, n=N):
+    x = torch.randn(n, generator=gen).bfloat16()
+    return x * (torch.rand(n, generator=gen) >= frac).bfloat16()
+
+
+@pytest.mark.parametrize("kind", ["masked0", "masked5", "masked10", "masked30", "masked50",
+                                  "masked90", "pos30", "gauss_small", "fp32_casts"])
+def test_dense_at_least_as_small_as_fixed3(gen, kind):
+    """dense is the small code: on x * mask at every zero fraction, +0.0-only
+    zeros, Gaussian data and fp32 bf16 casts, it is never larger than fixed3."""
+    n = 1 << 22
+    if kind.startswith("masked"):
+        x = masked(gen, int(kind[6:]) / 100, n)
+    elif kind == "pos30":
+        x = torch.randn(n, generator=gen).bfloat16()
+        x[torch.rand(n, generator=gen) < 0.3] = 0
+    elif kind == "gauss_small":
+        x = (torch.randn(n, generator=gen) * 3e-4).bfloat16()
+    else:
+        x = torch.randn(n, generator=gen).bfloat16().float()
+    assert ratio(x, "dense") >= ratio(x, "fixed3")
+
+
+def test_zero_rows_fp32(gen):
+    """An embedding-gradient shard as FSDP2 reduce-scatters it: fp32 bf16
+    casts in 128-element rows, 89% of the rows all +0.0 (tokens the batch did
+    not use)."""
+    rows = (torch.randn(8192, 128, generator=gen) * 1e-3).bfloat16().float()
+    rows[torch.rand(8192, generator=gen) < 0.89] = 0
+    x = rows.reshape(-1)
+    assert 0.87 < float((x.view(torch.int32) == 0).float().mean()) < 0.91
+    assert ratio(x, "dense") >= 10.3
+    assert ratio(x, "fixed3") >= 7.9
+
+
+def trailing_zero_bits(x):
+    """Mean count of trailing zero bits of the 23-bit fp32 mantissa field."""
+    m = x.view(torch.int32) & 0x7FFFFF
+    tz = torch.zeros_like(m)
+    for k in range(1, 24):
+        tz += ((m & ((1 << k) - 1)) == 0).int()
+    return float(tz.float().mean())
+
+
+def test_mantissa_tail_fp32(gen):
+    """An fp32 gradient that is a sum of a few bf16 partial gradients formed
+    in fp32 (as the lm_head's, which torchtitan's chunked loss accumulates
+    over sequence chunks): mantissas end in about 13.5 zero bits, 99% of the
+    low bytes are zero, and no chunk is an exact bf16 cast."""
+    x = sum((torch.randn(N // 4, generator=gen) * 1e-3).bfloat16().float() for _ in range(5))
+    assert 13.0 < trailing_zero_bits(x) < 15.0
+    assert float(((x.view(torch.int32) & 0xFF) == 0).float().mean()) >= 0.98
+    assert ratio(x, "dense") >= 1.19
+    assert ratio(x, "fixed3") >= 1.16

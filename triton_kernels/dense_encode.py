@@ -56,7 +56,7 @@ from ._lookback import chunk_offset, store_total, ticket
 # The shape of the format this kernel is written for (fails loudly if it changes).
 assert F.TIER_BITS == (2, 1, 1, 2, 2) and F.TIER_START == (0, 3, 4, 5, 8)
 assert F.DENSE_SLOTS == 11 and F.DENSE_ESC == 11 and F.REM_BITS == 3
-assert F.DENSE_ZERO_FIRST_SHIFT == 4 and F.ALIGN == 16
+assert F.DENSE_ZERO_FIRST_SHIFT == 5 and F.ALIGN == 16
 assert (F.FLAG_LOW16, F.FLAG_ZPOS, F.FLAG_ZNEG) == (1, 2, 4)
 assert (F.MODE_RAW, F.MODE_CODED) == (0, 1) and F.CHUNK_ENTRY_NBYTES == 16
 assert all(len(o) == F.DENSE_SLOTS - 1 for o in F.DENSE_ORDER)
@@ -533,8 +533,8 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     base = qq >> 2
     phase = qq & 3
     low16 = _low16(w, ITEMSIZE, W4)
-    zp = ((npos << 4) >= n).to(tl.int32)
-    zn = ((nneg << 4) >= n).to(tl.int32)
+    zp = ((npos << 5) >= n).to(tl.int32)
+    zn = ((nneg << 5) >= n).to(tl.int32)
 
     # --- ranks (format.dense_symbol_table; see _check_symbol_rule) ---
     lut4, ekw = _chunk_lut(base, phase, zp, zn)

@@ -2,13 +2,29 @@
 zstd level 3 and a plain tensor copy measured in the same run.
 
 Speeds are input bytes per second, the median of ``--repeat`` runs after one
-warm-up. The copy row is the physical ceiling of this machine for a pass
-over the data; compare ratios of rows, not absolute numbers across runs.
+warm-up. The copy row is ``copy_`` into a tensor allocated once beforehand,
+timed the same way: one warm pass over the data, the physical ceiling of this
+machine for a codec that reads its input and writes its output (``clone()``
+would also time an allocation and its first-touch page faults, which an
+encoder into a reused buffer does not pay). Each timed run calls a method
+enough times to cover ``MIN_TIMED_NBYTES`` of input, so a small tensor's
+figure is not timer noise. Compare ratios of rows, not absolute numbers
+across runs.
+
+Inputs: synthetic data (``--data``), or the float tensors of safetensors
+files (``--input``, repeatable; a folder means its ``*.safetensors``). A
+capture of ``zipccl titan --capture`` is read per collective kind and dtype,
+its messages concatenated: zstd then also finds what repeats across messages
+(FSDP2 gathers the same parameters in forward and backward), which no
+per-message compressor sees; ``benchmarks/real_traffic.py`` codes every
+message on its own.
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import glob
+import math
 import os
 import platform
 import re
@@ -47,10 +63,33 @@ def synthetic(kind: str, nbytes: int, dtype: torch.dtype, seed: int = 0) -> torc
     return x
 
 
+MIN_TIMED_NBYTES = 16 << 20
+"""Input bytes each timed run covers at least (a smaller input is coded
+several times per run)."""
+
+
+def input_files(paths) -> list:
+    """The .safetensors files of ``paths`` (files, or folders of them)."""
+    out = []
+    for p in paths:
+        if os.path.isdir(p):
+            found = sorted(glob.glob(os.path.join(p, "*.safetensors")))
+            if not found:
+                raise SystemExit(f"{p} holds no .safetensors file")
+            out += found
+        else:
+            out.append(p)
+    return out
+
+
 def load_safetensors(path: str, tensor: str | None = None) -> dict:
-    """Float tensors of a .safetensors file, concatenated per dtype."""
+    """Float tensors of a .safetensors file, concatenated per dtype (per
+    collective kind and dtype for a zipccl capture)."""
     from safetensors.torch import load_file
+
+    from .capture import read_capture_metadata
     tensors = load_file(path)
+    meta = read_capture_metadata(path)
     if tensor is not None:
         if tensor not in tensors:
             raise SystemExit(f"{path} has no tensor {tensor!r}; it has {sorted(tensors)[:10]}")
@@ -59,20 +98,25 @@ def load_safetensors(path: str, tensor: str | None = None) -> dict:
     for name in sorted(tensors):
         t = tensors[name]
         if t.dtype in (torch.bfloat16, torch.float16, torch.float32) and t.numel():
-            groups.setdefault(t.dtype, []).append(t.reshape(-1))
+            kind = meta.get(name, {}).get("kind")
+            groups.setdefault((kind, t.dtype), []).append(t.reshape(-1))
     if not groups:
         raise SystemExit(f"{path} holds no bf16/fp16/fp32 tensors")
-    return {f"{os.path.basename(path)}:{str(d).split('.')[-1]}": torch.cat(ts)
-            for d, ts in groups.items()}
+    base = os.path.basename(path)
+    return {f"{base}:{kind + ':' if kind else ''}{str(d).split('.')[-1]}": torch.cat(ts)
+            for (kind, d), ts in groups.items()}
 
 
-def _time(fn, repeat: int) -> float:
+def _time(fn, repeat: int, calls: int = 1) -> float:
+    """Median over ``repeat`` runs of the seconds per call, each run timing
+    ``calls`` calls back to back, after one warm-up call."""
     fn()
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls)
     return statistics.median(times)
 
 
@@ -82,14 +126,17 @@ def _bits(t):
 
 def measure(name: str, x: torch.Tensor, codecs, backend: str, repeat: int, zstd: bool) -> list:
     nbytes = x.numel() * x.element_size()
+    calls = max(1, math.ceil(MIN_TIMED_NBYTES / max(nbytes, 1)))
     gbs = lambda s: nbytes / s / 1e9  # noqa: E731
-    rows = [dict(input=name, method="copy", ratio=1.0,
-                 enc_gbs=gbs(_time(lambda: x.clone(), repeat)), dec_gbs=None, exact="-")]
+    dst = torch.empty_like(x)
+    rows = [dict(input=name, method="copy_ (warm)", ratio=1.0,
+                 enc_gbs=gbs(_time(lambda: dst.copy_(x), repeat, calls)), dec_gbs=None,
+                 exact="-")]
     for codec in codecs:
         payload = C.encode(x, codec=codec, backend=backend)
         out = torch.empty_like(x)
-        enc = _time(lambda: C.encode(x, codec=codec, backend=backend), repeat)
-        dec = _time(lambda: C.decode(payload, out=out, backend=backend), repeat)
+        enc = _time(lambda: C.encode(x, codec=codec, backend=backend), repeat, calls)
+        dec = _time(lambda: C.decode(payload, out=out, backend=backend), repeat, calls)
         exact = torch.equal(_bits(out), _bits(x))
         rows.append(dict(input=name, method=f"zipccl {codec}", ratio=nbytes / payload.numel(),
                          enc_gbs=gbs(enc), dec_gbs=gbs(dec), exact="yes" if exact else "NO"))
@@ -104,8 +151,8 @@ def measure(name: str, x: torch.Tensor, codecs, backend: str, repeat: int, zstd:
             comp = zstandard.ZstdCompressor(level=3, threads=0)
             blob = comp.compress(raw)
             dctx = zstandard.ZstdDecompressor()
-            enc = _time(lambda: comp.compress(raw), repeat)
-            dec = _time(lambda: dctx.decompress(blob), repeat)
+            enc = _time(lambda: comp.compress(raw), repeat, calls)
+            dec = _time(lambda: dctx.decompress(blob), repeat, calls)
             rows.append(dict(input=name, method="zstd level 3", ratio=nbytes / len(blob),
                              enc_gbs=gbs(enc), dec_gbs=gbs(dec),
                              exact="yes" if dctx.decompress(blob) == raw else "NO"))
@@ -113,19 +160,21 @@ def measure(name: str, x: torch.Tensor, codecs, backend: str, repeat: int, zstd:
 
 
 def format_table(rows: list) -> str:
-    head = f"{'input':<26} {'method':<18} {'ratio':>7} {'enc GB/s':>9} {'dec GB/s':>9} {'exact':>5}"
+    wide = max([26] + [len(r["input"]) for r in rows])
+    head = f"{'input':<{wide}} {'method':<18} {'ratio':>7} {'enc GB/s':>9} {'dec GB/s':>9} {'exact':>5}"
     lines = [head, "-" * len(head)]
     f = lambda v, p: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
     for r in rows:
-        lines.append(f"{r['input']:<26} {r['method']:<18} {f(r['ratio'], 3):>7} "
+        lines.append(f"{r['input']:<{wide}} {r['method']:<18} {f(r['ratio'], 3):>7} "
                      f"{f(r['enc_gbs'], 3):>9} {f(r['dec_gbs'], 3):>9} {r['exact']:>5}")
     return "\n".join(lines)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", metavar="FILE.safetensors",
-                   help="measure the float tensors of this file (e.g. a zipccl capture) "
-                        "instead of synthetic data")
+    p.add_argument("--input", metavar="FILE.safetensors", action="append",
+                   help="measure the float tensors of this file (e.g. a zipccl capture, "
+                        "per collective kind and dtype) instead of synthetic data; "
+                        "repeatable; a folder means its *.safetensors files")
     p.add_argument("--tensor", help="with --input: only this tensor of the file")
     p.add_argument("--data", choices=_INPUTS, default="gauss",
                    help="synthetic input: Gaussian values, fp32 exact bf16 casts, "
@@ -150,7 +199,9 @@ def run(args: argparse.Namespace) -> int:
         if c not in C.CODECS:
             raise SystemExit(f"unknown codec {c!r}; choose from {', '.join(C.CODECS)}")
     if args.input:
-        inputs = load_safetensors(args.input, args.tensor)
+        inputs = {}
+        for path in input_files(args.input):
+            inputs.update(load_safetensors(path, args.tensor))
     else:
         dtype = _DTYPES[args.dtype]
         x = synthetic(args.data, args.size, dtype)
@@ -160,7 +211,8 @@ def run(args: argparse.Namespace) -> int:
         from . import codec_cpp
         backend_note = "cpp" if codec_cpp.available() else "torch (cpp extension unavailable)"
     print(f"zipccl bench codec: backend {backend_note}, {torch.get_num_threads()} threads, "
-          f"median of {args.repeat} runs, GB/s = input bytes per second")
+          f"median of {args.repeat} runs, each of at least {MIN_TIMED_NBYTES >> 20} MiB of input, "
+          f"GB/s = input bytes per second")
     rows = []
     for name, x in inputs.items():
         rows += measure(name, x, codecs, args.backend, args.repeat, not args.no_zstd)

@@ -62,7 +62,7 @@ quarter-exponent ``phase``.
   digits, one per element still *open* at that tier; digit values below the
   all-ones value are symbols, all-ones means "continue". The DENSE_SLOTS
   symbols in rank order (``dense_symbol_table``) are: the flagged zeros (ZPOS
-  when at least 1/16 of the chunk is +0.0, then ZNEG likewise for -0.0), then
+  when at least 1/32 of the chunk is +0.0, then ZNEG likewise for -0.0), then
   ``DENSE_ORDER[phase]`` (exponent offsets from ``base``), then +0.0 when ZPOS
   is not set, cut to DENSE_SLOTS. Without ZNEG a chunk codes as in version
   1 (but for the threshold, 1/8 there). An element still open after the last
@@ -123,7 +123,12 @@ CHUNK_FLAGS = FLAG_LOW16 | FLAG_ZPOS | FLAG_ZNEG
 # Thresholds, as integer comparisons every backend evaluates identically
 # (per zero sign: count << SHIFT >= chunk length).
 FIXED_ZERO_SLOT_SHIFT = 6  # fixed3: >= 1/64 of the chunk
-DENSE_ZERO_FIRST_SHIFT = 4  # dense: >= 1/16
+# dense: >= 1/32. A flagged zero takes a 2-bit tier-0 code and moves every
+# exponent one rank down; from 1/32 of the chunk on, in each sign, that pays
+# for itself on x * mask data (with 1/16, x * mask at 10% zeros, 5% of each
+# sign, coded smaller with fixed3 than with dense; tests/test_ratios.py sweeps
+# the fractions).
+DENSE_ZERO_FIRST_SHIFT = 5
 
 FIXED_BITS = 3
 FIXED_ESC = 7

@@ -51,8 +51,7 @@ constexpr int kChunkElems = 4096;
 constexpr int kEntryBytes = 16, kOffsetBytes = 4, kAlign = 16;
 constexpr int kModeRaw = 0, kModeCoded = 1;
 constexpr int kFlagLow16 = 1, kFlagZpos = 2, kFlagZneg = 4;
-constexpr int kFlagZero = kFlagZpos;  // the AVX2 kernels: chunks without kFlagZneg code as in v1
-constexpr int kFixedZeroShift = 6, kDenseZeroShift = 4;
+constexpr int kFixedZeroShift = 6, kDenseZeroShift = 5;
 constexpr int kFixedBits = 3, kFixedEsc = 7, kRemBits = 3;
 constexpr int kTierBits[5] = {2, 1, 1, 2, 2};
 constexpr int kTierSymbols[5] = {3, 1, 1, 3, 3};  // all-ones digit: continue
@@ -605,7 +604,9 @@ static uint32_t run_sum_generic(const typename T::W* w, int i0, int n) {
 
 // --------------------------------------------------------------------------
 // AVX2 + BMI2 kernels, 32 elements per block, every dtype: the codec logic
-// works on 32 exponent bytes and a +0.0 mask; Lanes<T> does the dtype's fields.
+// works on 32 exponent bytes and masks of the +0.0 and -0.0 lanes (the -0.0
+// one only in chunks that code -0.0: the kernels take it as a template flag);
+// Lanes<T> does the dtype's fields.
 // Compiled for that target whatever the build flags; called only after the
 // run-time CPU check.
 //
@@ -619,6 +620,9 @@ static uint32_t run_sum_generic(const typename T::W* w, int i0, int n) {
 #if defined(__x86_64__) || defined(__i386__)
 #define ZIPCCL_HAVE_AVX2_KERNELS 1
 #define ZC_AVX2 __attribute__((target("avx2,bmi,bmi2,popcnt")))
+// Lanes<FP32>::emit is always inlined: with an instantiation of each kernel
+// per zero-code flag, GCC's budget left it a call per block, 20% slower.
+#define ZC_INLINE __attribute__((always_inline))
 
 namespace avx2 {
 
@@ -861,28 +865,41 @@ ZC_AVX2 static inline __m256i mask_bytes(uint32_t m) {
 }
 
 // Dense ranks of 32 exponent bytes: rank LUT on e - base + 8 in [0, 16),
-// ESC outside, zero_rank on +0.0.
+// ESC outside; the rank of +0.0 on the pos lanes and of -0.0 on the neg lanes
+// where the chunk's symbol table has one (kLuts.zrank).
 struct DenseRanker {
-  __m256i lutx, lo, hi, bias, zrank, esc;
-  ZC_AVX2 DenseRanker(int base, int phase, bool zf) {
+  __m256i lutx, lo, hi, bias, rpos, rneg, esc;
+  bool has_pos, has_neg;
+  ZC_AVX2 DenseRanker(int base, int phase, bool zp, bool zn) {
     alignas(32) uint8_t t[32];
-    for (int d = 0; d < 16; ++d) t[d] = t[d + 16] = kLuts.rank[zf][0][phase][d] ^ kDenseEsc;
+    for (int d = 0; d < 16; ++d) t[d] = t[d + 16] = kLuts.rank[zp][zn][phase][d] ^ kDenseEsc;
     lutx = _mm256_load_si256(reinterpret_cast<const __m256i*>(t));
     // e - base + 8 in [0, 16) as integers <=> e in [max(base-8, 0), min(base+7, 255)]
     // (bytes wrap, so the range test comes first).
     lo = _mm256_set1_epi8(char(std::max(base - 8, 0)));
     hi = _mm256_set1_epi8(char(std::min(base + 7, 255)));
     bias = _mm256_set1_epi8(char(base - 8));
-    zrank = _mm256_set1_epi8(char(zf ? 0 : kDenseSlots - 1));
+    const int8_t* zr = kLuts.zrank[zp][zn][phase];
+    has_pos = zr[0] >= 0;
+    has_neg = zr[1] >= 0;
+    rpos = _mm256_set1_epi8(char(zr[0]));
+    rneg = _mm256_set1_epi8(char(zr[1]));
     esc = _mm256_set1_epi8(kDenseEsc);
   }
-  ZC_AVX2 inline __m256i operator()(__m256i e8, __m256i zero) const {
+  // The lanes that code as a zero symbol (no sm byte), of the pos / neg masks.
+  ZC_AVX2 inline __m256i coded(__m256i pos, __m256i neg) const {
+    const __m256i z = _mm256_setzero_si256();
+    return _mm256_or_si256(has_pos ? pos : z, has_neg ? neg : z);
+  }
+  ZC_AVX2 inline __m256i operator()(__m256i e8, __m256i pos, __m256i neg) const {
     const __m256i in = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_max_epu8(e8, lo), e8),
                                         _mm256_cmpeq_epi8(_mm256_min_epu8(e8, hi), e8));
     const __m256i d = _mm256_sub_epi8(e8, bias);
     const __m256i idx = _mm256_or_si256(d, _mm256_xor_si256(in, _mm256_set1_epi8(-1)));
-    const __m256i r = _mm256_xor_si256(_mm256_shuffle_epi8(lutx, idx), esc);
-    return _mm256_blendv_epi8(r, zrank, zero);
+    __m256i r = _mm256_xor_si256(_mm256_shuffle_epi8(lutx, idx), esc);
+    if (has_pos) r = _mm256_blendv_epi8(r, rpos, pos);
+    if (has_neg) r = _mm256_blendv_epi8(r, rneg, neg);
+    return r;
   }
 };
 
@@ -891,9 +908,10 @@ ZC_AVX2 static inline uint32_t gt(__m256i r, int k) {  // mask of ranks > k
 }
 
 // ---- element fields, per dtype ----
-// Lanes<T> turns 32 words into exponent bytes and a +0.0 mask (0xFF bytes),
-// emits the sm (and fp16 rem) of the kept ones on encode, and assembles the
-// words from exponent bytes on decode. The codec logic above it is shared.
+// Lanes<T> turns 32 words into exponent bytes and a +0.0 mask (0xFF bytes;
+// neg_zero_lanes gives the -0.0 one), emits the sm (and fp16 rem) of the kept
+// ones on encode, and assembles the words from exponent bytes on decode, the
+// zero lanes from the zero and -0.0 masks. The codec logic above it is shared.
 struct EncSt {
   uint8_t* sm;
   const uint8_t* sm_end;
@@ -941,6 +959,13 @@ ZC_AVX2 static inline __m128i quarter8(__m256i v8, int q) {
 // 3-bit fields of 16 elements: the mask with 0b111 on every lane of keep16.
 ZC_AVX2 static inline uint64_t mask3(uint32_t keep16) { return _pdep_u64(keep16, 0x249249249249ull) * 7; }
 
+// Words of half h of a block (16-bit lanes) with the zero lanes replaced:
+// +0.0 on zero lanes, -0.0 where neg is set too.
+ZC_AVX2 static inline __m256i with_zeros16(__m256i w, __m256i zero, __m256i neg, int h) {
+  return _mm256_or_si256(_mm256_andnot_si256(half16_mask(zero, h), w),
+                         _mm256_and_si256(half16_mask(neg, h), _mm256_set1_epi16(int16_t(0x8000))));
+}
+
 template <class T>
 struct Lanes;
 
@@ -969,18 +994,20 @@ struct Lanes<BF16> {
   ZC_AVX2 static inline void emit(const Raw& r, const uint16_t*, uint32_t keep, bool, EncSt& st) {
     st.sm = put_sm_bytes(r.sm8, keep, st.sm, st.sm_end);
   }
-  ZC_AVX2 static inline int assemble(__m256i e8, __m256i zero, uint32_t keep, bool, DecIn& in,
-                                     FastBitReader&, uint16_t* out) {
+  // A zero lane's word is its sm byte (0, or 0x80 on -0.0 lanes) with exponent 0.
+  ZC_AVX2 static inline int assemble(__m256i e8, __m256i zero, __m256i neg, uint32_t keep, bool,
+                                     DecIn& in, FastBitReader&, uint16_t* out) {
     __m256i s8;
     if (!take_sm(in, keep, &s8)) return kErrCounts;
+    e8 = _mm256_andnot_si256(zero, e8);
+    s8 = _mm256_or_si256(s8, _mm256_and_si256(neg, _mm256_set1_epi8(char(0x80))));
     const __m256i m80 = _mm256_set1_epi16(0x80), m7f = _mm256_set1_epi16(0x7F);
     for (int h = 0; h < 2; ++h) {
       const __m256i e = half16(e8, h), s = half16(s8, h);
       const __m256i w = _mm256_or_si256(
           _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(s, m80), 8), _mm256_slli_epi16(e, 7)),
           _mm256_and_si256(s, m7f));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16 * h),
-                          _mm256_andnot_si256(half16_mask(zero, h), w));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16 * h), w);
     }
     return kOk;
   }
@@ -1027,8 +1054,8 @@ struct Lanes<FP16> {
       st.rem.put(_pext_u64(hi, mask3(k1)), 3 * pop(k1));
     }
   }
-  ZC_AVX2 static inline int assemble(__m256i e8, __m256i zero, uint32_t keep, bool, DecIn& in,
-                                     FastBitReader& rr, uint16_t* out) {
+  ZC_AVX2 static inline int assemble(__m256i e8, __m256i zero, __m256i neg, uint32_t keep, bool,
+                                     DecIn& in, FastBitReader& rr, uint16_t* out) {
     __m256i s8;
     if (!take_sm(in, keep, &s8)) return kErrCounts;  // also bounds the rem reads
     const uint32_t k0 = keep & 0xFFFF, k1 = keep >> 16;
@@ -1048,7 +1075,7 @@ struct Lanes<FP16> {
           _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(r, m4), 13), _mm256_slli_epi16(e, 10)),
           _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(r, m3), 8), s));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16 * h),
-                          _mm256_andnot_si256(half16_mask(zero, h), w));
+                          with_zeros16(w, zero, neg, h));
     }
     return kOk;
   }
@@ -1085,8 +1112,8 @@ struct Lanes<FP32> {
     return _mm256_and_si256(_mm256_or_si256(_mm256_or_si256(r.v[0], r.v[1]),
                                             _mm256_or_si256(r.v[2], r.v[3])), m);
   }
-  ZC_AVX2 static inline void emit(const Raw& r, const uint32_t* w, uint32_t keep, bool low16,
-                                  EncSt& st) {
+  ZC_AVX2 ZC_INLINE static inline void emit(const Raw& r, const uint32_t* w, uint32_t keep,
+                                            bool low16, EncSt& st) {
     if (low16) {  // one byte: sign << 7 | top 7 mantissa bits
       __m256i s[4];
       const __m256i m80 = _mm256_set1_epi32(0x80), m7f = _mm256_set1_epi32(0x7F);
@@ -1114,8 +1141,8 @@ struct Lanes<FP32> {
       st.sm = o.sm;
     }
   }
-  ZC_AVX2 static inline int assemble(__m256i e8, __m256i zero, uint32_t keep, bool low16,
-                                     DecIn& in, FastBitReader&, uint32_t* out) {
+  ZC_AVX2 static inline int assemble(__m256i e8, __m256i zero, __m256i neg, uint32_t keep,
+                                     bool low16, DecIn& in, FastBitReader&, uint32_t* out) {
     if (low16) {
       __m256i s8;
       if (!take_sm(in, keep, &s8)) return kErrCounts;
@@ -1127,8 +1154,11 @@ struct Lanes<FP32> {
             _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(s, m80), 24),
                             _mm256_slli_epi32(e, 23)),
             _mm256_slli_epi32(_mm256_and_si256(s, m7f), 16));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 8 * q),
-                            _mm256_andnot_si256(_mm256_cvtepi8_epi32(quarter8(zero, q)), w));
+        _mm256_storeu_si256(
+            reinterpret_cast<__m256i*>(out + 8 * q),
+            _mm256_or_si256(_mm256_andnot_si256(_mm256_cvtepi8_epi32(quarter8(zero, q)), w),
+                            _mm256_and_si256(_mm256_cvtepi8_epi32(quarter8(neg, q)),
+                                             _mm256_set1_epi32(int(FP32::kSign)))));
       }
       return kOk;
     }
@@ -1150,9 +1180,10 @@ struct Lanes<FP32> {
     }
     alignas(32) uint8_t e[32];  // omitted zeros or the segment's end: element by element
     _mm256_store_si256(reinterpret_cast<__m256i*>(e), e8);
+    const uint32_t negm = movemask(neg);
     for (int i = 0; i < 32; ++i) {
       if (!((keep >> i) & 1)) {
-        out[i] = 0;
+        out[i] = ((negm >> i) & 1) ? FP32::kSign : 0u;
       } else if (int err = emit_word<FP32>(in, e[i], false, out + i)) {
         return err;
       }
@@ -1160,6 +1191,24 @@ struct Lanes<FP32> {
     return kOk;
   }
 };
+
+// 0xFF bytes on the lanes of 32 words that are -0.0 (only the sign bit set).
+template <class T>
+ZC_AVX2 static inline __m256i neg_zero_lanes(const typename T::W* w) {
+  if constexpr (T::kF32) {
+    const __m256i s = _mm256_set1_epi32(int(T::kSign));
+    __m256i z[4];
+    for (int k = 0; k < 4; ++k)
+      z[k] = _mm256_cmpeq_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * k)), s);
+    return Lanes<FP32>::pack32(z, true);
+  } else {
+    const __m256i s = _mm256_set1_epi16(int16_t(T::kSign));
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16));
+    return _mm256_permute4x64_epi64(
+        _mm256_packs_epi16(_mm256_cmpeq_epi16(a, s), _mm256_cmpeq_epi16(b, s)), 0xD8);
+  }
+}
 
 // Escaped lanes whose exponent byte exceeds the dtype's (fp16: > 31).
 template <class T>
@@ -1226,58 +1275,64 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec) {
     ebuf[i] = uint8_t(e);
     zbuf[i] = x == 0 ? 0xFF : 0;
   }
-  // A chunk that may want a -0.0 code takes the portable kernels, which count
-  // -0.0 exactly (these code +0.0 only); e0 - nz bounds the -0.0 count.
-  if ((int64_t(e0 - nz) << (codec == kFixed3 ? kFixedZeroShift : kDenseZeroShift)) >= n)
-    return analyze_chunk<T>(w, n, codec);
+  // e0 - nz bounds the -0.0 count: the exact count only when that bound
+  // reaches the threshold (a second look at the chunk, in cache).
+  const int shift = codec == kFixed3 ? kFixedZeroShift : kDenseZeroShift;
+  uint64_t nneg = 0;
+  if ((int64_t(e0 - nz) << shift) >= n) {
+    for (int b = 0; b < nb; ++b) nneg += pop(movemask(neg_zero_lanes<T>(w + 32 * b)));
+    for (int i = 32 * nb; i < n; ++i) nneg += w[i] == T::kSign;
+  }
+  const bool zp = (int64_t(nz) << shift) >= n, zn = (int64_t(nneg) << shift) >= n;
   Entry en{};
   en.mode = kModeCoded;
   set_locator(en, S, K);
   if (T::kF32 && low == 0) en.flags |= kFlagLow16;
+  en.flags |= (zp ? kFlagZpos : 0) | (zn ? kFlagZneg : 0);
   if (codec == kFixed3) {
-    const bool zf = (int64_t(nz) << kFixedZeroShift) >= n;
     int lo, width;
-    fixed_window<T>(en.base, en.phase, zf, &lo, &width);
+    fixed_window<T>(en.base, en.phase, zp + zn, &lo, &width);
     const __m256i vlo = _mm256_set1_epi8(char(lo)), vw = _mm256_set1_epi8(char(width - 1));
     uint64_t nesc = 0;
     for (int b = 0; b < nb; ++b) {
       const __m256i e8 = _mm256_load_si256(reinterpret_cast<const __m256i*>(ebuf + 32 * b));
       const __m256i d = _mm256_sub_epi8(e8, vlo);
       uint32_t out = ~movemask(_mm256_cmpeq_epi8(_mm256_min_epu8(d, vw), d));
-      if (zf) out &= ~movemask(_mm256_load_si256(reinterpret_cast<const __m256i*>(zbuf + 32 * b)));
+      if (zp) out &= ~movemask(_mm256_load_si256(reinterpret_cast<const __m256i*>(zbuf + 32 * b)));
+      if (zn) out &= ~movemask(neg_zero_lanes<T>(w + 32 * b));
       nesc += pop(out);
     }
     for (int i = 32 * nb; i < n; ++i)
-      nesc += (uint32_t(ebuf[i]) - uint32_t(lo)) >= uint32_t(width) && !(zf && zbuf[i]);
-    en.flags |= zf ? kFlagZero : 0;
-    en.n_zero = zf ? uint16_t(nz) : 0;
+      nesc += (uint32_t(ebuf[i]) - uint32_t(lo)) >= uint32_t(width) && !(zp && zbuf[i]) &&
+              !(zn && w[i] == T::kSign);
+    en.n_zero = uint16_t((zp ? nz : 0) + (zn ? nneg : 0));
     en.n_esc = uint16_t(nesc);
   } else {
-    const bool zf = (int64_t(nz) << kDenseZeroShift) >= n;
-    const DenseRanker rank(en.base, en.phase, zf);
+    const DenseRanker rank(en.base, en.phase, zp, zn);
+    const __m256i none = _mm256_setzero_si256();
     uint64_t c3 = 0, c4 = 0, c5 = 0, c8 = 0, ce = 0;
     for (int b = 0; b < nb; ++b) {
       const __m256i r =
           rank(_mm256_load_si256(reinterpret_cast<const __m256i*>(ebuf + 32 * b)),
-               _mm256_load_si256(reinterpret_cast<const __m256i*>(zbuf + 32 * b)));
+               _mm256_load_si256(reinterpret_cast<const __m256i*>(zbuf + 32 * b)),
+               zn ? neg_zero_lanes<T>(w + 32 * b) : none);
       c3 += pop(gt(r, 2));
       c4 += pop(gt(r, 3));
       c5 += pop(gt(r, 4));
       c8 += pop(gt(r, 7));
       ce += pop(gt(r, 10));
     }
-    const uint8_t* lut = kLuts.rank[zf][0][en.phase];
-    const int zero_rank = zf ? 0 : kDenseSlots - 1;
+    const uint8_t* lut = kLuts.rank[zp][zn][en.phase];
+    const int rpos = kLuts.zrank[zp][zn][en.phase][0], rneg = kLuts.zrank[zp][zn][en.phase][1];
     for (int i = 32 * nb; i < n; ++i) {
-      const int r = dense_rank<T>(w[i], en.base, lut, zero_rank, -1);
+      const int r = dense_rank<T>(w[i], en.base, lut, rpos, rneg);
       c3 += r >= 3;
       c4 += r >= 4;
       c5 += r >= 5;
       c8 += r >= 8;
       ce += r == kDenseEsc;
     }
-    en.flags |= zf ? kFlagZero : 0;
-    en.n_zero = uint16_t(nz);
+    en.n_zero = uint16_t((rpos >= 0 ? nz : 0) + (rneg >= 0 ? nneg : 0));
     en.n_esc = uint16_t(ce);
     en.n_open[0] = uint16_t(c3);
     en.n_open[1] = uint16_t(c4);
@@ -1288,12 +1343,15 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec) {
 }
 
 // ---- encode pass 2 ----
-template <class T>
+// NEG: the chunk codes -0.0 (kFlagZneg); without it the kernels compile to
+// what they were before -0.0 had a code.
+template <class T, bool NEG>
 ZC_AVX2 static void write_fixed3(const typename T::W* w, int n, const Entry& en, uint8_t* codes,
                                  uint8_t* sm, uint8_t* rem, uint8_t* esc, const uint8_t* next,
                                  int64_t next_nbytes) {
   using L = Lanes<T>;
-  const bool zf = en.flags & kFlagZero, low16 = en.flags & kFlagLow16;
+  const bool zp = en.flags & kFlagZpos, low16 = en.flags & kFlagLow16;
+  const Zeros zc = fixed_zeros(en.flags);
   const Seg seg = segment_nbytes<T>(kFixed3, en, n);
   // The escapes are compacted into a buffer on the stack, copied to the
   // segment at the end: a chunk's escape stream is a few dozen bytes, so
@@ -1307,9 +1365,10 @@ ZC_AVX2 static void write_fixed3(const typename T::W* w, int n, const Entry& en,
   esc = escbuf;
   EncSt st{sm, sm + seg.sm, FastBitWriter(rem, rem + seg.rem)};
   int lo, width;
-  fixed_window<T>(en.base, en.phase, zf, &lo, &width);
+  fixed_window<T>(en.base, en.phase, zc.z, &lo, &width);
   const __m256i vlo = _mm256_set1_epi8(char(lo)), vw = _mm256_set1_epi8(char(width - 1));
-  const __m256i vzf = _mm256_set1_epi8(char(zf)), v7 = _mm256_set1_epi8(kFixedEsc);
+  const __m256i vz = _mm256_set1_epi8(char(zc.z)), v7 = _mm256_set1_epi8(kFixedEsc);
+  const __m256i vneg = _mm256_set1_epi8(char(zc.cneg));
   const int nb = n / 32;
   for (int b = 0; b < nb; ++b) {
     __m256i e8, zero;
@@ -1318,31 +1377,40 @@ ZC_AVX2 static void write_fixed3(const typename T::W* w, int n, const Entry& en,
     L::fields(w + 32 * b, &e8, &zero, &raw);
     const __m256i d = _mm256_sub_epi8(e8, vlo);  // wraps to >= width below lo
     const __m256i inwin = _mm256_cmpeq_epi8(_mm256_min_epu8(d, vw), d);
-    __m256i code = _mm256_blendv_epi8(v7, _mm256_add_epi8(d, vzf), inwin);
-    if (zf) code = _mm256_andnot_si256(zero, code);
+    __m256i code = _mm256_blendv_epi8(v7, _mm256_add_epi8(d, vz), inwin);
+    uint32_t keep = ~0u;
+    if (zp) {  // +0.0's code is 0 when it has one
+      code = _mm256_andnot_si256(zero, code);
+      keep = ~movemask(zero);
+    }
+    if constexpr (NEG) {
+      const __m256i neg = neg_zero_lanes<T>(w + 32 * b);
+      code = _mm256_blendv_epi8(code, vneg, neg);
+      keep &= ~movemask(neg);
+    }
     // Not for fp32, whose write loop was measured faster without it.
     if constexpr (!T::kF32) prefetch_next<T>(next, next_nbytes, b);
     store_pack3(codes + 12 * b, code);
     esc = compact32(e8, movemask(_mm256_cmpeq_epi8(code, v7)), esc);
-    L::emit(raw, w + 32 * b, zf ? ~movemask(zero) : ~0u, low16, st);
+    L::emit(raw, w + 32 * b, keep, low16, st);
   }
   BitWriter cw(codes + 12 * nb);
   EncOut o{st.sm, st.rem.to_scalar(), esc};
-  fixed3_encode_range<T>(w, 32 * nb, n, lo, width, fixed_zeros(en.flags), low16, cw, o);
+  fixed3_encode_range<T>(w, 32 * nb, n, lo, width, zc, low16, cw, o);
   cw.finish();
   o.rem.finish();
   std::memcpy(esc_out, escbuf, size_t(seg.esc));
 }
 
-template <class T>
+template <class T, bool NEG>
 ZC_AVX2 static void write_dense(const typename T::W* w, int n, const Entry& en, uint8_t* codes,
                                 uint8_t* sm, uint8_t* rem, uint8_t* esc) {
   using L = Lanes<T>;
-  const bool zf = en.flags & kFlagZero, low16 = en.flags & kFlagLow16;
+  const bool zp = en.flags & kFlagZpos, zn = en.flags & kFlagZneg, low16 = en.flags & kFlagLow16;
   const Seg seg = segment_nbytes<T>(kDense, en, n);
   const uint8_t* const esc_end = esc + seg.esc;
   EncSt st{sm, sm + seg.sm, FastBitWriter(rem, rem + seg.rem)};
-  const DenseRanker rank(en.base, en.phase, zf);
+  const DenseRanker rank(en.base, en.phase, zp, zn);
   const __m256i three = _mm256_set1_epi8(3);
   int64_t start[5], len[5];
   dense_tier_segments(en, n, start, len);
@@ -1355,7 +1423,8 @@ ZC_AVX2 static void write_dense(const typename T::W* w, int n, const Entry& en, 
     typename L::Raw raw;
     prefetch_ahead(w + 32 * b);
     L::fields(w + 32 * b, &e8, &zero, &raw);
-    const __m256i r = rank(e8, zero);
+    const __m256i neg = NEG ? neg_zero_lanes<T>(w + 32 * b) : _mm256_setzero_si256();
+    const __m256i r = rank(e8, zero, neg);
     const uint64_t t0 = pack2(_mm256_min_epu8(r, three));
     std::memcpy(codes + 8 * b, &t0, 8);
     // Bit planes of the rank give each tier's open set and digit bits; tier
@@ -1373,66 +1442,74 @@ ZC_AVX2 static void write_dense(const typename T::W* w, int n, const Entry& en, 
     f4.put64(_pdep_u64(l4, kEven) | _pdep_u64(h4, kOdd), 2 * pop(q3));
     // ESC is rare in dense (few Gaussian blocks have one): a branch beats compaction.
     if (const uint32_t escm = q3 & q1 & q0) esc = put_compact(e8, escm, esc, esc_end);
-    L::emit(raw, w + 32 * b, ~movemask(zero), low16, st);  // dense ships no sm for +0.0
+    L::emit(raw, w + 32 * b, ~movemask(rank.coded(zero, neg)), low16, st);  // no sm for a zero symbol
   }
   BitWriter tw[5] = {BitWriter(codes + 8 * nb), f1.to_scalar(), f2.to_scalar(), f3.to_scalar(),
                      f4.to_scalar()};
   EncOut o{st.sm, st.rem.to_scalar(), esc};
-  dense_encode_range<T>(w, 32 * nb, n, en.base, kLuts.rank[zf][0][en.phase],
-                        zf ? 0 : kDenseSlots - 1, -1, low16, tw, o);
+  dense_encode_range<T>(w, 32 * nb, n, en.base, kLuts.rank[zp][zn][en.phase],
+                        kLuts.zrank[zp][zn][en.phase][0], kLuts.zrank[zp][zn][en.phase][1], low16,
+                        tw, o);
   for (auto& t : tw) t.finish();
   o.rem.finish();
 }
 
 // ---- decode ----
-template <class T>
+template <class T, bool NEG>
 ZC_AVX2 static int decode_fixed3(const Entry& en, int n, const uint8_t* codes, DecIn& in,
                                  typename T::W* out, const uint8_t* next, int64_t next_nbytes) {
   using L = Lanes<T>;
-  const bool zf = en.flags & kFlagZero, low16 = en.flags & kFlagLow16;
+  const bool zp = en.flags & kFlagZpos, low16 = en.flags & kFlagLow16;
+  const Zeros zc = fixed_zeros(en.flags);
   int lo, width;
-  fixed_window<T>(en.base, en.phase, zf, &lo, &width);
-  const __m256i vlo = _mm256_set1_epi8(char(lo - zf)), v7 = _mm256_set1_epi8(kFixedEsc);
+  fixed_window<T>(en.base, en.phase, zc.z, &lo, &width);
+  const __m256i vlo = _mm256_set1_epi8(char(lo - zc.z)), v7 = _mm256_set1_epi8(kFixedEsc);
   const __m256i z = _mm256_setzero_si256();
+  const __m256i vz = _mm256_set1_epi8(char(zc.z)), vneg = _mm256_set1_epi8(char(zc.cneg));
   FastBitReader rr(in.rem.p, in.end);
   const int nb = n / 32;
   for (int b = 0; b < nb; ++b) {
     prefetch_next<T>(next, next_nbytes, b);
     const __m256i code = unpack3(codes + 12 * b);
     const __m256i escv = _mm256_cmpeq_epi8(code, v7);
-    const __m256i zero = zf ? _mm256_cmpeq_epi8(code, z) : z;
+    // Codes below z are zeros; -0.0's is cneg (+0.0's, when it has one, 0).
+    const __m256i zero = NEG ? _mm256_cmpgt_epi8(vz, code) : zp ? _mm256_cmpeq_epi8(code, z) : z;
+    const __m256i neg = NEG ? _mm256_cmpeq_epi8(code, vneg) : z;
     const uint32_t zm = movemask(zero);
     __m256i ex;
     if (int err = take_esc<T>(in, movemask(escv), &ex)) return err;
     in.n_zero += pop(zm);
-    // e = lo + code - zf; bytes wrap only on lanes the masks replace
+    // e = lo + code - z; bytes wrap only on lanes the masks replace
     const __m256i e8 = _mm256_or_si256(_mm256_andnot_si256(escv, _mm256_add_epi8(code, vlo)), ex);
-    if (int err = L::assemble(e8, zero, ~zm, low16, in, rr, out + 32 * b)) return err;
+    if (int err = L::assemble(e8, zero, neg, ~zm, low16, in, rr, out + 32 * b)) return err;
   }
   in.rem = rr.to_scalar(in.rem.end);
   BitReader cr(codes + 12 * nb, packed_nbytes(n, kFixedBits) - 12 * nb);
-  if (int err = fixed3_decode_range<T>(32 * nb, n, lo, fixed_zeros(en.flags), low16, cr, in, out))
+  if (int err = fixed3_decode_range<T>(32 * nb, n, lo, zc, low16, cr, in, out))
     return err;
   return count_checks(in, en);
 }
 
-template <class T>
+template <class T, bool NEG>
 ZC_AVX2 static int decode_dense(const Entry& en, int n, const uint8_t* codes, DecIn& in,
                                 typename T::W* out) {
   using L = Lanes<T>;
-  const bool zf = en.flags & kFlagZero, low16 = en.flags & kFlagLow16;
-  const int8_t* sym = kLuts.sym[zf][0][en.phase];
+  const bool zp = en.flags & kFlagZpos, zn = en.flags & kFlagZneg, low16 = en.flags & kFlagLow16;
+  const int8_t* sym = kLuts.sym[zp][zn][en.phase];
   // Per rank: the exponent byte, and 0x80 where base + symbol leaves [0, emax].
   alignas(32) uint8_t te[32], tb[32];
   for (int r = 0; r < 16; ++r) {
     const int s = r < kDenseSlots ? sym[r] : kZeroSymbol;
     const int e = int(en.base) + s;
     te[r] = te[r + 16] = uint8_t(e);
-    tb[r] = tb[r + 16] = (s != kZeroSymbol && (e < 0 || e > int(T::kEmax))) ? 0x80 : 0;
+    const bool zero_symbol = s == kZeroSymbol || s == kNegZeroSymbol;
+    tb[r] = tb[r + 16] = (!zero_symbol && (e < 0 || e > int(T::kEmax))) ? 0x80 : 0;
   }
   const __m256i lut_e = _mm256_load_si256(reinterpret_cast<const __m256i*>(te));
   const __m256i lut_bad = _mm256_load_si256(reinterpret_cast<const __m256i*>(tb));
-  const __m256i zrank = _mm256_set1_epi8(char(zf ? 0 : kDenseSlots - 1));
+  // Ranks of +0.0 and -0.0 (-1, never a rank, where the table has none).
+  const __m256i rpos = _mm256_set1_epi8(kLuts.zrank[zp][zn][en.phase][0]);
+  const __m256i rneg = _mm256_set1_epi8(kLuts.zrank[zp][zn][en.phase][1]);
   int64_t start[5], len[5];
   dense_tier_segments(en, n, start, len);
   FastBitReader f1(codes + start[1], in.end), f2(codes + start[2], in.end),
@@ -1474,7 +1551,8 @@ ZC_AVX2 static int decode_dense(const Entry& en, int n, const uint8_t* codes, De
         _mm256_or_si256(_mm256_and_si256(mask_bytes(r2), _mm256_set1_epi8(4)),
                         _mm256_and_si256(mask_bytes(m4), _mm256_set1_epi8(8))));
     bad |= movemask(_mm256_shuffle_epi8(lut_bad, r));
-    const __m256i zero = _mm256_cmpeq_epi8(r, zrank);
+    const __m256i neg = NEG ? _mm256_cmpeq_epi8(r, rneg) : _mm256_setzero_si256();
+    const __m256i zero = _mm256_or_si256(_mm256_cmpeq_epi8(r, rpos), neg);
     const uint32_t zm = movemask(zero);
     __m256i e8 = _mm256_shuffle_epi8(lut_e, r);
     if (const uint32_t escm = m4 & l4 & h4) {  // rare in dense: a branch beats expansion
@@ -1483,7 +1561,7 @@ ZC_AVX2 static int decode_dense(const Entry& en, int n, const uint8_t* codes, De
       e8 = _mm256_or_si256(_mm256_andnot_si256(mask_bytes(escm), e8), ex);
     }
     in.n_zero += pop(zm);
-    if (int err = L::assemble(e8, zero, ~zm, low16, in, rr, out + 32 * b)) return err;
+    if (int err = L::assemble(e8, zero, neg, ~zm, low16, in, rr, out + 32 * b)) return err;
   }
   if (bad) return kErrExponent;
   in.rem = rr.to_scalar(in.rem.end);
@@ -1568,11 +1646,14 @@ static inline void write_dispatch(const typename T::W* w, int n, int codec, cons
                                   uint8_t* codes, uint8_t* sm, uint8_t* rem, uint8_t* esc,
                                   const uint8_t* next, int64_t next_nbytes, int isa) {
 #ifdef ZIPCCL_HAVE_AVX2_KERNELS
-  if (isa >= 1 && en.mode == kModeCoded && !(en.flags & kFlagZneg)) {
+  if (isa >= 1 && en.mode == kModeCoded) {
+    const bool neg = en.flags & kFlagZneg;
     if (codec == kFixed3)
-      avx2::write_fixed3<T>(w, n, en, codes, sm, rem, esc, next, next_nbytes);
+      (neg ? avx2::write_fixed3<T, true> : avx2::write_fixed3<T, false>)(w, n, en, codes, sm, rem,
+                                                                         esc, next, next_nbytes);
     else
-      avx2::write_dense<T>(w, n, en, codes, sm, rem, esc);
+      (neg ? avx2::write_dense<T, true> : avx2::write_dense<T, false>)(w, n, en, codes, sm, rem,
+                                                                       esc);
     return;
   }
 #endif
@@ -1585,9 +1666,14 @@ static inline int decode_dispatch(int codec, const Entry& en, int n, const uint8
                                   DecIn& in, typename T::W* out, const uint8_t* next,
                                   int64_t next_nbytes, int isa) {
 #ifdef ZIPCCL_HAVE_AVX2_KERNELS
-  if (isa >= 1 && !(en.flags & kFlagZneg))
-    return codec == kFixed3 ? avx2::decode_fixed3<T>(en, n, codes, in, out, next, next_nbytes)
-                            : avx2::decode_dense<T>(en, n, codes, in, out);
+  if (isa >= 1) {
+    const bool neg = en.flags & kFlagZneg;
+    if (codec == kFixed3)
+      return (neg ? avx2::decode_fixed3<T, true> : avx2::decode_fixed3<T, false>)(
+          en, n, codes, in, out, next, next_nbytes);
+    return (neg ? avx2::decode_dense<T, true> : avx2::decode_dense<T, false>)(en, n, codes, in,
+                                                                              out);
+  }
 #endif
   (void)isa, (void)next, (void)next_nbytes;
   return decode_chunk_generic<T>(codec, en, n, codes, in, out);

@@ -1,0 +1,165 @@
+"""Codec speed on data with zeros of both signs, against the same codec on Gaussian data.
+
+``x * mask`` (dropout, ReLU backward, routing masks) leaves +0.0 and -0.0;
+the codec flags each zero sign per chunk and codes it without a sign+mantissa
+byte. This script measures what those chunks cost on the C++ backend: for
+each data kind (Gaussian, ``x * mask`` at several zero fractions, +0.0-only
+zeros) and codec, encode and decode speed in GB of input per CPU-second of
+this process (``time.process_time``: the machine may be shared, and CPU time
+counts only this process's work), and each speed's ratio to the same codec's
+speed on Gaussian data measured in the same run.
+
+With ``--baseline REV`` the C++ source of that git revision is built too and
+every measurement is made on both libraries, interleaved (round-robin over
+data kind, codec and library, ``--rounds`` times; the median per cell), so the
+column ``vs base`` compares the two side by side on a loaded machine.
+
+Usage::
+
+    python benchmarks/zero_speed.py [--mib 16] [--rounds 5] [--threads 1] [--baseline main]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from zipccl_fsdp import codec_cpp  # noqa: E402
+from zipccl_fsdp import format as F  # noqa: E402
+
+FRACTIONS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
+
+
+def data(kind: str, numel: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    """``gauss``, ``masked<P>`` (x * mask, P% zeros of both signs) or ``pos<P>`` (+0.0 only)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(numel, generator=g).to(dtype)
+    if kind == "gauss":
+        return x
+    frac = int(kind.lstrip("maskedpos")) / 100
+    keep = torch.rand(numel, generator=g) >= frac
+    if kind.startswith("masked"):
+        return x * keep.to(dtype)
+    return torch.where(keep, x, torch.zeros((), dtype=dtype))
+
+
+def _build_baseline(rev: str):
+    """The C++ library built from ``rev``'s csrc (a separate build directory).
+    Its format constants are not checked against format.py: a baseline may
+    predate a threshold change (its payloads then differ, and decode with it)."""
+    from torch.utils.cpp_extension import load
+
+    d = Path(tempfile.mkdtemp(prefix="zipccl_base_"))
+    srcs = []
+    for s in codec_cpp._SOURCES:
+        rel = s.relative_to(ROOT).as_posix()
+        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{rel}"], check=True,
+                              capture_output=True).stdout
+        (d / s.name).write_bytes(text)
+        srcs.append(d / s.name)
+    build = codec_cpp._build_dir(tuple(srcs))
+    build.mkdir(parents=True, exist_ok=True)
+    path = load(name=codec_cpp._NAME, sources=[str(s) for s in srcs],
+                extra_cflags=codec_cpp._CFLAGS, extra_ldflags=codec_cpp._LDFLAGS,
+                build_directory=str(build), verbose=False, is_python_module=False)
+    lib = ctypes.CDLL(path)
+    for fn, argtypes in codec_cpp._SIGNATURES.items():
+        getattr(lib, fn).argtypes = argtypes
+        getattr(lib, fn).restype = codec_cpp._I64
+    return lib
+
+
+def _cpu_time(fn, reps: int) -> float:
+    """CPU seconds of this process per call of fn, over reps calls."""
+    t0 = time.process_time()
+    for _ in range(reps):
+        fn()
+    return (time.process_time() - t0) / reps
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--mib", type=int, default=16, help="input size per tensor (default 16)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median kept)")
+    p.add_argument("--reps", type=int, default=4, help="calls timed together per cell and round")
+    p.add_argument("--threads", type=int, default=1, help="torch/OpenMP threads (default 1)")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+    p.add_argument("--codecs", default="fixed3,dense")
+    p.add_argument("--kinds", default=",".join(["gauss", *(f"masked{round(f * 100)}"
+                                                         for f in FRACTIONS), "pos30"]))
+    p.add_argument("--baseline", metavar="REV", help="also measure the C++ source of this revision")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    numel = (args.mib << 20) // torch.empty(0, dtype=dtype).element_size()
+    kinds = args.kinds.split(",")
+    codecs = args.codecs.split(",")
+    libs = {"new": codec_cpp._ext()}
+    if args.baseline:
+        libs["base"] = _build_baseline(args.baseline)
+    inputs = {k: data(k, numel, dtype) for k in kinds}
+    state = codec_cpp._state
+    mine = state["ext"]
+    cells: dict = {}
+    try:
+        for r in range(args.rounds):
+            for k in kinds:
+                x = inputs[k]
+                for c in codecs:
+                    for lib_name, lib in libs.items():
+                        state["ext"] = lib
+                        payload = codec_cpp.encode(x, c)
+                        out = torch.empty_like(x)
+                        header = F.parse_header(payload)
+                        codec_cpp.decode(payload, header, out)
+                        bits = {2: torch.int16, 4: torch.int32}[x.element_size()]
+                        if not torch.equal(out.view(bits), x.view(bits)):
+                            raise SystemExit(f"{lib_name} {c} {k}: round trip not bit-exact")
+                        enc = _cpu_time(lambda: codec_cpp.encode(x, c), args.reps)
+                        dec = _cpu_time(lambda: codec_cpp.decode(payload, header, out), args.reps)
+                        cell = cells.setdefault((k, c, lib_name), dict(enc=[], dec=[]))
+                        cell["enc"].append(enc)
+                        cell["dec"].append(dec)
+                        cell["ratio"] = x.numel() * x.element_size() / payload.numel()
+    finally:
+        state["ext"] = mine
+    nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+    gb = lambda s: nbytes / s / 1e9  # noqa: E731
+    med = {key: dict(enc=gb(statistics.median(v["enc"])), dec=gb(statistics.median(v["dec"])),
+                     ratio=v["ratio"]) for key, v in cells.items()}
+    print(f"zero_speed: {args.dtype} {args.mib} MiB, {args.threads} thread(s), isa "
+          f"{codec_cpp.isa()}, median of {args.rounds} interleaved rounds x {args.reps} calls; "
+          f"GB of input per CPU-second; 'x gauss' = speed / same codec's Gaussian speed")
+    print(f"load: {os.getloadavg()}")
+    head = "| data | codec | lib | ratio | enc GB/cpu-s | dec GB/cpu-s | enc x gauss | dec x gauss |"
+    if args.baseline:
+        head += " enc vs base | dec vs base |"
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for k in kinds:
+        for c in codecs:
+            for lib_name in libs:
+                m, g = med[(k, c, lib_name)], med[("gauss", c, lib_name)] if "gauss" in kinds else None
+                row = (f"| {k} | {c} | {lib_name} | {m['ratio']:.3f} | {m['enc']:.3f} | "
+                       f"{m['dec']:.3f} | ")
+                row += (f"{m['enc'] / g['enc']:.2f} | {m['dec'] / g['dec']:.2f} |" if g
+                        else "- | - |")
+                if args.baseline:
+                    b = med[(k, c, "base")]
+                    row += f" {m['enc'] / b['enc']:.2f} | {m['dec'] / b['dec']:.2f} |"
+                print(row)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
