@@ -33,7 +33,6 @@ settings, each compiled anew: a minute or two more).
 from __future__ import annotations
 
 import argparse
-import copy
 import cProfile
 import csv
 import datetime
@@ -237,7 +236,10 @@ def bench_row(data: str, x: torch.Tensor, op: str, backend: str, codec: str, fn,
 
 
 def bench_tensor(data: str, x: torch.Tensor, backends=("triton",), codecs=("fixed3", "dense"),
-                 reps=None) -> None:
+                 reps=None, encode_warps=None) -> None:
+    """Encode and decode rows of ``x`` per backend and codec beside a copy of
+    its bytes; ``encode_warps``: the triton encoder at that many warps a
+    program (codec_encode.encode's argument) instead of its default."""
     copy_s = None
     try:
         dst = torch.empty_like(x)
@@ -252,8 +254,13 @@ def bench_tensor(data: str, x: torch.Tensor, backends=("triton",), codecs=("fixe
                 # that has seen both codecs at one size keeps the kernel of both
                 # (codec_decode._Plan).
                 codec_decode.reset()
+
+            def enc(codec=codec, backend=backend):
+                if encode_warps is None:
+                    return z.encode(x, codec=codec, backend=backend)
+                return codec_encode.encode(x, codec, encode_warps)
             try:
-                p = z.encode(x, codec=codec, backend=backend)
+                p = enc()
                 ratio = x.numel() * x.element_size() / p.numel()
                 out = torch.empty_like(x)
             except Exception as e:
@@ -262,8 +269,7 @@ def bench_tensor(data: str, x: torch.Tensor, backends=("triton",), codecs=("fixe
                 ROWS.append(dict(data=data, dtype=SHORT[x.dtype], op="encode", backend=backend,
                                  codec=codec, error=f"{type(e).__name__}: {e}"[:200]))
                 continue
-            bench_row(data, x, "encode", backend, codec,
-                      lambda: z.encode(x, codec=codec, backend=backend), copy_s, ratio, reps)
+            bench_row(data, x, "encode", backend, codec, enc, copy_s, ratio, reps)
             bench_row(data, x, "decode", backend, codec,
                       lambda: z.decode(p, out=out, backend=backend), copy_s, ratio, reps)
             if not torch.equal(bits(out), bits(x)):
@@ -302,13 +308,12 @@ def throughput(smoke: bool) -> None:
 
 
 def sweep(smoke: bool) -> None:
-    """Time the encode kernels at a few warp counts (codec_encode.SETTINGS;
-    the decode kernels' are codec_decode.NUM_WARPS and FIXED3_WARPS, at one
-    chunk a program), then the fixed3 decode at 4 warps and 1, 2, 4 and 8
-    chunks a program (codec_decode.PER_CHOICES); the settings are restored
-    after. The dense kernels take 4 warps only (32 elements a thread of a
-    4096-element chunk)."""
-    saved = copy.deepcopy(codec_encode.SETTINGS)
+    """Time the encode kernels at a few warp counts (codec_encode.encode's
+    ``warps``; the decode kernels' are codec_decode.NUM_WARPS and
+    FIXED3_WARPS, at one chunk a program), then the fixed3 decode at 4 warps
+    and 1, 2, 4 and 8 chunks a program (codec_decode.PER_CHOICES); the
+    decode settings are restored after. The dense kernels take 4 warps only
+    (32 elements a thread of a 4096-element chunk)."""
     saved_dec = (codec_decode.NUM_WARPS, codec_decode.PER_CHOICES, codec_decode.PROGRAMS_WANTED,
                  dict(codec_decode.FIXED3_WARPS))
     n = (16 * 1024 + 6) if smoke else 128 * MiB  # bf16 elements: 256 MiB
@@ -318,14 +323,11 @@ def sweep(smoke: bool) -> None:
     # a thread, several chunks a program spill fp32's decode).
     codec_decode.PER_CHOICES = ()
     for warps in (4, 8, 2):
-        codec_encode.SETTINGS["fixed3"] = warps
         codec_decode.NUM_WARPS = warps
         codec_decode.FIXED3_WARPS.update({2: warps, 4: warps})
         codec_decode.reset()
         bench_tensor(f"sweep fixed3 warps={warps}", x, codecs=("fixed3",),
-                     reps=1 if smoke else 5)
-    codec_encode.SETTINGS.clear()
-    codec_encode.SETTINGS.update(saved)
+                     reps=1 if smoke else 5, encode_warps=warps)
     codec_decode.NUM_WARPS = saved_dec[0]
     codec_decode.FIXED3_WARPS.update({2: 4, 4: 4})  # the chunks a program at 4 warps
     if smoke:

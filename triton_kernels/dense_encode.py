@@ -941,19 +941,3 @@ def dense_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, numel
         _encode_tail(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
                      body_off, c, ITEMSIZE, EXP_BITS, MAN_BITS, C, T)
 
-
-def encode_launch(words, out, ticket, status, total, numel: int, nch: int, table_off: int,
-                  offsets_off: int, body_off: int, info: F.DTypeInfo, num_warps: int = 4):
-    """Launch the dense encode of ``words`` (the tensor's int16/int32 view,
-    contiguous) into ``out`` (uint8, at least format.max_encoded_nbytes):
-    writes the chunk table at ``table_off``, the offsets at ``offsets_off``,
-    the zero gap up to ``body_off``, the body and the header. ``ticket``,
-    ``status`` and ``total`` are the slices of one launch region
-    (codec_encode.initial_region gives one in its initial words:
-    ``total``, which receives the body size in 16-byte units, is followed by
-    the header template the last program writes the header from)."""
-    assert F.CHUNK_ELEMS % (8 * 32 * num_warps) == 0
-    dense_encode_kernel[(nch,)](
-        words, out, ticket, status, total, numel, nch, table_off, offsets_off, body_off,
-        ITEMSIZE=info.itemsize, EXP_BITS=info.exp_bits, MAN_BITS=info.man_bits,
-        C=F.CHUNK_ELEMS, T=32 * num_warps, num_warps=num_warps)
