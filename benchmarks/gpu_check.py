@@ -9,7 +9,8 @@ installed)::
 (a) For bf16, fp16 and fp32 and every codec, at sizes including odd ones and
     special bit patterns: the triton payload equals the torch backend's byte
     for byte, and each backend decodes the other's payload bit-exactly.
-    A few corrupt payloads must raise CorruptPayloadError.
+    A few corrupt payloads must raise CorruptPayloadError. Then what the
+    kernels' self-check under backend="auto" decided per dtype and codec.
 (b) GB/s (input bytes / time; CUDA events, warmup, median of several) of
     triton encode and decode for fixed3 and dense on Gaussian bf16 at 4 MiB
     to 1 GiB, and at 256 MiB on fp32 bf16-casts, bf16 x * mask (30% zeros:
@@ -42,6 +43,7 @@ import statistics
 import sys
 import time
 import traceback
+import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -74,6 +76,7 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 
 import zipccl_fsdp as z  # noqa: E402
+from zipccl_fsdp import backends as zbackends  # noqa: E402
 from zipccl_fsdp import format as F  # noqa: E402
 from triton_kernels import codec_decode, codec_encode  # noqa: E402
 
@@ -189,6 +192,29 @@ def corrupt_checks() -> None:
                 except Exception as e:
                     check(f"corrupt {codec} {what}{how}", False,
                           f"raised {type(e).__name__}: {e}")
+
+
+def self_check() -> None:
+    """What the Triton kernels' self-check under backend="auto" decided on
+    this device, per dtype and codec (zipccl_fsdp/backends.py): "triton",
+    or "torch" with the warning it gave. Without CUDA ("auto" takes the
+    kernels on CUDA only) the check itself is run, under the interpreter."""
+    print(f"(a) self-check of the Triton kernels under backend='auto' on {DEV}", flush=True)
+    for dtype in DTYPES:
+        for codec in z.CODECS:
+            with warnings.catch_warnings(record=True) as got:
+                warnings.simplefilter("always")
+                if DEV.type == "cuda":
+                    used = zbackends.module("auto", DEV, dtype, codec).__name__
+                    detail = "; ".join(str(w.message) for w in got)
+                else:
+                    detail = zbackends.run(DEV, dtype, codec) or ""
+                    used = "torch" if detail else "triton"
+            verdict = "triton" if "triton" in used else "torch"
+            ROWS.append(dict(data="self-check", dtype=SHORT[dtype], op="auto backend",
+                             backend=verdict, codec=codec, error=detail[:200]))
+            check(f"self-check {SHORT[dtype]} {codec}", verdict == "triton",
+                  f"auto uses {verdict}" + (f": {detail}" if detail else ""))
 
 
 # --------------------------------------------------------------------------
@@ -497,7 +523,7 @@ def main() -> int:
     t0 = time.time()
     sizes = [0, 7, 4097] if ARGS.smoke else [0, 1, 7, 4097, 3 * 4096 + 5,
                                                                1_000_003]
-    for part in (lambda: correctness(sizes), lambda: throughput(ARGS.smoke),
+    for part in (lambda: correctness(sizes), self_check, lambda: throughput(ARGS.smoke),
                  lambda: breakdown(ARGS.smoke)) + (
             (lambda: sweep(ARGS.smoke),) if ARGS.sweep else ()):
         try:

@@ -228,9 +228,9 @@ def calls() -> dict:
         z.decode(z.encode(x, codec=codec, backend="triton"), out=out, backend="triton")
 
     import zipccl_fsdp as z
-    from zipccl_fsdp import codec as C
-    C._triton_usable = lambda device: True  # a CPU tensor stands in for a CUDA one
-    C._RESOLVED.clear()  # backends resolved before the stand-in (none, in this script)
+    from zipccl_fsdp import backends
+    backends.triton_usable = lambda device: True  # a CPU tensor stands in for a CUDA one
+    backends._RESOLVED.clear()  # backends resolved before the stand-in (none, in this script)
     rows = {f"1 MiB {c} encode+decode(out=)": (lambda c=c: call(c)) for c in KERNEL_CODECS}
     rows["1 MiB fixed3 zipccl_fsdp.encode+decode(out=)"] = lambda: public("fixed3")
     return rows

@@ -125,9 +125,10 @@ def _or(a, b):
     return a | b
 
 
-# The encoder's element tile is [T, G, 8] (rows of 8), or [T, G, 2, 4] for a
-# full fp32 chunk (W4: each row as two halves of 4 words, one 16-byte load
-# each). fp32 cannot have a [T, G, 8] tile in a blocked layout: the load's
+# The encoder's element tile is [T, G, 8] (rows of 8), or [T, G, 2, 4] for
+# fp32 (W4: each row as two halves of 4 words, one 16-byte load each; the
+# ragged last chunk's too, whose scans across threads in the [T, G, 8] tile
+# spilled). fp32 cannot have a [T, G, 8] tile in a blocked layout: the load's
 # layout has 4 words a thread along the last axis, and a reshape of [T, 2G, 4]
 # to [T, G, 8] gets a linear layout, which tl.cumsum cannot take, so the
 # in-row scans ran across 8 threads in the default layout, with a layout
@@ -438,6 +439,19 @@ def _finish(total_ptr, out_ptr, units, offsets_off, nch):
 
 
 @triton.jit
+def _eidx(G: tl.constexpr, T: tl.constexpr, W4: tl.constexpr):
+    """An element's index in its chunk in the element tile: [T, G, 2, 4] with
+    W4 (see _rsum), else ttile's [T, G, 8]."""
+    if W4:
+        r = (tl.arange(0, T)[:, None, None, None] * (8 * G)
+             + tl.arange(0, G)[None, :, None, None] * 8
+             + tl.arange(0, 2)[None, None, :, None] * 4 + tl.arange(0, 4)[None, None, None, :])
+    else:
+        r = ttile(G, T)
+    return r
+
+
+@triton.jit
 def _load_full(x_ptr, start, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
                MAN_BITS: tl.constexpr, G: tl.constexpr, T: tl.constexpr):
     """A full chunk's words (the input's only read) and exponents: fp32 as the
@@ -449,10 +463,7 @@ def _load_full(x_ptr, start, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     if ITEMSIZE == 4:
         # A row of 8 words is two 16-byte loads: the [T, G, 2, 4] tile.
-        i4 = (tl.arange(0, T)[:, None, None, None] * (8 * G)
-              + tl.arange(0, G)[None, :, None, None] * 8
-              + tl.arange(0, 2)[None, None, :, None] * 4 + tl.arange(0, 4)[None, None, None, :])
-        w = tl.load(x_ptr + start + i4)
+        w = tl.load(x_ptr + start + _eidx(G, T, True))
         wp = w
         sm8p = w
         e = (w >> MAN_BITS) & EMAX
@@ -482,6 +493,27 @@ def _load_full(x_ptr, start, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
 
 
 @triton.jit
+def _load_chunk(x_ptr, start, n, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                MAN_BITS: tl.constexpr, G: tl.constexpr, T: tl.constexpr, FULL: tl.constexpr):
+    """Chunk c's words and exponents as _load_full gives them; for the ragged
+    last chunk (not FULL) the element tile (_eidx; fp32's is W4) of its
+    ``n`` words, zeros past them, 16-bit words sign-extended as the full
+    chunk's (``wp`` and ``sm8p`` are the words too)."""
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    if FULL:
+        w, wp, sm8p, e = _load_full(x_ptr, start, c, ITEMSIZE, EXP_BITS, MAN_BITS, G, T)
+    else:
+        i = _eidx(G, T, ITEMSIZE == 4)
+        w = tl.load(x_ptr + start + i, mask=i < n, other=0).to(tl.int32)
+        wp = w
+        sm8p = w
+        if ITEMSIZE == 2:
+            w = (w << 16) >> 16
+        e = (w >> MAN_BITS) & EMAX
+    return w, wp, sm8p, e
+
+
+@triton.jit
 def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
                   body_off, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
                   MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr,
@@ -492,31 +524,24 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     _encode_full's."""
     G: tl.constexpr = C // (8 * T)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
-    W4: tl.constexpr = FULL and ITEMSIZE == 4  # the [T, G, 2, 4] tile (_rsum)
+    W4: tl.constexpr = ITEMSIZE == 4  # the [T, G, 2, 4] tile (_rsum)
     start = c.to(tl.int64) * C
-    i = ttile(G, T)
+    i = _eidx(G, T, W4)
     # --- load and analyze ---
     if FULL:
         n = C + 0 * c
-        w, wp, sm8p, e = _load_full(x_ptr, start, c, ITEMSIZE, EXP_BITS, MAN_BITS, G, T)
         vi = 1
     else:
         n = tl.minimum(numel - start, C).to(tl.int32)
-        w = tl.load(x_ptr + start + i, mask=i < n, other=0).to(tl.int32)
-        wp = w
-        sm8p = w
         vi = (i < n).to(tl.int32)
+    w, wp, sm8p, e = _load_chunk(x_ptr, start, n, c, ITEMSIZE, EXP_BITS, MAN_BITS, G, T, FULL)
     if ITEMSIZE == 2:
-        if not FULL:
-            w = (w << 16) >> 16  # sign-extended, as the full chunk's
         is_neg = w == -32768
     else:
         is_neg = (w != 0) & ((w & 0x7FFFFFFF) == 0)
     is_pos = w == 0
     if not FULL:
         is_pos = is_pos & (vi != 0)
-    if not (FULL and ITEMSIZE == 2):
-        e = (w >> MAN_BITS) & EMAX
     normal = (e - 1).to(tl.uint32) < EMAX - 1  # 0 < e < EMAX (padding has e = 0)
     # The locator's sums and both zero counts: in-thread fields of one int32
     # (sum e < 2^13, counts <= 32), then one int64 sum over the threads.
@@ -577,7 +602,7 @@ def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offse
     SG: tl.constexpr = (C * ITEMSIZE + 16 * T - 1) // (16 * T)
     SIGN_SHIFT: tl.constexpr = MAN_BITS + EXP_BITS
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
-    W4: tl.constexpr = FULL and ITEMSIZE == 4  # the [T, G, 2, 4] tile (_rsum)
+    W4: tl.constexpr = ITEMSIZE == 4  # the [T, G, 2, 4] tile (_rsum)
     # The noinline calls (the raw segment, the last program's header) after
     # the coded writes: then no value of those writes is live across a call
     # (which may clobber any register), so fewer spill. fp16 makes the
@@ -586,7 +611,7 @@ def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offse
     # (docs/benchmarks.md, "Dense Triton kernels, nineteenth session"). The
     # order of the writes does not matter: they are disjoint and the host
     # reads after the launch.
-    FINISH_LAST: tl.constexpr = not IS_FP16
+    FINISH_LAST: tl.constexpr = not IS_FP16 or not HOT
     m = _nib(tl.full([], RANK_M, tl.int64), sh)
     dv = _nib(tl.full([], RANK_D, tl.int64), sh)  # tier-3 digit | tier-4 digit << 2
     d0 = tl.minimum(sh.to(tl.int32), 12)  # 4 x the tier-0 digit, min(rank, 3)
