@@ -5,7 +5,7 @@ The hot kernels code the chunks Gaussian data makes (too few exponent
 fields 0 for a zero sign to be flagged) with the whole chunk in registers.
 Every other chunk comes here: zeros of either sign flagged and their
 sign+mantissa omitted, RAW chunks, and tiles the hot path does not take. These functions are ``noinline``,
-so their code is not on the hot kernels' path (triton_kernels/offline.py
+so their code is not on the hot kernels' path (tools/offline.py
 counts them apart), and they take scalars only: each reads what it needs
 again (the chunk from L1/L2: the input is read from memory once).
 
