@@ -748,4 +748,3 @@ def dense_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off, 
             err = err | _decode_general(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3,
                                         o4, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
     return err
-

@@ -51,7 +51,7 @@ import triton.language as tl
 from zipccl_fsdp import format as F
 
 from ._codec_common import low_bit_index, popc32, store_words, store_words24, ttile, words24
-from ._lookback import chunk_offset, store_total, ticket
+from ._lookback import chunk_offset, finish_payload, ticket
 
 # The shape of the format this kernel is written for (fails loudly if it changes).
 assert F.TIER_BITS == (2, 1, 1, 2, 2) and F.TIER_START == (0, 3, 4, 5, 8)
@@ -428,16 +428,6 @@ def _nib(lut, sh):
     return ((lut >> sh) & 15).to(tl.int32)
 
 
-@triton.jit(noinline=True)
-def _finish(total_ptr, out_ptr, units, offsets_off, nch):
-    """The last chunk's program, once the body length (``units``) is known:
-    the length and the header (store_total), and the zeros between the
-    offsets and the body (cold code: one program a launch)."""
-    store_total(total_ptr, out_ptr, units)
-    gap = offsets_off + 4 * nch
-    zero_pad(out_ptr, gap, (gap + 15) & -16)
-
-
 @triton.jit
 def _eidx(G: tl.constexpr, T: tl.constexpr, W4: tl.constexpr):
     """An element's index in its chunk in the element tile: [T, G, 2, 4] with
@@ -605,10 +595,10 @@ def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offse
     W4: tl.constexpr = ITEMSIZE == 4  # the [T, G, 2, 4] tile (_rsum)
     # The noinline calls (the raw segment, the last program's header) after
     # the coded writes: then no value of those writes is live across a call
-    # (which may clobber any register), so fewer spill. fp16 makes the
-    # header's call right after the offset: with it last, ptxas recomputes
-    # the sign-extended words instead of spilling them, which counts more
-    # (docs/benchmarks.md, "Dense Triton kernels, nineteenth session"). The
+    # (which may clobber any register), so they do not spill. fp16's hot path makes
+    # the header's call right after the offset (with it last, ptxas
+    # recomputes the sign-extended words, which counts more); its cold paths
+    # make it last too (in the middle of them, the call's saves spilled). The
     # order of the writes does not matter: they are disjoint and the host
     # reads after the launch.
     FINISH_LAST: tl.constexpr = not IS_FP16 or not HOT
@@ -682,7 +672,7 @@ def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offse
     tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + (offsets_off >> 2) + c, off.to(tl.int32))
     if not FINISH_LAST:
         if c == nch - 1:
-            _finish(total_ptr, out_ptr, off + units, offsets_off, nch)
+            finish_payload(total_ptr, out_ptr, off + units, offsets_off, nch)
     flags = low16 | (zp << 1) | (zn << 2)
     ent = out_ptr.to(tl.pointer_type(tl.int32)) + (table_off >> 2) + 4 * c.to(tl.int64)
     ci = coded.to(tl.int32)
@@ -808,7 +798,7 @@ def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offse
         _write_raw(x_ptr, start, n, dst, ITEMSIZE, C, T)
     if FINISH_LAST:
         if c == nch - 1:
-            _finish(total_ptr, out_ptr, off + units, offsets_off, nch)
+            finish_payload(total_ptr, out_ptr, off + units, offsets_off, nch)
 
 
 @triton.jit
@@ -965,4 +955,3 @@ def dense_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, numel
     else:
         _encode_tail(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
                      body_off, c, ITEMSIZE, EXP_BITS, MAN_BITS, C, T)
-
