@@ -28,6 +28,7 @@ import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tools"))  # offline.py
 if os.environ.get("TRITON_INTERPRET") == "1":
     sys.exit("cold_cost: unset TRITON_INTERPRET; this compiles the kernels for a GPU")
 
@@ -43,7 +44,7 @@ COLD = {("fixed3", "encode"): ("encode_chunk_general",),
 def cold_costs(dtype, codec: str) -> list[tuple]:
     """(kernel, function, instructions per element of a chunk on its longest
     path) for the codec's cold functions."""
-    from triton_kernels import offline
+    import offline
     out = []
     for launch in offline.codec_launches(dtype, codec):
         compiled = offline.compile_launch(launch)

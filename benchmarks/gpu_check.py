@@ -9,7 +9,8 @@ installed)::
 (a) For bf16, fp16 and fp32 and every codec, at sizes including odd ones and
     special bit patterns: the triton payload equals the torch backend's byte
     for byte, and each backend decodes the other's payload bit-exactly.
-    A few corrupt payloads must raise CorruptPayloadError.
+    A few corrupt payloads must raise CorruptPayloadError. Then what the
+    kernels' self-check under backend="auto" decided per dtype and codec.
 (b) GB/s (input bytes / time; CUDA events, warmup, median of several) of
     triton encode and decode for fixed3 and dense on Gaussian bf16 at 4 MiB
     to 1 GiB, and at 256 MiB on fp32 bf16-casts, bf16 x * mask (30% zeros:
@@ -33,7 +34,6 @@ settings, each compiled anew: a minute or two more).
 from __future__ import annotations
 
 import argparse
-import copy
 import cProfile
 import csv
 import datetime
@@ -43,6 +43,7 @@ import statistics
 import sys
 import time
 import traceback
+import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -75,6 +76,7 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 
 import zipccl_fsdp as z  # noqa: E402
+from zipccl_fsdp import backends as zbackends  # noqa: E402
 from zipccl_fsdp import format as F  # noqa: E402
 from triton_kernels import codec_decode, codec_encode  # noqa: E402
 
@@ -192,6 +194,29 @@ def corrupt_checks() -> None:
                           f"raised {type(e).__name__}: {e}")
 
 
+def self_check() -> None:
+    """What the Triton kernels' self-check under backend="auto" decided on
+    this device, per dtype and codec (zipccl_fsdp/backends.py): "triton",
+    or "torch" with the warning it gave. Without CUDA ("auto" takes the
+    kernels on CUDA only) the check itself is run, under the interpreter."""
+    print(f"(a) self-check of the Triton kernels under backend='auto' on {DEV}", flush=True)
+    for dtype in DTYPES:
+        for codec in z.CODECS:
+            with warnings.catch_warnings(record=True) as got:
+                warnings.simplefilter("always")
+                if DEV.type == "cuda":
+                    used = zbackends.module("auto", DEV, dtype, codec).__name__
+                    detail = "; ".join(str(w.message) for w in got)
+                else:
+                    detail = zbackends.run(DEV, dtype, codec) or ""
+                    used = "torch" if detail else "triton"
+            verdict = "triton" if "triton" in used else "torch"
+            ROWS.append(dict(data="self-check", dtype=SHORT[dtype], op="auto backend",
+                             backend=verdict, codec=codec, error=detail[:200]))
+            check(f"self-check {SHORT[dtype]} {codec}", verdict == "triton",
+                  f"auto uses {verdict}" + (f": {detail}" if detail else ""))
+
+
 # --------------------------------------------------------------------------
 # (b) throughput
 # --------------------------------------------------------------------------
@@ -237,7 +262,10 @@ def bench_row(data: str, x: torch.Tensor, op: str, backend: str, codec: str, fn,
 
 
 def bench_tensor(data: str, x: torch.Tensor, backends=("triton",), codecs=("fixed3", "dense"),
-                 reps=None) -> None:
+                 reps=None, encode_warps=None) -> None:
+    """Encode and decode rows of ``x`` per backend and codec beside a copy of
+    its bytes; ``encode_warps``: the triton encoder at that many warps a
+    program (codec_encode.encode's argument) instead of its default."""
     copy_s = None
     try:
         dst = torch.empty_like(x)
@@ -252,8 +280,13 @@ def bench_tensor(data: str, x: torch.Tensor, backends=("triton",), codecs=("fixe
                 # that has seen both codecs at one size keeps the kernel of both
                 # (codec_decode._Plan).
                 codec_decode.reset()
+
+            def enc(codec=codec, backend=backend):
+                if encode_warps is None:
+                    return z.encode(x, codec=codec, backend=backend)
+                return codec_encode.encode(x, codec, encode_warps)
             try:
-                p = z.encode(x, codec=codec, backend=backend)
+                p = enc()
                 ratio = x.numel() * x.element_size() / p.numel()
                 out = torch.empty_like(x)
             except Exception as e:
@@ -262,8 +295,7 @@ def bench_tensor(data: str, x: torch.Tensor, backends=("triton",), codecs=("fixe
                 ROWS.append(dict(data=data, dtype=SHORT[x.dtype], op="encode", backend=backend,
                                  codec=codec, error=f"{type(e).__name__}: {e}"[:200]))
                 continue
-            bench_row(data, x, "encode", backend, codec,
-                      lambda: z.encode(x, codec=codec, backend=backend), copy_s, ratio, reps)
+            bench_row(data, x, "encode", backend, codec, enc, copy_s, ratio, reps)
             bench_row(data, x, "decode", backend, codec,
                       lambda: z.decode(p, out=out, backend=backend), copy_s, ratio, reps)
             if not torch.equal(bits(out), bits(x)):
@@ -302,13 +334,12 @@ def throughput(smoke: bool) -> None:
 
 
 def sweep(smoke: bool) -> None:
-    """Time the encode kernels at a few warp counts (codec_encode.SETTINGS;
-    the decode kernels' are codec_decode.NUM_WARPS and FIXED3_WARPS, at one
-    chunk a program), then the fixed3 decode at 4 warps and 1, 2, 4 and 8
-    chunks a program (codec_decode.PER_CHOICES); the settings are restored
-    after. The dense kernels take 4 warps only (32 elements a thread of a
-    4096-element chunk)."""
-    saved = copy.deepcopy(codec_encode.SETTINGS)
+    """Time the encode kernels at a few warp counts (codec_encode.encode's
+    ``warps``; the decode kernels' are codec_decode.NUM_WARPS and
+    FIXED3_WARPS, at one chunk a program), then the fixed3 decode at 4 warps
+    and 1, 2, 4 and 8 chunks a program (codec_decode.PER_CHOICES); the
+    decode settings are restored after. The dense kernels take 4 warps only
+    (32 elements a thread of a 4096-element chunk)."""
     saved_dec = (codec_decode.NUM_WARPS, codec_decode.PER_CHOICES, codec_decode.PROGRAMS_WANTED,
                  dict(codec_decode.FIXED3_WARPS))
     n = (16 * 1024 + 6) if smoke else 128 * MiB  # bf16 elements: 256 MiB
@@ -318,14 +349,11 @@ def sweep(smoke: bool) -> None:
     # a thread, several chunks a program spill fp32's decode).
     codec_decode.PER_CHOICES = ()
     for warps in (4, 8, 2):
-        codec_encode.SETTINGS["fixed3"] = warps
         codec_decode.NUM_WARPS = warps
         codec_decode.FIXED3_WARPS.update({2: warps, 4: warps})
         codec_decode.reset()
         bench_tensor(f"sweep fixed3 warps={warps}", x, codecs=("fixed3",),
-                     reps=1 if smoke else 5)
-    codec_encode.SETTINGS.clear()
-    codec_encode.SETTINGS.update(saved)
+                     reps=1 if smoke else 5, encode_warps=warps)
     codec_decode.NUM_WARPS = saved_dec[0]
     codec_decode.FIXED3_WARPS.update({2: 4, 4: 4})  # the chunks a program at 4 warps
     if smoke:
@@ -495,7 +523,7 @@ def main() -> int:
     t0 = time.time()
     sizes = [0, 7, 4097] if ARGS.smoke else [0, 1, 7, 4097, 3 * 4096 + 5,
                                                                1_000_003]
-    for part in (lambda: correctness(sizes), lambda: throughput(ARGS.smoke),
+    for part in (lambda: correctness(sizes), self_check, lambda: throughput(ARGS.smoke),
                  lambda: breakdown(ARGS.smoke)) + (
             (lambda: sweep(ARGS.smoke),) if ARGS.sweep else ()):
         try:

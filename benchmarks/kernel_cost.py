@@ -1,9 +1,10 @@
 """Static cost of the Triton codec kernels, compiled for a GPU without one.
 
 Compiles every kernel as encode/decode launch it for 256 MiB of each dtype
-(``triton_kernels/offline.py``), for sm_90 (H100/H200) by default, and
-prints a table from the SASS: registers, shared memory (bytes), register
-spills inside the hot path's loops, instructions per element on the
+(``tools/offline.py``), for sm_90 (H100/H200) by default, and
+prints a table from the SASS: registers, shared memory (bytes), spills
+(every local-memory store and load of the kernel, its noinline functions
+included, in loops or not), instructions per element on the
 kernel's longest path (loops counted as often as they run) and over all its
 inline code, the cold code apart, the widths of global loads and stores on
 the hot path, shuffles and barriers. No GPU and no timing: the figures are
@@ -19,6 +20,7 @@ here, before a GPU run confirms it (``benchmarks/gpu_check.py``).
 
     summary <dtype> <codec> encode_instr=<x> decode_instr=<y> input_reads=<n>
         encode_host_syncs=<a> decode_host_syncs_before_launch=<b>
+        encode_spills=<s> decode_spills=<t>
 
 instructions per element on the longest path summed over the call's kernels;
 input reads: how many of the call's kernels read its input (encode: the
@@ -26,7 +28,8 @@ tensor, decode: the payload's streams), each reading every element once;
 host syncs: counted on the CPU by running ``encode`` and ``decode(out=)``
 of the public API (backend "triton") under the Triton interpreter, in a
 subprocess, with every device-to-host read of a tensor's values recorded
-(``count_syncs``); the decode count is of those before its first launch.
+(``count_syncs``); the decode count is of those before its first launch;
+spills: the ``spills`` column of the call's kernels, summed.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tools"))  # offline.py
 COUNTING = "--count-syncs" in sys.argv  # the subprocess that runs under the interpreter
 if os.environ.get("TRITON_INTERPRET") == "1" and not COUNTING:
     sys.exit("kernel_cost: unset TRITON_INTERPRET; this compiles the kernels for a GPU")
@@ -130,7 +134,7 @@ def main() -> None:
     if COUNTING:
         print(json.dumps(count_syncs()))
         return
-    from triton_kernels import offline
+    import offline
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dtype", choices=list(DTYPES), action="append",
@@ -148,7 +152,7 @@ def main() -> None:
     args = p.parse_args()
     syncs = _syncs_in_subprocess() if args.summary else {}
 
-    cols = ["dtype", "codec", "kernel", "regs", "smem", "loop_spills", "instr_per_elem",
+    cols = ["dtype", "codec", "kernel", "regs", "smem", "spills", "instr_per_elem",
             "all_inline", "hot_instr", "cold_instr", "loads", "stores", "shfl", "bar"]
     print(f"# Triton codec kernels, static cost (sm_{args.arch}, 256 MiB launches)\n")
     print("| " + " | ".join(cols) + " |")
@@ -159,19 +163,21 @@ def main() -> None:
         for codec in args.codec or ["fixed3", "dense"]:
             totals = {"encode": 0.0, "decode": 0.0}
             reads = {"encode": 0, "decode": 0}
+            spills = {"encode": 0, "decode": 0}
             for launch in offline.codec_launches(DTYPES[dname], codec):
                 op = launch.name.split(":")[0]
                 reads[op] += launch.reads_input
                 compiled = offline.compile_launch(launch, args.arch)
                 st = offline.sass_stats(launch, compiled)
-                totals[launch.name.split(":")[0]] += st.per_element
+                totals[op] += st.per_element
+                spills[op] += st.spills
                 row = dict(dtype=dname, codec=codec, kernel=launch.name, regs=st.registers,
-                           smem=st.shared_bytes, loop_spills=st.loop_spills,
+                           smem=st.shared_bytes, spills=st.spills,
                            instr_per_elem=round(st.per_element, 1),
                            all_inline=round(st.all_inline_per_element, 1),
                            hot_instr=st.instructions, cold_instr=st.cold_instructions,
                            loads=st.loads, stores=st.stores, shfl=st.shuffles,
-                           bar=st.barriers)
+                           bar=st.barriers, loops=st.loops, path_loops=st.path_loops)
                 rows.append(row)
                 fmt = {**row, "loads": _widths(st.loads), "stores": _widths(st.stores)}
                 print("| " + " | ".join(str(fmt[c]) for c in cols) + " |", flush=True)
@@ -180,7 +186,8 @@ def main() -> None:
                                      offline.line_profile(launch, compiled)))
             for op, v in totals.items():
                 rows.append(dict(dtype=dname, codec=codec, kernel=f"{op} (all kernels)",
-                                 instr_per_elem=round(v, 1), input_reads=reads[op]))
+                                 instr_per_elem=round(v, 1), input_reads=reads[op],
+                                 spills=spills[op]))
                 print(f"| {dname} | {codec} | **{op}, all kernels** |  |  |  | **{v:.1f}** |"
                       + " |" * 7)
     print("\ninstr_per_elem: SASS instructions per element a thread handles on the kernel's "
@@ -201,7 +208,8 @@ def main() -> None:
                        decode_input_reads=dec["input_reads"],
                        encode_host_syncs=len(sy["encode"]),
                        decode_host_syncs_before_launch=len(sy["decode_before_launch"]),
-                       decode_host_syncs=len(sy["decode"]), sync_sites=sy)
+                       decode_host_syncs=len(sy["decode"]), sync_sites=sy,
+                       encode_spills=enc["spills"], decode_spills=dec["spills"])
             summaries.append(row)
             rows.append(dict(kernel="summary", **row))
     if summaries:
@@ -210,7 +218,8 @@ def main() -> None:
         print(f"summary {r['dtype']} {r['codec']} encode_instr={r['encode_instr']} "
               f"decode_instr={r['decode_instr']} input_reads={r['input_reads']} "
               f"encode_host_syncs={r['encode_host_syncs']} "
-              f"decode_host_syncs_before_launch={r['decode_host_syncs_before_launch']}")
+              f"decode_host_syncs_before_launch={r['decode_host_syncs_before_launch']} "
+              f"encode_spills={r['encode_spills']} decode_spills={r['decode_spills']}")
     for r in summaries[:1]:
         print(f"  (host syncs of {r['dtype']} {r['codec']}, by source line: {r['sync_sites']})")
     for dname, codec, name, prof in profiles:

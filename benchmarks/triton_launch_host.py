@@ -102,10 +102,7 @@ def _plain(record, addresses_only: bool = False):
         if isinstance(a, torch.Tensor) else a for a in args)
 
 
-def _codecs() -> tuple:
-    """The codecs whose v2 encode kernel this build has."""
-    from triton_kernels import codec_encode as E
-    return ("fixed3",) + (("dense",) if E._dense_kernel() is not None else ())
+KERNEL_CODECS = ("fixed3", "dense")  # the codecs with kernels (raw needs none)
 
 
 def _runs(codec: str, x, numel: int, by_address: bool = False, bound: bool = False) -> list:
@@ -152,7 +149,7 @@ def check_direct_launch() -> None:
     C = F.CHUNK_ELEMS
     buf = torch.zeros(1 << 16, dtype=torch.int16)
     checked = 0
-    for codec in _codecs():
+    for codec in KERNEL_CODECS:
         for x, numel in ((buf, 3 * C + 5), (buf[1:], 20 * C), (buf, 100), (buf[1:], C + 1)):
             for by_address, bound in ((False, False), (True, False), (True, True)):
                 for run in _runs(codec, x, numel, by_address, bound):
@@ -169,7 +166,7 @@ def check_direct_launch() -> None:
                     checked += 1
     # One Bound across calls of different alignments (as a codec plan's is,
     # for inputs at any address): each call gets the kernel triton picks.
-    for codec in _codecs():
+    for codec in KERNEL_CODECS:
         for numel in (3 * C + 5, 1):
             views = (buf, buf[1:], buf[8:], buf[1:])
             info = F.dtype_info(torch.bfloat16)
@@ -200,7 +197,7 @@ def check_direct_launch() -> None:
     _launch.DIRECT = True
     # The codec's own calls: a Launcher's first by_address call checks that
     # the addresses are those of the tensors triton's path gets.
-    for codec in _codecs():
+    for codec in KERNEL_CODECS:
         for n in (C + 3, 5 * C):
             x = torch.randn(n).bfloat16()
             for _ in range(2):
@@ -231,10 +228,10 @@ def calls() -> dict:
         z.decode(z.encode(x, codec=codec, backend="triton"), out=out, backend="triton")
 
     import zipccl_fsdp as z
-    from zipccl_fsdp import codec as C
-    C._triton_usable = lambda device: True  # a CPU tensor stands in for a CUDA one
-    C._RESOLVED.clear()  # backends resolved before the stand-in (none, in this script)
-    rows = {f"1 MiB {c} encode+decode(out=)": (lambda c=c: call(c)) for c in _codecs()}
+    from zipccl_fsdp import backends
+    backends.triton_usable = lambda device: True  # a CPU tensor stands in for a CUDA one
+    backends._RESOLVED.clear()  # backends resolved before the stand-in (none, in this script)
+    rows = {f"1 MiB {c} encode+decode(out=)": (lambda c=c: call(c)) for c in KERNEL_CODECS}
     rows["1 MiB fixed3 zipccl_fsdp.encode+decode(out=)"] = lambda: public("fixed3")
     return rows
 

@@ -4,6 +4,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
+# tools/: development tools that are not installed (offline.py, the SASS counter)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "tools"))
 
 # Without a GPU, Triton runs kernels only under its interpreter, and it reads
 # TRITON_INTERPRET when it decorates a function, its own library's included:

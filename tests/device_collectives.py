@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from collective_cases import assert_bits_equal, make_data, make_op, reference_reduce
-from zipccl_fsdp import codec as zcodec
+from zipccl_fsdp import backends
 from zipccl_fsdp.collectives import (all_gather_single, all_reduce, all_to_all_single,
                                      reduce_scatter_single)
 from zipccl_fsdp.config import ZipCCLConfig
@@ -62,9 +62,10 @@ def task_collectives_on(device_name: str) -> dict:
     if dev.type == "cuda":
         torch.cuda.set_device(0)
         dev = torch.device("cuda", 0)
-        backend = zcodec._backend_module("auto", dev).__name__
-        assert backend == "triton_kernels.exponent_codec", \
-            f"on CUDA the collectives would encode with {backend}, not Triton"
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):  # (the self-check runs)
+            backend = backends.module("auto", dev, dtype).__name__
+            assert backend == "triton_kernels.exponent_codec", \
+                f"on CUDA the collectives would encode {dtype} with {backend}, not Triton"
     st = CommStats()
     checked = 0
     for ci, cfg in enumerate(CONFIGS):

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import zipccl_fsdp as z
-from zipccl_fsdp import codec, codec_cpp, codec_torch
+from zipccl_fsdp import backends, codec, codec_cpp, codec_torch
 from zipccl_fsdp import format as F
 from codec_cases import CASES, DTYPES, INT_VIEW, SIZES, bits, case, from_bits, signed, special_words
 
@@ -268,7 +268,7 @@ def test_shapes_out_and_auto_dispatch():
     p = z.encode(x, codec="dense", backend="cpp")
     assert torch.equal(p, z.encode(x, codec="dense", backend="torch"))
     assert torch.equal(p, z.encode(x, codec="dense"))  # auto picks cpp on CPU
-    assert codec._backend_module("auto", torch.device("cpu")) is codec_cpp
+    assert backends.module("auto", torch.device("cpu"), torch.bfloat16, "dense") is codec_cpp
     y = cpp_decode(p)
     assert y.shape == (3, 5, 7) and torch.equal(bits(y), bits(x))
     out = torch.empty(105, dtype=torch.bfloat16)
@@ -524,10 +524,10 @@ def test_failed_build_falls_back_to_torch(tmp_path):
         import logging, torch
         logging.basicConfig(level=logging.DEBUG)
         import zipccl_fsdp as z
-        from zipccl_fsdp import codec, codec_cpp, codec_torch
+        from zipccl_fsdp import backends, codec_cpp, codec_torch
         assert not codec_cpp.available()
         assert codec_cpp.unavailable_reason()
-        assert codec._backend_module("auto", torch.device("cpu")) is codec_torch
+        assert backends.module("auto", torch.device("cpu"), torch.bfloat16) is codec_torch
         x = torch.randn(100).bfloat16()
         assert torch.equal(z.decode(z.encode(x)).view(torch.int16), x.view(torch.int16))
         try:

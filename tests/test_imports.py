@@ -252,3 +252,29 @@ def test_each_kind_is_declared_by_its_switch_and_has_its_module():
     for kind in KINDS:
         module = importlib.import_module(f"zipccl_fsdp.collectives.{kind}")
         assert module.__all__, kind
+
+
+def test_nothing_installed_imports_offline():
+    """offline.py, the SASS counter that runs ptxas, is a development tool
+    (tools/, not installed): no module of the installed packages is named
+    so or imports it, or anything of tools/ or benchmarks/, at module level
+    or inside a function, and importing the package and the Triton backend
+    loads none of them."""
+    shut_out = ("offline", "tools", "benchmarks")
+    for name, path in _modules().items():
+        assert name.split(".")[-1] != "offline", f"{path} is installed"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):  # import a.b: its top-level name, or a module offline
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):  # from a.b import c (or from . import c)
+                top = [node.module] if node.module and not node.level else []
+                names = top + [f"{node.module or ''}.{a.name}" for a in node.names]
+            else:
+                continue
+            bad = [n for n in names if n.split(".")[0] in shut_out
+                   or n.split(".")[-1] == "offline"]
+            assert not bad, f"{path}:{node.lineno} imports {bad}"
+    code = ("import sys, zipccl_fsdp, triton_kernels.exponent_codec; "
+            f"bad = [m for m in sys.modules if m.split('.')[0] in {shut_out!r} "
+            "or m.split('.')[-1] == 'offline']; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -1,10 +1,11 @@
 """The dense Triton kernels (format v2) against the torch reference.
 
-Encode is called through the kernel's own launcher (dense_encode.encode_launch)
+Encode is launched here with codec_encode's launch plan and arguments
 into a buffer of 0xAB bytes, so a padding byte the kernel leaves unwritten
 shows; decode through the public API with ``out=`` (codec_decode.py's one
 kernel, header checked on the device), and, for error bits, through
-dense_decode.decode_launch. Without CUDA they run on CPU tensors under the Triton
+this file's ``dense_decode_kernel`` (dense_decode_chunk over a header the
+host parsed). Without CUDA they run on CPU tensors under the Triton
 interpreter (conftest.py sets TRITON_INTERPRET), where a chunk takes seconds:
 the inputs pack their cases into few chunks. Payloads are compared as bytes,
 decoded tensors as integer views.
@@ -38,9 +39,28 @@ def _interpreted() -> bool:
 if not HAS_CUDA and not _interpreted():
     pytest.skip("CPU tensors need the Triton interpreter", allow_module_level=True)
 
-from triton_kernels.dense_decode import decode_launch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 from triton_kernels import codec_encode as E  # noqa: E402
-from triton_kernels.dense_encode import encode_launch  # noqa: E402
+from triton_kernels._codec_common import tile_shape  # noqa: E402
+from triton_kernels.dense_decode import dense_decode_chunk  # noqa: E402
+
+
+@triton.jit
+def dense_decode_kernel(p_ptr, out_ptr, err_ptr, numel, nch, C, table_off, offsets_off, body_off,
+                        body_nbytes, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                        MAN_BITS: tl.constexpr, CP: tl.constexpr, T: tl.constexpr):
+    """The chunks (C elements each) of a dense payload whose header the host
+    parsed, each program one chunk, the OR of the ERR_* bits in ``err_ptr``
+    (codec_decode.py's decode_kernel checks the header on the device and
+    calls dense_decode_chunk too)."""
+    c = tl.program_id(0)
+    start = c.to(tl.int64) * C
+    n = tl.minimum(numel - start, C).to(tl.int32)
+    err = dense_decode_chunk(p_ptr, out_ptr + start, c, n, nch, table_off, offsets_off, body_off,
+                             body_nbytes, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
+    tl.atomic_or(err_ptr, err, mask=err != 0)
 
 
 def encode(x: torch.Tensor) -> torch.Tensor:
@@ -55,10 +75,10 @@ def encode(x: torch.Tensor) -> torch.Tensor:
     out = torch.full((F.max_encoded_nbytes(numel, x.dtype, x.dim()),), 0xAB, dtype=torch.uint8,
                      device=x.device)
     region = E.initial_region(h).to(x.device)
-    _, _, ticket, status, total = E._tensor_args(None, out, region, 0, nch)
-    encode_launch(x.reshape(-1).view(INT_VIEW[info.itemsize]), out, ticket, status, total, numel,
-                  nch, h.table_offset, h.offsets_offset, h.body_offset, info)
-    h.body_nbytes = 16 * int(total[0])
+    kernel, const, warps = E.launch_plan(info, "dense", C)
+    kernel[(nch,)](*E.launch_args(kernel, x.reshape(-1).view(INT_VIEW[info.itemsize]), out, region,
+                                  numel, nch, C, h), **const, num_warps=warps)
+    h.body_nbytes = 16 * int(region[E.TOTAL])
     out = out[:h.total_nbytes].clone()
     head = h.pack()
     assert bytes(out[:len(head)].cpu().numpy()) == head, "the kernel's header"
@@ -71,9 +91,13 @@ def decode(payload: torch.Tensor):
     info = F.DTYPES[h.dtype]
     out = torch.empty(h.shape, dtype=h.dtype, device=payload.device)
     err = torch.zeros(1, dtype=torch.int32, device=payload.device)
-    decode_launch(payload, out.reshape(-1).view(INT_VIEW[info.itemsize]), err, h.numel,
-                  h.nchunks, h.table_offset, h.offsets_offset, h.body_offset, h.body_nbytes, info,
-                  h.chunk_elems)
+    warps = 4
+    cp, t = tile_shape(h.chunk_elems, warps)
+    dense_decode_kernel[(h.nchunks,)](
+        payload, out.reshape(-1).view(INT_VIEW[info.itemsize]), err, h.numel, h.nchunks,
+        h.chunk_elems, h.table_offset, h.offsets_offset, h.body_offset, h.body_nbytes,
+        ITEMSIZE=info.itemsize, EXP_BITS=info.exp_bits, MAN_BITS=info.man_bits, CP=cp, T=t,
+        num_warps=warps)
     return out, int(err[0])
 
 

@@ -29,6 +29,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._codec_common import align16, zero_pad
+
 VALUE_BITS = tl.constexpr(40)
 VALUE_MASK = tl.constexpr((1 << 40) - 1)
 AGGREGATE = tl.constexpr(1 << 40)
@@ -106,3 +108,15 @@ def store_total(total_ptr, out_ptr, units):
     w = tl.where(k == BODY_WORD, body, w)
     w = tl.where(k == CRC_WORD, w ^ (delta << 32), w)
     tl.store(out_ptr.to(tl.pointer_type(tl.int64)) + k, w, mask=live)
+
+
+@triton.jit(noinline=True)
+def finish_payload(total_ptr, out_ptr, units, offsets_off, nch):
+    """The last chunk's program, once the body length (``units``) is known:
+    the length and the header (store_total), and the zeros between the
+    offsets and the body (cold code: one program a launch; called after the
+    chunk's writes, where few values are live: a call saves those to local
+    memory)."""
+    store_total(total_ptr, out_ptr, units)
+    gap = offsets_off + 4 * nch
+    zero_pad(out_ptr, gap, align16(gap))

@@ -25,7 +25,7 @@ with. A kernel holds the registers of its largest path, so the kernel of
 both runs fixed3 at dense's occupancy: a decode launches the kernel of the
 codec its geometry's payloads have had, which program 0 reports in the
 error word (``_Plan``); the first call of a geometry, and a geometry that
-has had both, take the kernel of both. offline.py counts each codec's
+has had both, take the kernel of both. tools/offline.py counts each codec's
 kernel, the one a collective's calls run.
 
 The error path is not hot: it reads the header on the host
@@ -184,7 +184,10 @@ def decode_kernel(p_ptr, out_ptr, err_ptr, pay_nbytes, numel, nch, C, nsums, bod
                 err = err | _decode_chunk(p_ptr, out_ptr, c, numel, nch, C, is_raw, codec,
                                           table_off, offsets_off, body_off, body, ITEMSIZE,
                                           EXP_BITS, MAN_BITS, CP, T, DENSE, FIXED3)
-    tl.atomic_or(err_ptr, err, mask=err != 0)
+    # Every thread ORs the same bits in: a scalar atomic is thread 0's, whose
+    # id the compiler then keeps across the chunk loop (a spill on sm_80).
+    lanes = err + tl.zeros([T], tl.int32)
+    tl.atomic_or(err_ptr + tl.zeros([T], tl.int32), lanes, mask=lanes != 0)
 
 
 @triton.jit

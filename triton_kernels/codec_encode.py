@@ -41,6 +41,7 @@ import math
 import struct
 import threading
 import zlib
+from types import MappingProxyType
 from typing import NamedTuple
 
 import torch
@@ -51,28 +52,23 @@ from zipccl_fsdp._layout import to_device
 from ._codec_common import tile_shape
 from ._launch import Bound, Launcher
 from ._lookback import HEADER_WORDS
+from .dense_encode import dense_encode_kernel
 from .fixed3_encode import fixed3_encode_kernel
 
 _INT_VIEW = {2: torch.int16, 4: torch.int32}
-# Warps per program, by codec (gpu_check.py --sweep may change it at run time).
-# Encode's own: fixed3 encode runs 2 warps, 64 elements a thread (its
-# per-thread scans, look-back and statistics over twice the elements; the
-# hot path takes up to 64 a thread: fixed3_encode.py); decode's is
-# codec_decode.NUM_WARPS.
-SETTINGS = {"fixed3": 2, "dense": 4}
+# Warps per program, by codec: fixed3 encode runs 2 warps, 64 elements a
+# thread (its per-thread scans, look-back and statistics over twice the
+# elements; the hot path takes up to 64 a thread: fixed3_encode.py); the
+# dense kernels take 32 elements a thread of a 4096-element chunk, so 4.
+# Read-only: a caller that wants another count (gpu_check.py --sweep)
+# passes ``warps`` to ``encode``. Decode's are codec_decode.NUM_WARPS.
+WARPS = MappingProxyType({"fixed3": 2, "dense": 4})
 
 
-def _dense_kernel():
-    """The dense v2 encode kernel (dense_encode.py), or None when this build
-    has only an older one."""
-    from . import dense_encode
-    k = getattr(dense_encode, "dense_encode_kernel", None)
-    return k if k is not None and "ticket_ptr" in getattr(k, "arg_names", ()) else None
-
-
-def launch_plan(info: F.DTypeInfo, codec: str, C: int) -> tuple:
-    """(kernel, constexprs, num_warps) of the encode launch."""
-    return _launch_plan(info, codec, C, SETTINGS[codec])
+def launch_plan(info: F.DTypeInfo, codec: str, C: int, warps: int | None = None) -> tuple:
+    """(kernel, constexprs, num_warps) of the encode launch, at ``warps``
+    warps a program (default ``WARPS[codec]``)."""
+    return _launch_plan(info, codec, C, WARPS[codec] if warps is None else warps)
 
 
 @functools.lru_cache(maxsize=256)
@@ -81,13 +77,10 @@ def _launch_plan(info: F.DTypeInfo, codec: str, C: int, warps: int) -> tuple:
     const = dict(ITEMSIZE=info.itemsize, EXP_BITS=info.exp_bits, MAN_BITS=info.man_bits)
     if codec == "fixed3":
         return fixed3_encode_kernel, dict(const, CP=cp, T=t), warps
-    kernel = _dense_kernel()
-    if kernel is None:
-        raise NotImplementedError("the Triton dense encoder of this build is not format v2")
     if C != 32 * 32 * warps:  # 32 elements a thread (dense_decode.py's tile)
         raise NotImplementedError(f"the Triton dense kernels take chunks of "
                                   f"{32 * 32 * warps} elements, not {C}")
-    return kernel, dict(const, C=C, T=32 * warps), warps
+    return dense_encode_kernel, dict(const, C=C, T=32 * warps), warps
 
 
 @functools.lru_cache(maxsize=256)
@@ -95,11 +88,11 @@ def _launcher(info: F.DTypeInfo, codec: str, C: int, warps: int) -> Launcher:
     return Launcher(*_launch_plan(info, codec, C, warps))
 
 
-def launcher(info: F.DTypeInfo, codec: str, C: int) -> Launcher:
+def launcher(info: F.DTypeInfo, codec: str, C: int, warps: int | None = None) -> Launcher:
     """The encode ``Launcher`` (compiled kernels and fixed arguments kept per
-    dtype, codec and chunk size; the size class is the specialization key
-    each Launcher keeps)."""
-    return _launcher(info, codec, C, SETTINGS[codec])
+    dtype, codec, chunk size and warps, default ``WARPS[codec]``; the size
+    class is the specialization key each Launcher keeps)."""
+    return _launcher(info, codec, C, WARPS[codec] if warps is None else warps)
 
 
 # A launch region of the scratch, in int64 words: the ticket counter (its
@@ -284,12 +277,15 @@ def _read_units(ring: _Ring, r: int) -> int:
     return got[1].value
 
 
-def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
+def encode(x: torch.Tensor, codec: str, warps: int | None = None) -> torch.Tensor:
+    """The payload of ``x`` (contiguous) with ``codec``, the kernel at
+    ``warps`` warps a program (default ``WARPS[codec]``)."""
     if x.numel() == 0 or codec == "raw":
         info = F.dtype_info(x.dtype)
         _check_size(x.numel(), info)
         return _encode_trivial(x, codec, info)
-    plan = _plan(x.dtype, codec, x.shape, F.CHUNK_ELEMS, SETTINGS[codec])
+    plan = _plan(x.dtype, codec, x.shape, F.CHUNK_ELEMS,
+                 WARPS[codec] if warps is None else warps)
     if not x.is_contiguous():
         x = x.reshape(-1)
     device = x.device

@@ -748,32 +748,3 @@ def dense_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off, 
             err = err | _decode_general(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3,
                                         o4, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
     return err
-
-
-@triton.jit
-def dense_decode_kernel(p_ptr, out_ptr, err_ptr, numel, nch, C, table_off, offsets_off, body_off,
-                        body_nbytes, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
-                        MAN_BITS: tl.constexpr, CP: tl.constexpr, T: tl.constexpr):
-    """The chunks (C elements each) of a dense payload whose header the host
-    parsed (codec_decode.py's decode_kernel checks the header on the device
-    and calls dense_decode_chunk too)."""
-    c = tl.program_id(0)
-    start = c.to(tl.int64) * C
-    n = tl.minimum(numel - start, C).to(tl.int32)
-    err = dense_decode_chunk(p_ptr, out_ptr + start, c, n, nch, table_off, offsets_off, body_off,
-                             body_nbytes, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
-    tl.atomic_or(err_ptr, err, mask=err != 0)
-
-
-def decode_launch(payload, words, err, numel: int, nch: int, table_off: int, offsets_off: int,
-                  body_off: int, body_nbytes: int, info: F.DTypeInfo, chunk_elems: int,
-                  num_warps: int = 4):
-    """Launch the dense decode of a parsed payload (uint8, 16-byte aligned)
-    into ``words`` (the output's int16/int32 view); ``err`` (int32, 1) must
-    be zero and gets the OR of the ERR_* bits. No host sync."""
-    from ._codec_common import tile_shape
-    cp, t = tile_shape(chunk_elems, num_warps)
-    dense_decode_kernel[(nch,)](
-        payload, words, err, numel, nch, chunk_elems, table_off, offsets_off, body_off,
-        body_nbytes, ITEMSIZE=info.itemsize, EXP_BITS=info.exp_bits, MAN_BITS=info.man_bits,
-        CP=cp, T=t, num_warps=num_warps)

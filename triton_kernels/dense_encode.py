@@ -51,7 +51,7 @@ import triton.language as tl
 from zipccl_fsdp import format as F
 
 from ._codec_common import low_bit_index, popc32, store_words, store_words24, ttile, words24
-from ._lookback import chunk_offset, store_total, ticket
+from ._lookback import chunk_offset, finish_payload, ticket
 
 # The shape of the format this kernel is written for (fails loudly if it changes).
 assert F.TIER_BITS == (2, 1, 1, 2, 2) and F.TIER_START == (0, 3, 4, 5, 8)
@@ -125,9 +125,10 @@ def _or(a, b):
     return a | b
 
 
-# The encoder's element tile is [T, G, 8] (rows of 8), or [T, G, 2, 4] for a
-# full fp32 chunk (W4: each row as two halves of 4 words, one 16-byte load
-# each). fp32 cannot have a [T, G, 8] tile in a blocked layout: the load's
+# The encoder's element tile is [T, G, 8] (rows of 8), or [T, G, 2, 4] for
+# fp32 (W4: each row as two halves of 4 words, one 16-byte load each; the
+# ragged last chunk's too, whose scans across threads in the [T, G, 8] tile
+# spilled). fp32 cannot have a [T, G, 8] tile in a blocked layout: the load's
 # layout has 4 words a thread along the last axis, and a reshape of [T, 2G, 4]
 # to [T, G, 8] gets a linear layout, which tl.cumsum cannot take, so the
 # in-row scans ran across 8 threads in the default layout, with a layout
@@ -427,14 +428,17 @@ def _nib(lut, sh):
     return ((lut >> sh) & 15).to(tl.int32)
 
 
-@triton.jit(noinline=True)
-def _finish(total_ptr, out_ptr, units, offsets_off, nch):
-    """The last chunk's program, once the body length (``units``) is known:
-    the length and the header (store_total), and the zeros between the
-    offsets and the body (cold code: one program a launch)."""
-    store_total(total_ptr, out_ptr, units)
-    gap = offsets_off + 4 * nch
-    zero_pad(out_ptr, gap, (gap + 15) & -16)
+@triton.jit
+def _eidx(G: tl.constexpr, T: tl.constexpr, W4: tl.constexpr):
+    """An element's index in its chunk in the element tile: [T, G, 2, 4] with
+    W4 (see _rsum), else ttile's [T, G, 8]."""
+    if W4:
+        r = (tl.arange(0, T)[:, None, None, None] * (8 * G)
+             + tl.arange(0, G)[None, :, None, None] * 8
+             + tl.arange(0, 2)[None, None, :, None] * 4 + tl.arange(0, 4)[None, None, None, :])
+    else:
+        r = ttile(G, T)
+    return r
 
 
 @triton.jit
@@ -449,10 +453,7 @@ def _load_full(x_ptr, start, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     if ITEMSIZE == 4:
         # A row of 8 words is two 16-byte loads: the [T, G, 2, 4] tile.
-        i4 = (tl.arange(0, T)[:, None, None, None] * (8 * G)
-              + tl.arange(0, G)[None, :, None, None] * 8
-              + tl.arange(0, 2)[None, None, :, None] * 4 + tl.arange(0, 4)[None, None, None, :])
-        w = tl.load(x_ptr + start + i4)
+        w = tl.load(x_ptr + start + _eidx(G, T, True))
         wp = w
         sm8p = w
         e = (w >> MAN_BITS) & EMAX
@@ -482,6 +483,27 @@ def _load_full(x_ptr, start, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
 
 
 @triton.jit
+def _load_chunk(x_ptr, start, n, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                MAN_BITS: tl.constexpr, G: tl.constexpr, T: tl.constexpr, FULL: tl.constexpr):
+    """Chunk c's words and exponents as _load_full gives them; for the ragged
+    last chunk (not FULL) the element tile (_eidx; fp32's is W4) of its
+    ``n`` words, zeros past them, 16-bit words sign-extended as the full
+    chunk's (``wp`` and ``sm8p`` are the words too)."""
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    if FULL:
+        w, wp, sm8p, e = _load_full(x_ptr, start, c, ITEMSIZE, EXP_BITS, MAN_BITS, G, T)
+    else:
+        i = _eidx(G, T, ITEMSIZE == 4)
+        w = tl.load(x_ptr + start + i, mask=i < n, other=0).to(tl.int32)
+        wp = w
+        sm8p = w
+        if ITEMSIZE == 2:
+            w = (w << 16) >> 16
+        e = (w >> MAN_BITS) & EMAX
+    return w, wp, sm8p, e
+
+
+@triton.jit
 def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
                   body_off, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
                   MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr,
@@ -492,31 +514,24 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     _encode_full's."""
     G: tl.constexpr = C // (8 * T)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
-    W4: tl.constexpr = FULL and ITEMSIZE == 4  # the [T, G, 2, 4] tile (_rsum)
+    W4: tl.constexpr = ITEMSIZE == 4  # the [T, G, 2, 4] tile (_rsum)
     start = c.to(tl.int64) * C
-    i = ttile(G, T)
+    i = _eidx(G, T, W4)
     # --- load and analyze ---
     if FULL:
         n = C + 0 * c
-        w, wp, sm8p, e = _load_full(x_ptr, start, c, ITEMSIZE, EXP_BITS, MAN_BITS, G, T)
         vi = 1
     else:
         n = tl.minimum(numel - start, C).to(tl.int32)
-        w = tl.load(x_ptr + start + i, mask=i < n, other=0).to(tl.int32)
-        wp = w
-        sm8p = w
         vi = (i < n).to(tl.int32)
+    w, wp, sm8p, e = _load_chunk(x_ptr, start, n, c, ITEMSIZE, EXP_BITS, MAN_BITS, G, T, FULL)
     if ITEMSIZE == 2:
-        if not FULL:
-            w = (w << 16) >> 16  # sign-extended, as the full chunk's
         is_neg = w == -32768
     else:
         is_neg = (w != 0) & ((w & 0x7FFFFFFF) == 0)
     is_pos = w == 0
     if not FULL:
         is_pos = is_pos & (vi != 0)
-    if not (FULL and ITEMSIZE == 2):
-        e = (w >> MAN_BITS) & EMAX
     normal = (e - 1).to(tl.uint32) < EMAX - 1  # 0 < e < EMAX (padding has e = 0)
     # The locator's sums and both zero counts: in-thread fields of one int32
     # (sum e < 2^13, counts <= 32), then one int64 sum over the threads.
@@ -577,16 +592,16 @@ def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offse
     SG: tl.constexpr = (C * ITEMSIZE + 16 * T - 1) // (16 * T)
     SIGN_SHIFT: tl.constexpr = MAN_BITS + EXP_BITS
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
-    W4: tl.constexpr = FULL and ITEMSIZE == 4  # the [T, G, 2, 4] tile (_rsum)
+    W4: tl.constexpr = ITEMSIZE == 4  # the [T, G, 2, 4] tile (_rsum)
     # The noinline calls (the raw segment, the last program's header) after
     # the coded writes: then no value of those writes is live across a call
-    # (which may clobber any register), so fewer spill. fp16 makes the
-    # header's call right after the offset: with it last, ptxas recomputes
-    # the sign-extended words instead of spilling them, which counts more
-    # (``benchmarks/kernel_cost.py --codec dense``). The
+    # (which may clobber any register), so they do not spill. fp16's hot path makes
+    # the header's call right after the offset (with it last, ptxas
+    # recomputes the sign-extended words, which counts more); its cold paths
+    # make it last too (in the middle of them, the call's saves spilled). The
     # order of the writes does not matter: they are disjoint and the host
     # reads after the launch.
-    FINISH_LAST: tl.constexpr = not IS_FP16
+    FINISH_LAST: tl.constexpr = not IS_FP16 or not HOT
     m = _nib(tl.full([], RANK_M, tl.int64), sh)
     dv = _nib(tl.full([], RANK_D, tl.int64), sh)  # tier-3 digit | tier-4 digit << 2
     d0 = tl.minimum(sh.to(tl.int32), 12)  # 4 x the tier-0 digit, min(rank, 3)
@@ -657,7 +672,7 @@ def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offse
     tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + (offsets_off >> 2) + c, off.to(tl.int32))
     if not FINISH_LAST:
         if c == nch - 1:
-            _finish(total_ptr, out_ptr, off + units, offsets_off, nch)
+            finish_payload(total_ptr, out_ptr, off + units, offsets_off, nch)
     flags = low16 | (zp << 1) | (zn << 2)
     ent = out_ptr.to(tl.pointer_type(tl.int32)) + (table_off >> 2) + 4 * c.to(tl.int64)
     ci = coded.to(tl.int32)
@@ -782,7 +797,7 @@ def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offse
         _write_raw(x_ptr, start, n, dst, ITEMSIZE, C, T)
     if FINISH_LAST:
         if c == nch - 1:
-            _finish(total_ptr, out_ptr, off + units, offsets_off, nch)
+            finish_payload(total_ptr, out_ptr, off + units, offsets_off, nch)
 
 
 @triton.jit
@@ -939,20 +954,3 @@ def dense_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, numel
     else:
         _encode_tail(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
                      body_off, c, ITEMSIZE, EXP_BITS, MAN_BITS, C, T)
-
-
-def encode_launch(words, out, ticket, status, total, numel: int, nch: int, table_off: int,
-                  offsets_off: int, body_off: int, info: F.DTypeInfo, num_warps: int = 4):
-    """Launch the dense encode of ``words`` (the tensor's int16/int32 view,
-    contiguous) into ``out`` (uint8, at least format.max_encoded_nbytes):
-    writes the chunk table at ``table_off``, the offsets at ``offsets_off``,
-    the zero gap up to ``body_off``, the body and the header. ``ticket``,
-    ``status`` and ``total`` are the slices of one launch region
-    (codec_encode.initial_region gives one in its initial words:
-    ``total``, which receives the body size in 16-byte units, is followed by
-    the header template the last program writes the header from)."""
-    assert F.CHUNK_ELEMS % (8 * 32 * num_warps) == 0
-    dense_encode_kernel[(nch,)](
-        words, out, ticket, status, total, numel, nch, table_off, offsets_off, body_off,
-        ITEMSIZE=info.itemsize, EXP_BITS=info.exp_bits, MAN_BITS=info.man_bits,
-        C=F.CHUNK_ELEMS, T=32 * num_warps, num_warps=num_warps)

@@ -8,7 +8,11 @@ decoder's header check); the kernels live one file per codec and op
 (``fixed3_encode.py``, ``fixed3_decode.py``, ``dense_encode.py``,
 ``dense_decode.py``), the functions they share in ``_codec_common.py`` (the
 chunk tile) and ``_lookback.py`` (segment offsets in one pass);
-``offline.py`` compiles them for a GPU without one.
+``tools/offline.py`` (not installed) compiles them for a GPU without one.
+
+Under ``backend="auto"`` the kernels pass a self-check per device, dtype
+and codec first (``zipccl_fsdp/backends.py``, which makes every backend
+choice).
 
 ``DEVICE_HEADER``: ``decode_into(payload, out)`` checks the header on the
 device against ``out``, so zipccl_fsdp.decode with ``out=`` reads nothing

@@ -26,8 +26,9 @@ registers:
   count (one scan over the threads); the element's word is read again
   (from L1/L2);
 - the segment's offset by the decoupled look-back (``_lookback``), its
-  table entry and offset, and for the last chunk the body length and the
-  header (fixed3_general.place_chunk).
+  table entry and offset (fixed3_general.place_chunk), and for the last
+  chunk, after its writes, the body length and the header
+  (``_lookback.finish_payload``).
 
 Every other chunk (zeros to flag, a chunk stored RAW) and tiles of more
 than 64 elements a thread are encoded by
@@ -47,7 +48,7 @@ import triton.language as tl
 from ._codec_common import (FIXED_ZERO_SHIFT, align16, cols_or, esc_bits, fixed_window,
                             low_bit_index, pack_bytes, popc32, row_mask, store_rows3,
                             store_words, store_words24, ttile, zero_pad)
-from ._lookback import ticket
+from ._lookback import finish_payload, ticket
 from .fixed3_general import encode_chunk_general, is_coded, place_chunk
 
 L2 = tl.constexpr(0x10001)  # one in each 16-bit lane
@@ -71,18 +72,21 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     low16 = tl.zeros([], tl.int32)
     if G <= 8:  # a thread's escapes fit one 64-bit mask
         if ITEMSIZE == 2:
-            done, base, phase, zeros = _encode_pairs(
+            done, base, phase, zeros, end = _encode_pairs(
                 x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table_off, offsets_off,
                 body_off, EXP_BITS, MAN_BITS, CP, T)
         else:
-            done, base, phase, zeros, low16 = _encode_words(
+            done, base, phase, zeros, low16, end = _encode_words(
                 x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table_off, offsets_off,
                 body_off, EXP_BITS, MAN_BITS, CP, T)
         known = known + 1
     if not done:
-        encode_chunk_general(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table_off,
-                             offsets_off, body_off, known, base, phase, zeros, low16, ITEMSIZE,
-                             EXP_BITS, MAN_BITS, CP, T)
+        end = encode_chunk_general(x_ptr, out_ptr, status_ptr, c, start, n, table_off,
+                                   offsets_off, body_off, known, base, phase, zeros, low16,
+                                   ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
+    if c == nch - 1:
+        # After the chunk's writes: a call saves what is live across it.
+        finish_payload(total_ptr, out_ptr, end, offsets_off, nch)
 
 
 @triton.jit
@@ -115,6 +119,7 @@ def _encode_pairs(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table
         (su & 0xFFFF) + (su >> 16), ((sf >> 8) & 0xFF) + (sf >> 24),
         (sf & 0xFF) + ((sf >> 16) & 0xFF), tl.zeros([T], tl.int32), n, EMAX, CP)
     done = n < 0  # (False)
+    end = tl.zeros([], tl.int64)  # the chunk's segment end, when taken
     if hot:
         # The code of each lane: v = (e - lo) mod 2**15 is in the window when
         # v < 7, i.e. when v + 0x8000 - 7 leaves bit 15 clear; the code is
@@ -126,9 +131,9 @@ def _encode_pairs(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table
         acc = _pair_rows3(c2) & row_mask(n, r)  # a row's eight codes; 0 past n
         emask, esc_t, e_at, n_esc, kmax = escape_counts(acc, T, G)
         if is_coded(n, 0, 0, n_esc, 2, IS_FP16):
-            dst, coded, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc = place_chunk(
-                out_ptr, status_ptr, total_ptr, c, n, nch, table_off, offsets_off, body_off, 0,
-                0, 0, base, phase, 0, n_esc, 2, IS_FP16)
+            dst, coded, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, end = place_chunk(
+                out_ptr, status_ptr, c, n, table_off, offsets_off, body_off, 0, 0, 0, base,
+                phase, 0, n_esc, 2, IS_FP16)
             a_sm = 16 * (a_sm >> 4)  # products: their divisibility is known (wide stores)
             a_rem = 16 * (a_rem >> 4)
             a_esc = 16 * (a_esc >> 4)
@@ -163,7 +168,7 @@ def _encode_pairs(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table
         zt = tl.sum(tl.sum((pz >> 15) + (ng >> 7), axis=2), axis=1)  # 8-bit fields
         zeros = tl.sum((((zt & 0xFF) + ((zt >> 16) & 0xFF)) | (
             (((zt >> 8) & 0xFF) + (zt >> 24)) << 16)).to(tl.int32), axis=0)
-    return done, base, phase, zeros
+    return done, base, phase, zeros, end
 
 
 @triton.jit
@@ -188,6 +193,7 @@ def _encode_words(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table
                                               EMAX, CP)
     low16 = (not16 == 0).to(tl.int32)
     done = n < 0  # (False)
+    end = tl.zeros([], tl.int64)  # the chunk's segment end, when taken
     if hot:
         code = tl.minimum((e - lo).to(tl.uint32), 7).to(tl.int32)
         r = tl.arange(0, T)[:, None] * G + tl.arange(0, G)[None, :]
@@ -195,9 +201,9 @@ def _encode_words(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table
         acc = tl.sum(code << (3 * q), axis=2) & row_mask(n, r)
         emask, esc_t, e_at, n_esc, kmax = escape_counts(acc, T, G)
         if is_coded(n, low16, 0, n_esc, 4, False):
-            dst, coded, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc = place_chunk(
-                out_ptr, status_ptr, total_ptr, c, n, nch, table_off, offsets_off, body_off,
-                low16, 0, 0, base, phase, 0, n_esc, 4, False)
+            dst, coded, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, end = place_chunk(
+                out_ptr, status_ptr, c, n, table_off, offsets_off, body_off, low16, 0, 0, base,
+                phase, 0, n_esc, 4, False)
             a_sm = 16 * (a_sm >> 4)
             a_rem = 16 * (a_rem >> 4)
             a_esc = 16 * (a_esc >> 4)
@@ -220,7 +226,7 @@ def _encode_words(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table
         zt = tl.sum(tl.sum((w == 0).to(tl.int32) | ((w == -(1 << 31)).to(tl.int32) << 16),
                            axis=2), axis=1)
         zeros = tl.sum(zt, axis=0)
-    return done, base, phase, zeros, low16
+    return done, base, phase, zeros, low16, end
 
 
 @triton.jit

@@ -5,7 +5,7 @@ The hot kernels code the chunks Gaussian data makes (too few exponent
 fields 0 for a zero sign to be flagged) with the whole chunk in registers.
 Every other chunk comes here: zeros of either sign flagged and their
 sign+mantissa omitted, RAW chunks, and tiles the hot path does not take. These functions are ``noinline``,
-so their code is not on the hot kernels' path (triton_kernels/offline.py
+so their code is not on the hot kernels' path (tools/offline.py
 counts them apart), and they take scalars only: each reads what it needs
 again (the chunk from L1/L2: the input is read from memory once).
 
@@ -27,7 +27,7 @@ import triton.language as tl
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_PADDING, FIXED_ZERO_SHIFT, align16,
                             fixed3_layout, fixed_window, load_rows3, pads_nonzero, row_mask,
                             store_rows3, zero_pad)
-from ._lookback import chunk_offset, store_total
+from ._lookback import chunk_offset
 
 
 @triton.jit
@@ -110,16 +110,17 @@ def is_coded(n, low16, nz, n_esc, ITEMSIZE: tl.constexpr, IS_FP16: tl.constexpr)
 
 
 @triton.jit
-def place_chunk(out_ptr, status_ptr, total_ptr, c, n, nch, table_off, offsets_off, body_off,
+def place_chunk(out_ptr, status_ptr, c, n, table_off, offsets_off, body_off,
                 low16, zp, zn, base, phase, nz, n_esc, ITEMSIZE: tl.constexpr,
                 IS_FP16: tl.constexpr):
     """A chunk's place in the payload once its fields are known: RAW or
     CODED (coded only when the padded segment is smaller than the padded
     raw bytes), its offset by the decoupled look-back (which publishes its
-    size), ``offsets[c]``, its table entry (zero for RAW), and for the last
-    chunk the body length, the header and the zero gap after the offsets.
-    Returns the segment's address (16-byte aligned), whether it is coded,
-    and the layout of a coded one (fixed3_layout)."""
+    size), ``offsets[c]`` and its table entry (zero for RAW). Returns the
+    segment's address (16-byte aligned), whether it is coded, the layout of
+    a coded one (fixed3_layout), and where the segment ends (16-byte units
+    from the body's start: for the last chunk the body length, which the
+    kernel's ``finish_payload`` stores after the chunk's writes)."""
     codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg_c = fixed3_layout(
         n, True, low16, nz, n_esc, ITEMSIZE, IS_FP16)
     raw_seg = align16(n * ITEMSIZE)
@@ -127,10 +128,6 @@ def place_chunk(out_ptr, status_ptr, total_ptr, c, n, nch, table_off, offsets_of
     units = tl.where(coded, seg_c, raw_seg) >> 4
     off = chunk_offset(status_ptr, c, units)
     tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + (offsets_off >> 2) + c, off.to(tl.int32))
-    if c == nch - 1:
-        store_total(total_ptr, out_ptr, off + units)  # and the header
-        gap = offsets_off + 4 * nch
-        zero_pad(out_ptr, gap, align16(gap))
     ci = coded.to(tl.int32)
     flags = low16 | (zp << 1) | (zn << 2)
     ent = out_ptr.to(tl.pointer_type(tl.int32)) + (table_off >> 2) + 4 * c.to(tl.int64)
@@ -139,11 +136,11 @@ def place_chunk(out_ptr, status_ptr, total_ptr, c, n, nch, table_off, offsets_of
     tl.store(ent + 2, 0)
     tl.store(ent + 3, 0)
     return (out_ptr + body_off + 16 * off, coded, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem,
-            a_esc)
+            a_esc, off + units)
 
 
 @triton.jit(noinline=True)
-def encode_chunk_general(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table_off,
+def encode_chunk_general(x_ptr, out_ptr, status_ptr, c, start, n, table_off,
                          offsets_off, body_off, known, base, phase, zeros, low16,
                          ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
                          CP: tl.constexpr, T: tl.constexpr):
@@ -178,9 +175,9 @@ def encode_chunk_general(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch
     before = tl.cumsum(ke_t, axis=0) - ke_t
     n_esc = (tl.sum(ke_t, axis=0) >> 16) & 0xFFFF
 
-    dst, coded, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc = place_chunk(
-        out_ptr, status_ptr, total_ptr, c, n, nch, table_off, offsets_off, body_off, low16, zp,
-        zn, base, phase, nz, n_esc, ITEMSIZE, IS_FP16)
+    dst, coded, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, end = place_chunk(
+        out_ptr, status_ptr, c, n, table_off, offsets_off, body_off, low16, zp, zn, base, phase,
+        nz, n_esc, ITEMSIZE, IS_FP16)
     if coded:
         _write_coded(x_ptr, start, n, dst, lo, width, zp, zn, low16, before, codes_nb, sm_nb,
                      a_sm, a_rem, a_esc, esc_nb, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
@@ -191,6 +188,7 @@ def encode_chunk_general(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch
             tl.store(dst.to(x_ptr.dtype) + i, w, mask=i < n)
         nb = n * ITEMSIZE
         zero_pad(dst, nb, align16(nb))
+    return end
 
 
 @triton.jit(noinline=True)

@@ -7,7 +7,10 @@ dispatches to a backend:
 * ``"cpp"``: a C++ CPU kernel built on first use (see ``codec_cpp.py``).
 * ``"triton"``: the GPU kernels in ``triton_kernels`` (CUDA tensors; under
   ``TRITON_INTERPRET=1`` also CPU tensors, slowly, for tests).
-* ``"auto"``: triton on CUDA, cpp on CPU, falling back to torch.
+* ``"auto"``: triton on CUDA (each dtype and codec after a self-check of
+  the kernels on the device), cpp on CPU, falling back to torch.
+
+``backends.py`` makes that choice.
 
 All backends write byte-identical payloads and read each other's.
 
@@ -24,17 +27,16 @@ copies the payload into such a buffer.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
 
+from . import backends
 from . import format as F
-from . import codec_torch
+from .backends import BACKENDS
 from .config import BackendName, CodecName
 from .errors import CorruptPayloadError
 
 CODECS = ("raw", "fixed3", "dense")
-BACKENDS = ("auto", "torch", "cpp", "triton")
 DEFAULT_CODEC = "dense"  # smaller; fixed3 is the fast one (docs/format.md)
 
 
@@ -44,66 +46,6 @@ def _check_codec(codec: str) -> str:
     if codec not in CODECS:
         raise ValueError(f"unknown codec {codec!r}; choose one of {('auto',) + CODECS}")
     return codec
-
-
-_TRITON_AVAILABLE: list = []  # [whether triton imports, whether the kernels are interpreted]
-
-
-def _triton_usable(device: torch.device) -> bool:
-    """Whether the triton backend runs on ``device``: CUDA, or any device
-    when the kernels are interpreted. TRITON_INTERPRET is read once, beside
-    triton's import: triton reads it when it decorates the kernels (on
-    their first use), so a later change of it would not change what they
-    run on."""
-    if not _TRITON_AVAILABLE:
-        from triton_kernels import available
-        _TRITON_AVAILABLE.extend((available(), os.environ.get("TRITON_INTERPRET") == "1"))
-    if not _TRITON_AVAILABLE[0]:
-        return False
-    return device.type == "cuda" or _TRITON_AVAILABLE[1]
-
-
-# (backend, device) -> backend module, as _resolve_backend chose it. Every
-# input of that choice is fixed for the process (triton's and the C++
-# extension's availability, the interpreter flag, the device's type), so the
-# call that resolved a pair once answers for it; a pair that raised is not
-# kept and raises again.
-_RESOLVED: dict = {}
-
-
-def _backend_module(backend: str, device: torch.device):
-    try:
-        return _RESOLVED[backend, device]
-    except (KeyError, TypeError):  # not resolved yet; or an unhashable backend (refused below)
-        pass
-    module = _resolve_backend(backend, device)
-    _RESOLVED[backend, device] = module
-    return module
-
-
-def _resolve_backend(backend: str, device: torch.device):
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
-    if backend == "auto":
-        if device.type == "cuda" and _triton_usable(device):
-            backend = "triton"
-        elif device.type == "cpu":
-            from . import codec_cpp
-            backend = "cpp" if codec_cpp.available() else "torch"
-        else:
-            backend = "torch"
-    if backend == "torch":
-        return codec_torch
-    if backend == "cpp":
-        if device.type != "cpu":
-            raise ValueError(f"the cpp backend runs on CPU tensors, got a {device.type} tensor")
-        from . import codec_cpp
-        return codec_cpp
-    if not _triton_usable(device):
-        raise ValueError("the triton backend needs triton and a CUDA tensor "
-                         "(or TRITON_INTERPRET=1 for CPU tensors)")
-    from triton_kernels import exponent_codec
-    return exponent_codec
 
 
 def chunk_sums(x: torch.Tensor) -> torch.Tensor:
@@ -227,7 +169,7 @@ def encode(tensor: torch.Tensor, *, codec: CodecName = "auto", backend: BackendN
     x = tensor.detach() if tensor.requires_grad else tensor
     if not x.is_contiguous():
         x = x.contiguous()
-    module = _backend_module(backend, x.device)
+    module = backends.module(backend, x.device, x.dtype, codec)
     checksums = verify and getattr(module, "CHECKSUMS", False)
     # a backend with ROOM makes the room itself, unless a pass here follows it
     own_room = room > 0 and getattr(module, "ROOM", False) and (checksums or not verify)
@@ -311,7 +253,7 @@ def decode(payload: torch.Tensor, *, out: torch.Tensor | None = None,
     module = None
     if out is not None and isinstance(payload, torch.Tensor) and out.dtype in F.DTYPES:
         device = payload.device
-        module = _backend_module(backend, device)
+        module = backends.module(backend, device, out.dtype)  # None: it depends on the codec
         if getattr(module, "DEVICE_HEADER", False):
             return _decode_device_header(module, payload, out, device)
     header = F.parse_header(payload)
@@ -327,7 +269,7 @@ def decode(payload: torch.Tensor, *, out: torch.Tensor | None = None,
             raise ValueError(f"out is on {out.device}, payload on {payload.device}")
         _check_no_overlap(payload, out)
     if module is None:
-        module = _backend_module(backend, payload.device)
+        module = backends.module(backend, payload.device, header.dtype, header.codec)
     if not header.flags & F.HEADER_FLAG_CHECKSUM:
         return module.decode(payload, header, out)
     # Backends see the payload without its checksums; we check them after.

@@ -9,8 +9,9 @@ compiles each kernel exactly as ``encode``/``decode`` launch it (same
 constexprs, warps and argument specialization) for a given architecture and
 reads the machine code:
 
-- registers, stack bytes, shared memory, and register spills (local
-  stores and loads) inside the hot path's loops;
+- registers, stack bytes, shared memory, and spills: every local-memory
+  store and load (``STL``/``LDL``) of the kernel's code, its noinline
+  functions included, in loops or not;
 - instructions per element a thread handles on the kernel's longest path
   (the costliest way through its control flow, each loop counted as often
   as it runs: the chunk loop ``trip_count`` times, a data-dependent loop
@@ -28,6 +29,10 @@ path bounds what any chunk's program executes on the hot path; the sum
 over all inline code (``all_inline_per_element``), which adds up both
 sides of every branch, is kept beside it.
 ``benchmarks/kernel_cost.py`` prints the table.
+
+A development tool, not part of the installed package (nothing installed
+imports it): the scripts and tests that use it put ``tools/`` on
+``sys.path`` and ``import offline``.
 """
 from __future__ import annotations
 
@@ -44,10 +49,10 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+import triton_kernels
+from triton_kernels import codec_decode as D
+from triton_kernels import codec_encode as E
 from zipccl_fsdp import format as F
-
-from . import codec_decode as D
-from . import codec_encode as E
 
 _TRITON_DTYPE = {"i8": "*i8", "u8": "*u8", "i16": "*i16", "i32": "*i32", "i64": "*i64"}
 
@@ -76,7 +81,7 @@ class SassStats:
     registers: int
     stack_bytes: int
     shared_bytes: int
-    loop_spills: int           # STL/LDL inside hot-path loops
+    spills: int                # STL/LDL anywhere in the kernel's code, noinline functions included
     instructions: int          # static, inline code
     per_element: float         # the longest path, loops counted as they run, per element per thread
     cold_instructions: int = 0  # static, in noinline functions
@@ -86,6 +91,7 @@ class SassStats:
     barriers: int = 0
     all_inline_per_element: float = 0.0  # every inline instruction, both sides of each branch
     loops: list = field(default_factory=list)  # (back edge's line, trips, body instructions)
+    path_loops: list = field(default_factory=list)  # back edges' lines of the loops on the path
 
 
 def _bin(tool: str) -> str:
@@ -130,7 +136,12 @@ def compile_launch(launch: Launch, arch: int = 90):
 
 _INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 _LABEL = re.compile(r"^(\.L_x_\d+):")
-_BRANCH = re.compile(r"BRA\s+`?\(?(\.L_x_\d+)")
+# A branch and its target. Its condition is a guard (``@P0 BRA``) or, for a
+# uniform branch on sm_100, an operand before the target (``BRA.U UP4,
+# `(.L_x_5)``, ``BRA.U !UP0, ...``); ``BRA.DIV UR4, ...`` names a register.
+_BRANCH = re.compile(r"\bBRA(?:\.[A-Z0-9.]+)?\s+(?:(!?U?P[0-9T]+|U?R[0-9Z]+)\s*,\s*)?"
+                     r"`?\(?(\.L_x_\d+)")
+_SPILL = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?(STL|LDL)\b")
 
 
 def _run_on_cubin(compiled, *tool_args: str) -> str:
@@ -148,17 +159,31 @@ class _Hot:
     often each runs per program (the product of the trip counts of the loops
     around it), and which of them lie on the longest path; the cold code's
     size; the loops found, as (source line of the back edge, trip count,
-    instructions in the body)."""
+    instructions in the body), and the lines of those the longest path
+    goes through."""
     rows: list
     weight: list
     cold_instructions: int
     on_path: list = field(default_factory=list)
     loops: list = field(default_factory=list)
+    path_loops: list = field(default_factory=list)  # the loops the longest path runs, by line
 
 
-def _hot_path(launch: Launch, compiled) -> _Hot:
-    return parse_hot_path(_run_on_cubin(compiled, "nvdisasm", "-c", "-g"), launch.trip_count,
-                          launch.loop_trips)
+def _sass(compiled) -> str:
+    return _run_on_cubin(compiled, "nvdisasm", "-c", "-g")
+
+
+def _hot_path(launch: Launch, sass: str) -> _Hot:
+    return parse_hot_path(sass, launch.trip_count, launch.loop_trips)
+
+
+def spill_instructions(sass: str) -> int:
+    """Local-memory stores and loads (``STL``/``LDL``, any width) in the
+    whole of ``nvdisasm`` output: the kernel, its noinline functions and
+    ptxas's subroutines, in loops or not. ptxas puts there what does not fit in
+    the registers, and a noinline function the registers it must save for
+    its caller; either way a trip to memory."""
+    return sum(bool(_SPILL.search(line)) for line in sass.splitlines())
 
 
 def parse_hot_path(sass: str, trip_count: float, loop_trips: dict | None = None) -> _Hot:
@@ -209,7 +234,10 @@ def parse_hot_path(sass: str, trip_count: float, loop_trips: dict | None = None)
         b = _BRANCH.search(line)
         c = re.search(r"CALL\S*\s+`\((\$__internal_[^)]*)\)", line)
         rows.append((where, op))
-        branches.append(dict(pred=bool(m.group(2)), op=op, target=b.group(1) if b else None,
+        # conditional: a guard, or a predicate operand other than the true one
+        cond = bool(m.group(2)) or bool(b and b.group(1) and b.group(1).lstrip("!")
+                                        not in ("PT", "UPT") and "P" in b.group(1))
+        branches.append(dict(pred=cond, op=op, target=b.group(2) if b else None,
                              sub=c.group(1) if c else None))
     n = len(rows)
     loop_trips = loop_trips or {}
@@ -257,7 +285,9 @@ def parse_hot_path(sass: str, trip_count: float, loop_trips: dict | None = None)
     while i is not None:
         on_path[i] = True
         i = step[i]
-    return _Hot(rows, cost, cold, on_path, loops)
+    path_loops = [rows[max(ends)][0] for t, ends in sorted(latches.items())
+                  if any(on_path[t:max(ends) + 1])]
+    return _Hot(rows, cost, cold, on_path, loops, path_loops)
 
 
 def function_sections(sass: str) -> dict:
@@ -283,7 +313,7 @@ def cold_cost(launch: Launch, compiled, function: str) -> float:
     another noinline function counted as the call alone): what a chunk that
     takes that cold path executes there, beside what the kernel did before
     the call."""
-    sass = _run_on_cubin(compiled, "nvdisasm", "-c", "-g")
+    sass = _sass(compiled)
     body = next(text for name, text in function_sections(sass).items()
                 if re.search(rf"\$_?{re.escape(function)}__", name))
     hot = parse_hot_path(body, 1, launch.loop_trips)
@@ -299,7 +329,8 @@ def sass_stats(launch: Launch, compiled) -> SassStats:
     usage = _run_on_cubin(compiled, "cuobjdump", "--dump-resource-usage")
     reg, local, stack, shared = (int(re.search(rf"{key}:(\d+)", usage).group(1))
                                  for key in ("REG", "LOCAL", "STACK", "SHARED"))
-    hot = _hot_path(launch, compiled)
+    sass = _sass(compiled)
+    hot = _hot_path(launch, sass)
     ops = [op for _, op in hot.rows]
     loads, stores = {}, {}
     for op in ops:
@@ -311,14 +342,13 @@ def sass_stats(launch: Launch, compiled) -> SassStats:
             counts[width] = counts.get(width, 0) + 1
     return SassStats(
         name=launch.name, registers=reg, stack_bytes=local + stack, shared_bytes=shared,
-        loop_spills=sum(op.split(".")[0] in ("STL", "LDL") and w > 1
-                        for op, w in zip(ops, hot.weight)),
+        spills=spill_instructions(sass),
         instructions=len(ops),
         per_element=sum(w for op, w, on in zip(ops, hot.weight, hot.on_path)
                         if on and op != "NOP") / _per_thread(launch),
         all_inline_per_element=sum(w for op, w in zip(ops, hot.weight)
                                    if op != "NOP") / _per_thread(launch),
-        loops=hot.loops,
+        loops=hot.loops, path_loops=hot.path_loops,
         cold_instructions=hot.cold_instructions, loads=loads, stores=stores,
         shuffles=sum(op.startswith("SHFL") for op in ops),
         barriers=sum(op.startswith("BAR") for op in ops))
@@ -329,7 +359,7 @@ def line_profile(launch: Launch, compiled, top: int = 20) -> list[tuple]:
     first: (file:line, instructions per element, most frequent opcodes).
     A jitted function's lines count where the function is written (the debug
     info has no inlining), so one of its lines may sum several call sites."""
-    hot = _hot_path(launch, compiled)
+    hot = _hot_path(launch, _sass(compiled))
     total, ops = {}, {}
     for (where, op), w, on in zip(hot.rows, hot.weight, hot.on_path):
         if not on:
@@ -357,7 +387,8 @@ def tagged_loops(tag: str) -> list:
     """The source lines ("file.py:123") of the kernels' loops tagged ``tag``."""
     import glob
     found = []
-    for path in sorted(glob.glob(os.path.join(os.path.dirname(__file__), "*.py"))):
+    kernels = os.path.dirname(triton_kernels.__file__)
+    for path in sorted(glob.glob(os.path.join(kernels, "*.py"))):
         with open(path) as f:
             for k, line in enumerate(f, 1):
                 if line.rstrip().endswith(LOOP_TAG + tag):
@@ -412,7 +443,7 @@ def codec_launches(dtype, codec: str, numel: int = 128 << 20, ndim: int = 1,
     """The launches of encode and decode of ``numel`` elements of ``dtype``
     (a torch dtype) with ``codec``, with realistic argument values: one
     kernel each (format v2); the encode one program per chunk, at
-    ``encode_warps`` warps when given, else at ``codec_encode.SETTINGS``';
+    ``encode_warps`` warps when given, else at ``codec_encode.WARPS``';
     the decode ``codec_decode.chunks_per_program`` chunks a program (its
     chunk loop counted that many times)."""
     info = F.dtype_info(dtype)
@@ -420,8 +451,7 @@ def codec_launches(dtype, codec: str, numel: int = 128 << 20, ndim: int = 1,
     nch = F.nchunks_for(numel, C)
     word = {2: "*i16", 4: "*i32"}[info.itemsize]
     header = F.Header(codec, dtype, (numel,) * ndim, numel, C, nch, 0)
-    enc, enc_const, enc_warps = (E.launch_plan(info, codec, C) if encode_warps is None
-                                 else E._launch_plan(info, codec, C, encode_warps))
+    enc, enc_const, enc_warps = E.launch_plan(info, codec, C, encode_warps)
     enc_args = dict(x_ptr=word, out_ptr="*u8", ticket_ptr="*i32", status_ptr="*i64",
                     total_ptr="*i64", numel=numel, nch=nch)
     if "C" in enc.arg_names and "C" not in enc_const:
