@@ -60,15 +60,16 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
         return None
     call, unit, coded = setup
     cfg, st, group, world, rank = call
-    compress = coded and world > 1 and K._compresses(cfg, "all_gather", unit)
     plan = K._plan(cfg, "all_gather", group, world, input_tensor, (cost.gather(world, unit),),
-                   compress, st)
+                   coded and world > 1, unit, st)
     if not plan.compress and world > 1 and not (coded and cfg.verify):
         # the lean path of every raw call
         st.add("all_gather", calls=1, raw_bytes=unit, raw_fallback_calls=int(coded))
         below = K._lane_bound(cfg, "all_gather", plan, unit) if coded else 0
         if below:
             K._open_lane(call, "all_gather", input_tensor, _lanes.GATHER, below)
+        n = input_tensor.numel()
+        K._announce(call, "all_gather", plan, input_tensor, [n] * world, [n] * world)
         with K._no_grad_if_needed(output_tensor, input_tensor):
             return K._to_torch(st, "all_gather", unit, K._all_gather_single, output_tensor,
                                input_tensor, group=group, async_op=async_op)
