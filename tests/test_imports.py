@@ -8,6 +8,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("zipccl_fsdp", "hooks", "triton_kernels")
 
@@ -16,6 +18,15 @@ def test_kernels_and_format_load_neither_hooks_nor_fsdp():
     code = ("import triton_kernels.codec_encode, zipccl_fsdp.format, sys; "
             "assert 'hooks' not in sys.modules, 'hooks'; "
             "assert 'torch.distributed.fsdp' not in sys.modules, 'fsdp'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+@pytest.mark.parametrize("first", ["", "import torch.distributed.fsdp; "])
+def test_importing_the_package_registers_the_fsdp2_method(first):
+    """``import zipccl_fsdp`` is enough for ``model.register_comm_hook``,
+    whether FSDP is imported before or after it."""
+    code = (first + "import zipccl_fsdp, sys; from torch.distributed.fsdp import FSDPModule; "
+            "assert hasattr(FSDPModule, 'register_comm_hook')")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
