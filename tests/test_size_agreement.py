@@ -134,3 +134,52 @@ def test_sizes_differing_between_ranks(pool2, kind, policy, case):
         assert in_step, rank
     if want == "torch":
         assert results[0][1] == results[1][1], results  # the same torch collective
+
+
+# --------------------------------------------------------------------------
+# Issue 34, case 5: whether an all-gather's shapes are accepted does not
+# depend on the route: CPU tensors follow gloo's rule on every path.
+# --------------------------------------------------------------------------
+SHAPE_PATHS = {
+    "raw": dict(policy="never"),
+    "compressed": dict(policy="always", min_bytes=0),
+}
+
+
+def task_gather_shapes(path: str, out_shape: tuple, in_shape: tuple):
+    """(torch's outcome, zipccl's outcome, zipccl's result equals torch's)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out_shape = tuple(world if d == "w" else d for d in out_shape)
+    x = make_data(int(torch.tensor(in_shape).prod()), torch.bfloat16, 9, rank).view(in_shape)
+    cfg = ZipCCLConfig(**SHAPE_PATHS[path])
+
+    def outcome(fn, out):
+        try:
+            fn(out, x)
+            return "ok"
+        except (RuntimeError, ValueError) as e:
+            return type(e).__name__ + ": " + str(e)
+
+    want, got = torch.empty(out_shape, dtype=x.dtype), torch.empty(out_shape, dtype=x.dtype)
+    theirs = outcome(lambda o, i: dist.all_gather_into_tensor(o, i), want)
+    ours = outcome(lambda o, i: all_gather_single(o, i, config=cfg, stats=CommStats()), got)
+    same = theirs == "ok" and torch.equal(want.view(torch.int16), got.view(torch.int16))
+    return theirs, ours, same
+
+
+@pytest.mark.parametrize("path", sorted(SHAPE_PATHS))
+@pytest.mark.parametrize("out_shape,in_shape,accepted", [
+    (("w", 4096), (4096,), False),          # stacked: NCCL takes it, gloo does not
+    ((2, "w", 2048), (2, 2048), False),
+    ((8192,), (2, 2048), False),
+    ((4096 * 2,), (4096,), True),
+    ((2 * 3, 2048), (3, 2048), True),
+])
+def test_all_gather_shapes_accepted_as_torch_accepts_them(pool2, path, out_shape, in_shape,
+                                                          accepted):
+    for theirs, ours, same in pool2.run(task_gather_shapes, path, out_shape, in_shape):
+        if accepted:
+            assert theirs == ours == "ok" and same, (theirs, ours)
+        else:
+            assert theirs.startswith("RuntimeError"), theirs  # gloo's own refusal
+            assert ours.startswith("ValueError") and "along dim 0" in ours, ours

@@ -26,7 +26,25 @@ def _checked(world: int, rank: int, output_tensor, input_tensor) -> int:
     check (the general path's and the lane's)."""
     K._check_pair(output_tensor, input_tensor, WHERE)
     K._check_world_times(output_tensor, "output", input_tensor, "input", world, WHERE)
+    if output_tensor.device.type == "cpu" and not _stacks(output_tensor, input_tensor, world):
+        raise K._bad(ValueError, 1, f"zipccl {WHERE}: an output of shape "
+                     f"{tuple(output_tensor.shape)} does not hold world_size {world} inputs of "
+                     f"shape {tuple(input_tensor.shape)} one after another along dim 0, as "
+                     f"torch's all-gather on gloo (CPU tensors) requires: output.shape[0] == "
+                     f"world_size x input.shape[0], the other dims equal")
     return input_tensor.numel() * input_tensor.element_size()
+
+
+def _stacks(output_tensor, input_tensor, world: int) -> bool:
+    """Whether ``output_tensor`` is ``world`` tensors shaped like
+    ``input_tensor`` concatenated along dim 0: what gloo's all-gather accepts
+    (it splits the output into ``world`` chunks along dim 0, each of the
+    input's shape). On CUDA, NCCL's accepts any output of world_size x the
+    input's elements, which ``_check_world_times`` checks; whichever way a
+    call goes, raw or compressed, it is accepted where torch's is."""
+    return (input_tensor.dim() >= 1 and output_tensor.dim() == input_tensor.dim()
+            and output_tensor.shape[0] == world * input_tensor.shape[0]
+            and output_tensor.shape[1:] == input_tensor.shape[1:])
 
 
 def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *,
@@ -46,11 +64,12 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
     """
     lane = _lanes.find("all_gather", output_tensor, input_tensor, group, config, stats)
     if (lane is not None and output_tensor.dtype is input_tensor.dtype
+            and input_tensor.dim() == 1 and output_tensor.dim() == 1
             and input_tensor.is_contiguous() and output_tensor.is_contiguous()
             and output_tensor.device == input_tensor.device):
-        # What ``_checked`` asks, asked directly: its frames are a share of a
-        # small call. (A call it refuses takes the general path, which
-        # raises.)
+        # What ``_checked`` asks, asked directly for flat tensors (a subset of
+        # what it accepts): its frames are a share of a small call. (Any
+        # other call takes the general path, which raises where it refuses.)
         unit = input_tensor.nbytes
         if output_tensor.nbytes == lane.world * unit and unit < lane.below:
             return lane.send(unit, async_op, output_tensor, input_tensor)
