@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from .. import _reduce
+from .. import codec as _codec
 from .. import integrity as _integrity
 from .. import pipeline as _pipeline
 from .. import policy as _policy
@@ -309,7 +310,13 @@ def _enter(kind: str, where: str, t, unit: int, group, config: ZipCCLConfig | No
         return None
     try:
         checked = check(call.world, call.rank, *args)
-        coded = _coded(t.dtype, call.cfg, where)
+        # A tensor whose elements are not in memory of its own (a wrapper
+        # subclass: FSDP2's all-gather extensions, float8) goes to torch, which
+        # dispatches it. Whether a call's tensors are such is part of the call,
+        # like its dtype: the same on every rank (FSDP2's parameters are of one
+        # type on every rank), so every rank decides alike.
+        coded = (all(_codec.in_memory(a) for a in args if isinstance(a, torch.Tensor))
+                 and _coded(t.dtype, call.cfg, where))
     except (TypeError, ValueError) as err:
         _refuse(call, kind, t, -(-unit // call.world) if per_rank else unit, err, plan_of,
                 raw_rows)
