@@ -201,30 +201,22 @@ def _observer(cfg: ZipCCLConfig, st: CommStats, plan: _policy.Plan):
     return None if plan is VERIFIED_RAW else _policy.of(cfg, st)
 
 
-def _open_lane(call: _Setup, kind: str, t: torch.Tensor, via: tuple,
-               below: int = _lanes.EVERY) -> None:
+def _open_lane(call: _Setup, kind: str, t: torch.Tensor, via: tuple) -> None:
     """Open the raw lane of this call's (kind, group, dtype, device), calling
-    what ``via`` names (``_lanes.py``), in the runtime of the call's stats,
-    for calls whose unit is under ``below`` bytes (``_lane_bound``)."""
+    what ``via`` names (``_lanes.py``), in the runtime of the call's stats."""
     cfg, st = call.cfg, call.st
-    decisions = _policy.lane_decisions(cfg, st) if below == _lanes.EVERY else None
     _lanes.open_lane(st.runtime.state(cfg), kind, via, call.group, call.world, call.rank,
-                     st.fields(kind), t.dtype, t.device, decisions, below)
+                     st.fields(kind), t.dtype, t.device, _policy.lane_decisions(cfg, st))
 
 
-def _lane_bound(cfg: ZipCCLConfig, kind: str, plan: _policy.Plan, unit: int) -> int:
-    """Which later calls a raw lane may take after this raw call of a coded
-    dtype: every call (``_lanes.EVERY``) when none can go otherwise
-    (``policy.raw_for_good``, or the kind's ``compress_*`` switch off); none
-    (0) under ``verify``, whose raw calls are framed, or when this call was
-    raw for a reason a later call may not share, its size among them: a
-    call raw for its own size exchanges a size row first (``_announce``),
-    which a lane would skip."""
-    if cfg.verify:
-        return 0
-    if _policy.raw_for_good(cfg, plan) or not cfg.compresses(kind):
-        return _lanes.EVERY
-    return 0
+def _opens_lane(cfg: ZipCCLConfig, kind: str, plan: _policy.Plan) -> bool:
+    """Whether this raw call of a coded dtype opens a raw lane for the later
+    calls of its kind: when none can go otherwise (``policy.raw_for_good``, or
+    the kind's ``compress_*`` switch off); not under ``verify``, whose raw
+    calls are framed, nor when this call was raw for a reason a later call
+    may not share, its size among them: a call raw for its own size exchanges
+    a size row first (``_announce``), which a lane would skip."""
+    return not cfg.verify and (_policy.raw_for_good(cfg, plan) or not cfg.compresses(kind))
 
 
 def _pipelined_done(st: CommStats, kind: str, *outcomes: _pipeline.Outcome,

@@ -71,7 +71,7 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
         # what it accepts): its frames are a share of a small call. (Any
         # other call takes the general path, which raises where it refuses.)
         unit = input_tensor.nbytes
-        if output_tensor.nbytes == lane.world * unit and unit < lane.below:
+        if output_tensor.nbytes == lane.world * unit:
             return lane.send(unit, async_op, output_tensor, input_tensor)
     setup = K._enter("all_gather", WHERE, input_tensor, K._nbytes(input_tensor), group, config,
                      stats, _checked, output_tensor, input_tensor)
@@ -84,9 +84,8 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
     if not plan.compress and world > 1 and not (coded and cfg.verify):
         # the lean path of every raw call
         st.add("all_gather", calls=1, raw_bytes=unit, raw_fallback_calls=int(coded))
-        below = K._lane_bound(cfg, "all_gather", plan, unit) if coded else 0
-        if below:
-            K._open_lane(call, "all_gather", input_tensor, _lanes.GATHER, below)
+        if coded and K._opens_lane(cfg, "all_gather", plan):
+            K._open_lane(call, "all_gather", input_tensor, _lanes.GATHER)
         n = input_tensor.numel()
         K._announce(call, "all_gather", plan, input_tensor, [n] * world, [n] * world)
         with K._no_grad_if_needed(output_tensor, input_tensor):

@@ -81,8 +81,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *,
     """
     lane = _lanes.find("all_reduce", tensor, tensor, group, config, stats)
     if lane is not None:
-        if (op is _SUM and tensor.is_contiguous()
-                and (lane.below == _lanes.EVERY or _unit(tensor, lane.world) < lane.below)):
+        if op is _SUM and tensor.is_contiguous():
             # The commonest call, asked only what it needs: a SUM of a
             # contiguous tensor (the checks' parse of it known) on a lane
             # that calls torch's all-reduce, which opens only where torch
@@ -95,9 +94,8 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *,
             return K._completed_work(async_op, tensor)
         parsed = _lanes.checked(_checked, lane.world, lane.rank, tensor, op)
         nbytes = tensor.numel() * tensor.element_size()
-        if parsed is _lanes.MISS or _unit(tensor, lane.world) >= lane.below:
-            pass
-        elif torch_sums_alike(lane.world, parsed, tensor.dtype, tensor.device):
+        if parsed is not _lanes.MISS and torch_sums_alike(lane.world, parsed, tensor.dtype,
+                                                          tensor.device):
             lane.send(nbytes, False, [tensor])
             start = _clock()
             finish_torch_sum(tensor.view(-1), parsed, lane.world)
@@ -157,9 +155,8 @@ def _all_reduce(tensor, op, group, async_op: bool, config: ZipCCLConfig | None,
     # Raw or compressed, the bits of one rank-order sum (see the docstring).
     if not sent.compress and world > 1 and torch_sums_alike(world, parsed, tensor.dtype,
                                                             tensor.device):
-        below = K._lane_bound(cfg, "all_reduce", plan, unit)
-        if below:
-            K._open_lane(call, "all_reduce", tensor, _lanes.ALL_REDUCE, below)
+        if K._opens_lane(cfg, "all_reduce", plan):
+            K._open_lane(call, "all_reduce", tensor, _lanes.ALL_REDUCE)
         K._announce(call, "all_reduce", plan, tensor, counts, [counts[rank]] * world, parsed)
         K._to_torch(st, "all_reduce", numel * itemsize, dist.all_reduce, tensor, group=group)
         with st.phase("all_reduce", "reduce"):
