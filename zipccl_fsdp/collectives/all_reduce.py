@@ -196,7 +196,8 @@ def all_reduce_outlook(tensor: torch.Tensor, group=None, config: ZipCCLConfig | 
     computes (the DDP hook, ``background.py``):
 
     * ``"calibrates"``: it first times the link and the codec (the adaptive
-      policy's first compressible call of this dtype and device on ``group``).
+      policy's first call of this dtype and device on ``group`` that
+      ``compress_all_reduce`` lets compress, whatever its size).
       Run it where nothing else competes for the machine: a codec timed
       beside backward looks slower than it is, and the policy's decision for
       every later call flips from run to run (docs/benchmarks.md);
