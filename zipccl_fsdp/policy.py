@@ -22,7 +22,10 @@ The three parts of the adaptive policy, one owner each:
 Why every rank decides the same: every input of a decision is the same on
 every rank of the group. The speeds are the config's or agreed (the slowest
 rank's, ``calibration.py``); the message size is equal on every rank for
-all-gather, reduce-scatter and all-reduce, and all-to-all ranks exchange
+all-gather, reduce-scatter and all-reduce (a call whose ranks pass other
+sizes raises on every rank at the size row it exchanges before it sends
+anything, whichever plan each rank reached: ``cost.agreed_raw``), and
+all-to-all ranks exchange
 their send sizes first (only when compression could ever win); and the
 expected wire fraction ``f`` of a call site (group, kind, shape, dtype) is a
 running mean of the *global* wire fraction of its compressed calls, which the
