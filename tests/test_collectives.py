@@ -145,17 +145,26 @@ def task_stats_and_async():
     assert rs["raw_bytes"] == (world - 1) * (n // world) * 4
     assert 0 < rs["wire_bytes"] < 0.4 * rs["raw_bytes"], rs
     assert ag["encode_s"] > 0 and ag["decode_s"] > 0 and ag["comm_s"] >= ag["size_exchange_s"] > 0
-    # Raw path: what the rank hands to torch is exactly the raw count.
+    # Raw path, raw for its size: what the rank hands to torch is exactly the
+    # raw count, after the size row it exchanges first (the ranks agree on
+    # the sizes before a route chosen from them).
     own = CommStats()
     all_gather_single(out[:world], x[:1],
                       config=ZipCCLConfig(policy="always", check_consistency=False), stats=own)
     raw_ag = own.snapshot()["all_gather"]
-    assert raw_ag["compressed_calls"] == 0 and raw_ag["wire_bytes"] == raw_ag["raw_bytes"] == 2
+    assert raw_ag["compressed_calls"] == 0 and raw_ag["raw_bytes"] == 2
+    assert raw_ag["wire_bytes"] == 2 + raw_ag["size_bytes"] == 2 + 8 * row_width(world)
+    # Raw for a reason every rank shares: no row.
+    own.reset()
+    all_gather_single(out[:world], x[:1],
+                      config=ZipCCLConfig(policy="never", check_consistency=False), stats=own)
+    raw_ag = own.snapshot()["all_gather"]
+    assert raw_ag["wire_bytes"] == raw_ag["raw_bytes"] == 2 and raw_ag["size_bytes"] == 0
     # The one-time consistency check of a new config is counted too: one
     # tagged vector as wide as a size row.
     own.reset()
     all_gather_single(out[:world], x[:1], config=ZipCCLConfig(policy="always"), stats=own)
-    assert own.snapshot()["all_gather"]["wire_bytes"] == 2 + 8 * row_width(world)
+    assert own.snapshot()["all_gather"]["wire_bytes"] == 2 + 2 * 8 * row_width(world)
     assert stats()["all_gather"]["calls"] == 1  # the call above went to `own`
     reset_stats()
     assert stats()["all_gather"]["calls"] == 0

@@ -13,6 +13,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("zipccl_fsdp", "hooks", "triton_kernels")
 
@@ -35,6 +37,15 @@ when one of them is gone, so that its entry goes too."""
 def _backend(name: str) -> bool:
     return name in ("zipccl_fsdp.codec_torch", "zipccl_fsdp.codec_cpp") or \
         name.split(".")[0] == "triton_kernels"
+
+
+@pytest.mark.parametrize("first", ["", "import torch.distributed.fsdp; "])
+def test_importing_the_package_registers_the_fsdp2_method(first):
+    """``import zipccl_fsdp`` is enough for ``model.register_comm_hook``,
+    whether FSDP is imported before or after it."""
+    code = (first + "import zipccl_fsdp, sys; from torch.distributed.fsdp import FSDPModule; "
+            "assert hasattr(FSDPModule, 'register_comm_hook')")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
 def _modules() -> dict:

@@ -166,9 +166,10 @@ def test_lane_stats_match_the_general_path(pool2):
 
 
 def task_small_calls_lane():
-    """A call raw for its size opens a lane for calls below ``min_bytes``: they
-    skip the general path and count what it counts (no policy decision), and
-    a larger call still takes the general path and compresses."""
+    """A call raw for its size opens no lane: calls below ``min_bytes`` take
+    the general path, which exchanges their size row before torch's call (a
+    lane would skip it, and ranks whose sizes straddle ``min_bytes`` would meet
+    in different collectives), and a larger call compresses."""
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = ZipCCLConfig(policy="always", min_bytes=1 << 14)
     small = make_data(1 << 12, torch.bfloat16, seed=3, rank=rank)  # units of 4 and 8 KiB
@@ -186,7 +187,7 @@ def task_small_calls_lane():
     laned, general_only = CommStats(), CommStats()
     for st in (laned, general_only):
         calls(small, st)  # opens the lanes (and checks the configs agree)
-    below = {k[0]: lane.below for k, lane in laned.runtime.state(cfg).lanes.items()}
+    opened = sorted(k[0] for k in laned.runtime.state(cfg).lanes)
     laned.reset()
     general_only.reset()
     with _GeneralPath() as general:
@@ -201,14 +202,16 @@ def task_small_calls_lane():
     calls(big, general_only)
     snaps = [{k: {f: v for f, v in st.snapshot()[k].items() if not f.endswith("_s")}
               for k in ("all_reduce", "all_gather")} for st in (laned, general_only)]
-    return below, lane_misses, big_calls, snaps
+    return opened, lane_misses, big_calls, snaps
 
 
-def test_small_calls_take_a_lane_of_their_size(pool2):
-    for below, lane_misses, big_calls, (laned, general) in pool2.run(task_small_calls_lane):
-        assert below == {"all_reduce": 1 << 14, "all_gather": 1 << 14}, below
-        assert lane_misses == 0 and big_calls == 2
+def test_small_calls_take_no_lane_and_exchange_their_sizes(pool2):
+    for opened, lane_misses, big_calls, (laned, general) in pool2.run(task_small_calls_lane):
+        assert opened == [], opened
+        assert lane_misses == 6 and big_calls == 2
         assert laned == general
+        # 3 small calls of each kind announce one row each, the big one sends its rows
+        assert all(s["size_bytes"] > 0 for s in laned.values()), laned
         assert {k: (s["calls"], s["compressed_calls"]) for k, s in laned.items()} == \
             {"all_reduce": (4, 1), "all_gather": (4, 1)}, laned
 

@@ -1,9 +1,10 @@
 """``zipccl titan`` trains recipes/llama3_tiny_cpu.toml with and without zipccl.
 
-Two real runs through the CLI (torchrun, 2 gloo ranks, 5 steps): one with
-zipccl's comms, ``--capture 2`` and ``--profile 4``, one with
+Three real runs through the CLI (torchrun, 2 gloo ranks, 20 steps): one with
+zipccl's comms, ``--capture 2`` and ``--profile 4``, one with ``--policy
+never`` (zipccl's comms sending every byte raw) and one with
 ``--no-compress``. Read back from torchtitan's TensorBoard event files:
-every logged loss and gradient norm is bitwise the same in both runs; the
+every logged loss and gradient norm is bitwise the same in all three; the
 compressed run carries ``zipccl/<kind>/{raw_MB,wire_MB,ratio,comm_ms,
 encode_ms,decode_ms}`` for all-gathers and reduce-scatters at every step,
 per step (not running totals), with fewer bytes on the wire than raw. The
@@ -31,7 +32,7 @@ pytest.importorskip("tokenizers")
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
 TINY = RECIPES / "llama3_tiny_cpu.toml"
-STEPS = 5
+STEPS = 20
 RUN_TIMEOUT_S = 240
 TAGS = ("raw_MB", "wire_MB", "ratio", "comm_ms", "encode_ms", "decode_ms", "compressed_fraction")
 
@@ -66,7 +67,7 @@ def runs(tmp_path_factory, build_cache):
     env = _env(build_cache)
     out = {}
     for name, extra in (("zipccl", ["--capture", "2", "--profile", "4"]),
-                        ("raw", ["--no-compress"])):
+                        ("never", ["--policy", "never"]), ("raw", ["--no-compress"])):
         dump = tmp_path_factory.mktemp(name)
         proc = _zipccl(["titan", "--recipe", TINY, "--steps", STEPS, "--dump-folder", dump,
                         *extra, "--", "--comm.init_timeout_seconds", "60"], env)
@@ -87,6 +88,7 @@ def test_losses_bitwise_identical_with_and_without_compression(runs):
         assert sorted(zc) == list(range(1, STEPS + 1)), tag
         assert all(math.isfinite(v) for v in zc.values()), (tag, zc)
         assert _bits(zc) == _bits(raw), tag
+        assert _bits(zc) == _bits(runs["never"][1][tag]), tag
 
 
 def _assert_compressed(scalars: dict) -> None:
@@ -246,6 +248,20 @@ def test_policy_keys_reach_the_config(tmp_path, quiet_env):
     cfg = RunSettings(**json.loads(prepared.env[SETTINGS_ENV])).zipccl_config()
     assert (cfg.policy, cfg.link_gbps, cfg.link_latency_us, cfg.codec_gbps,
             cfg.pipeline_pieces) == ("adaptive", 1, 250.0, 2.5, 4)
+
+
+def test_policy_option_overrides_the_recipes(tmp_path, quiet_env):
+    from zipccl_fsdp.titan import launch
+    from zipccl_fsdp.titan.comms import SETTINGS_ENV, RunSettings
+
+    path = _write(tmp_path, "[zipccl]\npolicy = 'always'\n")
+    for policy in ("never", "adaptive", "always"):
+        prepared = launch.prepare(_launch_args(path, "--dump-folder", "x", "--policy", policy))
+        cfg = RunSettings(**json.loads(prepared.env[SETTINGS_ENV])).zipccl_config()
+        assert cfg.policy == policy
+    with pytest.raises(ValueError, match="--policy"):
+        launch.prepare(_launch_args(path, "--dump-folder", "x", "--policy", "never",
+                                    "--no-compress"))
 
 
 def _help(capsys, *words) -> str:

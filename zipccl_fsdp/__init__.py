@@ -35,6 +35,48 @@ _LAZY = {
 }
 
 
+_FSDP = "torch.distributed.fsdp"
+
+
+def _register_fsdp_method() -> None:
+    """Give ``FSDPModule`` its ``register_comm_hook`` (``hooks.registry`` adds
+    it when imported) as soon as FSDP is loaded: now if it is, else right
+    after its package is imported. Importing this package alone loads
+    neither FSDP nor the hooks (the kernels and the format import it)."""
+    import importlib
+    import importlib.abc
+    import importlib.util
+    import sys
+
+    if _FSDP in sys.modules:
+        importlib.import_module("hooks.registry")
+        return
+
+    class _AfterFSDP(importlib.abc.MetaPathFinder):
+        """Runs ``hooks.registry`` once FSDP's package has been executed."""
+
+        def find_spec(self, fullname, path, target=None):
+            if fullname != _FSDP:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(fullname)
+            if spec is None or spec.loader is None:
+                return spec
+            execute = spec.loader.exec_module
+
+            def exec_module(module):
+                execute(module)
+                importlib.import_module("hooks.registry")
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, _AfterFSDP())
+
+
+_register_fsdp_method()
+
+
 def __getattr__(name: str):
     module = _LAZY.get(name)
     if module is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 # (words, module, one-line help, pip extra it needs)
@@ -29,8 +30,46 @@ def _load(module: str, extra: str | None, words) -> object:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        hint = f"; install it with pip install 'zipccl-fsdp[{extra}]'" if extra else ""
-        raise SystemExit(f"zipccl {' '.join(words)} needs {exc.name or exc}{hint}") from None
+        missing = (exc.name or "").partition(".")[0]
+        if not missing:
+            raise SystemExit(f"zipccl {' '.join(words)} cannot load {module}: {exc}") from None
+        provider = _extra_providing(missing)
+        if provider is not None:
+            hint = f"; install it with pip install 'zipccl-fsdp[{provider}]'"
+        else:
+            hint = f"; install {missing}" + (
+                f" (the command's own dependencies come with pip install 'zipccl-fsdp[{extra}]')"
+                if extra else "")
+        raise SystemExit(f"zipccl {' '.join(words)} needs {missing}, which is not "
+                         f"installed{hint}") from None
+
+
+def _extra_providing(name: str) -> str | None:
+    """The extra of the installed zipccl-fsdp whose requirements name the
+    distribution ``name`` (a missing module's top-level name), preferring one
+    meant for users over "dev"; None when no extra does or the metadata is
+    not there. Read from the package's metadata, so that it names what
+    pyproject.toml declares."""
+    import importlib.metadata as metadata
+
+    try:
+        requires = metadata.requires("zipccl-fsdp") or []
+    except metadata.PackageNotFoundError:
+        return None
+    found = []
+    for line in requires:
+        req, _, marker = line.partition(";")
+        dist = re.split(r"[\s<>=!~\[(]", req.strip(), maxsplit=1)[0]
+        extra = re.search(r"extra\s*==\s*[\"']([^\"']+)[\"']", marker)
+        if extra and _normal(dist) == _normal(name):
+            found.append(extra.group(1))
+    found.sort(key=lambda e: e == "dev")
+    return found[0] if found else None
+
+
+def _normal(name: str) -> str:
+    """A distribution or module name as PEP 503 compares them."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def build_parser(argv: list) -> argparse.ArgumentParser:

@@ -161,7 +161,7 @@ def encode(tensor: torch.Tensor, *, codec: CodecName = "auto", backend: BackendN
     # that name what is wrong run only when it is false, in this order.
     if not (isinstance(tensor, torch.Tensor) and tensor.dtype in F.DTYPES
             and (codec in CODECS or codec == "auto") and tensor.dim() <= F.MAX_NDIM
-            and type(room) is int and room >= 0):
+            and type(room) is int and room >= 0 and in_memory(tensor)):
         _check_encode_args(tensor, codec, room)
     if codec == "auto":
         codec = DEFAULT_CODEC
@@ -187,10 +187,42 @@ def encode(tensor: torch.Tensor, *, codec: CodecName = "auto", backend: BackendN
     return payload
 
 
+_STRIDED = torch.strided
+
+
+def in_memory(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements lie in memory of its own, where a backend reads
+    them by address: a strided tensor with a storage (a plain tensor, a
+    ``Parameter``, a subclass made with ``_make_subclass``). Not a wrapper
+    subclass (``TwoTensor``, FSDP2's all-gather extensions, torchao's float8:
+    their storage is empty and ``data_ptr()`` is 0), a fake, meta or sparse
+    tensor. What the codec's front door asks of every tensor before any
+    backend sees it, and the collectives of the tensors they would encode or
+    decode (those that fail it go to torch, which dispatches them)."""
+    if type(t) is torch.Tensor:
+        return t.layout is _STRIDED and not t.is_meta
+    if t.layout is not _STRIDED or t.is_meta:
+        return False
+    try:
+        storage = t.untyped_storage()
+        return storage.data_ptr() != 0 or storage.nbytes() == 0
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+def _check_in_memory(t: torch.Tensor, name: str) -> None:
+    if not in_memory(t):
+        raise TypeError(
+            f"{name} is a {type(t).__name__} ({t.layout}, on {t.device}) whose elements are not "
+            f"in memory of its own, which the codec reads by address: pass a plain strided "
+            f"tensor (for a wrapper tensor subclass, the plain tensors it holds)")
+
+
 def _check_encode_args(tensor, codec, room) -> None:
     """encode's argument checks, each with its error."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"encode takes a torch.Tensor, got {type(tensor).__name__}")
+    _check_in_memory(tensor, "the tensor to encode")
     F.dtype_info(tensor.dtype)
     _check_codec(codec)
     if tensor.dim() > F.MAX_NDIM:
@@ -250,6 +282,10 @@ def decode(payload: torch.Tensor, *, out: torch.Tensor | None = None,
         >>> zipccl_fsdp.decode(payload, out=y) is y
         True
     """
+    if isinstance(payload, torch.Tensor) and not in_memory(payload):
+        _check_in_memory(payload, "the payload")
+    if isinstance(out, torch.Tensor) and not in_memory(out):
+        _check_in_memory(out, "out")
     module = None
     if out is not None and isinstance(payload, torch.Tensor) and out.dtype in F.DTYPES:
         device = payload.device
@@ -327,4 +363,5 @@ def max_encoded_nbytes(numel: int, dtype: torch.dtype, codec: str = "auto",
     return F.max_encoded_nbytes(numel, dtype, ndim, verify)
 
 
-__all__ = ["CODECS", "BACKENDS", "encode", "decode", "max_encoded_nbytes", "CorruptPayloadError"]
+__all__ = ["CODECS", "BACKENDS", "encode", "decode", "max_encoded_nbytes", "in_memory",
+           "CorruptPayloadError"]

@@ -77,6 +77,18 @@ LINK_RAW = Plan(False, reason="link")
 """Raw because compression can never pay on this group and dtype (the
 policy's gate is closed): no later call of that kind can go otherwise."""
 
+SIZE_RAW = Plan(False, reason="size")
+"""Raw because the message is below ``min_bytes``."""
+
+
+def agreed_raw(plan: Plan) -> bool:
+    """Whether ``plan`` is raw for a reason every rank shares before the ranks
+    have exchanged anything (``RAW``: the config, the kind's switch, the
+    caller; ``LINK_RAW``: the gate). Any other raw plan was reached from the
+    call's own sizes, which the ranks have not yet agreed on: such a call
+    exchanges a size row before it moves raw bytes (``pipeline.announce``)."""
+    return plan is RAW or plan is LINK_RAW
+
 
 @dataclass(frozen=True)
 class Traffic:

@@ -42,6 +42,11 @@ stays in step; under ``verify`` a last exchange of one int64 per rank
 reduce-scatter half found one sends ``ABORT`` in the first row of its
 all-gather half instead. A rank that refused the call locally sends
 ``integrity.REFUSE_TAG`` in place of its first row, and every rank raises.
+
+A raw call sends a row with its first piece too (its sizes ``FELL_BACK``),
+unless its sizes are agreed already, and so does a call handed to torch for
+its own size (``announce``): whatever route a rank took from its own sizes,
+the ranks meet in a row first, and sizes that differ raise there.
 """
 from __future__ import annotations
 
@@ -245,13 +250,16 @@ class _Call:
     schedule that overlaps its pieces (``run``)."""
 
     def __init__(self, kind, group, world, rank, plan, cfg, st, device, desc: Desc,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, agreed: bool = False) -> None:
         self.kind, self.group, self.world, self.rank = kind, group, world, rank
         self.plan, self.cfg, self.st, self.device = plan, cfg, st, device
         self.desc, self.dtype = desc, dtype
         self.streams = _Streams(device)
         self.empty = _empty_bytes(device)  # what a rank sends itself
         self.raw_mode = not plan.compress  # sticky after a FELL_BACK
+        # A raw call's first piece still exchanges a size row (its sizes
+        # ``FELL_BACK``), unless the ranks have agreed on the sizes already.
+        self.announce = self.raw_mode and not agreed
         self.fell = False
         self.coded = False
         self.error: Exception | None = None
@@ -270,6 +278,8 @@ class _Call:
         the work is done."""
         def begin(i):
             if self.raw_mode:
+                if i == 0 and self.announce:
+                    return raw(0), self.launch_row(self.fell_back_sizes(), [0, 0])
                 return raw(i), None
             payloads, sizes, tail = encode(i)
             return payloads, self.launch_row(sizes, tail)
@@ -353,7 +363,8 @@ class _Call:
         if _integrity.ABORT in flat:
             return sizes
         if _integrity.FELL_BACK in flat:
-            self.raw_mode = self.fell = True
+            self.fell = self.fell or not self.raw_mode  # not a raw call's own announcement
+            self.raw_mode = True
         else:
             self.coded = True
             self.coded_raw += sum(row[-2] for row in rows)
@@ -452,21 +463,37 @@ def _aborted(sizes: list, call: _Call, abort) -> None:
         _integrity.raise_if_aborted(first, call.kind, call.group)
 
 
+def announce(kind: str, desc: Desc, dtype: torch.dtype, group, rank: int, world: int, plan,
+             cfg, st, device: torch.device) -> None:
+    """Exchange and check the size row of a call that goes raw outside the
+    schedule (handed to torch) for a reason read from its own sizes
+    (``cost.agreed_raw`` is false for its plan): the row its peers send first
+    if their sizes made them compress, or go raw through the schedule, so
+    ranks whose sizes differ raise the same ``ValueError`` here
+    (``_check_rows``) instead of meeting in different collectives. Its
+    sizes are ``FELL_BACK``: a peer that compressed although the sizes agree
+    sends the call raw with it."""
+    call = _Call(kind, group, world, rank, plan, cfg, st, device, desc, dtype)
+    call.rows(call.launch_row(call.fell_back_sizes(), [0, 0]), 0)
+
+
 # --------------------------------------------------------------------------
 # All-gather
 # --------------------------------------------------------------------------
 def gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, plan, cfg, st,
-           policy=None, site: tuple = (), abort: Exception | None = None) -> Outcome:
+           policy=None, site: tuple = (), abort: Exception | None = None,
+           agreed: bool = False) -> Outcome:
     """All-gather ``own`` (flat) into ``slots`` (flat views, one per rank; their
     sizes may differ, as all-reduce's do) in ``plan.pieces`` pieces, raw when
     ``plan`` is. With ``abort`` (an all-reduce whose first half failed) every
     rank raises at the first row: this one ``abort``, the others
-    ``CorruptPayloadError``."""
+    ``CorruptPayloadError``. ``agreed``: the ranks have checked each other's
+    sizes already (an all-reduce's second half), so a raw call sends no row."""
     world = len(slots)
     device = own.device
     own = gather_source(own, slots, rank)
     desc = describe(kind, own.dtype, None, [own.numel()] * world, [s.numel() for s in slots])
-    call = _Call(kind, group, world, rank, plan, cfg, st, device, desc, own.dtype)
+    call = _Call(kind, group, world, rank, plan, cfg, st, device, desc, own.dtype, agreed)
     itemsize = own.element_size()
     bounds = [_bounds(s.numel(), plan.pieces) for s in slots]
     placed = [True] if same_memory(own, slots[rank]) else []

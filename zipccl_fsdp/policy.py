@@ -22,7 +22,10 @@ The three parts of the adaptive policy, one owner each:
 Why every rank decides the same: every input of a decision is the same on
 every rank of the group. The speeds are the config's or agreed (the slowest
 rank's, ``calibration.py``); the message size is equal on every rank for
-all-gather, reduce-scatter and all-reduce, and all-to-all ranks exchange
+all-gather, reduce-scatter and all-reduce (a call whose ranks pass other
+sizes raises on every rank at the size row it exchanges before it sends
+anything, whichever plan each rank reached: ``cost.agreed_raw``), and
+all-to-all ranks exchange
 their send sizes first (only when compression could ever win); and the
 expected wire fraction ``f`` of a call site (group, kind, shape, dtype) is a
 running mean of the *global* wire fraction of its compressed calls, which the
@@ -55,7 +58,7 @@ import torch
 from . import cost
 from ._wire import gather_ints, group_key
 from .calibration import Calibration
-from .cost import LINK_RAW, RAW, Plan, Traffic
+from .cost import LINK_RAW, RAW, SIZE_RAW, Plan, Traffic
 
 logger = logging.getLogger(__name__)
 
@@ -278,20 +281,36 @@ def of(cfg, st) -> Policy:
 
 
 def plan(cfg, st, kind: str, group, world: int, t: torch.Tensor, parts: tuple,
-         compress: bool) -> Plan:
+         compress: bool, big: bool = True) -> Plan:
     """The plan of an all-gather, reduce-scatter or all-reduce of ``t`` whose
     traffic is ``parts`` (``cost.gather``, ``cost.scatter_reduce``: the
-    collective's own description); ``compress``: ``min_bytes``, the
-    ``compress_*`` switch and the caller let it compress. Every rank gets the
-    same plan."""
+    collective's own description); ``compress``: the ``compress_*`` switch and
+    the caller let it compress (the same on every rank); ``big``: the message
+    holds at least ``min_bytes`` (this rank's own size). Every rank whose
+    sizes agree gets the same plan; a raw plan reached from ``big`` or the
+    sizes is not ``cost.agreed_raw``, and the collective then exchanges a size
+    row before it sends raw bytes, so ranks whose sizes differ raise there.
+    The adaptive gate is asked whatever the size: it may calibrate (collectives
+    on ``group``), so what calls it must be the same on every rank."""
     if not compress or cfg.policy == "never":
         return RAW
-    if cfg.policy == "always" and cfg.pipeline_pieces <= 1:
-        return Plan(True, cfg.codec, reason="always")
+    if cfg.policy == "always":
+        if not big:
+            return SIZE_RAW
+        if cfg.pipeline_pieces <= 1:
+            return Plan(True, cfg.codec, reason="always")
     pol = of(cfg, st)
-    if pol.gate_known(group, t.dtype, t.device) is False:  # the hot path of a fast link
+    gate = pol.gate_known(group, t.dtype, t.device)
+    if gate is False:  # the hot path of a fast link
         pol.decisions[(kind, "raw", 1)] += 1
         return LINK_RAW
+    if not big:
+        if gate is None and cfg.policy == "adaptive":
+            with st.phase(kind, "policy"):
+                if not pol.gate(group, world, t.dtype, t.device, st):
+                    pol.decisions[(kind, "raw", 1)] += 1
+                    return LINK_RAW
+        return SIZE_RAW
     with st.phase(kind, "policy"):
         return pol.decide(kind, group, world, (kind, tuple(t.shape), t.dtype), t.dtype,
                           t.device, parts, st)
@@ -345,7 +364,8 @@ def outlook(cfg, st, group, dtype: torch.dtype, device, may_compress: bool) -> s
     """What an all-reduce is known to do before it runs
     (``collectives.all_reduce_outlook``): "calibrates" or "" (anything else:
     raw or compressed, an all-reduce runs zipccl's schedule, which waits).
-    ``may_compress``: ``min_bytes`` and the ``compress_*`` switch let it compress."""
+    ``may_compress``: the ``compress_*`` switch lets it compress (``plan``
+    asks the gate whatever the size)."""
     if cfg.policy != "adaptive" or not may_compress:
         return ""
     pol = of(cfg, st)

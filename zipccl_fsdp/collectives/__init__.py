@@ -45,7 +45,13 @@ Every check that can fail locally (dtype, op, shapes) runs before the first
 communication. A rank whose arguments fail them tells its peers in the
 exchange they make first (``_refuse``): the agreement check, or the first size
 row of a call that goes through the schedule; they raise ``ValueError``
-naming it. A call the peers hand to torch raw has no such exchange, and there
+naming it. No call decides raw or compressed, or which raw route, from its
+own sizes before the ranks have agreed on them: a call raw for its size
+(below ``min_bytes``, or chosen by the adaptive policy from it) exchanges its
+size row before torch's call (``_call._announce``), and zipccl's own raw
+reduction sends one with its first piece, so ranks whose sizes differ raise
+``ValueError`` on every rank. A call every rank hands to torch for a reason
+they share before any exchange (``cost.agreed_raw``) has none, and there
 torch's rule holds: the peers wait until the process group's timeout. What
 only the ranks together can see (a call that differs between ranks, a size no
 slot can hold) is checked on the size rows, which every rank sees. Under

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from .. import _reduce
+from .. import codec as _codec
 from .. import integrity as _integrity
 from .. import pipeline as _pipeline
 from .. import policy as _policy
@@ -24,6 +25,7 @@ from . import _lanes
 from .._wire import all_gather_single as _all_gather_single
 from .._wire import reduce_scatter_single as _reduce_scatter_single
 from ..config import DEFAULT_CONFIG, ZipCCLConfig
+from ..cost import agreed_raw as _agreed_raw
 from ..stats import MODULE_STATS, CommStats
 
 __all__ = ["CODED_DTYPES", "stats", "reset_stats", "VERIFIED_RAW"]
@@ -145,16 +147,35 @@ def _group_info(group):
 
 
 def _compresses(cfg: ZipCCLConfig, kind: str, unit_nbytes: int) -> bool:
-    return cfg.compresses(kind) and unit_nbytes > 0 and unit_nbytes >= cfg.min_bytes
+    """Whether a message of ``unit_nbytes`` (this rank's own) is big enough to
+    compress: not empty and at least ``min_bytes``."""
+    return unit_nbytes > 0 and unit_nbytes >= cfg.min_bytes
 
 
 def _plan(cfg: ZipCCLConfig, kind: str, group, world: int, t: torch.Tensor, parts: tuple,
-          compress: bool, st: CommStats) -> _policy.Plan:
-    """The policy's plan for a call whose traffic is ``parts`` and that
-    ``min_bytes`` and the ``compress_*`` switches let compress
-    (``policy.plan``); raw otherwise, and while a CUDA graph is captured.
-    Every rank gets the same plan."""
-    return _policy.plan(cfg, st, kind, group, world, t, parts, compress and not _capturing(t))
+          may: bool, unit: int, st: CommStats) -> _policy.Plan:
+    """The policy's plan for a call whose traffic is ``parts``, its unit of
+    encoding ``unit`` bytes (``policy.plan``); ``may``: the collective lets it
+    compress (a coded dtype, more than one rank: the same on every rank). Raw
+    while a CUDA graph is captured. A raw plan that is not ``agreed_raw``
+    came from this rank's own size: the call announces it (``_announce``)."""
+    return _policy.plan(cfg, st, kind, group, world, t, parts,
+                        may and cfg.compresses(kind) and not _capturing(t),
+                        _compresses(cfg, kind, unit))
+
+
+def _announce(call: _Setup, kind: str, plan: _policy.Plan, t: torch.Tensor, elems_to: list,
+              elems_from: list, op=None) -> None:
+    """Before a raw call is handed to torch: exchange its size row if its plan
+    came from this rank's own sizes (``pipeline.announce``), so that ranks whose
+    sizes differ raise ``ValueError`` on every rank instead of meeting in
+    different collectives. A plan every rank shares before any exchange
+    (``cost.agreed_raw``) sends nothing: the call costs what torch's does."""
+    if _agreed_raw(plan):
+        return
+    desc = _pipeline.describe(kind, t.dtype, op, elems_to, elems_from)
+    _pipeline.announce(kind, desc, t.dtype, call.group, call.rank, call.world, plan, call.cfg,
+                       call.st, t.device)
 
 
 def _decided(plan: _policy.Plan, codable: bool) -> dict:
@@ -180,30 +201,22 @@ def _observer(cfg: ZipCCLConfig, st: CommStats, plan: _policy.Plan):
     return None if plan is VERIFIED_RAW else _policy.of(cfg, st)
 
 
-def _open_lane(call: _Setup, kind: str, t: torch.Tensor, via: tuple,
-               below: int = _lanes.EVERY) -> None:
+def _open_lane(call: _Setup, kind: str, t: torch.Tensor, via: tuple) -> None:
     """Open the raw lane of this call's (kind, group, dtype, device), calling
-    what ``via`` names (``_lanes.py``), in the runtime of the call's stats,
-    for calls whose unit is under ``below`` bytes (``_lane_bound``)."""
+    what ``via`` names (``_lanes.py``), in the runtime of the call's stats."""
     cfg, st = call.cfg, call.st
-    decisions = _policy.lane_decisions(cfg, st) if below == _lanes.EVERY else None
     _lanes.open_lane(st.runtime.state(cfg), kind, via, call.group, call.world, call.rank,
-                     st.fields(kind), t.dtype, t.device, decisions, below)
+                     st.fields(kind), t.dtype, t.device, _policy.lane_decisions(cfg, st))
 
 
-def _lane_bound(cfg: ZipCCLConfig, kind: str, plan: _policy.Plan, unit: int) -> int:
-    """Which later calls a raw lane may take after this raw call of a coded
-    dtype whose unit of encoding has ``unit`` bytes: every call
-    (``_lanes.EVERY``) when none can go otherwise (``policy.raw_for_good``, or the
-    kind's ``compress_*`` switch off), those below ``min_bytes`` when this one
-    went raw for its size (the policy never saw it, so its calls are not
-    counted as decisions), none (0) under ``verify``, whose raw calls are
-    framed, or when this call was raw for a reason a later call may not share."""
-    if cfg.verify:
-        return 0
-    if _policy.raw_for_good(cfg, plan) or not cfg.compresses(kind):
-        return _lanes.EVERY
-    return cfg.min_bytes if unit < cfg.min_bytes else 0
+def _opens_lane(cfg: ZipCCLConfig, kind: str, plan: _policy.Plan) -> bool:
+    """Whether this raw call of a coded dtype opens a raw lane for the later
+    calls of its kind: when none can go otherwise (``policy.raw_for_good``, or
+    the kind's ``compress_*`` switch off); not under ``verify``, whose raw
+    calls are framed, nor when this call was raw for a reason a later call
+    may not share, its size among them: a call raw for its own size exchanges
+    a size row first (``_announce``), which a lane would skip."""
+    return not cfg.verify and (_policy.raw_for_good(cfg, plan) or not cfg.compresses(kind))
 
 
 def _pipelined_done(st: CommStats, kind: str, *outcomes: _pipeline.Outcome,
@@ -269,7 +282,8 @@ def _begin(group, config: ZipCCLConfig | None, stats: CommStats | None) -> _Setu
 
 
 def _enter(kind: str, where: str, t, unit: int, group, config: ZipCCLConfig | None,
-           stats: CommStats | None, check, *args, per_rank: bool = False, plan_of=None):
+           stats: CommStats | None, check, *args, per_rank: bool = False, plan_of=None,
+           raw_rows=False):
     """Where every public collective's general path begins: ``(call, what
     check returned, whether the codec handles t's dtype)``, or None when this
     rank is not in ``group``.
@@ -280,16 +294,24 @@ def _enter(kind: str, where: str, t, unit: int, group, config: ZipCCLConfig | No
     dtype is coded. A check that fails is refused to the peers before it is
     raised (``_refuse``, which predicts the call's first exchange from
     ``unit``, the bytes of one unit of encoding, or of the whole tensor when
-    ``per_rank``: a chunk is then a world's share of it). Then the agreement
+    ``per_rank``: a chunk is then a world's share of it; ``raw_rows``: see
+    ``_refuse``). Then the agreement
     check, once per (config, group)."""
     call = _begin(group, config, stats)
     if call is None:
         return None
     try:
         checked = check(call.world, call.rank, *args)
-        coded = _coded(t.dtype, call.cfg, where)
+        # A tensor whose elements are not in memory of its own (a wrapper
+        # subclass: FSDP2's all-gather extensions, float8) goes to torch, which
+        # dispatches it. Whether a call's tensors are such is part of the call,
+        # like its dtype: the same on every rank (FSDP2's parameters are of one
+        # type on every rank), so every rank decides alike.
+        coded = (all(_codec.in_memory(a) for a in args if isinstance(a, torch.Tensor))
+                 and _coded(t.dtype, call.cfg, where))
     except (TypeError, ValueError) as err:
-        _refuse(call, kind, t, -(-unit // call.world) if per_rank else unit, err, plan_of)
+        _refuse(call, kind, t, -(-unit // call.world) if per_rank else unit, err, plan_of,
+                raw_rows)
         raise
     _ensure_consistent(call.cfg, call.group, call.world, t, call.st, kind)
     return call, checked, coded
@@ -299,17 +321,21 @@ def _nbytes(t) -> int:
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
 
 
-def _refuse(call: _Setup, kind: str, t, unit: int, err: Exception, plan_of=None) -> None:
+def _refuse(call: _Setup, kind: str, t, unit: int, err: Exception, plan_of=None,
+            raw_rows=False) -> None:
     """Before a local argument error ``err`` is raised on this rank: tell the
     peers, whose call may be valid, so that they raise too instead of waiting
     for this rank (``integrity.refuse``). The refusal takes the place of the
     exchange the peers make first: the agreement check when it is due, else
     the first size row of a call that goes through the schedule (compressed,
-    or verified raw), which this rank predicts from its own ``t`` and
-    ``unit`` (or with ``plan_of(call, t)``, a collective's own way to plan,
-    as the all-to-all's). A call the peers hand to torch raw has no exchange of zipccl's
-    to take: there torch's rule holds, as for torch's own collectives (the
-    peers wait until the process group's timeout; README, "Errors")."""
+    verified raw, or raw through zipccl's own reduction: ``raw_rows``, a bool
+    or ``raw_rows(call, t)``) or goes raw for its size (``_announce``), which
+    this rank predicts from its own ``t`` and ``unit`` (or with
+    ``plan_of(call, t)``, a collective's own way to plan, as the
+    all-to-all's). A call the peers hand to torch raw for a reason every rank
+    shares has no exchange of zipccl's to take: there torch's rule holds, as
+    for torch's own collectives (the peers wait until the process group's
+    timeout; README, "Errors")."""
     why = getattr(err, "zipccl_refusal", None)
     if why is None or call.world == 1 or not isinstance(t, torch.Tensor) or _capturing(t):
         return
@@ -319,13 +345,14 @@ def _refuse(call: _Setup, kind: str, t, unit: int, err: Exception, plan_of=None)
         return
     if t.dtype not in CODED_DTYPES:
         return
-    if not cfg.compresses(kind) and not cfg.verify:
-        return
     if plan_of is not None:
         plan = plan_of(call, t) if cfg.compresses(kind) else _policy.RAW
+        rows = _verified(cfg, plan).compress
     else:
-        plan = _plan(cfg, kind, group, world, t, unit, _compresses(cfg, kind, unit), call.st)
-    if _verified(cfg, plan).compress:
+        plan = _plan(cfg, kind, group, world, t, (), True, unit, call.st)
+        rows = (_verified(cfg, plan).compress or not _agreed_raw(plan)
+                or (raw_rows(call, t) if callable(raw_rows) else raw_rows))
+    if rows:
         _integrity.refuse(group, world, t.device, why)
 
 

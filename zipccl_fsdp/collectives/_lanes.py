@@ -5,9 +5,9 @@ Once a call has gone raw for a reason that no later call can change (the
 adaptive policy found this group's link faster than any codec for the dtype,
 ``policy="never"``, or the kind's ``compress_*`` switch off), the collective
 opens a lane for its (kind, group, dtype, device) in the runtime state of its
-config in its stats' owner (``runtime.py``); a call raw for its size (below
-``min_bytes``) opens one that takes only calls below that size
-(``Lane.below``). The next such calls find it (``find``); their arguments
+config in its stats' owner (``runtime.py``). A call raw for its own size opens
+none: it exchanges its size row before torch's call (``_call._announce``),
+which a lane would skip. The next such calls find it (``find``); their arguments
 pass either a narrow test the collective asks inline for its commonest
 calls (contiguous tensors of one dtype and device, even splits, a SUM: a
 subset of what its checks accept, so it never takes a call they refuse)
@@ -32,9 +32,7 @@ manager, arguments the collective's checks refuse (``checked`` returns
 ``MISS``), an all-to-all whose output overlaps its input, and under
 ``verify``, where raw calls are framed and checked (no lane opens). The
 all-reduce's lane takes only the calls its general path would hand to
-torch's all-reduce (``_reduce.torch_sums_alike``) or
-sum from one all-gather of the whole tensors (``all_reduce.gathers_whole``),
-whichever opened it.
+torch's all-reduce (``_reduce.torch_sums_alike``).
 """
 from __future__ import annotations
 
@@ -50,14 +48,10 @@ from ..config import DEFAULT_CONFIG
 from ..stats import MODULE_STATS
 from ..stats import profiling as _profiling
 
-__all__ = ["MISS", "EVERY", "GATHER", "ALL_TO_ALL", "ALL_REDUCE", "Lane", "open_lane", "find",
-           "checked"]
+__all__ = ["MISS", "GATHER", "ALL_TO_ALL", "ALL_REDUCE", "Lane", "open_lane", "find", "checked"]
 
 MISS = object()
 """What ``checked`` returns for arguments the collective's checks refuse."""
-
-EVERY = 1 << 62
-"""``Lane.below`` of a lane that takes a call of any size."""
 
 _Tensor = torch.Tensor
 _clock = time.perf_counter
@@ -73,18 +67,13 @@ class Lane:
     """What a raw call of one (kind, group, stats, dtype, device) needs: the
     group's size and this rank, the stats fields it adds to, the policy's
     decision counter, the process group's method and torch's options
-    objects, at ``opts[async_op]``; ``via``: what it calls (``GATHER``, ...);
-    ``below``: the lane takes only calls whose unit of encoding (the
-    collective's, as ``min_bytes`` reads it) has fewer bytes (``EVERY``: any
-    call)."""
+    objects, at ``opts[async_op]``; ``via``: what it calls (``GATHER``, ...)."""
 
-    __slots__ = ("world", "rank", "fields", "decisions", "decision", "method", "opts", "via",
-                 "below")
+    __slots__ = ("world", "rank", "fields", "decisions", "decision", "method", "opts", "via")
 
     def __init__(self, kind: str, via: tuple, pg, world: int, rank: int, fields: dict,
-                 decisions, below: int = EVERY) -> None:
+                 decisions) -> None:
         self.world, self.rank, self.fields = world, rank, fields
-        self.below = below
         self.decisions = decisions if decisions is not None else collections.Counter()
         self.decision = (kind, "raw", 1)
         self.via = via
@@ -120,21 +109,18 @@ def _options(options, async_op: bool):
 
 
 def open_lane(state, kind: str, via: tuple, pg, world: int, rank: int, fields: dict,
-              dtype: torch.dtype, device: torch.device, decisions=None,
-              below: int = EVERY) -> None:
+              dtype: torch.dtype, device: torch.device, decisions=None) -> None:
     """Open the lane of ``kind`` calls on process group ``pg`` (resolved: never
     None) with tensors of ``dtype`` on ``device`` in ``state`` (the
     ``runtime.ConfigState`` of the call's config in its stats' runtime),
     calling what ``via`` names (``GATHER``, ``ALL_TO_ALL``). Only for a call
-    just sent raw for a reason no later call of a unit under ``below`` bytes
-    can change (see the module docstring); ``fields`` is the stats object's
-    dict for ``kind`` (``CommStats.fields``), ``decisions`` the policy's
-    counter of its plans, if it counted this call. A lane for calls below a
-    size gives way to one for every call."""
+    just sent raw for a reason no later call can change (see the module
+    docstring); ``fields`` is the stats object's dict for ``kind``
+    (``CommStats.fields``), ``decisions`` the policy's counter of its plans,
+    if it counted this call."""
     key = (kind, pg, dtype, device)
-    lane = state.lanes.get(key)
-    if lane is None or lane.below < below:
-        state.lanes[key] = Lane(kind, via, pg, world, rank, fields, decisions, below)
+    if key not in state.lanes:
+        state.lanes[key] = Lane(kind, via, pg, world, rank, fields, decisions)
 
 
 def _lanes(config, stats) -> dict:

@@ -26,7 +26,25 @@ def _checked(world: int, rank: int, output_tensor, input_tensor) -> int:
     check (the general path's and the lane's)."""
     K._check_pair(output_tensor, input_tensor, WHERE)
     K._check_world_times(output_tensor, "output", input_tensor, "input", world, WHERE)
+    if output_tensor.device.type == "cpu" and not _stacks(output_tensor, input_tensor, world):
+        raise K._bad(ValueError, 1, f"zipccl {WHERE}: an output of shape "
+                     f"{tuple(output_tensor.shape)} does not hold world_size {world} inputs of "
+                     f"shape {tuple(input_tensor.shape)} one after another along dim 0, as "
+                     f"torch's all-gather on gloo (CPU tensors) requires: output.shape[0] == "
+                     f"world_size x input.shape[0], the other dims equal")
     return input_tensor.numel() * input_tensor.element_size()
+
+
+def _stacks(output_tensor, input_tensor, world: int) -> bool:
+    """Whether ``output_tensor`` is ``world`` tensors shaped like
+    ``input_tensor`` concatenated along dim 0: what gloo's all-gather accepts
+    (it splits the output into ``world`` chunks along dim 0, each of the
+    input's shape). On CUDA, NCCL's accepts any output of world_size x the
+    input's elements, which ``_check_world_times`` checks; whichever way a
+    call goes, raw or compressed, it is accepted where torch's is."""
+    return (input_tensor.dim() >= 1 and output_tensor.dim() == input_tensor.dim()
+            and output_tensor.shape[0] == world * input_tensor.shape[0]
+            and output_tensor.shape[1:] == input_tensor.shape[1:])
 
 
 def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
@@ -41,7 +59,8 @@ def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
 
     Args:
         output_tensor (torch.Tensor): world_size x ``input_tensor.numel()``
-            elements of the input's dtype and device, rank-major.
+            elements of the input's dtype and device, rank-major; on CPU
+            (gloo's rule) ``world_size`` inputs concatenated along dim 0.
         input_tensor (torch.Tensor): this rank's shard; may be a view into
             ``output_tensor`` (FSDP2 passes it so).
         group, async_op, config, stats: see ``zipccl_fsdp.collectives``.
@@ -52,7 +71,8 @@ def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
 
     Raises:
         ValueError: ``output_tensor`` is not world_size times
-            ``input_tensor``, or the two differ in dtype or device; the
+            ``input_tensor`` (on CPU: stacked along dim 0), or the ranks'
+            sizes differ, or the two differ in dtype or device; the
             peers raise too (``zipccl_fsdp.collectives`` says when).
         TypeError, ZipCCLConfigError, CorruptPayloadError: as every
             collective raises them (``zipccl_fsdp.collectives``).
@@ -64,13 +84,14 @@ def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
     """
     lane = _lanes.find("all_gather", output_tensor, input_tensor, group, config, stats)
     if (lane is not None and output_tensor.dtype is input_tensor.dtype
+            and input_tensor.dim() == 1 and output_tensor.dim() == 1
             and input_tensor.is_contiguous() and output_tensor.is_contiguous()
             and output_tensor.device == input_tensor.device):
-        # What ``_checked`` asks, asked directly: its frames are a share of a
-        # small call. (A call it refuses takes the general path, which
-        # raises.)
+        # What ``_checked`` asks, asked directly for flat tensors (a subset of
+        # what it accepts): its frames are a share of a small call. (Any
+        # other call takes the general path, which raises where it refuses.)
         unit = input_tensor.nbytes
-        if output_tensor.nbytes == lane.world * unit and unit < lane.below:
+        if output_tensor.nbytes == lane.world * unit:
             return lane.send(unit, async_op, output_tensor, input_tensor)
     setup = K._enter("all_gather", WHERE, input_tensor, K._nbytes(input_tensor), group, config,
                      stats, _checked, output_tensor, input_tensor)
@@ -78,15 +99,15 @@ def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
         return None
     call, unit, coded = setup
     cfg, st, group, world, rank = call
-    compress = coded and world > 1 and K._compresses(cfg, "all_gather", unit)
     plan = K._plan(cfg, "all_gather", group, world, input_tensor, (cost.gather(world, unit),),
-                   compress, st)
+                   coded and world > 1, unit, st)
     if not plan.compress and world > 1 and not (coded and cfg.verify):
         # the lean path of every raw call
         st.add("all_gather", calls=1, raw_bytes=unit, raw_fallback_calls=int(coded))
-        below = K._lane_bound(cfg, "all_gather", plan, unit) if coded else 0
-        if below:
-            K._open_lane(call, "all_gather", input_tensor, _lanes.GATHER, below)
+        if coded and K._opens_lane(cfg, "all_gather", plan):
+            K._open_lane(call, "all_gather", input_tensor, _lanes.GATHER)
+        n = input_tensor.numel()
+        K._announce(call, "all_gather", plan, input_tensor, [n] * world, [n] * world)
         with K._no_grad_if_needed(output_tensor, input_tensor):
             return K._to_torch(st, "all_gather", unit, K._all_gather_single, output_tensor,
                                input_tensor, group=group, async_op=async_op)

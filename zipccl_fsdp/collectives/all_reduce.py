@@ -98,8 +98,7 @@ def all_reduce(tensor: torch.Tensor, op: ReduceOp.RedOpType | ReduceOp = ReduceO
     """
     lane = _lanes.find("all_reduce", tensor, tensor, group, config, stats)
     if lane is not None:
-        if (op is _SUM and lane.via is _lanes.ALL_REDUCE and tensor.is_contiguous()
-                and (lane.below == _lanes.EVERY or _unit(tensor, lane.world) < lane.below)):
+        if op is _SUM and tensor.is_contiguous():
             # The commonest call, asked only what it needs: a SUM of a
             # contiguous tensor (the checks' parse of it known) on a lane
             # that calls torch's all-reduce, which opens only where torch
@@ -112,25 +111,24 @@ def all_reduce(tensor: torch.Tensor, op: ReduceOp.RedOpType | ReduceOp = ReduceO
             return K._completed_work(async_op, tensor)
         parsed = _lanes.checked(_checked, lane.world, lane.rank, tensor, op)
         nbytes = tensor.numel() * tensor.element_size()
-        if parsed is _lanes.MISS or _unit(tensor, lane.world) >= lane.below:
-            pass
-        elif lane.via is _lanes.ALL_REDUCE:
-            if torch_sums_alike(lane.world, parsed, tensor.dtype, tensor.device):
-                lane.send(nbytes, False, [tensor])
-                start = _clock()
-                finish_torch_sum(tensor.view(-1), parsed, lane.world)
-                lane.fields["reduce_s"] += _clock() - start
-                return K._completed_work(async_op, tensor)
-        elif gathers_whole(lane.world, nbytes):
-            flat = tensor.view(-1)
-            every = _whole(flat, lane.world)
-            lane.send(nbytes, False, every, flat)
+        if parsed is not _lanes.MISS and torch_sums_alike(lane.world, parsed, tensor.dtype,
+                                                          tensor.device):
+            lane.send(nbytes, False, [tensor])
             start = _clock()
-            sum_rows(flat, every.view(lane.world, -1), parsed)
+            finish_torch_sum(tensor.view(-1), parsed, lane.world)
             lane.fields["reduce_s"] += _clock() - start
             return K._completed_work(async_op, tensor)
     with torch.no_grad():
         return _all_reduce(tensor, op, group, async_op, config, stats)
+
+
+def _raw_rows(call: K._Setup, tensor: torch.Tensor) -> bool:
+    """Whether the peers of a rank that refuses the call exchange a size row
+    first when they send it raw for a reason every rank shares (``_refuse``):
+    unless torch's all-reduce sums alike for a SUM, which a refusing rank
+    assumes of its peers' op, a raw all-reduce is zipccl's own reduction,
+    whose first exchange is a size row."""
+    return not torch_sums_alike(call.world, _SUM_PARSED, tensor.dtype, tensor.device)
 
 
 def _unit(tensor: torch.Tensor, world: int) -> int:
@@ -148,7 +146,7 @@ def _whole(flat: torch.Tensor, world: int) -> torch.Tensor:
 def _all_reduce(tensor, op, group, async_op: bool, config: ZipCCLConfig | None,
                 stats: CommStats | None):
     setup = K._enter("all_reduce", WHERE, tensor, K._nbytes(tensor), group, config, stats,
-                     _checked, tensor, op, per_rank=True)
+                     _checked, tensor, op, per_rank=True, raw_rows=_raw_rows)
     if setup is None:
         return None
     call, parsed, coded = setup
@@ -162,36 +160,37 @@ def _all_reduce(tensor, op, group, async_op: bool, config: ZipCCLConfig | None,
                            async_op=async_op)
     base, extra = divmod(numel, world)
     unit = _unit(tensor, world)
-    compress = world > 1 and K._compresses(cfg, "all_reduce", unit)
     parts = (cost.scatter_reduce(world, unit, not torch_sums_alike(world, parsed, tensor.dtype,
                                                                    tensor.device)),
              cost.gather(world, unit))
-    plan = K._plan(cfg, "all_reduce", group, world, tensor, parts, compress, st)
+    plan = K._plan(cfg, "all_reduce", group, world, tensor, parts, world > 1, unit, st)
     st.add("all_reduce", calls=1, raw_bytes=numel * itemsize if world > 1 else 0,
            **K._decided(plan, world > 1))
     sent = K._verified(cfg, plan) if world > 1 else plan
     flat = tensor.view(-1)
+    counts = [base + (r < extra) for r in range(world)]
     # Raw or compressed, the bits of one rank-order sum (see the docstring).
     if not sent.compress and world > 1 and torch_sums_alike(world, parsed, tensor.dtype,
                                                             tensor.device):
-        below = K._lane_bound(cfg, "all_reduce", plan, unit)
-        if below:
-            K._open_lane(call, "all_reduce", tensor, _lanes.ALL_REDUCE, below)
+        if K._opens_lane(cfg, "all_reduce", plan):
+            K._open_lane(call, "all_reduce", tensor, _lanes.ALL_REDUCE)
+        K._announce(call, "all_reduce", plan, tensor, counts, [counts[rank]] * world, parsed)
         K._to_torch(st, "all_reduce", numel * itemsize, dist.all_reduce, tensor, group=group)
         with st.phase("all_reduce", "reduce"):
             finish_torch_sum(flat, parsed, world)
         return K._completed_work(async_op, tensor)
     if not sent.compress and world > 1 and gathers_whole(world, numel * itemsize):
-        below = K._lane_bound(cfg, "all_reduce", plan, unit)
-        if below:
-            K._open_lane(call, "all_reduce", tensor, _lanes.GATHER, below)
+        # Chosen by this rank's size over the schedule, whose raw call
+        # exchanges a size row first: so this route exchanges one too (and
+        # opens no lane, which would skip it).
+        K._announce(call, "all_reduce", _policy.SIZE_RAW, tensor, counts,
+                    [counts[rank]] * world, parsed)
         every = _whole(flat, world)
         K._to_torch(st, "all_reduce", numel * itemsize, K._all_gather_single, every, flat,
                     group=group)
         with st.phase("all_reduce", "reduce"):
             sum_rows(flat, every.view(world, -1), parsed)
         return K._completed_work(async_op, tensor)
-    counts = [base + (r < extra) for r in range(world)]
     reduced = torch.empty(counts[rank], dtype=tensor.dtype, device=tensor.device)
     slots = split_flat(flat, counts)
     pol, site = K._observer(cfg, st, sent), ("all_reduce", tuple(tensor.shape), tensor.dtype)
@@ -202,7 +201,7 @@ def _all_reduce(tensor, op, group, async_op: bool, config: ZipCCLConfig | None,
         return K._completed_work(async_op, tensor)
     # A corrupt piece in the first half stops the second on every rank.
     second = _pipeline.gather("all_reduce", reduced, slots, group, rank, sent, cfg, st, pol,
-                              site, abort=first.error)
+                              site, abort=first.error, agreed=True)
     K._pipelined_done(st, "all_reduce", first, second, counted=sent is not K.VERIFIED_RAW)
     return K._completed_work(async_op, tensor)
 
@@ -214,7 +213,8 @@ def all_reduce_outlook(tensor: torch.Tensor, group=None, config: ZipCCLConfig | 
     computes (the DDP hook, ``background.py``):
 
     * ``"calibrates"``: it first times the link and the codec (the adaptive
-      policy's first compressible call of this dtype and device on ``group``).
+      policy's first call of this dtype and device on ``group`` that
+      ``compress_all_reduce`` lets compress, whatever its size).
       Run it where nothing else competes for the machine: a codec timed
       beside backward looks slower than it is, and the policy's decision for
       every later call flips from run to run (docs/benchmarks.md,
@@ -230,6 +230,5 @@ def all_reduce_outlook(tensor: torch.Tensor, group=None, config: ZipCCLConfig | 
     if info is None or info[1] == 1:
         return ""
     group, world, _ = info
-    unit = (tensor.numel() // world) * tensor.element_size()
     return _policy.outlook(cfg, stats or K._STATS, group, tensor.dtype, tensor.device,
-                           K._compresses(cfg, "all_reduce", unit))
+                           cfg.compresses("all_reduce"))

@@ -64,7 +64,7 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor,
         >>> reduce_scatter_single(out, grads, op=ReduceOp.AVG)
     """
     setup = K._enter("reduce_scatter", WHERE, input, K._nbytes(output), group, config, stats,
-                     _checked, output, input, op)
+                     _checked, output, input, op, raw_rows=True)
     if setup is None:
         return None
     call, parsed, coded = setup
@@ -75,9 +75,8 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor,
         st.add("reduce_scatter", calls=1, raw_bytes=(world - 1) * unit)
         return K._to_torch(st, "reduce_scatter", (world - 1) * unit, K._reduce_scatter_single,
                            output, input, op=op, group=group, async_op=async_op)
-    compress = world > 1 and K._compresses(cfg, "reduce_scatter", unit)
     plan = K._plan(cfg, "reduce_scatter", group, world, input,
-                   (cost.scatter_reduce(world, unit),), compress, st)
+                   (cost.scatter_reduce(world, unit),), world > 1, unit, st)
     st.add("reduce_scatter", calls=1, raw_bytes=(world - 1) * unit,
            **K._decided(plan, world > 1))
     # Raw or compressed, the same schedule and the same rank-order sum: the

@@ -154,14 +154,17 @@ def _flatten(table: dict, prefix: str, out: dict) -> None:
 
 
 def run_settings(recipe: Recipe, *, compress: bool = True, capture: int = 0,
-                 capture_dir: str = ".", capture_steps: tuple = ()):
-    """The ``RunSettings`` the ranks get: the [zipccl] table plus the options."""
+                 capture_dir: str = ".", capture_steps: tuple = (), policy: str | None = None):
+    """The ``RunSettings`` the ranks get: the [zipccl] table plus the options
+    (``policy``: ``--policy``, in place of the table's)."""
     from zipccl_fsdp.config import ZipCCLConfig
 
     from ..stats import KINDS
     from .comms import RunSettings
 
     table = dict(recipe.zipccl)
+    if policy is not None:
+        table["policy"] = policy
     config: dict[str, Any] = {k: table[k] for k in _CONFIG_KEYS if k in table}
     if "collectives" in table:
         unknown = [k for k in table["collectives"] if k not in KINDS]
@@ -279,6 +282,10 @@ def prepare(args: argparse.Namespace) -> Launch:
     if args.capture and args.no_compress:
         raise ValueError("--capture records what zipccl's comms send; it cannot be "
                          "combined with --no-compress")
+    policy = getattr(args, "policy", None)
+    if policy is not None and args.no_compress:
+        raise ValueError("--policy chooses how zipccl's comms send; it cannot be combined "
+                         "with --no-compress (torch's own comms)")
     if args.capture < 0:
         raise ValueError(f"--capture must be >= 0, got {args.capture}")
     capture_steps = parse_capture_steps(getattr(args, "capture_steps", None))
@@ -288,7 +295,8 @@ def prepare(args: argparse.Namespace) -> Launch:
         raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
     nproc = args.nproc or recipe.nproc
     run = run_settings(recipe, compress=not args.no_compress, capture=args.capture,
-                       capture_dir=str(dump.resolve()), capture_steps=capture_steps)
+                       capture_dir=str(dump.resolve()), capture_steps=capture_steps,
+                       policy=policy)
     config = load_titan_config(recipe)
     check_settings(recipe, config, settings)
     options: dict[str, Any] = {}
@@ -363,6 +371,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-compress", action="store_true",
                    help="baseline: FSDP2's own uncompressed comms, same recipe otherwise "
                         "(default dump folder gets a _baseline suffix)")
+    p.add_argument("--policy", choices=("always", "never", "adaptive"),
+                   help="zipccl's policy in place of the recipe's [zipccl] policy; 'never' "
+                        "runs zipccl's comms sending every byte raw (the same summation "
+                        "order as compressed: the bitwise reference on more than 2 ranks)")
     p.add_argument("--capture", type=int, default=0, metavar="N",
                    help="save the inputs of the first N calls of each collective kind "
                         "(all_gather, reduce_scatter, HSDP's all_reduce, dtensor_<kind>) of "
