@@ -10,11 +10,43 @@ Example::
     >>> with zipccl_fsdp.compress_dtensor_comms():          # TP / EP
     ...     loss = tp_model(x).sum(); loss.backward()
 """
-from ._guard import check_sibling_package as _check
+import sys as _sys
+from pathlib import Path as _Path
 
-_check("triton_kernels")
-_check("hooks")
-del _check
+
+class _CheckoutFinder:
+    """Finds ``zipccl_fsdp.hooks`` and ``zipccl_fsdp.triton_kernels`` in a
+    source checkout, where they are the folders ``hooks/`` and
+    ``triton_kernels/`` beside this package's own (pyproject.toml installs
+    them inside it). First on ``sys.meta_path``, so that a checkout on
+    ``PYTHONPATH`` uses its own folders even where another checkout is
+    installed in editable mode; it answers for those two names only."""
+
+    def __init__(self, folders: dict) -> None:
+        self.folders = folders
+
+    def find_spec(self, name, path=None, target=None):
+        folder = self.folders.get(name)
+        if folder is None:
+            return None
+        import importlib.util
+
+        return importlib.util.spec_from_file_location(
+            name, folder / "__init__.py", submodule_search_locations=[str(folder)])
+
+
+def _install_checkout_finder() -> None:
+    here = _Path(__file__).resolve().parent
+    root = here.parent
+    if (here / "hooks").is_dir() or not (root / "pyproject.toml").is_file():
+        return  # installed from a wheel: the subpackages are folders of this one
+    folders = {f"{__name__}.{sub}": root / sub for sub in ("hooks", "triton_kernels")
+               if (root / sub / "__init__.py").is_file()}
+    if folders:
+        _sys.meta_path.insert(0, _CheckoutFinder(folders))
+
+
+_install_checkout_finder()
 
 from .errors import CorruptPayloadError, ZipCCLConfigError  # noqa: E402
 from .codec import CODECS, BACKENDS, encode, decode, max_encoded_nbytes  # noqa: E402
