@@ -43,7 +43,7 @@ COLD = {("fixed3", "encode"): ("encode_chunk_general",),
 def cold_costs(dtype, codec: str) -> list[tuple]:
     """(kernel, function, instructions per element of a chunk on its longest
     path) for the codec's cold functions."""
-    from triton_kernels import offline
+    from zipccl_fsdp.triton_kernels import offline
     out = []
     for launch in offline.codec_launches(dtype, codec):
         compiled = offline.compile_launch(launch)

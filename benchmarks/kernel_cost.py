@@ -130,7 +130,7 @@ def main() -> None:
     if COUNTING:
         print(json.dumps(count_syncs()))
         return
-    from triton_kernels import offline
+    from zipccl_fsdp.triton_kernels import offline
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dtype", choices=list(DTYPES), action="append",

@@ -63,7 +63,7 @@ def task_collectives_on(device_name: str) -> dict:
         torch.cuda.set_device(0)
         dev = torch.device("cuda", 0)
         backend = zcodec._backend_module("auto", dev).__name__
-        assert backend == "triton_kernels.exponent_codec", \
+        assert backend == "zipccl_fsdp.triton_kernels.exponent_codec", \
             f"on CUDA the collectives would encode with {backend}, not Triton"
     st = CommStats()
     checked = 0
@@ -129,7 +129,7 @@ def task_ddp_hook_on(device_name: str) -> dict:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from hooks.registry import ZipCCLHook
+    from zipccl_fsdp.hooks.registry import ZipCCLHook
 
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = torch.device(device_name)

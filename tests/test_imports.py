@@ -13,7 +13,7 @@ PACKAGES = ("zipccl_fsdp", "hooks", "triton_kernels")
 
 
 def test_kernels_and_format_load_neither_hooks_nor_fsdp():
-    code = ("import triton_kernels.codec_encode, zipccl_fsdp.format, sys; "
+    code = ("import zipccl_fsdp.triton_kernels.codec_encode, zipccl_fsdp.format, sys; "
             "assert 'hooks' not in sys.modules, 'hooks'; "
             "assert 'torch.distributed.fsdp' not in sys.modules, 'fsdp'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

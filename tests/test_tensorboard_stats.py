@@ -32,7 +32,7 @@ def test_calibration_scalars_say_what_the_policy_measured():
     hook that has decided nothing reports nothing."""
     import torch
 
-    from hooks.registry import ZipCCLHook
+    from zipccl_fsdp.hooks.registry import ZipCCLHook
     from zipccl_fsdp.cost import LinkSpeed
     from zipccl_fsdp.tensorboard_stats import calibration_scalars
 

@@ -25,7 +25,7 @@ import sys
 import pytest
 
 pytest.importorskip("triton")
-from triton_kernels import offline  # noqa: E402
+from zipccl_fsdp.triton_kernels import offline  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CEILING = {"bf16": {"encode": 57.0, "decode": 40.0},
@@ -315,7 +315,7 @@ def test_dense_within_issue17_bounds(rows):
 
 _OTHER_WARPS = """
 import json, sys, torch
-from triton_kernels import offline
+from zipccl_fsdp.triton_kernels import offline
 out = []
 for dtype in (torch.bfloat16, torch.float16, torch.float32):
     launch = offline.codec_launches(dtype, "fixed3", encode_warps=4)[0]

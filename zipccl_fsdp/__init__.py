@@ -60,10 +60,10 @@ from .collectives import (  # noqa: E402
 # time: their names are loaded on first use, so importing the codec or the
 # format (as triton_kernels does) loads neither hooks nor FSDP.
 _LAZY = {
-    "ZipCCLHook": "hooks.registry", "zipccl_hook": "hooks.registry",
-    "register_comm_hook": "hooks.registry", "ddp_comm_hook": "hooks.ddp",
-    "DTensorCompression": "hooks.dtensor", "compress_dtensor_comms": "hooks.dtensor",
-    "enable_dtensor_compression": "hooks.dtensor", "disable_dtensor_compression": "hooks.dtensor",
+    "ZipCCLHook": "zipccl_fsdp.hooks.registry", "zipccl_hook": "zipccl_fsdp.hooks.registry",
+    "register_comm_hook": "zipccl_fsdp.hooks.registry", "ddp_comm_hook": "zipccl_fsdp.hooks.ddp",
+    "DTensorCompression": "zipccl_fsdp.hooks.dtensor", "compress_dtensor_comms": "zipccl_fsdp.hooks.dtensor",
+    "enable_dtensor_compression": "zipccl_fsdp.hooks.dtensor", "disable_dtensor_compression": "zipccl_fsdp.hooks.dtensor",
 }
 
 

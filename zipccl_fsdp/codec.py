@@ -55,7 +55,7 @@ def _triton_usable(device: torch.device) -> bool:
     their first use), so a later change of it would not change what they
     run on."""
     if not _TRITON_AVAILABLE:
-        from triton_kernels import available
+        from zipccl_fsdp.triton_kernels import available
         _TRITON_AVAILABLE.extend((available(), os.environ.get("TRITON_INTERPRET") == "1"))
     if not _TRITON_AVAILABLE[0]:
         return False
@@ -101,7 +101,7 @@ def _resolve_backend(backend: str, device: torch.device):
     if not _triton_usable(device):
         raise ValueError("the triton backend needs triton and a CUDA tensor "
                          "(or TRITON_INTERPRET=1 for CPU tensors)")
-    from triton_kernels import exponent_codec
+    from zipccl_fsdp.triton_kernels import exponent_codec
     return exponent_codec
 
 

@@ -331,7 +331,7 @@ def _enable_dtensor(enable: Callable, config: Any, recorder: _CaptureRecorder | 
     the first input of every functional collective it handles."""
     if recorder is None:
         return enable(config)
-    from hooks.dtensor import DTensorCompression
+    from zipccl_fsdp.hooks.dtensor import DTensorCompression
 
     class RecordingDTensorCompression(DTensorCompression):
         def _call(self, op, method, args, kwargs):
