@@ -9,12 +9,14 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PACKAGES = ("zipccl_fsdp", "hooks", "triton_kernels")
+PACKAGES = {"zipccl_fsdp": "zipccl_fsdp", "hooks": "zipccl_fsdp.hooks",
+            "triton_kernels": "zipccl_fsdp.triton_kernels"}
+"""Folder of the repository -> the package it is installed as (pyproject.toml)."""
 
 
 def test_kernels_and_format_load_neither_hooks_nor_fsdp():
     code = ("import zipccl_fsdp.triton_kernels.codec_encode, zipccl_fsdp.format, sys; "
-            "assert 'hooks' not in sys.modules, 'hooks'; "
+            "assert 'zipccl_fsdp.hooks' not in sys.modules, 'hooks'; "
             "assert 'torch.distributed.fsdp' not in sys.modules, 'fsdp'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
@@ -22,11 +24,14 @@ def test_kernels_and_format_load_neither_hooks_nor_fsdp():
 def _modules() -> dict:
     """module name -> path, for every .py file of the three packages."""
     out = {}
-    for pkg in PACKAGES:
-        for path in (ROOT / pkg).rglob("*.py"):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-            out[name] = path
+    for folder, package in PACKAGES.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            if parts and parts[-1] == "__init__":
+                parts = parts[:-1]
+            if folder == "zipccl_fsdp" and parts and parts[0] in PACKAGES:
+                continue  # not a folder of the package (pyproject.toml maps them there)
+            out[".".join((package, *parts))] = path
     return out
 
 
@@ -57,10 +62,11 @@ def _top_level_imports(name: str, path: pathlib.Path, known: dict) -> set:
                     visit(inner)
 
     visit(ast.parse(path.read_text()).body)
-    # Importing a module of another top-level package runs that package's
-    # __init__ first (a package importing its own modules is not a cycle).
-    top = name.split(".")[0]
-    edges |= {e.split(".")[0] for e in edges if e.split(".")[0] != top}
+    # Importing a module of another package runs that package's __init__ (and
+    # its parents') first; a package importing its own modules is not a cycle.
+    ancestors = {name.rsplit(".", i)[0] for i in range(name.count(".") + 1)}
+    for e in list(edges):
+        edges |= {e.rsplit(".", i)[0] for i in range(1, e.count(".") + 1)} - ancestors
     edges.discard(name)
     return edges
 

@@ -11,6 +11,7 @@ Example::
     ...     loss = tp_model(x).sum(); loss.backward()
 """
 import sys as _sys
+import types as _types
 from pathlib import Path as _Path
 
 
@@ -48,34 +49,54 @@ def _install_checkout_finder() -> None:
 
 _install_checkout_finder()
 
-from .errors import CorruptPayloadError, ZipCCLConfigError  # noqa: E402
-from .codec import CODECS, BACKENDS, encode, decode, max_encoded_nbytes  # noqa: E402
-from .config import ZipCCLConfig  # noqa: E402
-from .stats import CommStats  # noqa: E402
-from .tensorboard_stats import TensorBoardStats  # noqa: E402
-from .collectives import (  # noqa: E402
-    all_gather_single, reduce_scatter_single, all_reduce, all_to_all_single, stats, reset_stats,
-)
-# The integrations (hooks/) import zipccl_fsdp, never the other way at import
-# time: their names are loaded on first use, so importing the codec or the
-# format (as triton_kernels does) loads neither hooks nor FSDP.
-_LAZY = {
-    "ZipCCLHook": "zipccl_fsdp.hooks.registry", "zipccl_hook": "zipccl_fsdp.hooks.registry",
-    "register_comm_hook": "zipccl_fsdp.hooks.registry", "ddp_comm_hook": "zipccl_fsdp.hooks.ddp",
-    "DTensorCompression": "zipccl_fsdp.hooks.dtensor", "compress_dtensor_comms": "zipccl_fsdp.hooks.dtensor",
-    "enable_dtensor_compression": "zipccl_fsdp.hooks.dtensor", "disable_dtensor_compression": "zipccl_fsdp.hooks.dtensor",
+# Every public name is loaded on first use (PEP 562): importing the package,
+# or running ``zipccl --help``, does not import torch. The integrations
+# (hooks/) import zipccl_fsdp, never the other way at import time, so
+# importing the codec or the format (as triton_kernels does) loads neither
+# hooks nor FSDP.
+_EXPORTS = {
+    **dict.fromkeys(("CorruptPayloadError", "ZipCCLConfigError"), ".errors"),
+    **dict.fromkeys(("CODECS", "BACKENDS", "encode", "decode", "max_encoded_nbytes"), ".codec"),
+    "ZipCCLConfig": ".config", "CommStats": ".stats", "TensorBoardStats": ".tensorboard_stats",
+    **dict.fromkeys(("all_gather_single", "reduce_scatter_single", "all_reduce",
+                     "all_to_all_single", "stats", "reset_stats"), ".collectives"),
+    **dict.fromkeys(("ZipCCLHook", "zipccl_hook", "register_comm_hook"), ".hooks.registry"),
+    "ddp_comm_hook": ".hooks.ddp",
+    **dict.fromkeys(("DTensorCompression", "compress_dtensor_comms",
+                     "enable_dtensor_compression", "disable_dtensor_compression"),
+                    ".hooks.dtensor"),
 }
 
 
 def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'zipccl_fsdp' has no attribute {name!r}")
-    import importlib
+    import importlib.util
 
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    module = _EXPORTS.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module, __name__), name)
+        globals()[name] = value
+        return value
+    if importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")  # a submodule not imported yet
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted({*globals(), *_EXPORTS})
+
+
+class _Package(_types.ModuleType):
+    """This package's module type: the import system binds each submodule on
+    its package when it is first imported, and the module ``stats`` must not
+    replace the public function ``stats`` (nor any module a public name)."""
+
+    def __setattr__(self, name, value):
+        if name in _EXPORTS and isinstance(value, _types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package
 
 
 __version__ = "0.1.0"

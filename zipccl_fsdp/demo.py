@@ -64,7 +64,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .cli import require
     from .netns import can_shape, slow_link
+
+    require(("demo",), "torchtitan", "triton", "tokenizers", extra="titan")
 
     if args.steps < 2:
         raise SystemExit("zipccl demo: --steps must be >= 2")

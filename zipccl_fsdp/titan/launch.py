@@ -392,6 +392,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..cli import require
+
+    require(("titan",), "torchtitan", "triton", "tokenizers", extra="titan")
     try:
         launch = prepare(args)
     except ValueError as e:  # RecipeError included

@@ -1,0 +1,174 @@
+"""What an install holds and what a user's first commands meet: the wheel's
+files and metadata, no generic top-level import names, recipes found by
+name, the CLI's help without torch, and messages that name the pip extra
+to install."""
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import textwrap
+import tomllib
+import zipfile
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MAPPED = {"hooks": "zipccl_fsdp.hooks", "triton_kernels": "zipccl_fsdp.triton_kernels",
+          "recipes": "zipccl_fsdp.recipes"}
+
+
+def _python(code: str, cwd, **env) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter that finds this checkout the way the
+    tests do (PYTHONPATH), from ``cwd``."""
+    full = dict(os.environ, **env)
+    full["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=full,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_pyproject_installs_every_folder_inside_the_package():
+    """Every folder of Python files is a listed package, and the repository's
+    top-level folders are mapped under zipccl_fsdp (no top-level name of theirs)."""
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert tool["package-dir"] == {package: folder for folder, package in MAPPED.items()}
+    listed = set(tool["packages"])
+    want = {"zipccl_fsdp.recipes"}
+    for folder in ("zipccl_fsdp", "hooks", "triton_kernels"):
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder).parts
+            base = MAPPED.get(folder, folder)
+            want.add(".".join((base, *rel)))
+    assert listed == want
+    assert all(p == "zipccl_fsdp" or p.startswith("zipccl_fsdp.") for p in listed)
+
+
+def test_wheel_holds_the_subpackages_and_recipes_under_the_package(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, src / name)
+    for folder in ("zipccl_fsdp", "hooks", "triton_kernels", "recipes"):
+        shutil.copytree(ROOT / folder, src / folder,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                        "--no-build-isolation", "-w", str(tmp_path / "dist"), str(src)],
+                       capture_output=True, text=True, timeout=600)
+    if r.returncode and "No module named 'setuptools'" in r.stderr + r.stdout:
+        pytest.skip("setuptools is not installed in this environment")
+    assert r.returncode == 0, r.stderr
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        info = next(n for n in names if n.endswith(".dist-info/METADATA"))
+        meta = zf.read(info).decode()
+        top = zf.read(info.replace("METADATA", "top_level.txt")).decode().split()
+    assert top == ["zipccl_fsdp"]
+    assert {n.split("/")[0] for n in names} == {"zipccl_fsdp", info.split("/")[0]}
+    for folder, package in MAPPED.items():
+        for path in (ROOT / folder).iterdir():
+            if path.suffix in (".py", ".toml"):
+                assert f"{package.replace('.', '/')}/{path.name}" in names, path
+    assert "zipccl_fsdp/csrc/codec.cpp" in names
+    assert "Requires-Python: >=3.11" in meta
+    assert "Requires-Dist: ninja" in meta
+
+
+def test_a_users_hooks_module_changes_nothing(tmp_path):
+    """Modules named hooks and triton_kernels next to a user's script are the
+    user's: zipccl_fsdp neither refuses them nor loads them."""
+    for name in ("hooks", "triton_kernels"):
+        (tmp_path / f"{name}.py").write_text(f"raise RuntimeError('the user\\'s {name}')\n")
+    r = _python(f"""
+        import zipccl_fsdp
+        from zipccl_fsdp import zipccl_hook
+        from zipccl_fsdp.triton_kernels import available
+        import zipccl_fsdp.hooks.registry as reg, zipccl_fsdp.triton_kernels as tk, sys
+        assert reg.__file__.startswith({str(ROOT)!r}), reg.__file__
+        assert tk.__file__.startswith({str(ROOT)!r}), tk.__file__
+        assert 'hooks' not in sys.modules and 'triton_kernels' not in sys.modules
+        try:
+            import hooks
+        except RuntimeError as e:
+            assert "the user's hooks" in str(e)
+        else:
+            raise AssertionError("import hooks did not reach the user's module")
+        print("ok")
+    """, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+
+
+def test_import_and_help_do_not_import_torch(tmp_path):
+    r = _python("""
+        import sys, contextlib, io
+        import zipccl_fsdp
+        from zipccl_fsdp import cli
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            try:
+                cli.main(["--help"])
+            except SystemExit as e:
+                assert e.code == 0, e.code
+        assert "titan" in out.getvalue()
+        assert "torch" not in sys.modules, "torch imported"
+        print("ok")
+    """, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+
+
+def test_public_names_load_on_first_use_and_stats_stays_a_function(tmp_path):
+    """The submodule ``stats`` imported first (as a hook's import does) must not
+    replace the public function ``zipccl_fsdp.stats``."""
+    r = _python("""
+        import zipccl_fsdp
+        from zipccl_fsdp.stats import CommStats
+        assert callable(zipccl_fsdp.stats), zipccl_fsdp.stats
+        assert set(zipccl_fsdp.stats()) >= {"all_gather", "reduce_scatter"}
+        assert zipccl_fsdp.CommStats is CommStats
+        assert zipccl_fsdp.format.CHUNK_ELEMS > 0      # a submodule, loaded on access
+        assert set(zipccl_fsdp.__all__) <= set(dir(zipccl_fsdp))
+        for name in zipccl_fsdp.__all__:
+            getattr(zipccl_fsdp, name)
+        try:
+            zipccl_fsdp.no_such_name
+        except AttributeError as e:
+            assert "no_such_name" in str(e)
+        else:
+            raise AssertionError("no AttributeError")
+        print("ok")
+    """, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("command", [["demo"], ["titan", "--recipe", "llama3_tiny_cpu"]])
+def test_a_command_without_torchtitan_names_the_extra(tmp_path, command):
+    r = _python(f"""
+        import sys
+        sys.modules["torchtitan"] = None   # as if not installed
+        from zipccl_fsdp.cli import main
+        main({command!r})
+    """, cwd=tmp_path)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr, r.stderr
+    assert "needs torchtitan: pip install 'zipccl-fsdp[titan]'" in r.stderr, r.stderr
+
+
+def test_install_hints_name_the_extra():
+    from zipccl_fsdp.cli import install_hint
+
+    assert install_hint("triton.language") == "pip install 'zipccl-fsdp[triton]' (it provides triton)"
+    assert install_hint("triton", "titan") == "pip install 'zipccl-fsdp[titan]' (it provides triton)"
+    assert install_hint("zstandard").startswith("pip install 'zipccl-fsdp[dev]'")
+    assert install_hint("safetensors") == "pip install safetensors"
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    from zipccl_fsdp.cli import EXTRAS
+
+    for module, extra in EXTRAS.items():
+        assert any(req.startswith(module) for req in extras[extra]), (module, extra)
