@@ -269,3 +269,23 @@ def test_demo_help_says_what_each_option_does(capsys):
     text = _help(capsys, "demo")
     for phrase in ("--steps", "--rate", "1gbit", "--out", "bitwise equal"):
         assert phrase in text, phrase
+
+
+def test_a_shipped_recipe_is_found_by_name(tmp_path, monkeypatch, quiet_env):
+    """From any folder, ``--recipe llama3_tiny_cpu`` (or with ``.toml``) is the
+    shipped recipe; an unknown name is an error listing the shipped ones."""
+    from zipccl_fsdp.titan import launch
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("llama3_tiny_cpu", "llama3_tiny_cpu.toml"):
+        prepared = launch.prepare(_launch_args(name, "--dump-folder", "x"))
+        assert launch.find_recipe(name).resolve() == TINY.resolve()
+        assert "llama3_tiny" in prepared.cmd
+    own = tmp_path / "llama3_tiny_cpu.toml"  # a file of that name in the folder wins
+    own.write_text(TINY.read_text().replace('nproc = 2', 'nproc = 3'))
+    assert launch.load_recipe("llama3_tiny_cpu.toml").nproc == 3
+    assert launch.load_recipe("llama3_tiny_cpu").nproc == 2
+    with pytest.raises(launch.RecipeError, match="shipped: .*llama3_tiny_cpu"):
+        launch.find_recipe("llama3_tiny_gpu")
+    with pytest.raises(launch.RecipeError, match="no such recipe file"):
+        launch.load_recipe("elsewhere/llama3_tiny_cpu.toml")

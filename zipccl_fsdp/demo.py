@@ -39,9 +39,10 @@ _RUNS = (("raw", True), ("zipccl", False))  # (name, --no-compress)
 
 
 def _default_recipe() -> Path:
-    """recipes/llama3_debugmodel.toml of this checkout, else of the current folder."""
-    here = Path(__file__).resolve().parents[1] / "recipes" / _RECIPE
-    return here if here.exists() else Path("recipes") / _RECIPE
+    """The shipped recipes/llama3_debugmodel.toml."""
+    from .titan.launch import find_recipe
+
+    return find_recipe(_RECIPE)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -57,8 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="outputs/demo", metavar="DIR",
                    help="folder for the two runs (DIR/raw, DIR/zipccl: TensorBoard events and "
                         "logs; replaced if present; default: outputs/demo)")
-    p.add_argument("--recipe", default=None, metavar="FILE",
-                   help=f"recipe to train (default: recipes/{_RECIPE})")
+    p.add_argument("--recipe", default=None, metavar="RECIPE",
+                   help=f"recipe to train, a file or a shipped recipe's name (default: "
+                        f"{Path(_RECIPE).stem})")
     p.add_argument("--every", type=int, default=5, metavar="N",
                    help="print a progress line every N steps (default: 5)")
 
@@ -71,7 +73,15 @@ def run(args: argparse.Namespace) -> int:
 
     if args.steps < 2:
         raise SystemExit("zipccl demo: --steps must be >= 2")
-    recipe = Path(args.recipe) if args.recipe else _default_recipe()
+    if args.recipe:
+        from .titan.launch import RecipeError, find_recipe
+
+        try:
+            recipe = find_recipe(args.recipe)
+        except RecipeError as e:
+            raise SystemExit(f"zipccl demo: {e}") from None
+    else:
+        recipe = _default_recipe()
     out = Path(args.out)
     rate = None if args.rate.lower() in ("none", "unlimited", "0") else args.rate
     ok, why = can_shape()
