@@ -172,3 +172,94 @@ def test_install_hints_name_the_extra():
 
     for module, extra in EXTRAS.items():
         assert any(req.startswith(module) for req in extras[extra]), (module, extra)
+
+
+# --------------------------------------------------------------------------
+# The C++ codec's first-use build (codec_cpp): a line before it, a cache key
+# per environment, and messages that say how to fix a missing toolchain.
+# --------------------------------------------------------------------------
+def test_build_dir_key_separates_environments(monkeypatch, tmp_path):
+    import torch
+
+    from zipccl_fsdp import codec_cpp
+
+    monkeypatch.setenv("ZIPCCL_FSDP_CACHE_DIR", str(tmp_path))
+    here = codec_cpp._build_dir(codec_cpp._SOURCES)
+    assert here == codec_cpp._build_dir(codec_cpp._SOURCES)
+    assert here.parent == tmp_path
+    with monkeypatch.context() as m:  # another venv's torch
+        m.setattr(torch, "__file__", str(tmp_path / "other-venv" / "torch" / "__init__.py"))
+        assert codec_cpp._build_dir(codec_cpp._SOURCES) != here
+    with monkeypatch.context() as m:  # another compiler
+        m.setenv("CXX", "clang++")
+        assert codec_cpp._build_dir(codec_cpp._SOURCES) != here
+    with monkeypatch.context() as m:
+        m.setattr(codec_cpp, "_CFLAGS", [*codec_cpp._CFLAGS, "-g"])
+        assert codec_cpp._build_dir(codec_cpp._SOURCES) != here
+
+
+_FAKE_BUILD = """
+    import torch.utils.cpp_extension as ext
+    def load(**kwargs):
+        raise RuntimeError("compiler stopped here")
+    ext.load = load
+    from zipccl_fsdp import codec_cpp
+    print(codec_cpp.available())
+"""
+
+
+def test_a_build_says_what_it_does_before_it_starts(tmp_path):
+    """Without any logging set-up (a user's script), one line names the build
+    and its folder before the compiler runs; a build folder that holds the
+    library loads without it."""
+    r = _python(_FAKE_BUILD, cwd=tmp_path, ZIPCCL_FSDP_CACHE_DIR=str(tmp_path / "cache"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
+    lines = r.stderr.splitlines()
+    building = [i for i, line in enumerate(lines) if "building its C++ codec into" in line]
+    assert len(building) == 1 and str(tmp_path / "cache") in lines[building[0]], r.stderr
+    assert any("compiler stopped here" in line for line in lines[building[0] + 1:]), r.stderr
+    (build_dir,) = (tmp_path / "cache").iterdir()
+    (build_dir / "zipccl_codec_cpp.so").write_bytes(b"")
+    r = _python(_FAKE_BUILD, cwd=tmp_path, ZIPCCL_FSDP_CACHE_DIR=str(tmp_path / "cache"))
+    assert "building" not in r.stderr and "compiler stopped here" in r.stderr, r.stderr
+
+
+def test_a_missing_compiler_says_how_to_fix_it(tmp_path):
+    r = _python("""
+        from zipccl_fsdp import codec_cpp
+        print(codec_cpp.available())
+        print(codec_cpp.unavailable_reason())
+    """, cwd=tmp_path, CXX="no-such-compiler-here", ZIPCCL_FSDP_CACHE_DIR=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    available, reason = r.stdout.strip().splitlines()
+    assert available == "False"
+    assert "no-such-compiler-here" in reason and "apt-get install g++" in reason
+    assert "CXX" in reason
+    assert "torch backend" in r.stderr and "apt-get install g++" in r.stderr  # the warning
+
+
+def test_ninja_is_found_in_its_environment_bin_off_path(monkeypatch, tmp_path):
+    """The PyPI ninja's program sits in its environment's bin, on PATH only
+    while the environment is activated; the build finds it anyway, and with no
+    ninja at all the error says what to install."""
+    import os
+    import types
+
+    from zipccl_fsdp import codec_cpp
+
+    bin_dir = tmp_path / "venv-bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "ninja"
+    fake.write_text("#!/bin/sh\necho 1.13.0\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
+    monkeypatch.setitem(sys.modules, "ninja", types.SimpleNamespace(BIN_DIR=str(bin_dir)))
+    with codec_cpp._ninja_on_path():
+        assert os.environ["PATH"].split(os.pathsep)[0] == str(bin_dir)
+    assert os.environ["PATH"] == str(tmp_path / "nothing-here")
+    fake.unlink()
+    with pytest.raises(RuntimeError, match="pip install ninja"):
+        with codec_cpp._ninja_on_path():
+            pass
+    assert os.environ["PATH"] == str(tmp_path / "nothing-here")
