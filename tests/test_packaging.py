@@ -263,3 +263,14 @@ def test_ninja_is_found_in_its_environment_bin_off_path(monkeypatch, tmp_path):
         with codec_cpp._ninja_on_path():
             pass
     assert os.environ["PATH"] == str(tmp_path / "nothing-here")
+
+
+def test_the_printed_tensorboard_command_runs_in_a_fresh_shell(tmp_path):
+    """No activated environment, no PATH of ours, another working folder."""
+    from zipccl_fsdp.demo import tensorboard_command
+
+    command = tensorboard_command(pathlib.Path("outputs") / "demo")
+    assert str(pathlib.Path("outputs/demo").resolve()) in command
+    r = subprocess.run(["env", "-i", "/bin/sh", "-c", f"{command} --version_tb"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr

@@ -45,6 +45,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -431,4 +432,24 @@ def run(args: argparse.Namespace) -> int:
     print(f"zipccl titan: ZIPCCL_TITAN_SETTINGS={launch.settings.to_env()}", flush=True)
     if args.dry_run:
         return 0
-    return subprocess.run(launch.cmd, env=launch.env).returncode
+    started = time.time()
+    code = subprocess.run(launch.cmd, env=launch.env).returncode
+    if code == 0:
+        print(summary(launch, since=started), flush=True)
+    return code
+
+
+def summary(launch: Launch, since: float | None = None) -> str:
+    """What the run's zipccl comms moved, per collective, read back from the
+    TensorBoard event files written after ``since`` (the demo's table), and a
+    TensorBoard command that runs in a fresh shell."""
+    from ..demo import collective_table, read_scalars, tensorboard_command
+
+    lines = []
+    if launch.settings.compress:
+        scalars = read_scalars(launch.dump_folder, since)
+        steps = max((max(v) for v in scalars.values() if v), default=0)
+        lines += ["", f"zipccl titan: {steps} steps, {launch.dump_folder}",
+                  *collective_table(scalars, steps)]
+    lines.append(f"zipccl titan: {tensorboard_command(launch.dump_folder / 'tb')}")
+    return "\n".join(lines)
