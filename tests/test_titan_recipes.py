@@ -129,7 +129,8 @@ def test_titan_says_what_it_installed_and_what_it_saved(runs):
 
     dump, scalars, out = runs["zipccl"]
     assert out.count("zipccl: compressed comms installed (FSDP2 comm hook): "
-                     "all_gather, reduce_scatter; policy always, codec dense") == 1, out[-6000:]
+                     "all_gather, reduce_scatter; codec=dense, min_bytes=4096, policy=always"
+                     ) == 1, out[-6000:]
     tail = out[out.index(f"zipccl titan: {STEPS} steps, {dump}"):].splitlines()
     assert tail[1].split() == ["collective", "raw", "MB", "wire", "MB", "ratio", "comm", "ms",
                                "encode", "ms", "decode", "ms", "compressed"]

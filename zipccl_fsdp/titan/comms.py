@@ -169,8 +169,10 @@ def installed_line(settings: RunSettings | None, compress: bool, hooked_fsdp: bo
         what.append("FSDP2 comm hook")
     if settings is not None and settings.dtensor:
         what.append("DTensor collectives")
+    given = {k: v for k, v in (settings.config if settings is not None else {}).items()
+             if not k.startswith("compress_")}
     return (f"compressed comms installed ({', '.join(what)}): {', '.join(kinds)}; "
-            f"policy {config.policy}, codec {config.codec}, backend {config.backend}")
+            + (", ".join(f"{k}={v}" for k, v in sorted(given.items())) or "default config"))
 
 
 def _install_zipccl(
