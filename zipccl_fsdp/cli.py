@@ -39,7 +39,7 @@ def install_hint(module: str, extra: str | None = None) -> str:
     extra = extra or EXTRAS.get(top)
     if extra is None:
         return f"pip install {top}"
-    return f"pip install 'zipccl-fsdp[{extra}]' (it provides {top})"
+    return f"pip install 'zipccl-fsdp[{extra}]'"
 
 
 def missing(words, exc: ImportError, extra: str | None = None) -> SystemExit:

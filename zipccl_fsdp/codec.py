@@ -99,7 +99,10 @@ def _resolve_backend(backend: str, device: torch.device):
         from . import codec_cpp
         return codec_cpp
     if not _triton_usable(device):
-        raise ValueError("the triton backend needs triton and a CUDA tensor "
+        from .cli import install_hint
+
+        missing = "" if _TRITON_AVAILABLE[0] else f" (not installed; {install_hint('triton')})"
+        raise ValueError(f"the triton backend needs triton{missing} and a CUDA tensor "
                          "(or TRITON_INTERPRET=1 for CPU tensors)")
     from zipccl_fsdp.triton_kernels import exponent_codec
     return exponent_codec
