@@ -139,8 +139,14 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--dim", type=int, default=256)
     args = p.parse_args()
+    # Build or load the C++ codec here, once: its first-use build is not the
+    # calibration's cost (the ranks then load it).
+    from zipccl_fsdp import codec_cpp
+
+    backend = "cpp" if codec_cpp.available() else f"torch ({codec_cpp.unavailable_reason()})"
     print(f"FSDP2, 2 gloo ranks, {args.layers} x Linear({args.dim}), bf16 params, fp32 "
-          f"reduce, ZipCCLHook() (adaptive, measured); {args.runs} runs")
+          f"reduce, ZipCCLHook() (adaptive, measured), codec backend {backend}; "
+          f"{args.runs} runs")
     head = (f"{'run':>4}{'rank':>5}{'calib s':>9}{'link s':>8}{'codec s':>9}{'A/B s':>7}"
             f"{'collectives':>12}{'calib MB':>10}{'first step s':>14}{'later step s':>14}")
     print(head)
