@@ -22,7 +22,7 @@ COMMANDS = [
     (("bench", "link"), "zipccl_fsdp.bench_link",
      "collectives raw vs zipccl over a rate-limited loopback"),
     (("titan",), "zipccl_fsdp.titan.launch",
-     "train a torchtitan recipe (a file, or the name of a packaged recipe) with zipccl comms"),
+     "train a torchtitan recipe (a file, or the name of a shipped recipe) with zipccl comms"),
     (("inspect",), "zipccl_fsdp.inspect", "show what a capture or payload file holds"),
 ]
 

@@ -389,7 +389,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipe", required=True, metavar="RECIPE",
                    help="the recipe (TOML): torchtitan module/config, settings, [zipccl]; "
                         "a file, or the name of a shipped recipe: "
-                        + ", ".join(sorted(p.stem for p in recipes_dir().glob("*.toml"))))
+                        + ", ".join(sorted(r.stem for r in recipes_dir().glob("*.toml"))))
     p.add_argument("--nproc", type=int, metavar="N",
                    help="ranks on this machine (default: the recipe's [titan] nproc)")
     p.add_argument("--steps", type=int, metavar="N",
