@@ -1,5 +1,6 @@
 # The two commands of the README: `make demo` and `make test`. Both create the
-# virtual environment if it is missing and install the package into it.
+# virtual environment if it is missing and install the package into it
+# (Python 3.11 or newer: PY=python3.12 make test picks another interpreter).
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
@@ -19,8 +20,24 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
+# triton follows torch: a CUDA build of torch requires the triton it was built
+# with, and pip installs that one. A CPU build (the dev and CI machines')
+# requires none; then the oldest triton the kernels support is installed
+# (what the GPU machine ships beside torch 2.11), so that the kernel tests run
+# under both ends of pyproject.toml's range, this one and TRITON_NEWEST.
+TRITON_OLDEST ?= 3.6.0
+TRITON_PIN := $(VENV)/triton-pin.txt
+define TRITON_PIN_PY
+import importlib.metadata as m
+wants = any(r.replace(" ", "").startswith("triton") for r in m.requires("torch") or [])
+print("" if wants else "triton==$(TRITON_OLDEST)")
+endef
+export TRITON_PIN_PY
+
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
-	$(PIP) install -q -c constraints.txt -e '.[dev,titan]'
+	$(PIP) install -q -c constraints.txt torch
+	$(BIN)/python -c "$$TRITON_PIN_PY" > $(TRITON_PIN)
+	$(PIP) install -q -c constraints.txt -c $(TRITON_PIN) -e '.[dev,titan]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -78,7 +78,7 @@ import triton  # noqa: E402
 import zipccl_fsdp as z  # noqa: E402
 from zipccl_fsdp import backends as zbackends  # noqa: E402
 from zipccl_fsdp import format as F  # noqa: E402
-from triton_kernels import codec_decode, codec_encode  # noqa: E402
+from zipccl_fsdp.triton_kernels import codec_decode, codec_encode  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 INT_VIEW = {2: torch.int16, 4: torch.int32}

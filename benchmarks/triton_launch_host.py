@@ -109,8 +109,8 @@ def _runs(codec: str, x, numel: int, by_address: bool = False, bound: bool = Fal
     """The encode and decode launches of ``numel`` elements read from ``x``
     (``bound``: through ``Launcher.bind`` of the int arguments after the
     addresses, as the codec's plans launch)."""
-    from triton_kernels import codec_decode as D
-    from triton_kernels import codec_encode as E
+    from zipccl_fsdp.triton_kernels import codec_decode as D
+    from zipccl_fsdp.triton_kernels import codec_encode as E
     info = F.dtype_info(torch.bfloat16)
     C = F.CHUNK_ELEMS
     nch = F.nchunks_for(numel, C)
@@ -143,9 +143,9 @@ def check_direct_launch() -> None:
     specializes an int 1 as a constant) or not a multiple of 16, through
     ``Launcher``, ``Launcher.by_address`` and ``Launcher.bind``."""
     global _RECORD
-    from triton_kernels import _launch
-    from triton_kernels import codec_decode as D
-    from triton_kernels import codec_encode as E
+    from zipccl_fsdp.triton_kernels import _launch
+    from zipccl_fsdp.triton_kernels import codec_decode as D
+    from zipccl_fsdp.triton_kernels import codec_encode as E
     C = F.CHUNK_ELEMS
     buf = torch.zeros(1 << 16, dtype=torch.int16)
     checked = 0
@@ -216,8 +216,8 @@ def launches(codec: str = "fixed3") -> dict:
 
 def calls() -> dict:
     """encode + decode(out=) of 1 MiB of bf16, per codec."""
-    from triton_kernels import codec_decode as D
-    from triton_kernels import codec_encode as E
+    from zipccl_fsdp.triton_kernels import codec_decode as D
+    from zipccl_fsdp.triton_kernels import codec_encode as E
     x = torch.randn(1 << 19).bfloat16()
     out = torch.empty_like(x)
 
@@ -261,7 +261,7 @@ def main() -> None:
     p.add_argument("--check", action="store_true",
                    help="only check that cached launches match kernel[grid] (a test runs it)")
     args = p.parse_args()
-    from triton_kernels import _launch
+    from zipccl_fsdp.triton_kernels import _launch
     driver.set_active(_NoLaunchDriver())
     if args.check:
         check_direct_launch()

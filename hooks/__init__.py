@@ -1,6 +1,5 @@
 """zipccl-fsdp's registration layer: FSDP2 comms, the DDP comm hook and the
 DTensor/functional-collectives override. Thin: all work is in zipccl_fsdp."""
-__zipccl_fsdp_part__ = True
 
 # hooks -> zipccl_fsdp, one way: zipccl_fsdp loads hooks' names only on first
 # use. The registry installs FSDPModule.register_comm_hook.

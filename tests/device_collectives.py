@@ -64,7 +64,7 @@ def task_collectives_on(device_name: str) -> dict:
         dev = torch.device("cuda", 0)
         for dtype in (torch.bfloat16, torch.float16, torch.float32):  # (the self-check runs)
             backend = backends.module("auto", dev, dtype).__name__
-            assert backend == "triton_kernels.exponent_codec", \
+            assert backend == "zipccl_fsdp.triton_kernels.exponent_codec", \
                 f"on CUDA the collectives would encode {dtype} with {backend}, not Triton"
     st = CommStats()
     checked = 0
@@ -130,7 +130,7 @@ def task_ddp_hook_on(device_name: str) -> dict:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from hooks.registry import ZipCCLHook
+    from zipccl_fsdp.hooks.registry import ZipCCLHook
 
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = torch.device(device_name)

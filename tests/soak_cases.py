@@ -39,8 +39,8 @@ class Block(nn.Module):
 def soak(steps: int, samples: tuple = (1, 100), verify: bool = True, hook: bool = True) -> dict:
     """Run inside an initialized gloo group; return RSS samples and stats checks.
     ``hook=False`` trains with torch's own comms (the baseline)."""
-    import hooks.fsdp2  # noqa: F401  (adds FSDPModule.register_comm_hook)
-    from hooks.registry import ZipCCLHook
+    import zipccl_fsdp.hooks.fsdp2  # noqa: F401  (adds FSDPModule.register_comm_hook)
+    from zipccl_fsdp.hooks.registry import ZipCCLHook
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from zipccl_fsdp.config import ZipCCLConfig

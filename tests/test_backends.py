@@ -57,10 +57,10 @@ def auto_kernels(monkeypatch):
     pytest.importorskip("triton")
     if not HAS_CUDA:
         from triton.runtime.interpreter import InterpretedFunction
-        from triton_kernels import fixed3_encode
+        from zipccl_fsdp.triton_kernels import fixed3_encode
         if not isinstance(fixed3_encode.fixed3_encode_kernel, InterpretedFunction):
             pytest.skip("CPU tensors need the Triton interpreter")
-    from triton_kernels import codec_decode, codec_encode
+    from zipccl_fsdp.triton_kernels import codec_decode, codec_encode
     monkeypatch.setattr(backends, "AUTO_TRITON_DEVICES", ("cuda", DEV.type))
     monkeypatch.setattr(backends, "_RESOLVED", {})
     monkeypatch.setattr(backends, "SELF_CHECK", backends.SelfCheck())
@@ -111,7 +111,7 @@ def test_a_correct_kernel_passes_and_is_used(auto_kernels):
         assert calls == {"encode": 3, "decode": 1, "checks": 1}
     assert backends.SELF_CHECK.verdicts() == {(DEV, torch.bfloat16, "fixed3"): "triton"}
     assert backends.module("auto", DEV, torch.bfloat16, "fixed3").__name__ == (
-        "triton_kernels.exponent_codec")
+        "zipccl_fsdp.triton_kernels.exponent_codec")
 
 
 def test_a_wrong_payload_falls_back_to_torch(auto_kernels, monkeypatch):
@@ -119,7 +119,7 @@ def test_a_wrong_payload_falls_back_to_torch(auto_kernels, monkeypatch):
     naming the device, triton's version and the codec, and the calls of
     that key are the torch backend's (right bytes, the kernel not run);
     another codec is checked on its own."""
-    from triton_kernels import codec_encode
+    from zipccl_fsdp.triton_kernels import codec_encode
     calls, enc, _ = auto_kernels
 
     def flipped(x, codec, warps=None):
@@ -148,7 +148,7 @@ def test_a_wrong_decode_falls_back_to_torch(auto_kernels, monkeypatch):
     """A decoder that flips a bit of one decoded element: decode(out=), which
     does not know the payload's codec before its launch, checks every codec
     of the dtype, warns for each, and decodes with the torch backend."""
-    from triton_kernels import codec_decode
+    from zipccl_fsdp.triton_kernels import codec_decode
     calls, _, dec = auto_kernels
 
     def flipped(payload, out):
@@ -177,7 +177,7 @@ def test_a_wrong_decode_falls_back_to_torch(auto_kernels, monkeypatch):
 def test_an_error_in_the_kernels_falls_back_to_torch(auto_kernels, monkeypatch):
     """A launch that raises: the check warns with the error and the call
     gets the torch backend's payload."""
-    from triton_kernels import codec_encode
+    from zipccl_fsdp.triton_kernels import codec_encode
 
     def broken(x, codec, warps=None):
         raise RuntimeError("no kernel image is available")
@@ -192,7 +192,7 @@ def test_an_error_in_the_kernels_falls_back_to_torch(auto_kernels, monkeypatch):
 def test_explicit_backends_are_not_checked(auto_kernels, monkeypatch):
     """backend="triton" runs the kernels as asked (the tests and gpu_check
     compare them with torch themselves): no self-check, no fallback."""
-    from triton_kernels import codec_encode
+    from zipccl_fsdp.triton_kernels import codec_encode
     calls, enc, _ = auto_kernels
     x = _data(n=200)
     p = z.encode(x, codec="fixed3", backend="triton")

@@ -18,7 +18,7 @@ from torch import nn
 from torch._C._profiler import _ExperimentalConfig
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from hooks.registry import ZipCCLHook, register_comm_hook, zipccl_hook
+from zipccl_fsdp.hooks.registry import ZipCCLHook, register_comm_hook, zipccl_hook
 from zipccl_fsdp import collectives as coll
 from zipccl_fsdp.config import ZipCCLConfig
 

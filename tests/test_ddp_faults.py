@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from bitflip_cases import payload_nbytes
 from dist_utils import DistPool
-from hooks.registry import ZipCCLHook
+from zipccl_fsdp.hooks.registry import ZipCCLHook
 from zipccl_fsdp import background
 from zipccl_fsdp import _wire as C
 from zipccl_fsdp.config import ZipCCLConfig

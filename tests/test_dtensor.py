@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch import nn
 
-from hooks.dtensor import (DTensorCompression, compress_dtensor_comms,
+from zipccl_fsdp.hooks.dtensor import (DTensorCompression, compress_dtensor_comms,
                            disable_dtensor_compression, enable_dtensor_compression)
 from zipccl_fsdp.config import ZipCCLConfig
 
@@ -127,7 +127,7 @@ def test_tensor_parallel_under_the_adaptive_policy(pool2):
 def _fsdp_tp_train(compress: bool) -> tuple:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from hooks.registry import ZipCCLHook
+    from zipccl_fsdp.hooks.registry import ZipCCLHook
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     torch.manual_seed(0)
     model = nn.Sequential(Block(dim=32, hidden=64), Block(dim=32, hidden=64))

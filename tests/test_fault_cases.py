@@ -334,7 +334,7 @@ def task_ddp_save_load(steps: int):
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from hooks.registry import ZipCCLHook, register_comm_hook
+    from zipccl_fsdp.hooks.registry import ZipCCLHook, register_comm_hook
 
     rank = dist.get_rank()
     torch.manual_seed(0)

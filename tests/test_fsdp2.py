@@ -24,10 +24,10 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import (DefaultAllGather,
                                                                    DefaultReduceScatter)
 
-import hooks.fsdp2  # noqa: F401  (adds FSDPModule.register_comm_hook)
-from hooks.fsdp2 import ZipCCLAllGather, ZipCCLReduceScatter
-from hooks.fsdp2 import _param_groups
-from hooks.registry import ZipCCLHook, register_comm_hook, zipccl_hook
+import zipccl_fsdp.hooks.fsdp2  # noqa: F401  (adds FSDPModule.register_comm_hook)
+from zipccl_fsdp.hooks.fsdp2 import ZipCCLAllGather, ZipCCLReduceScatter
+from zipccl_fsdp.hooks.fsdp2 import _param_groups
+from zipccl_fsdp.hooks.registry import ZipCCLHook, register_comm_hook, zipccl_hook
 from zipccl_fsdp.config import ZipCCLConfig
 
 # torch >= 2.13 can give one module several parameter groups (per-parameter meshes).

@@ -156,7 +156,7 @@ def task_train_extensions(kind: str, hooked: bool):
         fully_shard(model, mesh=mesh)
         hook = None
         if hooked:
-            from hooks.registry import ZipCCLHook
+            from zipccl_fsdp.hooks.registry import ZipCCLHook
             # min_bytes=0 and "always": every call zipccl can compress is compressed
             hook = ZipCCLHook(ZipCCLConfig(policy="always", min_bytes=0,
                                            unsupported_dtype="raw"))

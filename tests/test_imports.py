@@ -16,7 +16,9 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PACKAGES = ("zipccl_fsdp", "hooks", "triton_kernels")
+PACKAGES = {"zipccl_fsdp": "zipccl_fsdp", "hooks": "zipccl_fsdp.hooks",
+            "triton_kernels": "zipccl_fsdp.triton_kernels"}
+"""Folder of the repository -> the package it is installed as (pyproject.toml)."""
 
 FORMAT_LAYER = {"zipccl_fsdp.format", "zipccl_fsdp._layout", "zipccl_fsdp.errors"}
 """The payload format and the two modules it imports; shared by every codec
@@ -36,7 +38,11 @@ when one of them is gone, so that its entry goes too."""
 
 def _backend(name: str) -> bool:
     return name in ("zipccl_fsdp.codec_torch", "zipccl_fsdp.codec_cpp") or \
-        name.split(".")[0] == "triton_kernels"
+        _within(name, "zipccl_fsdp.triton_kernels")
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
 
 
 @pytest.mark.parametrize("first", ["", "import torch.distributed.fsdp; "])
@@ -49,13 +55,16 @@ def test_importing_the_package_registers_the_fsdp2_method(first):
 
 
 def _modules() -> dict:
-    """module name -> path, for every .py file of the three packages."""
+    """module name (as installed) -> path, for every .py file of the package's folders."""
     out = {}
-    for pkg in PACKAGES:
-        for path in (ROOT / pkg).rglob("*.py"):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-            out[name] = path
+    for folder, package in PACKAGES.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            if parts and parts[-1] == "__init__":
+                parts = parts[:-1]
+            if folder == "zipccl_fsdp" and parts and parts[0] in PACKAGES:
+                continue  # not a folder of the package (pyproject.toml maps them there)
+            out[".".join((package, *parts))] = path
     return out
 
 
@@ -105,12 +114,14 @@ def _graph(at_import_only: bool = False) -> dict:
     for name, path in known.items():
         edges = {t for t, now in _imports(name, path, known).items() if now or not at_import_only}
         if at_import_only:
-            # Importing a module of another top-level package runs that
-            # package's __init__ first (a package importing its own modules
-            # is not a cycle); an import inside a function runs it when
+            # Importing a module of another package runs that package's
+            # __init__ (and its parents') first; a package importing its own
+            # modules is not a cycle. An import inside a function runs when
             # every package is long initialised, so only these edges get it.
-            top = name.split(".")[0]
-            edges |= {e.split(".")[0] for e in edges if e.split(".")[0] != top}
+            ancestors = {name.rsplit(".", i)[0] for i in range(name.count(".") + 1)}
+            for e in list(edges):
+                edges |= {e.rsplit(".", i)[0] for i in range(1, e.count(".") + 1)} - ancestors
+            edges.discard(name)
         graph[name] = edges
     return graph
 
@@ -170,7 +181,7 @@ def test_cycle_finder_sees_imports_inside_functions(tmp_path, monkeypatch):
     (pkg / "a.py").write_text("from . import b\n")
     (pkg / "b.py").write_text("def f():\n    from .a import g\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
-    monkeypatch.setattr(sys.modules[__name__], "PACKAGES", ("zipccl_fsdp",))
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGES", {"zipccl_fsdp": "zipccl_fsdp"})
     assert _cycles(_graph()) == [frozenset({"zipccl_fsdp.a", "zipccl_fsdp.b"})]
     assert _cycles(_graph(at_import_only=True)) == []
 
@@ -188,7 +199,8 @@ def test_codec_backends_import_only_the_format_and_each_other():
     the others their error messages), nothing above them."""
     graph = _graph()
     backends = [name for name in graph if _backend(name)]
-    assert "triton_kernels.codec_encode" in backends and "zipccl_fsdp.codec_torch" in backends
+    assert "zipccl_fsdp.triton_kernels.codec_encode" in backends
+    assert "zipccl_fsdp.codec_torch" in backends
     wrong = {name: sorted(t for t in graph[name] if t not in FORMAT_LAYER and not _backend(t))
              for name in backends}
     assert not {k: v for k, v in wrong.items() if v}
@@ -198,9 +210,9 @@ def test_only_the_integrations_import_the_hooks():
     """hooks -> zipccl_fsdp, never back; the torchtitan integration
     (``zipccl_fsdp.titan``), which installs the hooks, is the one exception."""
     graph = _graph()
+    hooks = "zipccl_fsdp.hooks"
     importers = sorted(name for name, edges in graph.items()
-                       if name.split(".")[0] != "hooks" and any(e.split(".")[0] == "hooks"
-                                                               for e in edges))
+                       if not _within(name, hooks) and any(_within(e, hooks) for e in edges))
     assert importers and all(name.startswith("zipccl_fsdp.titan.") for name in importers), importers
 
 
@@ -229,8 +241,8 @@ def test_collectives_know_nothing_of_fsdp():
 
 
 def test_kernels_and_format_load_neither_hooks_nor_fsdp():
-    code = ("import triton_kernels.codec_encode, zipccl_fsdp.format, sys; "
-            "assert 'hooks' not in sys.modules, 'hooks'; "
+    code = ("import zipccl_fsdp.triton_kernels.codec_encode, zipccl_fsdp.format, sys; "
+            "assert 'zipccl_fsdp.hooks' not in sys.modules, 'hooks'; "
             "assert 'torch.distributed.fsdp' not in sys.modules, 'fsdp'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
@@ -285,7 +297,7 @@ def test_nothing_installed_imports_offline():
             bad = [n for n in names if n.split(".")[0] in shut_out
                    or n.split(".")[-1] == "offline"]
             assert not bad, f"{path}:{node.lineno} imports {bad}"
-    code = ("import sys, zipccl_fsdp, triton_kernels.exponent_codec; "
+    code = ("import sys, zipccl_fsdp, zipccl_fsdp.triton_kernels.exponent_codec; "
             f"bad = [m for m in sys.modules if m.split('.')[0] in {shut_out!r} "
             "or m.split('.')[-1] == 'offline']; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -27,10 +27,10 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (DefaultAllGat
                                                                    DefaultReduceScatter)
 from torch.distributed.tensor import Shard
 
-import hooks.fsdp2
-from hooks.fsdp2 import FSDP2InternalsError, ZipCCLAllGather, ZipCCLReduceScatter, _param_groups
-from hooks.hsdp import ReplicateAllReduce
-from hooks.registry import ZipCCLHook
+import zipccl_fsdp.hooks.fsdp2
+from zipccl_fsdp.hooks.fsdp2 import FSDP2InternalsError, ZipCCLAllGather, ZipCCLReduceScatter, _param_groups
+from zipccl_fsdp.hooks.hsdp import ReplicateAllReduce
+from zipccl_fsdp.hooks.registry import ZipCCLHook
 from test_fsdp2 import AllToAllSumReduceScatter
 from test_fsdp2 import train as train_fsdp2
 from zipccl_fsdp.config import ZipCCLConfig
@@ -110,7 +110,7 @@ def train(model: nn.Module, steps: int = STEPS) -> tuple[list, list]:
 
 
 def groups_of(model) -> list:
-    return [(name, g) for name, m in hooks.fsdp2._fsdp_modules(model)
+    return [(name, g) for name, m in zipccl_fsdp.hooks.fsdp2._fsdp_modules(model)
             for g in _param_groups(name, m)]
 
 

@@ -497,7 +497,7 @@ def test_only_the_policy_module_reads_the_policy_setting():
 def task_hooks_keep_their_own_state():
     """Two hooks with equal configs, and the free functions with a third: each
     owner checks the agreement, decides and opens its lanes on its own."""
-    from hooks.registry import ZipCCLHook
+    from zipccl_fsdp.hooks.registry import ZipCCLHook
     from zipccl_fsdp import collectives as C
     from zipccl_fsdp.config import DEFAULT_CONFIG
 
@@ -551,7 +551,7 @@ def task_fsdp2_default_hook_stats(steps: int):
     from torch import nn
     from torch.distributed.fsdp import fully_shard
 
-    from hooks.registry import ZipCCLHook
+    from zipccl_fsdp.hooks.registry import ZipCCLHook
 
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(3)])
@@ -591,7 +591,7 @@ def task_ddp_run_with_given_speeds(steps: int):
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from hooks.registry import ZipCCLHook, register_comm_hook
+    from zipccl_fsdp.hooks.registry import ZipCCLHook, register_comm_hook
 
     rank = dist.get_rank()
     digests, stats = [], []

@@ -73,7 +73,7 @@ def runs(tmp_path_factory, build_cache):
                         *extra, "--", "--comm.init_timeout_seconds", "60"], env)
         if proc.returncode != 0:
             pytest.fail(f"zipccl titan ({name}) exited {proc.returncode}:\n{proc.stdout[-6000:]}")
-        out[name] = (dump, _scalars(dump))
+        out[name] = (dump, _scalars(dump), proc.stdout)
     out["env"] = env
     return out
 
@@ -122,6 +122,33 @@ def test_baseline_run_has_no_zipccl_traffic(runs):
     scalars = runs["raw"][1]
     assert set(scalars["zipccl/config/compressed"].values()) == {0.0}
     assert not [t for t in scalars if t.startswith(("zipccl/all_gather", "zipccl/reduce_scatter"))]
+
+
+def test_titan_says_what_it_installed_and_what_it_saved(runs):
+    """One line from the ranks when zipccl's comms are installed; at the end
+    the demo's table per collective and a TensorBoard command by full path."""
+    from zipccl_fsdp.demo import tensorboard_command
+
+    dump, scalars, out = runs["zipccl"]
+    assert out.count("zipccl: compressed comms installed (FSDP2 comm hook): "
+                     "all_gather, reduce_scatter; codec=dense, min_bytes=4096, policy=always"
+                     ) == 1, out[-6000:]
+    tail = out[out.index(f"zipccl titan: {STEPS} steps, {dump}"):].splitlines()
+    assert tail[1].split() == ["collective", "raw", "MB", "wire", "MB", "ratio", "comm", "ms",
+                               "encode", "ms", "decode", "ms", "compressed"]
+    rows = {line.split()[0]: line.split() for line in tail[3:5]}
+    assert sorted(rows) == ["all_gather", "reduce_scatter"], tail
+    for kind, row in rows.items():
+        warm = {n: sum(v for s, v in scalars[f"zipccl/{kind}/{n}"].items() if s >= 2)
+                for n in ("raw_MB", "wire_MB", "calls", "compressed_calls")}
+        assert float(row[3]) == pytest.approx(warm["raw_MB"] / warm["wire_MB"], abs=0.006), row
+        assert float(row[3]) > 1, row
+        assert row[-1] == f"{warm['compressed_calls'] / warm['calls']:.0%}", row
+    assert tail[-1] == f"zipccl titan: {tensorboard_command(dump / 'tb')}"
+    dump, _, out = runs["raw"]
+    assert out.count("zipccl: comms not installed (--no-compress): FSDP2's own") == 1
+    assert not any(line.startswith("collective ") for line in out.splitlines())
+    assert out.rstrip().endswith(f"zipccl titan: {tensorboard_command(dump / 'tb')}")
 
 
 def test_capture_round_trips_through_bench_codec_and_inspect(runs):
@@ -285,3 +312,23 @@ def test_demo_help_says_what_each_option_does(capsys):
     text = _help(capsys, "demo")
     for phrase in ("--steps", "--rate", "1gbit", "--out", "bitwise equal"):
         assert phrase in text, phrase
+
+
+def test_a_shipped_recipe_is_found_by_name(tmp_path, monkeypatch, quiet_env):
+    """From any folder, ``--recipe llama3_tiny_cpu`` (or with ``.toml``) is the
+    shipped recipe; an unknown name is an error listing the shipped ones."""
+    from zipccl_fsdp.titan import launch
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("llama3_tiny_cpu", "llama3_tiny_cpu.toml"):
+        prepared = launch.prepare(_launch_args(name, "--dump-folder", "x"))
+        assert launch.find_recipe(name).resolve() == TINY.resolve()
+        assert "llama3_tiny" in prepared.cmd
+    own = tmp_path / "llama3_tiny_cpu.toml"  # a file of that name in the folder wins
+    own.write_text(TINY.read_text().replace('nproc = 2', 'nproc = 3'))
+    assert launch.load_recipe("llama3_tiny_cpu.toml").nproc == 3
+    assert launch.load_recipe("llama3_tiny_cpu").nproc == 2
+    with pytest.raises(launch.RecipeError, match="shipped: .*llama3_tiny_cpu"):
+        launch.find_recipe("llama3_tiny_gpu")
+    with pytest.raises(launch.RecipeError, match="no such recipe file"):
+        launch.load_recipe("elsewhere/llama3_tiny_cpu.toml")

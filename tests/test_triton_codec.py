@@ -16,7 +16,7 @@ import textwrap
 import pytest
 import torch
 
-from triton_kernels import available
+from zipccl_fsdp.triton_kernels import available
 
 if not available():
     pytest.skip("triton is not installed", allow_module_level=True)
@@ -30,7 +30,7 @@ HAS_CUDA = torch.cuda.is_available()
 
 def _interpreted() -> bool:
     from triton.runtime.interpreter import InterpretedFunction
-    from triton_kernels import fixed3_encode
+    from zipccl_fsdp.triton_kernels import fixed3_encode
     return isinstance(fixed3_encode.fixed3_encode_kernel, InterpretedFunction)
 
 
@@ -456,8 +456,8 @@ def test_kept_buffers_start_clean_every_call(device, monkeypatch):
     decode bit-exact; a corrupt payload's error must not reach the next
     decode; two threads encoding at once get their own buffers."""
     import threading
-    from triton_kernels import codec_decode as D
-    from triton_kernels import codec_encode as E
+    from zipccl_fsdp.triton_kernels import codec_decode as D
+    from zipccl_fsdp.triton_kernels import codec_encode as E
     monkeypatch.setattr(E, "RING", 2)
     monkeypatch.setattr(D, "ERR_RING", 2)
     monkeypatch.setattr(E._TLS, "rings", {}, raising=False)  # rings made at these sizes
@@ -522,7 +522,7 @@ def test_header_template_gives_every_body_length():
     interpreted tests reach only small ones), for 0 to 16 dims."""
     import random
     import struct
-    from triton_kernels import codec_encode as E
+    from zipccl_fsdp.triton_kernels import codec_encode as E
     rng = random.Random(5)
     lengths = [0, 16, 2 ** 40 - 16, 2 ** 44 - 16] + [16 * rng.randrange(2 ** 40) for _ in range(30)]
     for shape in [(), (5,), (3, 4), (2, 3, 4, 5, 6), (1,) * 16]:
@@ -597,7 +597,7 @@ def test_package_imports_without_triton():
         import sys
         sys.modules["triton"] = None  # makes "import triton" fail
         import torch, zipccl_fsdp as z
-        from triton_kernels import available
+        from zipccl_fsdp.triton_kernels import available
         assert not available()
         x = torch.randn(100).bfloat16()
         p = z.encode(x, backend="torch")
@@ -671,7 +671,7 @@ def test_fixed3_hot_and_general_chunks(device, dtype, enc_warps, dec_warps, deco
     elements a thread (64-bit escape masks) and 32, for encode and decode.
     The general functions are counted through their calls under the
     interpreter."""
-    from triton_kernels import codec_encode, fixed3_decode, fixed3_encode
+    from zipccl_fsdp.triton_kernels import codec_encode, fixed3_decode, fixed3_encode
     monkeypatch.setattr(decode_plans, "NUM_WARPS", dec_warps)
     monkeypatch.setattr(decode_plans, "FIXED3_WARPS", {2: dec_warps, 4: dec_warps})
     calls = {"encode": 0, "decode": 0}
@@ -770,10 +770,10 @@ def test_fixed3_code_bits_past_n_are_ignored(device, dtype, dec_warps, decode_pl
 
 @pytest.fixture
 def decode_plans():
-    """triton_kernels.codec_decode with its plans and launchers forgotten
+    """zipccl_fsdp.triton_kernels.codec_decode with its plans and launchers forgotten
     before and after the test (a test that changes how many chunks a
     program takes must not leave plans made under its settings)."""
-    from triton_kernels import codec_decode as D
+    from zipccl_fsdp.triton_kernels import codec_decode as D
     D.reset()
     yield D
     D.reset()

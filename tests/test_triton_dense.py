@@ -13,7 +13,7 @@ decoded tensors as integer views.
 import pytest
 import torch
 
-from triton_kernels import available
+from zipccl_fsdp.triton_kernels import available
 
 if not available():
     pytest.skip("triton is not installed", allow_module_level=True)
@@ -32,7 +32,7 @@ C = F.CHUNK_ELEMS
 
 def _interpreted() -> bool:
     from triton.runtime.interpreter import InterpretedFunction
-    from triton_kernels import dense_encode
+    from zipccl_fsdp.triton_kernels import dense_encode
     return isinstance(dense_encode.dense_encode_kernel, InterpretedFunction)
 
 
@@ -42,9 +42,9 @@ if not HAS_CUDA and not _interpreted():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from triton_kernels import codec_encode as E  # noqa: E402
-from triton_kernels._codec_common import tile_shape  # noqa: E402
-from triton_kernels.dense_decode import dense_decode_chunk  # noqa: E402
+from zipccl_fsdp.triton_kernels import codec_encode as E  # noqa: E402
+from zipccl_fsdp.triton_kernels._codec_common import tile_shape  # noqa: E402
+from zipccl_fsdp.triton_kernels.dense_decode import dense_decode_chunk  # noqa: E402
 
 
 @triton.jit
@@ -215,7 +215,7 @@ def _torch_raises(p: torch.Tensor) -> None:
 def test_decode_flags_corrupt_payloads():
     """Each damage sets its error bit (and the torch reference refuses the
     same payload); the intact payload decodes without one."""
-    from triton_kernels import dense_decode as D
+    from zipccl_fsdp.triton_kernels import dense_decode as D
     x = mixed(torch.bfloat16, seed=4)[:2 * C + 37].clone().to(DEV)  # chunks: hot, raw, tail
     p = codec_torch.encode(x, "dense")
     h = F.parse_header(p)
@@ -350,7 +350,7 @@ def test_every_padding_of_a_hot_chunk_checked(dtype):
     """A nonzero byte in any padded part of a full chunk's segment (codes,
     sm, rem, escapes: each checked by its own threads) sets ERR_PADDING,
     whichever byte of the padding it is."""
-    from triton_kernels import dense_decode as D
+    from zipccl_fsdp.triton_kernels import dense_decode as D
     x = mixed(dtype, seed=7)[:C + 1].clone().to(DEV)  # chunk 0: full and hot
     x[: C // 2] *= (torch.rand(C // 2, generator=torch.Generator().manual_seed(7)) > 0.2).to(dtype)
     p = codec_torch.encode(x, "dense")
@@ -380,7 +380,7 @@ def test_table_entry_fields_and_raw_padding_flagged(dtype):
     dtype's exponents, a zero count past n, the tier-count chain) sets
     ERR_TABLE for a hot chunk, and a nonzero padding byte of a RAW chunk
     sets ERR_PADDING; the torch reference refuses each payload too."""
-    from triton_kernels import dense_decode as D
+    from zipccl_fsdp.triton_kernels import dense_decode as D
     x = mixed(dtype, seed=9)
     x = torch.cat([x[:C], x[C:C + 5]]).clone().to(DEV)  # chunk 0 hot, chunk 1 RAW (5 elements)
     p = codec_torch.encode(x, "dense")
@@ -422,7 +422,7 @@ def test_exponent_past_the_dtype_flagged(dtype):
     its elements of positive (negative) offsets name an exponent the dtype
     lacks, sets ERR_EXPONENT and nothing else (the table, counts and
     paddings are intact); the torch reference refuses each payload too."""
-    from triton_kernels import dense_decode as D
+    from zipccl_fsdp.triton_kernels import dense_decode as D
     x = mixed(dtype, seed=11)[:C].clone().to(DEV)
     p = codec_torch.encode(x, "dense")
     h = F.parse_header(p)
@@ -443,7 +443,7 @@ def test_kept_and_escape_counts_flagged():
     fewer), than its codes hold, with the segment's padded layout unchanged
     (the table and offsets checks pass): the decoded counts disagree and
     ERR_COUNTS is set; the torch reference refuses each payload too."""
-    from triton_kernels import dense_decode as D
+    from zipccl_fsdp.triton_kernels import dense_decode as D
     x = mixed(torch.bfloat16, seed=12)[:C].clone().to(DEV)
     p = codec_torch.encode(x, "dense")
     h = F.parse_header(p)
@@ -528,8 +528,8 @@ def test_hot_and_cold_chunks_take_their_paths(dtype, monkeypatch):
     """Every path of hot_and_cold's chunks, bytes equal to the torch
     reference's and decoded bit for bit; under the interpreter, the cold
     functions are called for the chunks meant for them and no other."""
-    from triton_kernels import dense_decode as DD
-    from triton_kernels import dense_encode as DE
+    from zipccl_fsdp.triton_kernels import dense_decode as DD
+    from zipccl_fsdp.triton_kernels import dense_encode as DE
     enc = _count_calls(monkeypatch, DE, ["_encode_general", "_encode_tail", "_escape_rounds"])
     dec = _count_calls(monkeypatch, DD, ["_decode_zeros", "_decode_general", "_decode_raw",
                                          "_patch_escapes"])
@@ -570,7 +570,7 @@ def test_hot_decode_flags_what_a_hot_chunk_cannot_hold():
     the clamped stream), or (fp16) whose escape byte names an exponent past
     the dtype's, sets ERR_COUNTS (ERR_EXPONENT) and none of ERR_TABLE,
     ERR_OFFSETS; the torch reference refuses each payload too."""
-    from triton_kernels import dense_decode as D
+    from zipccl_fsdp.triton_kernels import dense_decode as D
     for dtype in (torch.bfloat16, torch.float16):
         x = hot_and_cold(dtype)[:C].clone().to(DEV)
         p = codec_torch.encode(x, "dense")

@@ -1,10 +1,10 @@
-"""triton_kernels._lookback: the decoupled look-back prefix sum the encoders
+"""zipccl_fsdp.triton_kernels._lookback: the decoupled look-back prefix sum the encoders
 place their chunk segments with, run under the interpreter without CUDA
 (programs run in order there) and compiled on a GPU."""
 import pytest
 import torch
 
-from triton_kernels import available
+from zipccl_fsdp.triton_kernels import available
 
 if not available():
     pytest.skip("triton is not installed", allow_module_level=True)
@@ -12,7 +12,7 @@ if not available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from triton_kernels._lookback import chunk_offset, ticket  # noqa: E402
+from zipccl_fsdp.triton_kernels._lookback import chunk_offset, ticket  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 DEV = "cuda" if HAS_CUDA else "cpu"

@@ -49,9 +49,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-import triton_kernels
-from triton_kernels import codec_decode as D
-from triton_kernels import codec_encode as E
+import zipccl_fsdp.triton_kernels
+from zipccl_fsdp.triton_kernels import codec_decode as D
+from zipccl_fsdp.triton_kernels import codec_encode as E
 from zipccl_fsdp import format as F
 
 _TRITON_DTYPE = {"i8": "*i8", "u8": "*u8", "i16": "*i16", "i32": "*i32", "i64": "*i64"}
@@ -387,7 +387,7 @@ def tagged_loops(tag: str) -> list:
     """The source lines ("file.py:123") of the kernels' loops tagged ``tag``."""
     import glob
     found = []
-    kernels = os.path.dirname(triton_kernels.__file__)
+    kernels = os.path.dirname(zipccl_fsdp.triton_kernels.__file__)
     for path in sorted(glob.glob(os.path.join(kernels, "*.py"))):
         with open(path) as f:
             for k, line in enumerate(f, 1):

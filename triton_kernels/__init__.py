@@ -3,7 +3,6 @@
 Nothing here knows about torch.distributed. Importing this package does not
 import triton; ``available()`` says whether the kernels can run.
 """
-__zipccl_fsdp_part__ = True
 
 
 def available() -> bool:

@@ -1,7 +1,7 @@
 """Which codec backend runs a call: the one owner of that choice.
 
 ``module(backend, device, dtype, codec)`` names the module (``codec_torch``,
-``codec_cpp`` or ``triton_kernels.exponent_codec``) that encodes or decodes
+``codec_cpp`` or ``zipccl_fsdp.triton_kernels.exponent_codec``) that encodes or decodes
 a tensor of ``dtype`` with ``codec`` on ``device``:
 
 * ``"torch"``, ``"cpp"``, ``"triton"``: that backend (``"triton"`` runs the
@@ -56,7 +56,7 @@ def triton_usable(device: torch.device) -> bool:
     their first use), so a later change of it would not change what they
     run on."""
     if not _TRITON_AVAILABLE:
-        from triton_kernels import available
+        from zipccl_fsdp.triton_kernels import available
         _TRITON_AVAILABLE.extend((available(), os.environ.get("TRITON_INTERPRET") == "1"))
     if not _TRITON_AVAILABLE[0]:
         return False
@@ -105,9 +105,12 @@ def _resolve(backend: str, device: torch.device):
         from . import codec_cpp
         return codec_cpp
     if not triton_usable(device):
-        raise ValueError("the triton backend needs triton and a CUDA tensor "
+        from .cli import install_hint
+
+        missing = "" if _TRITON_AVAILABLE[0] else f" (not installed; {install_hint('triton')})"
+        raise ValueError(f"the triton backend needs triton{missing} and a CUDA tensor "
                          "(or TRITON_INTERPRET=1 for CPU tensors)")
-    from triton_kernels import exponent_codec
+    from zipccl_fsdp.triton_kernels import exponent_codec
     return exponent_codec
 
 
@@ -168,7 +171,7 @@ class SelfCheck:
             if got is None:
                 failure = run(device, dtype, codec)
                 if failure is None:
-                    from triton_kernels import exponent_codec
+                    from zipccl_fsdp.triton_kernels import exponent_codec
                     got = exponent_codec
                 else:
                     _warn(device, dtype, codec, failure)
@@ -196,7 +199,7 @@ def run(device: torch.device, dtype: torch.dtype, codec: str) -> str | None:
     length read, the decoder's error word (twice where its plan for this
     size last decoded another codec), one copy of both results to the
     host."""
-    from triton_kernels import exponent_codec
+    from zipccl_fsdp.triton_kernels import exponent_codec
     x = probe(dtype)
     want = codec_torch.encode(x, codec)  # on the CPU: no device work
     try:

@@ -30,9 +30,18 @@ Where the figures come from, and why every rank holds the same:
 
 With both ``link_gbps`` and ``codec_gbps`` given nothing is timed and nothing
 is sent: the figures are pure functions of the config.
+
+What it costs is bounded by the sizes below: per process group, the link
+probe and, per dtype, the codec timing and the A/B, at most 32 MB sent per
+rank for the two dtypes FSDP2 moves (bf16 all-gathers, fp32 reduce-scatters).
+Its calls, bytes and seconds are counted under ``stats()["calibration"]``
+(``calls``, ``wire_bytes``, ``comm_s``), and each calibration of a
+(group, dtype) logs one INFO line on the group's rank 0: what it measured
+and what it cost.
 """
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -45,6 +54,8 @@ from ._wire import all_gather_single as _all_gather
 from ._wire import group_key
 from .stats import CALIBRATION, CommStats
 
+logger = logging.getLogger(__name__)
+
 __all__ = ["Calibration", "codecs", "probe_data", "measure_link_local",
            "measure_codec_local", "measure_reduce_local", "measure_ab_local"]
 
@@ -55,22 +66,31 @@ CONFIG_CODEC_OVERHEAD_S = 50e-6
 """Fixed cost per codec call assumed when ``codec_gbps`` is given."""
 
 PROBE_SECONDS = 0.04
-"""Raw duration the in-situ A/B aims for (``Calibration._in_situ``)."""
+"""Raw duration the in-situ A/B aims for (``Calibration._in_situ``), within
+``PROBE_BYTES``."""
+
+PROBE_BYTES = (256 << 10, 768 << 10)
+"""Bounds of the in-situ A/B's message per rank: (AB_ROUNDS + 1) raw and
+compressed all-gathers of the larger, for bf16 and fp32, and the link probe
+stay under 32 MB sent per rank and group."""
 
 AB_ROUNDS = 8
 """Timed rounds of the in-situ A/B (best of): fewer let a noisy link spread
 the fitted codec slowdown widely enough to flip decisions between
 calibrations (docs/benchmarks.md, section "Calibration"). Each round
-costs a raw and a compressed all-gather of about PROBE_SECONDS, once per
-(group, dtype)."""
+costs a raw and a compressed all-gather of about PROBE_SECONDS (within
+PROBE_BYTES), once per (group, dtype)."""
 
 PROBE_K_RANGE = (1.0, 64.0)
 """Bounds of the in-situ codec slowdown factor: a codec does not run faster
 inside a collective than alone; a smaller fitted factor means the short
 probe's transfer beat the model (a shaper's burst), not the codec."""
 
-LINK_PROBE_BYTES = 2 << 20
-CODEC_PROBE_BYTES = 1 << 20
+LINK_PROBE_BYTES = 1 << 20
+LINK_TINY_REPS, LINK_PROBE_REPS = 5, 2
+"""Timed all-gathers of 8 bytes and of LINK_PROBE_BYTES (each after a warm-up)."""
+CODEC_PROBE_BYTES = 512 << 10
+"""Enough for the codec's speed (its cost per call comes from CODEC_SMALL_ELEMS)."""
 CODEC_SMALL_ELEMS = 1024
 
 CODEC_RUNS = 5
@@ -117,7 +137,7 @@ def measure_link_local(group, world: int, device: torch.device) -> list:
     """[tiny all-gather seconds, LINK_PROBE_BYTES all-gather seconds]: this rank's
     minimum over a few repetitions (the first of each is a warm-up)."""
     out = []
-    for nbytes, reps in ((8, 5), (LINK_PROBE_BYTES, 3)):
+    for nbytes, reps in ((8, LINK_TINY_REPS), (LINK_PROBE_BYTES, LINK_PROBE_REPS)):
         send = torch.zeros(nbytes, dtype=torch.uint8, device=device)
         recv = torch.empty(world * nbytes, dtype=torch.uint8, device=device)
         best = float("inf")
@@ -230,6 +250,7 @@ class Calibration:
         self.probes: dict = {}
         """(group key, dtype, device type) -> what the in-situ A/B measured."""
         self._local_codec: dict = {}   # (dtype, device type, codec) -> this rank's times
+        self._unlogged = [0.0, 0, 0]   # seconds, bytes sent, calls not yet in a log line
 
     def given(self) -> bool:
         """Whether the config gives every speed (nothing is ever timed)."""
@@ -256,10 +277,12 @@ class Calibration:
                           else DEFAULT_LATENCY_US)
                 self.links[key] = cost.LinkSpeed(lat_us * 1e-6, cfg.link_gbps * 1e9 / 8)
             else:
+                t0 = time.perf_counter()
                 tiny, big = _agree_max(measure_link_local(group, world, device), group, device)
-                if st is not None:
-                    sent = 6 * 8 + 4 * LINK_PROBE_BYTES + 8 * 2  # warm-ups included
-                    st.add(CALIBRATION, calls=1, wire_bytes=sent, size_bytes=sent)
+                sent = ((LINK_TINY_REPS + 1) * 8 + (LINK_PROBE_REPS + 1) * LINK_PROBE_BYTES
+                        + 8 * 2)  # warm-ups and the agreement included
+                self._book(st, LINK_TINY_REPS + LINK_PROBE_REPS + 3, sent,
+                           time.perf_counter() - t0)
                 lat = tiny if cfg.link_latency_us is None else cfg.link_latency_us * 1e-6
                 bw = (world - 1) * LINK_PROBE_BYTES / max(big - tiny, 1e-9)
                 self.links[key] = cost.LinkSpeed(lat, bw)
@@ -278,6 +301,7 @@ class Calibration:
                                                           bps)
                                        for c in self.codecs}
             else:
+                t0 = time.perf_counter()
                 local = []
                 for c in self.codecs:
                     lk = (dtype, device.type, c)
@@ -290,9 +314,7 @@ class Calibration:
                     self._local_codec[lk] = [measure_reduce_local(dtype, device)]
                 local += self._local_codec[lk]
                 agreed = _agree_max(local, group, device)
-                if st is not None:
-                    st.add(CALIBRATION, calls=1, wire_bytes=8 * len(local),
-                           size_bytes=8 * len(local))
+                self._book(st, 1, 8 * len(local), 0.0)
                 speeds = {}
                 reduce_bps = 2 * CODEC_PROBE_BYTES / max(agreed[-1], 1e-9)
                 for i, c in enumerate(self.codecs):
@@ -301,16 +323,49 @@ class Calibration:
                     speeds[c] = cost.CodecSpeed(CODEC_PROBE_BYTES / max(enc - call, 1e-9),
                                                 CODEC_PROBE_BYTES / max(dec - call, 1e-9), call,
                                                 reduce_bps)
+                alone = speeds
                 if cfg.link_gbps is None:
                     speeds = self._in_situ(group, world, dtype, device, speeds, st)
+                self._book(st, 0, 0, time.perf_counter() - t0)
                 self.speeds_of[key] = speeds
+                self._log(group, key, alone)
         return self.speeds_of[key]
+
+    def _book(self, st, calls: int, nbytes: int, seconds: float) -> None:
+        """Count calibration collectives (a pipelined all-gather as one call, as
+        its kind counts it), the bytes this rank sent, and the time taken: in
+        ``st`` when given, and toward the next log line."""
+        if st is not None:
+            st.add(CALIBRATION, calls=calls, wire_bytes=nbytes, size_bytes=nbytes,
+                   comm_s=seconds)
+        for i, value in enumerate((seconds, nbytes, calls)):
+            self._unlogged[i] += value
+
+    def _log(self, group, key: tuple, alone: dict) -> None:
+        """One INFO line, on the group's rank 0, for a (group, dtype) calibrated:
+        what it measured (the codec speeds ``alone``, before the in-situ
+        slowdown) and what it cost (the link's probe included when it ran for
+        this dtype's first call)."""
+        seconds, nbytes, calls = self._unlogged
+        self._unlogged = [0.0, 0, 0]
+        if not logger.isEnabledFor(logging.INFO) or dist.get_rank(group) != 0:
+            return
+        link = self.links[key[0]]
+        probe = self.probes.get(key)
+        codecs = ", ".join(f"{c} {min(s.encode_bps, s.decode_bps) / 1e9:.2f} GB/s"
+                           for c, s in alone.items())
+        logger.info("zipccl calibration of group %s, %s on %s: link %.0f MB/s, %.0f us; "
+                    "codec alone %s%s; took %.2f s, %.1f MB sent, %d calls", key[0],
+                    str(key[1]).replace("torch.", ""), key[2], link.bytes_per_s / 1e6,
+                    link.latency_s * 1e6, codecs,
+                    f" (in a collective: {probe['slowdown']:.1f}x slower)" if probe else "",
+                    seconds, nbytes / 1e6, calls)
 
     def _in_situ(self, group, world: int, dtype: torch.dtype, device: torch.device,
                  speeds: dict, st) -> dict:
         """Correct measured speeds with one A/B on the real link: a raw and a
         pipelined compressed all-gather of ``probe_data``, sized to take about
-        ``PROBE_SECONDS`` raw (1 to 8 MiB per rank), best of ``AB_ROUNDS`` after a
+        ``PROBE_SECONDS`` raw (within ``PROBE_BYTES`` per rank), best of ``AB_ROUNDS`` after a
         warm-up, the slowest rank's times. The raw time refines the link's
         bandwidth; the compressed one gives the factor ``k`` by which the
         codec runs slower inside a collective than alone (CPU cores shared
@@ -321,22 +376,22 @@ class Calibration:
         rank = dist.get_rank(group)
         itemsize = dtype.itemsize
         per_rank = link.bytes_per_s * PROBE_SECONDS / (world - 1)
-        numel = int(min(max(per_rank, 1 << 20), 8 << 20)) // itemsize
+        numel = int(min(max(per_rank, PROBE_BYTES[0]), PROBE_BYTES[1])) // itemsize
         g = torch.Generator().manual_seed(17 + rank)
         x = probe_data(numel, dtype, g, device)
         parts = (cost.gather(world, numel * itemsize),)
         local_f = [_codec.encode(x[:1 << 16], codec=c, backend=self.cfg.backend).numel()
                    / (min(numel, 1 << 16) * itemsize) for c in speeds]
         fractions = dict(zip(speeds, _agree_max(local_f, group, device)))
+        self._book(st, 1, 8 * len(speeds), 0.0)
         codec, pieces, _ = min(((c, n, cost.predict(parts, link, speeds[c], fractions[c], n))
                                 for c in speeds for n in cost.piece_counts(numel * itemsize)),
                                key=lambda t: t[2])
         plan = cost.Plan(True, codec, pieces, "probe")
         t_raw, t_zip, sent = measure_ab_local(group, world, rank, x, plan, self.cfg)
         t_raw, t_zip = _agree_max([t_raw, t_zip], group, device)
-        if st is not None:
-            sent += 8 * (len(speeds) + 2)
-            st.add(CALIBRATION, calls=1, wire_bytes=sent, size_bytes=sent)
+        # each round: a start-together all-gather before each of the two timed ones
+        self._book(st, 4 * (AB_ROUNDS + 1) + 1, sent + 8 * 2, 0.0)
         bw = (world - 1) * numel * itemsize / max(t_raw - link.latency_s, 1e-9)
         self.links[key] = link = cost.LinkSpeed(link.latency_s, bw)
         k = cost.fit_slowdown(parts, link, speeds[codec], fractions[codec], pieces, t_zip,

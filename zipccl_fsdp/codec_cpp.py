@@ -4,8 +4,15 @@
 loops) is compiled on first use with
 ``torch.utils.cpp_extension.load`` into ``<cache>/cpp-<key>/``, where the
 cache root is ``$ZIPCCL_FSDP_CACHE_DIR``, else ``$XDG_CACHE_HOME/zipccl_fsdp``,
-else ``~/.cache/zipccl_fsdp``, and ``key`` hashes the sources, the flags, and
-the torch and Python versions (a changed source never loads a stale build).
+else ``~/.cache/zipccl_fsdp``, and ``key`` hashes everything that makes two
+builds differ (``_build_key``): the sources, the flags, the compiler, the
+torch version and installation, and the Python version and headers. A
+changed source never loads a stale build, and two environments (two venvs,
+two torch builds) never share a directory, where each would rebuild the
+other's library. A build logs one warning first (visible without any
+logging set-up), saying what it builds and where; it needs a C++ compiler
+and ninja (a dependency of the package: the PyPI ``ninja``, whose program
+is found in its environment's ``bin`` even when that is not on PATH).
 Processes that build at once are serialized by torch's ``FileBaton`` lock
 file in that directory (a process killed mid-build leaves ``lock`` behind and
 later builds wait on it: delete the file). The build targets baseline x86-64,
@@ -15,8 +22,9 @@ machines; the hot loops pick their AVX2 + BMI2 versions at run time
 Calls drop the GIL and run over chunks on ``torch.get_num_threads()`` threads.
 
 If the build fails (no compiler, no ninja, a compile error), ``available()``
-returns False, ``unavailable_reason()`` says why (also logged once at debug
-level), and ``backend="auto"`` falls back to the torch backend.
+returns False, ``unavailable_reason()`` says why and how to fix it (also
+logged once as a warning), and ``backend="auto"`` falls back to the torch
+backend.
 
 With ``verify`` the checksums of ``format.py`` ("Integrity") are computed
 here too (``CHECKSUMS``): per chunk, while it is in cache, in the encode write
@@ -41,12 +49,14 @@ Example::
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import logging
 import os
 import shutil
 import sys
+import sysconfig
 import threading
 import time
 from pathlib import Path
@@ -81,13 +91,52 @@ def _cache_root() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "zipccl_fsdp"
 
 
+def _compiler() -> str:
+    return os.environ.get("CXX", "c++")
+
+
+def _build_key(sources) -> list:
+    """What makes two builds differ: torch's builder puts the torch and Python
+    include folders and the compiler into the build commands, and ninja
+    rebuilds when a command changes."""
+    compiler = _compiler()
+    return [*(s.read_bytes() for s in sources), repr((_CFLAGS, _LDFLAGS)).encode(),
+            compiler.encode(), str(shutil.which(compiler)).encode(),
+            torch.__version__.encode(), str(Path(torch.__file__).resolve().parent).encode(),
+            sys.version.encode(), str(sysconfig.get_paths()["include"]).encode()]
+
+
 def _build_dir(sources) -> Path:
     key = hashlib.sha256()
-    for part in (*(s.read_bytes() for s in sources), repr((_CFLAGS, _LDFLAGS)).encode(),
-                 torch.__version__.encode(), sys.version.encode()):
+    for part in _build_key(sources):
         key.update(part)
         key.update(b"\0")
     return _cache_root() / f"cpp-{key.hexdigest()[:16]}"
+
+
+@contextlib.contextmanager
+def _ninja_on_path():
+    """torch's builder runs ``ninja`` from PATH. The PyPI ``ninja`` (a
+    dependency) installs it into its environment's ``bin``, which is on PATH
+    only while the environment is activated: add it for the build."""
+    from torch.utils.cpp_extension import is_ninja_available
+
+    if is_ninja_available():
+        yield
+        return
+    try:
+        from ninja import BIN_DIR
+    except ImportError:
+        BIN_DIR = str(Path(sys.executable).parent)
+    old = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.pathsep.join([BIN_DIR, old]) if old else BIN_DIR
+    try:
+        if not is_ninja_available():
+            raise RuntimeError("ninja is not installed: pip install ninja (a dependency of "
+                               "zipccl-fsdp; reinstalling it brings ninja too)")
+        yield
+    finally:
+        os.environ["PATH"] = old
 
 
 def _expected_constants() -> list:
@@ -141,20 +190,23 @@ def _remove_stale_lock(build_dir: Path) -> None:
 
 def _build(sources=_SOURCES):
     """Compile (or reuse) and load the library; raises on any failure."""
-    from torch.utils.cpp_extension import is_ninja_available, load
+    from torch.utils.cpp_extension import load
 
     # torch would find these out too, but after a loud compiler warning.
-    compiler = os.environ.get("CXX", "c++")
+    compiler = _compiler()
     if shutil.which(compiler) is None:
-        raise RuntimeError(f"no C++ compiler: {compiler!r} is not on PATH (set CXX)")
-    if not is_ninja_available():
-        raise RuntimeError("ninja is not installed (pip install ninja)")
+        raise RuntimeError(f"no C++ compiler: {compiler!r} is not on PATH; install one "
+                           f"(Debian/Ubuntu: apt-get install g++) or name it in CXX")
     build_dir = _build_dir(sources)
     build_dir.mkdir(parents=True, exist_ok=True)
     _remove_stale_lock(build_dir)
-    path = load(name=_NAME, sources=[str(s) for s in sources], extra_cflags=_CFLAGS,
-                extra_ldflags=_LDFLAGS, build_directory=str(build_dir), verbose=False,
-                is_python_module=False)
+    if not (build_dir / f"{_NAME}.so").exists():
+        log.warning("zipccl: building its C++ codec into %s (once per torch, Python and "
+                    "compiler; later processes load it)", build_dir)
+    with _ninja_on_path():
+        path = load(name=_NAME, sources=[str(s) for s in sources], extra_cflags=_CFLAGS,
+                    extra_ldflags=_LDFLAGS, build_directory=str(build_dir), verbose=False,
+                    is_python_module=False)
     lib = ctypes.CDLL(path)
     for fn, argtypes in _SIGNATURES.items():
         getattr(lib, fn).argtypes = argtypes

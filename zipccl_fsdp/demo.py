@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 import shutil
 import statistics
 import struct
@@ -39,9 +40,10 @@ _RUNS = (("raw", True), ("zipccl", False))  # (name, --no-compress)
 
 
 def _default_recipe() -> Path:
-    """recipes/llama3_debugmodel.toml of this checkout, else of the current folder."""
-    here = Path(__file__).resolve().parents[1] / "recipes" / _RECIPE
-    return here if here.exists() else Path("recipes") / _RECIPE
+    """The shipped recipes/llama3_debugmodel.toml."""
+    from .titan.launch import find_recipe
+
+    return find_recipe(_RECIPE)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -57,18 +59,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="outputs/demo", metavar="DIR",
                    help="folder for the two runs (DIR/raw, DIR/zipccl: TensorBoard events and "
                         "logs; replaced if present; default: outputs/demo)")
-    p.add_argument("--recipe", default=None, metavar="FILE",
-                   help=f"recipe to train (default: recipes/{_RECIPE})")
+    p.add_argument("--recipe", default=None, metavar="RECIPE",
+                   help=f"recipe to train, a file or a shipped recipe's name (default: "
+                        f"{Path(_RECIPE).stem})")
     p.add_argument("--every", type=int, default=5, metavar="N",
                    help="print a progress line every N steps (default: 5)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from .cli import require
     from .netns import can_shape, slow_link
+
+    require(("demo",), "torchtitan", "triton", "tokenizers", extra="titan")
 
     if args.steps < 2:
         raise SystemExit("zipccl demo: --steps must be >= 2")
-    recipe = Path(args.recipe) if args.recipe else _default_recipe()
+    if args.recipe:
+        from .titan.launch import RecipeError, find_recipe
+
+        try:
+            recipe = find_recipe(args.recipe)
+        except RecipeError as e:
+            raise SystemExit(f"zipccl demo: {e}") from None
+    else:
+        recipe = _default_recipe()
     out = Path(args.out)
     rate = None if args.rate.lower() in ("none", "unlimited", "0") else args.rate
     ok, why = can_shape()
@@ -163,12 +177,16 @@ def _train(name: str, cmd: list, env: dict, log_path: Path, steps: int, every: i
     return 0
 
 
-def read_scalars(dump: Path) -> dict:
-    """``{tag: {step: value}}`` of the TensorBoard event files under ``dump/tb``."""
+def read_scalars(dump: Path, since: float | None = None) -> dict:
+    """``{tag: {step: value}}`` of the TensorBoard event files under ``dump/tb``
+    (with ``since``, only of the files written after that ``time.time()``: a
+    dump folder keeps the event files of earlier runs)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     scalars: dict = {}
-    for folder in sorted({p.parent for p in dump.glob("tb/**/events.out.tfevents.*")}):
+    files = [p for p in dump.glob("tb/**/events.out.tfevents.*")
+             if since is None or p.stat().st_mtime >= since]
+    for folder in sorted({p.parent for p in files}):
         acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
         acc.Reload()
         for tag in acc.Tags()["scalars"]:
@@ -184,17 +202,31 @@ def _bits(values: dict) -> dict:
     return {step: struct.pack("<f", v) for step, v in values.items()}
 
 
-def format_table(runs: dict, *, link: str, steps: int, out: Path, seconds: float) -> str:
+def _warm(values: dict) -> dict:
+    """Steps 2 on: step 1 carries one-time costs (config check, first encodes)."""
+    return {s: v for s, v in values.items() if s >= 2}
+
+
+def tensorboard_command(logdir: Path) -> str:
+    """A TensorBoard command that runs in a fresh shell: this environment's
+    ``tensorboard`` by its full path (an environment that is not activated
+    is not on PATH), on the absolute ``logdir``."""
+    script = Path(sys.executable).parent / "tensorboard"
+    program = [str(script)] if script.exists() else [sys.executable, "-m", "tensorboard.main"]
+    return shlex.join([*program, "--logdir", str(Path(logdir).resolve())])
+
+
+def collective_table(zc: dict, steps: int) -> list:
+    """The lines of the per-collective table of a compressed run's scalars
+    (``read_scalars``): raw MB, wire MB, ratio, comm/encode/decode ms per step
+    and the share of calls sent compressed, per collective kind."""
     from .stats import KINDS  # here: the demo's parent process need not load torch to start
 
-    raw, zc = runs["raw"], runs["zipccl"]
-    # Step 1 carries one-time costs (config check, first encodes): leave it out.
-    warm = lambda d: {s: v for s, v in d.items() if s >= 2}  # noqa: E731
     head = (f"{'collective':<16}{'raw MB':>9}{'wire MB':>10}{'ratio':>8}{'comm ms':>10}"
             f"{'encode ms':>11}{'decode ms':>11}{'compressed':>12}")
-    lines = ["", f"zipccl demo: 2 ranks, {steps} steps each, {link}", head, "-" * len(head)]
+    lines = [head, "-" * len(head)]
     for kind in KINDS:
-        cols = {n: warm(zc.get(f"zipccl/{kind}/{n}", {}))
+        cols = {n: _warm(zc.get(f"zipccl/{kind}/{n}", {}))
                 for n in ("raw_MB", "wire_MB", "comm_ms", "encode_ms", "decode_ms", "calls",
                           "compressed_calls")}
         if not cols["raw_MB"]:
@@ -206,11 +238,18 @@ def format_table(runs: dict, *, link: str, steps: int, out: Path, seconds: float
         lines.append(f"{kind:<16}{mean['raw_MB']:>9.3f}{mean['wire_MB']:>10.3f}{ratio:>8.2f}"
                      f"{mean['comm_ms']:>10.1f}{mean['encode_ms']:>11.1f}"
                      f"{mean['decode_ms']:>11.1f}{share:>12}")
-    if len(lines) == 4:
+    if len(lines) == 2:
         lines.append("(no zipccl/<kind>/* scalars: was the run compressed?)")
     lines.append(f"{'':<16}per step, rank 0, mean of steps 2-{steps}; compressed: the")
     lines.append(f"{'':<16}calls the policy (ZipCCLConfig.policy) sent compressed")
     lines.append("-" * len(head))
+    return lines
+
+
+def format_table(runs: dict, *, link: str, steps: int, out: Path, seconds: float) -> str:
+    raw, zc = runs["raw"], runs["zipccl"]
+    lines = ["", f"zipccl demo: 2 ranks, {steps} steps each, {link}",
+             *collective_table(zc, steps)]
     link = zc.get("zipccl/calibration/link_MBps", {})
     if link:
         slow = ", ".join(f"{zc[tag][max(zc[tag])]:.1f}x ({tag.rsplit('_', 1)[1]})"
@@ -219,8 +258,8 @@ def format_table(runs: dict, *, link: str, steps: int, out: Path, seconds: float
                      + (f"; the codec ran {slow}" if slow else ""))
         if slow:
             lines.append(f"{'':<16}slower inside a collective than alone: what it decided with")
-    t_raw = warm(raw.get("time_metrics/end_to_end(s)", {}))
-    t_zc = warm(zc.get("time_metrics/end_to_end(s)", {}))
+    t_raw = _warm(raw.get("time_metrics/end_to_end(s)", {}))
+    t_zc = _warm(zc.get("time_metrics/end_to_end(s)", {}))
     if t_raw and t_zc:
         m_raw, m_zc = statistics.median(t_raw.values()), statistics.median(t_zc.values())
         lines.append(f"{'step time':<16}raw {m_raw * 1e3:.0f} ms, zipccl {m_zc * 1e3:.0f} ms "
@@ -232,7 +271,7 @@ def format_table(runs: dict, *, link: str, steps: int, out: Path, seconds: float
     final = f"; final loss {l_zc[max(l_zc)]:.5f}" if l_zc else ""
     lines.append(f"{'losses bitwise':<16}{'yes' if same else 'NO'} "
                  f"({n_equal} of {len(l_raw)} logged steps equal{final})")
-    lines.append(f"{'tensorboard':<16}tensorboard --logdir {out}")
+    lines.append(f"{'tensorboard':<16}{tensorboard_command(out)}")
     lines.append(f"{'':<16}(whole demo {seconds:.0f} s)")
     return "\n".join(lines)
 

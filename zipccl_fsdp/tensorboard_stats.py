@@ -59,7 +59,9 @@ class StepDeltas:
     ``compressed_fraction``
         compressed_calls / calls: what the policy decided (``policy.py``).
 
-    Nothing is logged for steps in which the kind made no call.
+    Nothing is logged for steps in which the kind made no call. The first
+    call logs the traffic since this object was made, not since the source's
+    counters started (a hook that carried warm-up steps, say).
     """
 
     _FIELDS = (
@@ -76,7 +78,7 @@ class StepDeltas:
         self, stats: Callable[[], Mapping[str, Mapping[str, float]]], kind: str
     ) -> None:
         self.stats, self.kind = stats, kind
-        self._last: dict[str, float] = {}
+        self._last: dict[str, float] = dict(stats().get(kind, {}))
 
     def __call__(self, step: int) -> dict[str, float]:
         now = dict(self.stats().get(self.kind, {}))
@@ -122,9 +124,13 @@ class TensorBoardStats:
     Call ``log(step)`` after each step whose collectives have completed (for
     DDP: after ``backward``, which waits for every bucket); it writes the
     step's scalars under ``zipccl/<kind>/<name>`` (``raw_MB``, ``wire_MB``,
-    ``ratio``, ``comm_ms``, ... as ``StepDeltas`` lists them), and kinds that
-    made no call since the previous ``log`` write nothing. The writer is not
-    flushed or closed here.
+    ``ratio``, ``comm_ms``, ... as ``StepDeltas`` lists them); kinds that
+    made no call since the previous ``log`` write nothing, and the first
+    ``log`` writes the traffic since this object was made. A source with a
+    ``calibration()`` report (a ``ZipCCLHook``) also gets
+    ``zipccl/calibration/<name>`` (``calibration_scalars``) once its policy
+    has measured something, as torchtitan runs do. The writer is not flushed
+    or closed here.
 
     Args:
         writer: a ``torch.utils.tensorboard.SummaryWriter``, or anything with
@@ -164,13 +170,18 @@ class TensorBoardStats:
             raise ValueError(f"TensorBoardStats: unknown kinds {unknown}; known: {KINDS}")
         self.writer = writer
         self._deltas = [(kind, StepDeltas(stats, kind)) for kind in kinds]
+        calibration = getattr(source, "calibration", None)
+        self._calibration = calibration if callable(calibration) else None
 
     def log(self, step: int) -> dict[str, float]:
         """Write this step's scalars; return them as ``{tag: value}``."""
         out = {}
         for kind, deltas in self._deltas:
             for name, value in deltas(step).items():
-                tag = f"{TAG_PREFIX}/{kind}/{name}"
-                out[tag] = float(value)
-                self.writer.add_scalar(tag, out[tag], step)
+                out[f"{TAG_PREFIX}/{kind}/{name}"] = float(value)
+        if self._calibration is not None:
+            for name, value in calibration_scalars(self._calibration()).items():
+                out[f"{TAG_PREFIX}/calibration/{name}"] = float(value)
+        for tag, value in out.items():
+            self.writer.add_scalar(tag, value, step)
         return out

@@ -143,6 +143,7 @@ def install_fsdp_comms(
     )
     if not hooked_fsdp and _backend_lacks_premul_sum():
         force_sum_reductions(model_parts)
+    logger.info("zipccl: %s", installed_line(settings, compress, hooked_fsdp, installed))
     flag = {"compressed": float(installed)}
 
     def config_scalars(step: int) -> dict[str, float]:
@@ -151,6 +152,27 @@ def install_fsdp_comms(
     for part in model_parts:
         attach_scalar_source(part, "config", config_scalars)
     return installed
+
+
+def installed_line(settings: RunSettings | None, compress: bool, hooked_fsdp: bool,
+                   installed: bool) -> str:
+    """One line on what ``install_fsdp_comms`` installed."""
+    if not installed:
+        return ("comms not installed (--no-compress): FSDP2's own" if not compress
+                else "comms not installed: the settings compress no collective")
+    from zipccl_fsdp.config import DEFAULT_CONFIG
+
+    config = settings.zipccl_config() if settings is not None else DEFAULT_CONFIG
+    kinds = [k for k in KINDS if getattr(config, f"compress_{k}")]
+    what = []
+    if hooked_fsdp:
+        what.append("FSDP2 comm hook")
+    if settings is not None and settings.dtensor:
+        what.append("DTensor collectives")
+    given = {k: v for k, v in (settings.config if settings is not None else {}).items()
+             if not k.startswith("compress_")}
+    return (f"compressed comms installed ({', '.join(what)}): {', '.join(kinds)}; "
+            + (", ".join(f"{k}={v}" for k, v in sorted(given.items())) or "default config"))
 
 
 def _install_zipccl(
@@ -331,7 +353,7 @@ def _enable_dtensor(enable: Callable, config: Any, recorder: _CaptureRecorder | 
     the first input of every functional collective it handles."""
     if recorder is None:
         return enable(config)
-    from hooks.dtensor import DTensorCompression
+    from zipccl_fsdp.hooks.dtensor import DTensorCompression
 
     class RecordingDTensorCompression(DTensorCompression):
         def _call(self, op, method, args, kwargs):

@@ -1,5 +1,8 @@
 """``zipccl titan``: train a torchtitan recipe (``recipes/*.toml``) under torchrun.
 
+``--recipe`` takes a file or the name of a recipe shipped with the package
+(``llama3_tiny_cpu``: ``recipes_dir()``, package data of the wheel).
+
 A recipe names a torchtitan config function, the torchtitan settings to
 change, and how zipccl compresses::
 
@@ -42,6 +45,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,11 +100,34 @@ class Recipe:
     zipccl: dict[str, Any] = field(default_factory=dict)
 
 
+def recipes_dir() -> Path:
+    """The recipes shipped with zipccl-fsdp: ``zipccl_fsdp/recipes`` of an
+    installed wheel, the repository's ``recipes/`` in a source checkout."""
+    package = Path(__file__).resolve().parents[1]
+    inside = package / "recipes"
+    return inside if inside.is_dir() else package.parent / "recipes"
+
+
+def find_recipe(name: str | os.PathLike) -> Path:
+    """A recipe file: ``name`` if that file exists, else the shipped recipe of
+    that name (``llama3_tiny_cpu`` or ``llama3_tiny_cpu.toml``)."""
+    path = Path(name)
+    if path.exists() or path.parent != Path("."):
+        return path
+    shipped = recipes_dir() / (path.name if path.suffix == ".toml" else f"{path.name}.toml")
+    if shipped.is_file():
+        return shipped
+    names = sorted(p.stem for p in recipes_dir().glob("*.toml"))
+    raise RecipeError(f"{name}: no such recipe file, and no shipped recipe of that name; "
+                      f"shipped: {', '.join(names) or '(none found)'}")
+
+
 def load_recipe(path: str | os.PathLike) -> Recipe:
-    """Read and check the format of a recipe (not yet its torchtitan keys)."""
+    """Read and check the format of a recipe (not yet its torchtitan keys):
+    a file, or the name of a shipped recipe (``find_recipe``)."""
     import tomllib
 
-    path = Path(path)
+    path = find_recipe(path)
     try:
         with open(path, "rb") as fh:
             data = tomllib.load(fh)
@@ -357,13 +384,15 @@ def _check_with_torchtitan(recipe: Recipe, titan_args: list[str]) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.description = ("Train a torchtitan recipe (recipes/*.toml) with zipccl's compressed "
+    p.description = ("Train a torchtitan recipe (a TOML file) with zipccl's compressed "
                      "comms: torchrun on this machine, logs of rank 0, TensorBoard under "
                      "<dump folder>/tb.")
     p.epilog = ("torchtitan overrides go after '--', e.g.: zipccl titan --recipe "
-                "recipes/llama3_tiny_cpu.toml --steps 5 -- --training.seq_len 128")
-    p.add_argument("--recipe", required=True, metavar="FILE",
-                   help="the recipe (TOML): torchtitan module/config, settings, [zipccl]")
+                "llama3_tiny_cpu --steps 5 -- --training.seq_len 128")
+    p.add_argument("--recipe", required=True, metavar="RECIPE",
+                   help="the recipe (TOML): torchtitan module/config, settings, [zipccl]; "
+                        "a file, or the name of a shipped recipe: "
+                        + ", ".join(sorted(r.stem for r in recipes_dir().glob("*.toml"))))
     p.add_argument("--nproc", type=int, metavar="N",
                    help="ranks on this machine (default: the recipe's [titan] nproc)")
     p.add_argument("--steps", type=int, metavar="N",
@@ -399,6 +428,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..cli import require
+
+    require(("titan",), "torchtitan", "triton", "tokenizers", extra="titan")
     try:
         launch = prepare(args)
     except ValueError as e:  # RecipeError included
@@ -407,4 +439,24 @@ def run(args: argparse.Namespace) -> int:
     print(f"zipccl titan: ZIPCCL_TITAN_SETTINGS={launch.settings.to_env()}", flush=True)
     if args.dry_run:
         return 0
-    return subprocess.run(launch.cmd, env=launch.env).returncode
+    started = time.time()
+    code = subprocess.run(launch.cmd, env=launch.env).returncode
+    if code == 0:
+        print(summary(launch, since=started), flush=True)
+    return code
+
+
+def summary(launch: Launch, since: float | None = None) -> str:
+    """What the run's zipccl comms moved, per collective, read back from the
+    TensorBoard event files written after ``since`` (the demo's table), and a
+    TensorBoard command that runs in a fresh shell."""
+    from ..demo import collective_table, read_scalars, tensorboard_command
+
+    lines = []
+    if launch.settings.compress:
+        scalars = read_scalars(launch.dump_folder, since)
+        steps = max((max(v) for v in scalars.values() if v), default=0)
+        lines += ["", f"zipccl titan: {steps} steps, {launch.dump_folder}",
+                  *collective_table(scalars, steps)]
+    lines.append(f"zipccl titan: {tensorboard_command(launch.dump_folder / 'tb')}")
+    return "\n".join(lines)
