@@ -91,7 +91,7 @@ def test_a_users_hooks_module_changes_nothing(tmp_path):
         assert tk.__file__.startswith({str(ROOT)!r}), tk.__file__
         assert 'hooks' not in sys.modules and 'triton_kernels' not in sys.modules
         try:
-            import zipccl_fsdp.hooks
+            import hooks
         except RuntimeError as e:
             assert "the user's hooks" in str(e)
         else:
@@ -267,7 +267,7 @@ def test_ninja_is_found_in_its_environment_bin_off_path(monkeypatch, tmp_path):
 
 def test_the_printed_tensorboard_command_runs_in_a_fresh_shell(tmp_path):
     """No activated environment, no PATH of ours, another working folder."""
-    from zipccl_fsdp.demo import tensorboard_command
+    from zipccl_fsdp.run_report import tensorboard_command
 
     command = tensorboard_command(pathlib.Path("outputs") / "demo")
     assert str(pathlib.Path("outputs/demo").resolve()) in command

@@ -57,7 +57,7 @@ def _zipccl(args: list, env: dict, timeout: int = RUN_TIMEOUT_S) -> subprocess.C
 
 
 def _scalars(dump: Path) -> dict:
-    from zipccl_fsdp.demo import read_scalars
+    from zipccl_fsdp.run_report import read_scalars
 
     return read_scalars(dump)
 
@@ -127,7 +127,7 @@ def test_baseline_run_has_no_zipccl_traffic(runs):
 def test_titan_says_what_it_installed_and_what_it_saved(runs):
     """One line from the ranks when zipccl's comms are installed; at the end
     the demo's table per collective and a TensorBoard command by full path."""
-    from zipccl_fsdp.demo import tensorboard_command
+    from zipccl_fsdp.run_report import tensorboard_command
 
     dump, scalars, out = runs["zipccl"]
     assert out.count("zipccl: compressed comms installed (FSDP2 comm hook): "

@@ -258,7 +258,7 @@ def run_ranks(spec: dict, nproc: int, prefix: list) -> list:
 
 def _titan_runs(args, prefix: list) -> dict:
     """Train the recipe alternately raw and with zipccl; median step time of each run."""
-    from . import demo
+    from . import demo, run_report
     from .titan import launch
     from .titan.comms import SETTINGS_ENV
 
@@ -286,7 +286,7 @@ def _titan_runs(args, prefix: list) -> dict:
                                    args.titan_steps, max(args.titan_steps, 1))
                 if code:
                     raise SystemExit(f"zipccl bench link: the {name} training failed")
-                scalars = demo.read_scalars(dump)
+                scalars = run_report.read_scalars(dump)
                 steps = {s: v for s, v in scalars.get("time_metrics/end_to_end(s)", {}).items()
                          if s >= 3}  # steps 1-2: start-up, calibration, first encodes
                 if not steps:

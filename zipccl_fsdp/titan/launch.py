@@ -450,7 +450,7 @@ def summary(launch: Launch, since: float | None = None) -> str:
     """What the run's zipccl comms moved, per collective, read back from the
     TensorBoard event files written after ``since`` (the demo's table), and a
     TensorBoard command that runs in a fresh shell."""
-    from ..demo import collective_table, read_scalars, tensorboard_command
+    from ..run_report import collective_table, read_scalars, tensorboard_command
 
     lines = []
     if launch.settings.compress:
