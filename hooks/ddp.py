@@ -132,6 +132,10 @@ def ddp_comm_hook(state, bucket: dist.GradBucket, *, config: Optional[ZipCCLConf
     if isinstance(state, _Installed) and not state.active:
         return default_hooks.allreduce_hook(state.process_group, bucket)
     group, cfg = _resolve_state(state, config)
+    # Every call of the hook's, in place or on the worker, goes over zipccl's
+    # own group with the ranks of ``group``: DDP's reducer and autograd issue
+    # collectives on ``group`` while the worker runs (``background.own_group``).
+    group = _background.own_group(group)
     buffer = bucket.buffer()
     if buffer.dtype in _coll.CODED_DTYPES:
         op = ReduceOp.AVG

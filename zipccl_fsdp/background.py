@@ -57,9 +57,12 @@ import os
 import queue
 import threading
 import time
+import weakref
 from typing import Callable
 
 import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as _c10d
 
 from . import runtime as _runtime
 from ._layout import stream_per_device
@@ -151,6 +154,53 @@ def _the_completer() -> _Completer:
         if _completer is None:
             _completer = _Completer()
         return _completer
+
+
+_OWN_GROUPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+"""The caller's process group -> a weak reference to zipccl's group with its
+ranks (torch's registry of groups holds that group, and drops it in
+``destroy_process_group``)."""
+
+
+def own_group(group=None):
+    """zipccl's process group with the ranks, backend and timeout of ``group``
+    (None: the default group), for the collectives this module runs off the
+    caller's thread; ``group`` itself on a rank outside it.
+
+    The first call for a group creates it, collectively over the ranks of
+    ``group`` only (through the store, so no collective on any group is
+    involved): every rank of ``group`` must make that first call at the same
+    point of its program, as a DDP comm hook's first bucket is on every rank.
+    Calls on it never share an order with the caller's: DDP's reducer,
+    autograd and the user issue collectives on ``group`` while the worker
+    runs its calls (see the module docstring)."""
+    group = group if group is not None else _c10d._get_default_group()
+    if dist._rank_not_in_group(group):
+        return group
+    ref = _OWN_GROUPS.get(group)
+    ours = ref() if ref is not None else None
+    if ours is None or ours not in _c10d._world.pg_map:
+        ours = _new_group_like(group)
+        _OWN_GROUPS[group] = weakref.ref(ours)
+    return ours
+
+
+def _new_group_like(group):
+    """A new process group with ``group``'s ranks, backend and timeout, named
+    after it (the same name on every rank, unique while ``group`` lives),
+    registered with torch as ``new_group`` registers one, so that
+    ``destroy_process_group()`` ends it."""
+    name = f"zipccl:{group.group_name}"
+    for pg, registered in _c10d._world.pg_names.items():
+        if registered == name:
+            return pg
+    ranks = dist.get_process_group_ranks(group)
+    timeout = group._get_backend(group._device_types[0]).options._timeout
+    ours, _ = _c10d._new_process_group_helper(
+        len(ranks), dist.get_rank(group), ranks, dist.get_backend(group),
+        _c10d._get_default_store(), name, timeout=timeout, group_desc=name)
+    _c10d._world.pg_group_ranks[ours] = {r: i for i, r in enumerate(ranks)}
+    return ours
 
 
 def submit(call: Callable[[], object], result: torch.Tensor, *,
