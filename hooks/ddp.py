@@ -123,6 +123,9 @@ def ddp_comm_hook(state, bucket: dist.GradBucket, *, config: Optional[ZipCCLConf
     ``zipccl_fsdp.collectives`` when ``None``). Buckets of a dtype the codec
     does not take follow ``config.unsupported_dtype``; with ``"raw"`` they are
     pre-divided and summed by torch, exactly like torch's ``allreduce_hook``.
+    Sparse gradients (``nn.Embedding(sparse=True)``) are not compressed: their
+    buckets go to torch's ``allreduce_hook``, which reduces them as DDP without
+    a hook does.
 
     Example::
 
@@ -132,6 +135,10 @@ def ddp_comm_hook(state, bucket: dist.GradBucket, *, config: Optional[ZipCCLConf
     if isinstance(state, _Installed) and not state.active:
         return default_hooks.allreduce_hook(state.process_group, bucket)
     group, cfg = _resolve_state(state, config)
+    if bucket.buffer().is_sparse:
+        # A sparse gradient (``nn.Embedding(sparse=True)``) is not compressed:
+        # torch's own hook divides and sums it as DDP without a hook does.
+        return default_hooks.allreduce_hook(group, bucket)
     # Every call of the hook's, in place or on the worker, goes over zipccl's
     # own group with the ranks of ``group``: DDP's reducer and autograd issue
     # collectives on ``group`` while the worker runs (``background.own_group``).

@@ -13,14 +13,21 @@ returns a ``Future`` of ``result`` at once; the future completes when the
 returns; a raw one's is torch's own, pending). DDP waits for every bucket's
 future at the end of backward, so the calls overlap the rest of it.
 
-Order: every rank must issue its collectives in the same order. One thread
-that runs calls first in, first out keeps each rank's program order, so
-calls are issued as they would be on the caller's thread. A caller must not
-also issue collectives on the same group on its own thread while the worker
-has jobs: ``idle()`` says when it has none, and ``submit(..., here=True)``
-waits for that, then runs the call on the caller's thread. The DDP hook
-does so for the call that calibrates the policy and, when idle, for calls
-that go raw; DDP issues nothing else until it has waited for every bucket.
+Order: every rank must issue the collectives of one communicator in the
+same order. One thread that runs calls first in, first out keeps each rank's
+program order among zipccl's calls, and ``submit(..., here=True)`` (the DDP
+hook's calibrating call) waits until the worker has run every earlier job,
+then runs the call on the caller's thread. But zipccl is not the only caller
+on a group while the worker runs: DDP's reducer all-reduces its
+used-parameter map from autograd's thread once the last bucket is handed
+over (``find_unused_parameters``, the first iteration of ``static_graph``),
+autograd runs the backward of ``torch.distributed.nn.functional``
+collectives between buckets, and the user issues collectives as soon as
+backward returns. A worker's call on that group would land among them in a
+different place on each rank. So a call submitted here runs over
+``own_group(group)``, zipccl's process group with the same ranks, which no
+one else uses (the DDP hook passes that group to its calls, in place or
+not).
 
 Completion: a raw call's pending ``Work`` is waited on a second thread of
 zipccl's (``zipccl-completions``), which then completes the future; no
@@ -97,6 +104,7 @@ class _Worker:
             if job is None:  # stop(): every job before it has run
                 return
             job()  # a job never raises: _job reports into its future
+            job = None  # its call holds a process group: not while waiting for the next
             with _lock:
                 self.pending -= 1
 
@@ -117,12 +125,14 @@ class _Completer:
             if item is None:  # stop(): every Work before it has been waited
                 return
             work, result, fut = item
+            item = None  # nothing of a done call is held while waiting for the next
             try:
                 work.get_future().wait()  # raises what the collective failed with
             except BaseException as e:  # noqa: BLE001 - it belongs to whoever waits on fut
                 fut.set_exception(e)
-                continue
-            fut.set_result(result)
+            else:
+                fut.set_result(result)
+            work = result = fut = e = None
 
 
 def _after_fork_in_child() -> None:

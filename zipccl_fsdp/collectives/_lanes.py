@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import collections
 import time
+import weakref
 
 import torch
 from torch._C import _has_torch_function
@@ -78,18 +79,21 @@ class Lane:
     collective's, as ``min_bytes`` reads it) has fewer bytes (``EVERY``: any
     call)."""
 
-    __slots__ = ("world", "rank", "fields", "decisions", "decision", "method", "opts", "via",
-                 "below")
+    __slots__ = ("pg", "world", "rank", "fields", "decisions", "decision", "method", "opts",
+                 "via", "below")
 
     def __init__(self, kind: str, via: tuple, pg, world: int, rank: int, fields: dict,
                  decisions, below: int = EVERY) -> None:
+        # A weak reference, and the method unbound: a lane must not keep the
+        # group (and its backend's threads) alive past destroy_process_group.
+        self.pg = weakref.ref(pg)
         self.world, self.rank, self.fields = world, rank, fields
         self.below = below
         self.decisions = decisions if decisions is not None else collections.Counter()
         self.decision = (kind, "raw", 1)
         self.via = via
         options, method = via
-        self.method = getattr(pg, method)
+        self.method = getattr(type(pg), method)
         self.opts = tuple(_options(options, async_op) for async_op in (False, True))
 
     def send(self, nbytes: int, async_op: bool, *args):
@@ -105,7 +109,7 @@ class Lane:
         fields["wire_bytes"] += nbytes
         self.decisions[self.decision] += 1
         start = _clock()
-        work = self.method(*args, self.opts[1 if async_op else 0])
+        work = self.method(self.pg(), *args, self.opts[1 if async_op else 0])
         if not async_op:
             work.wait()
             work = None
@@ -131,9 +135,9 @@ def open_lane(state, kind: str, via: tuple, pg, world: int, rank: int, fields: d
     dict for ``kind`` (``CommStats.fields``), ``decisions`` the policy's
     counter of its plans, if it counted this call. A lane for calls below a
     size gives way to one for every call."""
-    key = (kind, pg, dtype, device)
+    key = (kind, id(pg), dtype, device)
     lane = state.lanes.get(key)
-    if lane is None or lane.below < below:
+    if lane is None or lane.below < below or lane.pg() is not pg:
         state.lanes[key] = Lane(kind, via, pg, world, rank, fields, decisions, below)
 
 
@@ -153,8 +157,9 @@ def find(kind: str, output, input, group, config, stats) -> Lane | None:
             or _has_torch_function((input, output)) or input.requires_grad
             or output.requires_grad or _profiling() or _world.pg_coalesce_state):
         return None
-    return _lanes(config, stats).get(
-        (kind, _world.default_pg if group is None else group, input.dtype, input.device))
+    pg = _world.default_pg if group is None else group
+    lane = _lanes(config, stats).get((kind, id(pg), input.dtype, input.device))
+    return lane if lane is not None and lane.pg() is pg else None
 
 
 def checked(check, *args):

@@ -69,6 +69,20 @@ class Clip(nn.Module):
         return emb @ keys.t()  # (batch, world * batch) logits
 
 
+class Sparse(nn.Module):
+    """An embedding with sparse gradients (DDP gives it a bucket of its own) and
+    a dense head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(40, 64, sparse=True)
+        self.head = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+
+    def forward(self, x):
+        ids = (x.abs() * 10).long().clamp_(max=39)
+        return self.head(self.emb(ids).mean(1))
+
+
 def _loss(model_name: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if model_name == "clip":
         labels = torch.arange(out.shape[0]) + dist.get_rank() * out.shape[0]
@@ -80,6 +94,8 @@ def _model(name: str) -> nn.Module:
     torch.manual_seed(0)
     if name == "clip":
         return Clip()
+    if name == "sparse":
+        return Sparse()
     return Branches(("a",) if name == "some unused" else ("a", "b"))
 
 
@@ -91,7 +107,8 @@ def train(model_name: str, options: dict, hook, *, no_sync: bool = False,
     model = DDP(_model(model_name), bucket_cap_mb=0.01, **options)  # a few buckets
     if hook is not None:
         model.register_comm_hook(None, hook)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05,
+                          momentum=0.0 if model_name == "sparse" else 0.9)
     g = torch.Generator().manual_seed(10 + dist.get_rank())
     losses = []
     steps = STEPS + 2 * dist.get_rank() if uneven else STEPS
@@ -135,6 +152,7 @@ CASES = {
     "join_unused": ("some unused", dict(find_unused_parameters=True), dict(uneven=True)),
     "clip": ("clip", {}, {}),
     "clip_unused_map": ("clip", dict(find_unused_parameters=True), {}),
+    "sparse": ("sparse", {}, {}),
 }
 
 
@@ -148,7 +166,7 @@ def test_default_hook_trains_as_ddp_does(pool2, case):
 
 
 @pytest.mark.parametrize("case", ["unused_some", "static_graph", "no_sync_unused",
-                                  "join_unused", "clip_unused_map"])
+                                  "join_unused", "clip_unused_map", "sparse"])
 def test_compressed_buckets_train_as_ddp_does(pool2, case):
     model_name, options, how = CASES[case]
     results = pool2.run(run_same_as_without_hook, model_name, options, ALWAYS, **how,
