@@ -35,20 +35,23 @@ Python callback is ever attached to a CPU backend's future, so gloo's worker
 threads run no Python of zipccl's (a callback, or the release of the
 callback and its value, which take the GIL on that thread).
 
-Shutdown: ``stop()`` (also run at interpreter exit, before finalization)
-runs the queued calls, waits their Works, ends both threads, drops zipccl's
-references to process groups (``runtime.release_groups``) and then waits
-until gloo's worker threads are idle. Why the last step: torch releases a
-tensor's Python object from whichever thread drops the last C++ reference
-to it, and a gloo worker drops its ``Work``'s tensors (taking the GIL) just
-after the waiter on that Work has been released. If the interpreter starts
-to finalize before that thread gets the GIL, CPython ends the thread with
-``pthread_exit`` inside a ``noexcept`` C++ frame, and the process aborts
-(``terminate called without an active exception``, SIGABRT). The process
-group's destructor joins those threads, but anything that still holds the
-group (a DDP model does, even once deleted) keeps them alive into
-finalization. Call ``stop()`` before ``torch.distributed.destroy_process_group``
-and issue no collective after it.
+Shutdown: nothing needs a call of the user's. zipccl holds no strong
+reference to a process group (the worker and the completion thread drop a
+finished call before waiting for the next; the collectives' caches are
+weak; its own groups are held by torch's registry only), so
+``torch.distributed.destroy_process_group`` destroys the backend and joins
+gloo's worker threads when nothing else holds the group. That matters:
+torch releases a tensor's Python object from whichever thread drops the
+last C++ reference to it, and a gloo worker drops its ``Work``'s tensors
+(taking the GIL) just after the waiter on that Work has been released. If
+the interpreter starts to finalize before that thread gets the GIL,
+CPython ends the thread with ``pthread_exit`` inside a ``noexcept`` C++
+frame, and the process aborts (``terminate called without an active
+exception``, SIGABRT). ``stop()``, also run at interpreter exit before
+finalization, runs the queued calls, waits their Works, ends both threads,
+drops the caches (``runtime.release_groups``) and waits until gloo's worker
+threads are idle, for a group something else still holds (a DDP model
+does, even once deleted).
 
 CUDA: the call runs on a stream of the worker's, made to wait at submission
 for the caller's current stream (an event), and the future names the
@@ -263,16 +266,16 @@ def drain() -> None:
 
 
 def stop(timeout_s: float = 60.0) -> bool:
-    """Shut zipccl's threads down cleanly before the process group goes or the
-    interpreter exits; return whether everything ended within ``timeout_s``.
+    """End zipccl's threads cleanly; return whether everything ended within
+    ``timeout_s``. Nothing needs it (see the module docstring); it runs at
+    interpreter exit.
 
     In order: run every job submitted so far, wait for the ``Work`` each
     returned, end both threads (a later ``submit`` starts new ones), drop
     zipccl's references to process groups (``runtime.release_groups``), and
     wait until gloo's worker threads are idle (``_settle_backend_threads``):
-    see the module docstring for why. Call it before
-    ``torch.distributed.destroy_process_group``; it also runs at interpreter
-    exit, before finalization begins. A failure of a call belongs to whoever
+    see the module docstring for why. At interpreter exit it runs before
+    finalization begins. A failure of a call belongs to whoever
     waits on its future and is not raised here."""
     global _worker, _completer
     deadline = time.monotonic() + timeout_s
