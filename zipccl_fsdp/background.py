@@ -186,7 +186,13 @@ def own_group(group=None):
     point of its program, as a DDP comm hook's first bucket is on every rank.
     Calls on it never share an order with the caller's: DDP's reducer,
     autograd and the user issue collectives on ``group`` while the worker
-    runs its calls (see the module docstring)."""
+    runs its calls (see the module docstring).
+
+    With NCCL and a device bound to the default group (eager init), torch
+    makes a new group by splitting the default group's communicator, which
+    every rank of the default group must join: there the first call must be
+    made on every rank of the default group (a DDP model on a subgroup
+    reaches it on the subgroup's ranks only)."""
     group = group if group is not None else _c10d._get_default_group()
     if dist._rank_not_in_group(group):
         return group
