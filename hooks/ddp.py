@@ -140,7 +140,8 @@ def ddp_comm_hook(state, bucket: dist.GradBucket, *, config: Optional[ZipCCLConf
     if isinstance(state, _Installed) and not state.active:
         return default_hooks.allreduce_hook(state.process_group, bucket)
     group, cfg = _resolve_state(state, config)
-    if bucket.buffer().is_sparse:
+    buffer = bucket.buffer()
+    if buffer.is_sparse:
         # A sparse gradient (``nn.Embedding(sparse=True)``) is not compressed:
         # torch's own hook divides and sums it as DDP without a hook does.
         return default_hooks.allreduce_hook(group, bucket)
@@ -148,7 +149,6 @@ def ddp_comm_hook(state, bucket: dist.GradBucket, *, config: Optional[ZipCCLConf
     # own group with the ranks of ``group``: DDP's reducer and autograd issue
     # collectives on ``group`` while the worker runs (``background.own_group``).
     group = _background.own_group(group)
-    buffer = bucket.buffer()
     if buffer.dtype in _coll.CODED_DTYPES:
         op = ReduceOp.AVG
     else:
