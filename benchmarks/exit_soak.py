@@ -15,7 +15,8 @@ an fp32 all-reduce with the default config and one with ``policy="always"``,
 and an all-gather of 64 MiB of bf16 per rank with the default config.
 
 Every rank enables ``faulthandler`` for all threads, so a rank that aborts
-prints each Python thread's stack to stderr; ``--cores DIR`` also lets it
+prints each Python thread's stack to stderr (so does one still running a
+minute before the run's limit); ``--cores DIR`` also lets it
 write a core file (``ulimit -c unlimited`` for the ranks; where the file
 goes is the kernel's ``core_pattern``) for ``gdb -batch -ex "thread apply
 all bt"``. The load average is printed at the start and at the end.
@@ -53,6 +54,9 @@ def _rank(rank: int, world: int, init_file: str, stop: bool, cores: str | None =
     import faulthandler
 
     faulthandler.enable(all_threads=True)
+    # A rank still running near the limit prints every thread's stack (then
+    # the run is killed and counted as hung).
+    faulthandler.dump_traceback_later(RUN_LIMIT_S - 60, exit=False)
     if cores:
         import resource
 
