@@ -36,7 +36,13 @@ the same on every backend, with one rounding fewer than pre-dividing.
 A bucket's all-reduce runs on zipccl's worker thread, in bucket order
 (``zipccl_fsdp/background.py``), and the hook returns at once, so the
 bucket's communication overlaps the rest of backward as with DDP's default
-hook. A compressed call waits on the host (its size exchange), which on
+hook. Every call of the hook's goes over zipccl's own process group with
+the ranks of the DDP model's (``background.own_group``, created at the
+first bucket): DDP's reducer (the used-parameter map of
+``find_unused_parameters`` and ``static_graph``), autograd (the backward of
+``torch.distributed.nn.functional`` collectives) and the user issue
+collectives on the model's group while the worker runs, and on one group
+the ranks would disagree on their order. A compressed call waits on the host (its size exchange), which on
 autograd's thread would stall backward until the bucket had crossed the
 link. Two kinds of call run in the hook instead, once the worker has issued
 every earlier one: the call that calibrates the adaptive policy (times the
@@ -51,8 +57,7 @@ damaged in transit raises ``CorruptPayloadError`` on every rank of the
 call), the buckets queued behind it still run on every rank, and
 ``loss.backward()`` raises the first failure of the pass, as it was raised,
 once zipccl's worker is idle: ``except CorruptPayloadError`` catches it,
-and the caller may issue collectives at once (nothing of zipccl's is left
-to interleave with them). The gradients of that step are not to be used;
+and the caller may issue collectives at once. The gradients of that step are not to be used;
 the DDP model itself trains on. (Outside backward, the hook called
 directly, the future fails with a ``RuntimeError`` whose message holds the
 original exception's type and text.)
@@ -123,6 +128,9 @@ def ddp_comm_hook(state, bucket: dist.GradBucket, *, config: Optional[ZipCCLConf
     ``zipccl_fsdp.collectives`` when ``None``). Buckets of a dtype the codec
     does not take follow ``config.unsupported_dtype``; with ``"raw"`` they are
     pre-divided and summed by torch, exactly like torch's ``allreduce_hook``.
+    Sparse gradients (``nn.Embedding(sparse=True)``) are not compressed: their
+    buckets go to torch's ``allreduce_hook``, which reduces them as DDP without
+    a hook does.
 
     Example::
 
@@ -133,6 +141,14 @@ def ddp_comm_hook(state, bucket: dist.GradBucket, *, config: Optional[ZipCCLConf
         return default_hooks.allreduce_hook(state.process_group, bucket)
     group, cfg = _resolve_state(state, config)
     buffer = bucket.buffer()
+    if buffer.is_sparse:
+        # A sparse gradient (``nn.Embedding(sparse=True)``) is not compressed:
+        # torch's own hook divides and sums it as DDP without a hook does.
+        return default_hooks.allreduce_hook(group, bucket)
+    # Every call of the hook's, in place or on the worker, goes over zipccl's
+    # own group with the ranks of ``group``: DDP's reducer and autograd issue
+    # collectives on ``group`` while the worker runs (``background.own_group``).
+    group = _background.own_group(group)
     if buffer.dtype in _coll.CODED_DTYPES:
         op = ReduceOp.AVG
     else:
@@ -171,8 +187,7 @@ def ddp_comm_hook(state, bucket: dist.GradBucket, *, config: Optional[ZipCCLConf
 # it reads the future's value as a tensor (an exception object there becomes
 # "Unable to cast ... to Tensor"), and a C++ error keeps only the message. It
 # also stops waiting at the first failed bucket, with later ones still queued
-# on the worker: a collective the caller issued next would interleave with
-# theirs. So inside backward the future given to DDP always completes with
+# on the worker. So inside backward the future given to DDP always completes with
 # the bucket, and the pass's failure is raised by an autograd final callback
 # that runs after DDP's own (which waits for every bucket) once the worker is
 # idle: the engine re-raises a Python exception from a callback as it is.
@@ -228,10 +243,9 @@ def _close_pass(this: _Pass) -> None:
 
 
 def _raise_failure(this: _Pass) -> None:
-    """Wait until the worker has run every call (none of them is left to
-    interleave with what the caller does next), then raise the first failure of
-    the pass, as it was raised: ``except CorruptPayloadError`` catches a
-    damaged payload."""
+    """Wait until the worker has run every call (so every failure of the pass
+    is known), then raise the first failure of the pass, as it was raised:
+    ``except CorruptPayloadError`` catches a damaged payload."""
     _background.drain()
     first = None
     for fut in this.futures:

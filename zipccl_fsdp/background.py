@@ -13,14 +13,21 @@ returns a ``Future`` of ``result`` at once; the future completes when the
 returns; a raw one's is torch's own, pending). DDP waits for every bucket's
 future at the end of backward, so the calls overlap the rest of it.
 
-Order: every rank must issue its collectives in the same order. One thread
-that runs calls first in, first out keeps each rank's program order, so
-calls are issued as they would be on the caller's thread. A caller must not
-also issue collectives on the same group on its own thread while the worker
-has jobs: ``idle()`` says when it has none, and ``submit(..., here=True)``
-waits for that, then runs the call on the caller's thread. The DDP hook
-does so for the call that calibrates the policy and, when idle, for calls
-that go raw; DDP issues nothing else until it has waited for every bucket.
+Order: every rank must issue the collectives of one communicator in the
+same order. One thread that runs calls first in, first out keeps each rank's
+program order among zipccl's calls, and ``submit(..., here=True)`` (the DDP
+hook's calibrating call) waits until the worker has run every earlier job,
+then runs the call on the caller's thread. But zipccl is not the only caller
+on a group while the worker runs: DDP's reducer all-reduces its
+used-parameter map from autograd's thread once the last bucket is handed
+over (``find_unused_parameters``, the first iteration of ``static_graph``),
+autograd runs the backward of ``torch.distributed.nn.functional``
+collectives between buckets, and the user issues collectives as soon as
+backward returns. A worker's call on that group would land among them in a
+different place on each rank. So a call submitted here runs over
+``own_group(group)``, zipccl's process group with the same ranks, which no
+one else uses (the DDP hook passes that group to its calls, in place or
+not).
 
 Completion: a raw call's pending ``Work`` is waited on a second thread of
 zipccl's (``zipccl-completions``), which then completes the future; no
@@ -28,20 +35,23 @@ Python callback is ever attached to a CPU backend's future, so gloo's worker
 threads run no Python of zipccl's (a callback, or the release of the
 callback and its value, which take the GIL on that thread).
 
-Shutdown: ``stop()`` (also run at interpreter exit, before finalization)
-runs the queued calls, waits their Works, ends both threads, drops zipccl's
-references to process groups (``runtime.release_groups``) and then waits
-until gloo's worker threads are idle. Why the last step: torch releases a
-tensor's Python object from whichever thread drops the last C++ reference
-to it, and a gloo worker drops its ``Work``'s tensors (taking the GIL) just
-after the waiter on that Work has been released. If the interpreter starts
-to finalize before that thread gets the GIL, CPython ends the thread with
-``pthread_exit`` inside a ``noexcept`` C++ frame, and the process aborts
-(``terminate called without an active exception``, SIGABRT). The process
-group's destructor joins those threads, but anything that still holds the
-group (a DDP model does, even once deleted) keeps them alive into
-finalization. Call ``stop()`` before ``torch.distributed.destroy_process_group``
-and issue no collective after it.
+Shutdown: nothing needs a call of the user's. zipccl holds no strong
+reference to a process group (the worker and the completion thread drop a
+finished call before waiting for the next; the collectives' caches are
+weak; its own groups are held by torch's registry only), so
+``torch.distributed.destroy_process_group`` destroys the backend and joins
+gloo's worker threads when nothing else holds the group. That matters:
+torch releases a tensor's Python object from whichever thread drops the
+last C++ reference to it, and a gloo worker drops its ``Work``'s tensors
+(taking the GIL) just after the waiter on that Work has been released. If
+the interpreter starts to finalize before that thread gets the GIL,
+CPython ends the thread with ``pthread_exit`` inside a ``noexcept`` C++
+frame, and the process aborts (``terminate called without an active
+exception``, SIGABRT). ``stop()``, also run at interpreter exit before
+finalization, runs the queued calls, waits their Works, ends both threads,
+drops the caches (``runtime.release_groups``) and waits until gloo's worker
+threads are idle, for a group something else still holds (a DDP model
+does, even once deleted).
 
 CUDA: the call runs on a stream of the worker's, made to wait at submission
 for the caller's current stream (an event), and the future names the
@@ -57,9 +67,12 @@ import os
 import queue
 import threading
 import time
+import weakref
 from typing import Callable
 
 import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as _c10d
 
 from . import runtime as _runtime
 from ._layout import stream_per_device
@@ -94,6 +107,7 @@ class _Worker:
             if job is None:  # stop(): every job before it has run
                 return
             job()  # a job never raises: _job reports into its future
+            job = None  # its call holds a process group: not while waiting for the next
             with _lock:
                 self.pending -= 1
 
@@ -114,12 +128,14 @@ class _Completer:
             if item is None:  # stop(): every Work before it has been waited
                 return
             work, result, fut = item
+            item = None  # nothing of a done call is held while waiting for the next
             try:
                 work.get_future().wait()  # raises what the collective failed with
             except BaseException as e:  # noqa: BLE001 - it belongs to whoever waits on fut
                 fut.set_exception(e)
-                continue
-            fut.set_result(result)
+            else:
+                fut.set_result(result)
+            work = result = fut = e = None
 
 
 def _after_fork_in_child() -> None:
@@ -151,6 +167,59 @@ def _the_completer() -> _Completer:
         if _completer is None:
             _completer = _Completer()
         return _completer
+
+
+_OWN_GROUPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+"""The caller's process group -> a weak reference to zipccl's group with its
+ranks (torch's registry of groups holds that group, and drops it in
+``destroy_process_group``)."""
+
+
+def own_group(group=None):
+    """zipccl's process group with the ranks, backend and timeout of ``group``
+    (None: the default group), for the collectives this module runs off the
+    caller's thread; ``group`` itself on a rank outside it.
+
+    The first call for a group creates it, collectively over the ranks of
+    ``group`` only (through the store, so no collective on any group is
+    involved): every rank of ``group`` must make that first call at the same
+    point of its program, as a DDP comm hook's first bucket is on every rank.
+    Calls on it never share an order with the caller's: DDP's reducer,
+    autograd and the user issue collectives on ``group`` while the worker
+    runs its calls (see the module docstring).
+
+    With NCCL and a device bound to the default group (eager init), torch
+    makes a new group by splitting the default group's communicator, which
+    every rank of the default group must join: there the first call must be
+    made on every rank of the default group (a DDP model on a subgroup
+    reaches it on the subgroup's ranks only)."""
+    group = group if group is not None else _c10d._get_default_group()
+    if dist._rank_not_in_group(group):
+        return group
+    ref = _OWN_GROUPS.get(group)
+    ours = ref() if ref is not None else None
+    if ours is None or ours not in _c10d._world.pg_map:
+        ours = _new_group_like(group)
+        _OWN_GROUPS[group] = weakref.ref(ours)
+    return ours
+
+
+def _new_group_like(group):
+    """A new process group with ``group``'s ranks, backend and timeout, named
+    after it (the same name on every rank, unique while ``group`` lives),
+    registered with torch as ``new_group`` registers one, so that
+    ``destroy_process_group()`` ends it."""
+    name = f"zipccl:{group.group_name}"
+    for pg, registered in _c10d._world.pg_names.items():
+        if registered == name:
+            return pg
+    ranks = dist.get_process_group_ranks(group)
+    timeout = group._get_backend(group._device_types[0]).options._timeout
+    ours, _ = _c10d._new_process_group_helper(
+        len(ranks), dist.get_rank(group), ranks, dist.get_backend(group),
+        _c10d._get_default_store(), name, timeout=timeout, group_desc=name)
+    _c10d._world.pg_group_ranks[ours] = {r: i for i, r in enumerate(ranks)}
+    return ours
 
 
 def submit(call: Callable[[], object], result: torch.Tensor, *,
@@ -203,16 +272,16 @@ def drain() -> None:
 
 
 def stop(timeout_s: float = 60.0) -> bool:
-    """Shut zipccl's threads down cleanly before the process group goes or the
-    interpreter exits; return whether everything ended within ``timeout_s``.
+    """End zipccl's threads cleanly; return whether everything ended within
+    ``timeout_s``. Nothing needs it (see the module docstring); it runs at
+    interpreter exit.
 
     In order: run every job submitted so far, wait for the ``Work`` each
     returned, end both threads (a later ``submit`` starts new ones), drop
     zipccl's references to process groups (``runtime.release_groups``), and
     wait until gloo's worker threads are idle (``_settle_backend_threads``):
-    see the module docstring for why. Call it before
-    ``torch.distributed.destroy_process_group``; it also runs at interpreter
-    exit, before finalization begins. A failure of a call belongs to whoever
+    see the module docstring for why. At interpreter exit it runs before
+    finalization begins. A failure of a call belongs to whoever
     waits on its future and is not raised here."""
     global _worker, _completer
     deadline = time.monotonic() + timeout_s

@@ -100,10 +100,10 @@ def holds_groups(forget) -> None:
 def release_groups() -> None:
     """Drop every reference zipccl keeps to a process group: the raw lanes of
     every live runtime and the caches registered with ``holds_groups`` (the
-    collectives' last group). A lane or a cache would otherwise keep a
-    group's backend alive after ``torch.distributed.destroy_process_group``,
-    and with it gloo's worker threads, into interpreter shutdown. Later calls
-    open their lanes and look their group up again."""
+    collectives' last group). Those references are weak, so no group's
+    backend (and gloo's worker threads) outlives
+    ``torch.distributed.destroy_process_group`` through them; this forgets
+    them too. Later calls open their lanes and look their group up again."""
     for runtime in list(_RUNTIMES):
         for state in runtime.states():
             state.lanes.clear()

@@ -9,6 +9,7 @@ collective use it.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -113,16 +114,17 @@ def _coded(dtype: torch.dtype, cfg: ZipCCLConfig, where: str) -> bool:
     return False
 
 
-_LAST_GROUP: tuple = (None, None)
-"""(group, (group, world_size, rank)) of the last call: asking torch costs a
-noticeable share of a raw call's Python. Replaced whole, so a thread reads
-a consistent pair; holds one reference, so a new group, or a new default group
-after re-initialisation, is a different object."""
+_LAST_GROUP: tuple = (None, 0, 0)
+"""(weak reference to the group, world_size, rank) of the last call: asking
+torch costs a noticeable share of a raw call's Python. Replaced whole, so a
+thread reads a consistent triple; weak, so it keeps no group (and its
+backend's threads) alive past destroy_process_group, and a new group, or a
+new default group after re-initialisation, is a different object."""
 
 
 def _forget_last_group() -> None:
     global _LAST_GROUP
-    _LAST_GROUP = (None, None)
+    _LAST_GROUP = (None, 0, 0)
 
 
 _runtime.holds_groups(_forget_last_group)
@@ -137,12 +139,12 @@ def _group_info(group):
                                "call torch.distributed.init_process_group first")
     global _LAST_GROUP
     last = _LAST_GROUP
-    if last[0] is group:
-        return last[1]
+    if last[0] is not None and last[0]() is group:
+        return group, last[1], last[2]
     if dist._rank_not_in_group(group):
         return None
     info = group, dist.get_world_size(group), dist.get_rank(group)
-    _LAST_GROUP = (group, info)
+    _LAST_GROUP = (weakref.ref(group), info[1], info[2])
     return info
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import collections
 import time
+import weakref
 
 import torch
 from torch._C import _has_torch_function
@@ -69,16 +70,20 @@ class Lane:
     decision counter, the process group's method and torch's options
     objects, at ``opts[async_op]``; ``via``: what it calls (``GATHER``, ...)."""
 
-    __slots__ = ("world", "rank", "fields", "decisions", "decision", "method", "opts", "via")
+    __slots__ = ("pg", "world", "rank", "fields", "decisions", "decision", "method", "opts",
+                 "via")
 
     def __init__(self, kind: str, via: tuple, pg, world: int, rank: int, fields: dict,
                  decisions) -> None:
+        # A weak reference, and the method unbound: a lane must not keep the
+        # group (and its backend's threads) alive past destroy_process_group.
+        self.pg = weakref.ref(pg)
         self.world, self.rank, self.fields = world, rank, fields
         self.decisions = decisions if decisions is not None else collections.Counter()
         self.decision = (kind, "raw", 1)
         self.via = via
         options, method = via
-        self.method = getattr(pg, method)
+        self.method = getattr(type(pg), method)
         self.opts = tuple(_options(options, async_op) for async_op in (False, True))
 
     def send(self, nbytes: int, async_op: bool, *args):
@@ -94,7 +99,7 @@ class Lane:
         fields["wire_bytes"] += nbytes
         self.decisions[self.decision] += 1
         start = _clock()
-        work = self.method(*args, self.opts[1 if async_op else 0])
+        work = self.method(self.pg(), *args, self.opts[1 if async_op else 0])
         if not async_op:
             work.wait()
             work = None
@@ -117,9 +122,11 @@ def open_lane(state, kind: str, via: tuple, pg, world: int, rank: int, fields: d
     just sent raw for a reason no later call can change (see the module
     docstring); ``fields`` is the stats object's dict for ``kind``
     (``CommStats.fields``), ``decisions`` the policy's counter of its plans,
-    if it counted this call."""
-    key = (kind, pg, dtype, device)
-    if key not in state.lanes:
+    if it counted this call. Keyed by the group's id, checked against the
+    lane's weak reference (an id can be reused once a group is gone)."""
+    key = (kind, id(pg), dtype, device)
+    lane = state.lanes.get(key)
+    if lane is None or lane.pg() is not pg:
         state.lanes[key] = Lane(kind, via, pg, world, rank, fields, decisions)
 
 
@@ -139,8 +146,9 @@ def find(kind: str, output, input, group, config, stats) -> Lane | None:
             or _has_torch_function((input, output)) or input.requires_grad
             or output.requires_grad or _profiling() or _world.pg_coalesce_state):
         return None
-    return _lanes(config, stats).get(
-        (kind, _world.default_pg if group is None else group, input.dtype, input.device))
+    pg = _world.default_pg if group is None else group
+    lane = _lanes(config, stats).get((kind, id(pg), input.dtype, input.device))
+    return lane if lane is not None and lane.pg() is pg else None
 
 
 def checked(check, *args):
