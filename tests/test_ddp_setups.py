@@ -23,7 +23,7 @@ from torch import nn
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from hooks.registry import ZipCCLHook
+from zipccl_fsdp.hooks.registry import ZipCCLHook
 from zipccl_fsdp.config import ZipCCLConfig
 
 PG_TIMEOUT_S = 30  # the pool's process groups (conftest reads it)
