@@ -1,6 +1,6 @@
 """What the adaptive policy's calibration costs on an FSDP2 process group.
 
-Two gloo ranks on this machine train a small model under ``fully_shard``
+Two gloo ranks train a small model under ``fully_shard``
 with bf16 parameters and fp32 gradient reduction (both dtypes calibrate),
 with a ``ZipCCLHook()`` of the default config (``policy="adaptive"``,
 every speed measured). For each run it prints, per rank: the seconds spent
