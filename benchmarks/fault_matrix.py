@@ -104,7 +104,7 @@ class _Damage:
 # Cases run on every rank: each returns (ok, outcome)
 # --------------------------------------------------------------------------
 def r1_ddp_failed_backward():
-    import test_ddp_faults as T
+    import test_hook_failures as T
 
     r = T.backward_after_damage()
     ok = (r["caught"] == "CorruptPayloadError" and r["elapsed"] < WITHIN_S and r["idle"]

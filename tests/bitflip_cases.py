@@ -1,8 +1,8 @@
 """One bit flipped in a payload in transit: the transport that flips it, the
 inputs, the cases and the loop that counts how verify mode fares.
 
-Shared by the tests (tests/test_faults.py, tests/test_integrity.py,
-tests/test_ddp_faults.py) and ``benchmarks/bitflip_transit.py``, which runs
+Shared by the tests (tests/test_collective_failures.py,
+tests/test_hook_failures.py) and ``benchmarks/bitflip_transit.py``, which runs
 ``worker_loop`` long on two spawned ranks; imports no pytest. What an
 injection's outcomes mean is in that script's docstring.
 """

@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
+from zipccl_fsdp.config import ZipCCLConfig
+
 # torch's own all-gather, the reference (bound here, before any test wraps it).
 from zipccl_fsdp._wire import all_gather_single as torch_all_gather_single  # noqa: E402
 INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
@@ -92,6 +94,11 @@ def make_op(op: str, factor: float):
 
 OPS = (("sum", 1.0), ("avg", 1.0), ("premul_sum", 0.37))
 """(op, factor) pairs the reduction tests cover."""
+
+
+def forced(pieces: int, codec: str) -> ZipCCLConfig:
+    """A config that compresses every message with ``codec`` in ``pieces`` pieces."""
+    return ZipCCLConfig(policy="always", min_bytes=0, codec=codec, pipeline_pieces=pieces)
 
 
 def check_reduce_scatter(x: torch.Tensor, n: int, op: str, factor: float, what: str,

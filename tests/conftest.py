@@ -23,12 +23,35 @@ from dist_utils import DistPool  # noqa: E402
 
 
 # Process pools of real gloo ranks, one per test module that asks for one. A
-# module that sets PG_TIMEOUT_S gets process groups with that timeout.
-def _pool(request, n):
+# module that sets PG_TIMEOUT_S gets process groups with that timeout. Modules
+# that set the same POOL_SHARE (the modules of one topic, split per module
+# under test) share their pools for the whole run: each is spawned once, and
+# closed when pytest ends.
+_SHARED_POOLS: dict = {}
+
+
+def _new_pool(request, n):
     timeout = getattr(request.module, "PG_TIMEOUT_S", None)
-    pool = DistPool(n) if timeout is None else DistPool(n, pg_timeout_s=timeout)
-    yield pool
-    pool.close()
+    return DistPool(n) if timeout is None else DistPool(n, pg_timeout_s=timeout)
+
+
+def _pool(request, n):
+    share = getattr(request.module, "POOL_SHARE", None)
+    if share is None:
+        pool = _new_pool(request, n)
+        yield pool
+        pool.close()
+        return
+    key = (share, n, getattr(request.module, "PG_TIMEOUT_S", None))
+    if key not in _SHARED_POOLS:
+        _SHARED_POOLS[key] = _new_pool(request, n)
+    yield _SHARED_POOLS[key]
+
+
+def pytest_unconfigure(config):
+    for pool in _SHARED_POOLS.values():
+        pool.close()
+    _SHARED_POOLS.clear()
 
 
 @pytest.fixture(scope="module")

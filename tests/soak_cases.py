@@ -2,7 +2,7 @@
 
 ``soak(steps, ...)`` runs inside an initialized gloo group and returns the
 resident set sizes sampled and the hook's statistics checks. Shared by
-tests/test_faults.py (a short soak) and ``benchmarks/soak.py`` (a long one);
+tests/test_hook_failures.py (a short soak) and ``benchmarks/soak.py`` (a long one);
 imports no pytest.
 """
 from __future__ import annotations

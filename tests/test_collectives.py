@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from collective_cases import (NAN_BITS, OPS, assert_bits_equal, check_reduce_scatter,
+from collective_cases import (NAN_BITS, OPS, assert_bits_equal, check_reduce_scatter, forced,
                               gather_all, make_data, make_op, reference_reduce,
                               torch_all_gather_single)
 from zipccl_fsdp.collectives import (all_gather_single, all_reduce, all_to_all_single,
@@ -552,19 +552,6 @@ def test_subgroup(pool3):
     assert pool3.run(task_subgroup) == [None, True, True]
 
 
-def test_config_validation():
-    with pytest.raises(ValueError, match="codec"):
-        ZipCCLConfig(codec="zstd")
-    with pytest.raises(ValueError, match="min_bytes"):
-        ZipCCLConfig(min_bytes=-1)
-    with pytest.raises(ValueError, match="backend"):
-        ZipCCLConfig(backend="cuda")
-    with pytest.raises(ValueError, match="unsupported_dtype"):
-        ZipCCLConfig(unsupported_dtype="ignore")
-    with pytest.raises(ValueError, match="compress_all_gather"):
-        ZipCCLConfig(compress_all_gather=1)
-
-
 @pytest.mark.parametrize("dtype", list(SPECIAL_BITS))
 def test_canonical_nans_rewrites_every_nan_and_nothing_else(dtype):
     """Every NaN (any payload, either sign, anywhere in a long or short tensor)
@@ -592,3 +579,97 @@ def test_canonical_nans_rewrites_every_nan_and_nothing_else(dtype):
             got = wide.to(dtype)
             canonical_nans(got, wide)
             assert_bits_equal(got, want, f"{dtype} n={n} nan={make_nan}, from fp32")
+
+
+# --------------------------------------------------------------------------
+# Pipelined calls: any piece count, ragged sizes, both codecs
+# --------------------------------------------------------------------------
+RAGGED = (0, 1, 7, 4097, 10001)
+PIECES = (2, 3, 7)
+
+
+def task_pipelined_all_gather():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    st = CommStats()
+    for pieces in PIECES:
+        for codec in ("fixed3", "dense"):
+            cfg = forced(pieces, codec)
+            for dtype in (torch.bfloat16, torch.float32):
+                for n in RAGGED:
+                    x = make_data(n, dtype, seed=pieces + n, rank=rank)
+                    want = torch.empty(world * n, dtype=dtype)
+                    torch_all_gather_single(want, x)
+                    got = torch.full((world * n,), 3.0, dtype=dtype)
+                    all_gather_single(got, x, config=cfg, stats=st)
+                    assert_bits_equal(got, want, f"all_gather P={pieces} {codec} {dtype} n={n}")
+                    # FSDP2's in-place form.
+                    got2 = torch.full((world * n,), 3.0, dtype=dtype)
+                    got2[rank * n:(rank + 1) * n].copy_(x)
+                    all_gather_single(got2, got2[rank * n:(rank + 1) * n], config=cfg, stats=st)
+                    assert_bits_equal(got2, want, f"in-place all_gather P={pieces} n={n}")
+    return st.snapshot()["all_gather"]
+
+
+def task_pipelined_reductions():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    st = CommStats()
+    checked = 0
+    for pieces in PIECES:
+        cfg = forced(pieces, "dense" if pieces % 2 else "fixed3")
+        for dtype, kind in ((torch.bfloat16, "gauss"), (torch.float32, "bf16cast"),
+                            (torch.float32, "gauss")):
+            for n in RAGGED:
+                for op, factor in OPS:
+                    x = make_data(world * n, dtype, seed=pieces + 3 * n, rank=rank, kind=kind)
+                    check_reduce_scatter(x, n, op, factor, f"reduce_scatter P={pieces} {op} "
+                                         f"{dtype} {kind} n={n}", config=cfg, stats=st)
+                    # all-reduce of a ragged numel (chunks differ by one element)
+                    y = make_data(n, dtype, seed=pieces + 5 * n, rank=rank, kind=kind)
+                    want = reference_reduce(gather_all(y), op, factor, dtype)
+                    all_reduce(y, make_op(op, factor), config=cfg, stats=st)
+                    assert_bits_equal(y, want, f"all_reduce P={pieces} {op} {dtype} n={n}")
+                    checked += 2
+    s = st.snapshot()
+    return checked, s["reduce_scatter"], s["all_reduce"]
+
+
+def task_pipelined_all_to_all():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    st = CommStats()
+    row = 3
+    for pieces in PIECES:
+        for cfg in (forced(pieces, "dense"),
+                    ZipCCLConfig(policy="always", min_bytes=2000, pipeline_pieces=pieces)):
+            for dtype in (torch.bfloat16, torch.float32):
+                # Ragged, some splits empty, some below min_bytes (sent raw).
+                send_rows = [0 if (rank + j) % 4 == 3 else (rank + 2 * j + 1) * 700 // 3
+                             for j in range(world)]
+                recv_rows = [0 if (j + rank) % 4 == 3 else (j + 2 * rank + 1) * 700 // 3
+                             for j in range(world)]
+                send_rows[rank] = recv_rows[rank] = 5
+                x = make_data(sum(send_rows) * row, dtype, seed=pieces, rank=rank).view(-1, row)
+                want = torch.empty(sum(recv_rows), row, dtype=dtype)
+                dist.all_to_all_single(want, x, recv_rows, send_rows)
+                got = torch.full_like(want, 5.0)
+                all_to_all_single(got, x, recv_rows, send_rows, config=cfg, stats=st)
+                assert_bits_equal(got, want, f"all_to_all P={pieces} {dtype} {cfg}")
+    return st.snapshot()["all_to_all"]
+
+
+
+def test_pipelined_all_gather_bitwise(pool2):
+    for s in pool2.run(task_pipelined_all_gather):
+        # every call but the empty ones (n = 0 is never encoded) went in pieces
+        assert s["pipelined_calls"] == s["compressed_calls"] == s["calls"] * 4 // 5 > 0
+
+
+def test_pipelined_reduce_scatter_and_all_reduce_bitwise(pool2):
+    for checked, rs, ar in pool2.run(task_pipelined_reductions):
+        assert checked > 0
+        assert rs["pipelined_calls"] == rs["calls"] * 4 // 5 > 0
+        assert ar["pipelined_calls"] == ar["calls"] * 4 // 5 > 0
+
+
+def test_pipelined_all_to_all_bitwise(pool2):
+    for s in pool2.run(task_pipelined_all_to_all):
+        assert s["pipelined_calls"] == s["calls"] > 0

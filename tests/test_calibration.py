@@ -1,0 +1,133 @@
+"""The adaptive policy's calibration, on real gloo process groups: ranks that
+measure different speeds agree on the slowest rank's, so they decide alike;
+a hook with the default config books its calibration traffic apart from the
+collectives'; the probe data are what training carries."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from collective_cases import (assert_bits_equal, gather_all, make_data, reference_reduce,
+                              torch_all_gather_single)
+from zipccl_fsdp import calibration as Cal
+from zipccl_fsdp import cost as M
+from zipccl_fsdp import policy as P
+from zipccl_fsdp.collectives import all_gather_single, all_reduce
+from zipccl_fsdp.config import ZipCCLConfig
+from zipccl_fsdp.stats import CommStats
+
+POOL_SHARE = "policy"
+"""test_policy.py, test_calibration.py and test_runtime.py share their pools
+of ranks (conftest.py): each pool is spawned once for the three."""
+
+
+# --------------------------------------------------------------------------
+# Ranks that measure different speeds decide alike
+# --------------------------------------------------------------------------
+def task_disagreeing_measurements():
+    """Rank 0 measures a fast link, rank 1 a slow one and a slower codec: alone
+    they would decide differently; agreed (the slowest rank's), they decide alike."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    link = [[1e-5, 1e-4], [1e-3, 0.5]][rank]          # tiny, 2 MiB all-gather seconds
+    codec = [[1e-3, 1e-3, 1e-4], [2e-3, 2e-3, 2e-4]][rank]
+    ab = [[0.01, 0.005, 0], [0.3, 0.2, 0]][rank]     # in-situ raw, compressed seconds
+    saved = Cal.measure_link_local, Cal.measure_codec_local, Cal.measure_ab_local
+    Cal.measure_link_local = lambda group, world, device: list(link)
+    Cal.measure_codec_local = lambda *a: list(codec)
+    Cal.measure_ab_local = lambda *a: list(ab)
+    try:
+        # What this rank would decide on its own numbers (the hazard).
+        own_link = M.LinkSpeed(link[0], Cal.LINK_PROBE_BYTES / (link[1] - link[0]))
+        call = codec[2] / 2
+        own_codec = M.CodecSpeed(Cal.CODEC_PROBE_BYTES / (codec[0] - call),
+                                 Cal.CODEC_PROBE_BYTES / (codec[1] - call), call)
+        alone = M.best_plan((M.gather(world, 1 << 22),), own_link,
+                            {"dense": own_codec}, {"dense": 0.7})[0].compress
+        cfg = ZipCCLConfig(policy="adaptive")
+        st = CommStats()
+        plans = []
+        for n in (1 << 10, 1 << 16, 1 << 21):
+            x = make_data(n, torch.bfloat16, seed=n, rank=rank)
+            want = torch.empty(world * n, dtype=torch.bfloat16)
+            torch_all_gather_single(want, x)
+            got = torch.empty_like(want)
+            all_gather_single(got, x, config=cfg, stats=st)
+            assert_bits_equal(got, want, f"all_gather n={n}")
+            y = make_data(n * world, torch.float32, seed=n, rank=rank)
+            want = reference_reduce(gather_all(y), "avg", 1.0, torch.float32)
+            all_reduce(y, dist.ReduceOp.AVG, config=cfg, stats=st)
+            assert_bits_equal(y, want, f"all_reduce n={n}")
+            plans.append(sorted(P.of(cfg, st).decisions.items()))
+        report = P.of(cfg, st).calibration.report()
+        return (alone, plans, repr((report["links"], report["speeds"])),
+                st.snapshot()["all_gather"]["compressed_calls"])
+    finally:
+        Cal.measure_link_local, Cal.measure_codec_local, Cal.measure_ab_local = saved
+
+
+
+def test_decisions_agree_when_measurements_differ(pool2):
+    (alone0, plans0, links0, c0), (alone1, plans1, links1, c1) = \
+        pool2.run(task_disagreeing_measurements)
+    assert alone0 != alone1          # on their own numbers the ranks would disagree
+    assert plans0 == plans1 and links0 == links1 and c0 == c1
+    assert c0 > 0                    # the agreed (slowest) link is slow: it compressed
+
+# --------------------------------------------------------------------------
+# Calibration traffic is booked apart from the collectives'
+# --------------------------------------------------------------------------
+def task_fsdp2_default_hook_stats(steps: int):
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    from zipccl_fsdp.hooks.registry import ZipCCLHook
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(3)])
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    hook = ZipCCLHook()  # the default config: adaptive, everything measured
+    model.register_comm_hook(hook)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    for _ in range(steps):
+        loss = model(torch.randn(8, 256, generator=g)).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    from zipccl_fsdp.tensorboard_stats import calibration_scalars
+    return hook.stats(), calibration_scalars(hook.calibration())
+
+
+def test_fsdp2_default_hook_books_calibration_apart(pool2):
+    for s, measured in pool2.run(task_fsdp2_default_hook_stats, 3, timeout_s=300):
+        # what it measured, as the demo and TensorBoard show it (fp32 parameters)
+        assert sorted(measured) == ["link_MBps", "slowdown_fp32"], measured
+        assert measured["link_MBps"] > 0 and measured["slowdown_fp32"] >= 1.0, measured
+        for kind in ("all_gather", "reduce_scatter"):
+            k = s[kind]
+            assert k["calls"] > 0 and k["compressed_calls"] == 0, (kind, k)  # the loopback: raw
+            assert k["raw_bytes"] <= k["wire_bytes"] <= 1.01 * k["raw_bytes"], (kind, k)
+        cal = s["calibration"]
+        assert cal["calls"] > 0 and cal["wire_bytes"] > s["reduce_scatter"]["raw_bytes"], cal
+
+
+
+# --------------------------------------------------------------------------
+# The probe data
+# --------------------------------------------------------------------------
+def test_calibration_codes_fp32_as_bf16_casts():
+    """The calibration's fp32 data are bf16 casts (what fp32 collectives carry
+    in training), so its in-situ A/B compares a raw transfer with one a third
+    as long; bf16 and fp16 data are plain Gaussian values of the dtype."""
+    from zipccl_fsdp.calibration import probe_data
+    g = lambda: torch.Generator().manual_seed(3)  # noqa: E731
+    x = probe_data(4096, torch.float32, g(), torch.device("cpu"))
+    assert x.dtype == torch.float32
+    assert torch.equal(x.view(torch.int32), x.bfloat16().float().view(torch.int32))
+    assert x.view(torch.int32).bitwise_and(0xFFFF).eq(0).all()
+    assert x.std() > 0.5
+    for dtype in (torch.bfloat16, torch.float16):
+        y = probe_data(4096, dtype, g(), torch.device("cpu"))
+        assert y.dtype == dtype and y.float().std() > 0.5
