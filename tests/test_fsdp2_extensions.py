@@ -1,4 +1,4 @@
-"""Tensor subclasses (issue 34, case 10): FSDP2's all-gather extensions
+"""Tensor subclasses: FSDP2's all-gather extensions
 (``fsdp_pre_all_gather`` / ``fsdp_post_all_gather``, which torchao's float8
 training uses) train bitwise the same with the hook as without it, and the
 codec refuses, with an error, a tensor whose elements are not in memory of its

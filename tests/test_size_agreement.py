@@ -1,4 +1,4 @@
-"""Sizes that differ between ranks (issue 34, case 3): straddling ``min_bytes``,
+"""Sizes that differ between ranks: straddling ``min_bytes``,
 or empty on one rank only, for the four collectives under "always", "adaptive"
 and "never".
 
@@ -137,8 +137,8 @@ def test_sizes_differing_between_ranks(pool2, kind, policy, case):
 
 
 # --------------------------------------------------------------------------
-# Issue 34, case 5: whether an all-gather's shapes are accepted does not
-# depend on the route: CPU tensors follow gloo's rule on every path.
+# Whether an all-gather's shapes are accepted does not depend on the
+# route: CPU tensors follow gloo's rule on every path.
 # --------------------------------------------------------------------------
 SHAPE_PATHS = {
     "raw": dict(policy="never"),

@@ -14,9 +14,10 @@ one).
   16-byte stores, and moves the sm stream in 16-byte words: the chunks
   that omit zeros (byte-wise sm) are fixed3_general.py's, off the hot
   path; every kernel stays under the v1 kernels' counts plus ~12%.
-- ``--summary``: its lines, the host-sync instrument, and issue 17's
-  targets (one input read, one encode sync, none before decode's launch:
-  met; the instruction bounds: not yet, so a strict xfail).
+- ``--summary``: its lines, the host-sync instrument, and the kernels'
+  bounds (one input read, one encode sync, none before decode's launch,
+  instructions per element: met; fixed3 fp16 within 10% of bf16's own
+  count: not yet, so a strict xfail).
 - The cached launches (triton_kernels/_launch.py) reach the same compiled
   kernel with the same arguments as ``kernel[grid]``.
 """
@@ -204,7 +205,7 @@ SUMMARY_KEYS = ("encode_instr", "decode_instr", "input_reads", "encode_host_sync
 
 
 def test_summary_lines(rows):
-    """--summary prints one line per dtype and codec with the issue's fields,
+    """--summary prints one line per dtype and codec with the fields of SUMMARY_KEYS,
     the values of the JSON rows (instructions summed over the call's
     kernels)."""
     text = next(r["text"] for r in rows if r["kernel"] == "stdout")
@@ -239,7 +240,7 @@ def test_host_syncs_are_counted(rows):
             assert set(sites["decode_before_launch"]) <= set(sites["decode"])
 
 
-# Issue 17's acceptance (format v2 kernels), offline: fixed3 bf16 encode <=
+# The kernels' bounds (format v2), offline: fixed3 bf16 encode <=
 # 32 and decode <= 24 instructions per element, fp16 and fp32 within 10%,
 # dense <= 80 / 60, one read of the input, one host sync in encode (the
 # length at the end) and none before decode's launch with out=.
@@ -255,7 +256,7 @@ def test_host_syncs_are_counted(rows):
 BOUND = {"fixed3": (32.0, 24.0), "dense": (80.0, 60.0)}
 
 
-def test_issue17_acceptance(rows):
+def test_kernels_within_their_instruction_and_sync_bounds(rows):
     bf = _kernel(rows, "bf16", "fixed3", "summary")
     assert bf["encode_instr"] <= 32.0 and bf["decode_instr"] <= 24.0, bf
     for dtype, size in (("bf16", 2), ("fp16", 2), ("fp32", 4)):
@@ -277,8 +278,8 @@ def test_issue17_acceptance(rows):
                    "14.8): the rem stream's ~2 instructions an element (docs/benchmarks.md, "
                    "'Kernel cost (offline SASS)'); encode is within 10%")
 def test_fixed3_fp16_within_ten_percent_of_bf16(rows):
-    """Issue 17's relative bound read literally for fp16 (the same bytes an
-    element as bf16): within 10% of bf16's own count."""
+    """The relative bound read literally for fp16 (the same bytes an element
+    as bf16): within 10% of bf16's own count."""
     bf = _kernel(rows, "bf16", "fixed3", "summary")
     f16 = _kernel(rows, "fp16", "fixed3", "summary")
     assert f16["encode_instr"] <= 1.1 * bf["encode_instr"], (f16, bf)
@@ -354,8 +355,8 @@ def test_cached_launches_match_triton():
     assert "direct launches match kernel[grid]: 112 cases" in r.stdout, r.stdout
 
 
-def test_dense_within_issue17_bounds(rows):
-    """Issue 17's dense part of test_issue17_acceptance, which is met: dense
+def test_dense_within_its_instruction_bounds(rows):
+    """The dense part of test_kernels_within_their_instruction_and_sync_bounds: dense
     encode <= 80 and decode <= 60 instructions per element on the longest
     path of the hot path (a full chunk without zeros), summed over the
     call's kernels, with one read of the input, fp16 and fp32 within 10% of
