@@ -680,12 +680,18 @@ def run_fault(kind: str, mode: str, world: int = 3, victim: int = 1) -> dict:
         for p in procs:
             p.start()
         got, deadline = {}, None
+        start_by = time.monotonic() + 300  # spawning, rendezvous and the warm call
         try:
             while len(got) < world - 1:
                 try:
                     rank, outcome, dt = q.get(timeout=1)
                 except queue.Empty:
                     if deadline and time.monotonic() > deadline:
+                        break
+                    # No rank ready yet: stop once every rank has exited (the
+                    # warm call failed; the ranks printed why) or too late.
+                    if deadline is None and (time.monotonic() > start_by
+                                             or not any(p.is_alive() for p in procs)):
                         break
                     continue
                 if outcome == "ready":
