@@ -3,7 +3,9 @@
 all-gather and all-to-all must equal torch's bit for bit; reduce-scatter and
 all-reduce must equal a reference that sums the same fp32 values in rank
 order (numpy float32, independent of the implementation), then scales and
-casts. Everything is compared as integer views, never as float values.
+casts. Pipelined calls (any piece count, ragged sizes, both codecs) are held
+to the same references. Everything is compared as integer views, never as
+float values.
 """
 from __future__ import annotations
 
