@@ -224,11 +224,11 @@ RAW_PATHS = {
 class _FlipOneByte:
     """On the rank that makes it: flip one bit, on a copy, of the first byte
     send (uint8: payloads, not the int64 rows) that zipccl's schedule makes
-    through ``_wire.all_gather_single`` and ``dist.all_to_all_single``, in
+    through ``protocol.all_gather_single`` and ``dist.all_to_all_single``, in
     the part bound for rank 0."""
 
     def __init__(self) -> None:
-        from zipccl_fsdp import _wire
+        from zipccl_fsdp import protocol as _wire
 
         self.wire, self.fired = _wire, 0
         self.saved = _wire.all_gather_single, dist.all_to_all_single

@@ -38,7 +38,7 @@ GRACE_S = 5  # how long past the pg timeout the other ranks may take to raise
 def _fault_proc(rank: int, world: int, init_file: str, kind: str, mode: str, victim: int,
                 q) -> None:
     torch.set_num_threads(1)
-    from zipccl_fsdp import _wire as W
+    from zipccl_fsdp import protocol as W
     from zipccl_fsdp.config import ZipCCLConfig
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import bitflip_cases as B
 from zipccl_fsdp import codec as zcodec
 from zipccl_fsdp import format as F
-from zipccl_fsdp import integrity
+from zipccl_fsdp import protocol as integrity
 from zipccl_fsdp.collectives import all_gather_single, all_reduce
 from zipccl_fsdp.config import ZipCCLConfig
 from zipccl_fsdp.errors import CorruptPayloadError, ZipCCLConfigError
@@ -210,10 +210,10 @@ def task_fallback(fail_rank: int, fail_after: int):
         return real(x, **kw)
 
     records = _Records()
-    log = logging.getLogger("zipccl_fsdp.integrity")
+    log = logging.getLogger("zipccl_fsdp.protocol")
     log.addHandler(records)
     log.setLevel(logging.DEBUG)
-    import zipccl_fsdp.collectives._call as C
+    import zipccl_fsdp.collectives.dispatch as C
     saved_stats = C._STATS
     C._STATS = st  # run_case uses the module's stats
     try:

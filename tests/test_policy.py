@@ -21,7 +21,7 @@ from zipccl_fsdp import policy as P
 from zipccl_fsdp.collectives import all_gather_single, all_reduce, all_to_all_single, \
     reduce_scatter_single
 from zipccl_fsdp.config import ZipCCLConfig
-from zipccl_fsdp.pipeline import row_width
+from zipccl_fsdp.protocol import row_width
 from zipccl_fsdp.errors import CorruptPayloadError
 from zipccl_fsdp.stats import CommStats
 
@@ -242,7 +242,7 @@ def task_encode_fails_midway():
 def task_corrupt_piece_all_reduce():
     """A corrupt piece in an all-reduce's first half: both ranks raise, nobody hangs,
     and the group still works afterwards."""
-    from zipccl_fsdp import integrity as I
+    from zipccl_fsdp import protocol as I
     rank = dist.get_rank()
     real = I.decode_from
 
