@@ -9,7 +9,6 @@ import torch
 
 from .. import cost
 from .. import pipeline as _pipeline
-from .. import policy as _policy
 from .._layout import same_memory
 from ..config import ZipCCLConfig
 from ..stats import CommStats
