@@ -221,6 +221,7 @@ class _Call:
                 return None
 
     def launch_row(self, sizes: list, tail: list):
+        """Start the exchange of this rank's size row (``protocol.send_row``)."""
         return protocol.send_row(self.desc, sizes, tail, self.group, self.world, self.device,
                                  self.st, self.kind)
 

@@ -7,8 +7,9 @@ here for what the ranks tell each other, and this module calls nothing back.
 Every exchange is an all-gather of int64s (``gather_ints``) that all ranks
 join at the same point, so every rank sees every other's message and raises
 the same error; a rank that never arrives makes the others fail at the
-process group's timeout. Five exchanges share one width (``row_width``) and
-tell each other apart by their first entry:
+process group's timeout. The messages a rank may meet at a call's first
+exchange (a size row, the agreement vector, a refusal) share one width
+(``row_width``) and tell each other apart by their first entry:
 
 * **Size rows** (``send_row`` / ``receive_rows``): before each piece's
   payloads move, every rank all-gathers a row: a tag (``ROW_TAG``) with the
