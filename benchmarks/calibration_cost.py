@@ -33,7 +33,7 @@ def _count_collectives(counter: dict) -> None:
     name the calibration and the pipelined schedule reach torch by."""
     import torch.distributed as dist
 
-    from zipccl_fsdp import _wire, calibration
+    from zipccl_fsdp import calibration, protocol
 
     def counted(fn):
         def wrapper(*args, **kwargs):
@@ -55,7 +55,7 @@ def _count_collectives(counter: dict) -> None:
                        ("measure_reduce_local", "codec"), ("measure_ab_local", "ab")):
         setattr(calibration, name, timed(part, getattr(calibration, name)))
     calibration._all_gather = counted(calibration._all_gather)
-    _wire.all_gather_single = counted(_wire.all_gather_single)
+    protocol.all_gather_single = counted(protocol.all_gather_single)
     for name in ("all_reduce", "all_to_all_single", "broadcast"):
         setattr(dist, name, counted(getattr(dist, name)))
 

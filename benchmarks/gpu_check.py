@@ -262,10 +262,12 @@ def bench_row(data: str, x: torch.Tensor, op: str, backend: str, codec: str, fn,
 
 
 def bench_tensor(data: str, x: torch.Tensor, backends=("triton",), codecs=("fixed3", "dense"),
-                 reps=None, encode_warps=None) -> None:
+                 reps=None, encode_warps=None, decode_tuning=None) -> None:
     """Encode and decode rows of ``x`` per backend and codec beside a copy of
     its bytes; ``encode_warps``: the triton encoder at that many warps a
-    program (codec_encode.encode's argument) instead of its default."""
+    program (codec_encode.encode's argument) instead of its default;
+    ``decode_tuning``: the triton decoder's shape of programs
+    (codec_decode.Tuning) instead of its default."""
     copy_s = None
     try:
         dst = torch.empty_like(x)
@@ -296,8 +298,11 @@ def bench_tensor(data: str, x: torch.Tensor, backends=("triton",), codecs=("fixe
                                  codec=codec, error=f"{type(e).__name__}: {e}"[:200]))
                 continue
             bench_row(data, x, "encode", backend, codec, enc, copy_s, ratio, reps)
-            bench_row(data, x, "decode", backend, codec,
-                      lambda: z.decode(p, out=out, backend=backend), copy_s, ratio, reps)
+            def dec(backend=backend):
+                if decode_tuning is None:
+                    return z.decode(p, out=out, backend=backend)
+                return codec_decode.decode_into(p, out, decode_tuning)
+            bench_row(data, x, "decode", backend, codec, dec, copy_s, ratio, reps)
             if not torch.equal(bits(out), bits(x)):
                 check(f"bench {data} {backend} {codec} round trip", False, "decode differs")
             p = out = None  # free them (the lambdas above refer to them)
@@ -335,37 +340,27 @@ def throughput(smoke: bool) -> None:
 
 def sweep(smoke: bool) -> None:
     """Time the encode kernels at a few warp counts (codec_encode.encode's
-    ``warps``; the decode kernels' are codec_decode.NUM_WARPS and
-    FIXED3_WARPS, at one chunk a program), then the fixed3 decode at 4 warps
-    and 1, 2, 4 and 8 chunks a program (codec_decode.PER_CHOICES); the
-    decode settings are restored after. The dense kernels take 4 warps only
+    ``warps``; the decode kernels' are codec_decode.Tuning's, at one chunk a
+    program), then the fixed3 decode at 4 warps and 1, 2, 4 and 8 chunks a
+    program (``Tuning.per_choices``). The dense kernels take 4 warps only
     (32 elements a thread of a 4096-element chunk)."""
-    saved_dec = (codec_decode.NUM_WARPS, codec_decode.PER_CHOICES, codec_decode.PROGRAMS_WANTED,
-                 dict(codec_decode.FIXED3_WARPS))
     n = (16 * 1024 + 6) if smoke else 128 * MiB  # bf16 elements: 256 MiB
     x = torch.randn(n, generator=torch.Generator(device=DEV).manual_seed(0), device=DEV).bfloat16()
     print(f"(sweep) encode/decode num_warps at {n * 2 / MiB:g} MiB bf16", flush=True)
     # The warp counts at one chunk a decode program (at 2 warps, 64 elements
     # a thread, several chunks a program spill fp32's decode).
-    codec_decode.PER_CHOICES = ()
     for warps in (4, 8, 2):
-        codec_decode.NUM_WARPS = warps
-        codec_decode.FIXED3_WARPS.update({2: warps, 4: warps})
-        codec_decode.reset()
+        tuning = codec_decode.Tuning(warps=warps, fixed3_warps_16=warps, fixed3_warps_32=warps,
+                                     per_choices=())
         bench_tensor(f"sweep fixed3 warps={warps}", x, codecs=("fixed3",),
-                     reps=1 if smoke else 5, encode_warps=warps)
-    codec_decode.NUM_WARPS = saved_dec[0]
-    codec_decode.FIXED3_WARPS.update({2: 4, 4: 4})  # the chunks a program at 4 warps
-    if smoke:
-        codec_decode.PROGRAMS_WANTED = 1  # several chunks a program at the smoke size too
+                     reps=1 if smoke else 5, encode_warps=warps, decode_tuning=tuning)
     for per in (1, 2, 4, 8):
-        codec_decode.PER_CHOICES = (per,) if per > 1 else ()
-        codec_decode.reset()
+        # at 4 warps; at the smoke size too, several chunks a program
+        wanted = 1 if smoke else codec_decode.TUNING.programs_wanted
+        tuning = codec_decode.Tuning(fixed3_warps_16=4, fixed3_warps_32=4,
+                                     per_choices=(per,) if per > 1 else (), programs_wanted=wanted)
         bench_tensor(f"sweep fixed3 decode chunks_per_program={per}", x, codecs=("fixed3",),
-                     reps=1 if smoke else 5)
-    codec_decode.NUM_WARPS, codec_decode.PER_CHOICES, codec_decode.PROGRAMS_WANTED = saved_dec[:3]
-    codec_decode.FIXED3_WARPS.update(saved_dec[3])
-    codec_decode.reset()
+                     reps=1 if smoke else 5, decode_tuning=tuning)
 
 
 def breakdown(smoke: bool) -> None:

@@ -44,13 +44,10 @@ first bucket): DDP's reducer (the used-parameter map of
 collectives on the model's group while the worker runs, and on one group
 the ranks would disagree on their order. A compressed call waits on the host (its size exchange), which on
 autograd's thread would stall backward until the bucket had crossed the
-link. Two kinds of call run in the hook instead, once the worker has issued
-every earlier one: the call that calibrates the adaptive policy (times the
-link and the codec), so that backward does not slow down what it measures,
-and, while the worker is idle, calls known to go raw (a fast link, where
-the adaptive policy sends everything raw): torch's own pending Work, which
-costs no more here than handing it over. DDP waits on every bucket's future
-at the end of backward.
+link. One call runs in the hook instead, once the worker has issued every
+earlier one: the call that calibrates the adaptive policy (times the link
+and the codec), so that backward does not slow down what it measures. DDP
+waits on every bucket's future at the end of backward.
 
 Failure: when a bucket's all-reduce fails (with ``verify=True``, a payload
 damaged in transit raises ``CorruptPayloadError`` on every rank of the
@@ -161,19 +158,18 @@ def ddp_comm_hook(state, bucket: dist.GradBucket, *, config: Optional[ZipCCLConf
     # compression hooks run in ``fut.then`` (no second bucket-sized tensor at
     # peak memory; https://github.com/pytorch/pytorch/issues/45968). It runs
     # on zipccl's worker thread (``background.py``): a compressed call waits on
-    # the host, which here would hold up the rest of backward. Two kinds of
-    # call run here instead, after the calls before it: the one that
-    # calibrates the policy (so that backward does not compete with what it
-    # times) and, when the worker is idle, one known to go raw (torch's
-    # pending Work: the hand-over would cost more than the call). A rank
-    # outside ``group`` gets None from the call: its future completes with
-    # ``buffer``.
+    # the host, which here would hold up the rest of backward. The call that
+    # calibrates the policy runs here instead, after the calls before it (so
+    # that backward does not compete with what it times); every other
+    # all-reduce of the bucket waits on the host whichever way it goes
+    # (``all_reduce_outlook``). A rank outside ``group`` gets None from the
+    # call: its future completes with ``buffer``.
     outlook = _coll.all_reduce_outlook(buffer, group, cfg, stats)
     try:
         fut = _background.submit(
             lambda: _coll.all_reduce(buffer, op=op, group=group, async_op=True, config=cfg,
                                      stats=stats),
-            buffer, here=outlook == "calibrates" or (outlook == "raw" and _background.idle()))
+            buffer, here=outlook == "calibrates")
     except Exception as e:  # noqa: BLE001 - a call run here: it fails like a queued one
         fut = torch.futures.Future()
         fut.set_exception(e)

@@ -14,7 +14,7 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
-from zipccl_fsdp import _wire as W
+from zipccl_fsdp import protocol as W
 from zipccl_fsdp import codec as Z
 from zipccl_fsdp import collectives as C
 from zipccl_fsdp import format as F
@@ -48,7 +48,7 @@ class FlipTransport:
     """Wraps this rank's uint8 sends: when armed, the ``skip``-th next payload send
     goes out with one random bit flipped inside one payload bound for ``to``.
 
-    It patches ``zipccl_fsdp._wire.all_gather_single`` (the all-gather
+    It patches ``zipccl_fsdp.protocol.all_gather_single`` (the all-gather
     every zipccl exchange looks up) and ``torch.distributed.all_to_all_single``;
     ``restore()`` undoes both. The sender's own tensors are never modified (the
     flip is made on a copy), so only the receiver sees the damage.

@@ -17,7 +17,7 @@ from torch.distributed import ReduceOp
 from zipccl_fsdp.config import ZipCCLConfig
 
 # torch's own all-gather, the reference (bound here, before any test wraps it).
-from zipccl_fsdp._wire import all_gather_single as torch_all_gather_single  # noqa: E402
+from zipccl_fsdp.protocol import all_gather_single as torch_all_gather_single  # noqa: E402
 INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
 
 

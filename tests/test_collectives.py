@@ -20,7 +20,7 @@ from collective_cases import (NAN_BITS, OPS, assert_bits_equal, check_reduce_sca
 from zipccl_fsdp.collectives import (all_gather_single, all_reduce, all_to_all_single,
                                      reduce_scatter_single, reset_stats, stats)
 from zipccl_fsdp.config import ZipCCLConfig
-from zipccl_fsdp.pipeline import row_width
+from zipccl_fsdp.protocol import row_width
 from zipccl_fsdp.errors import ZipCCLConfigError
 from zipccl_fsdp.stats import CommStats
 
@@ -471,7 +471,7 @@ def task_two_rank_raw_all_reduce():
     or through the lane, gives the bits of the compressed call and of the
     rank-order reference, in bf16, fp16 and fp32, at every size, with NaN
     payloads, infinities, both zeros, subnormals and overflowing sums."""
-    from zipccl_fsdp.collectives import _call as C
+    from zipccl_fsdp.collectives import dispatch as C
     from zipccl_fsdp.collectives import _lanes
     rank, world = dist.get_rank(), dist.get_world_size()
     never = ZipCCLConfig(policy="never", min_bytes=0)
@@ -506,19 +506,19 @@ def task_captured_calls_go_raw():
     """Under CUDA graph capture every call goes raw, with no agreement check
     and no policy (both read the host). No CUDA here: the capture predicate
     is forced, which tests what the collectives do with it."""
-    from zipccl_fsdp.collectives import _call as C
-    from zipccl_fsdp import integrity
+    from zipccl_fsdp.collectives import dispatch as C
+    from zipccl_fsdp import protocol as integrity
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = ZipCCLConfig(policy="always", min_bytes=0, pipeline_pieces=2, compress_all_to_all=True)
     st = CommStats()
     xs = [make_data(world << 12, torch.bfloat16, 13, r) for r in range(world)]
     x = xs[rank]
-    saved = C._capturing, integrity.check_agreement
+    saved = C.capturing, integrity.check_agreement
 
     def no_agreement(*args):
         raise AssertionError("agreement check under capture")
 
-    C._capturing, integrity.check_agreement = (lambda t: True), no_agreement
+    C.capturing, integrity.check_agreement = (lambda t: True), no_agreement
     try:
         got = torch.empty(world * x.numel(), dtype=x.dtype)
         all_gather_single(got, x, config=cfg, stats=st)
@@ -532,7 +532,7 @@ def task_captured_calls_go_raw():
         total = x.clone()
         all_reduce(total, config=cfg, stats=st)
     finally:
-        C._capturing, integrity.check_agreement = saved
+        C.capturing, integrity.check_agreement = saved
     assert_bits_equal(out, total.view(world, -1)[rank], "reduce_scatter vs all_reduce")
     snap = st.snapshot()
     return {k: (snap[k]["calls"], snap[k]["compressed_calls"])

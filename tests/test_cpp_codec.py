@@ -565,7 +565,7 @@ def test_concurrent_first_builds_share_one_cache(tmp_path):
 @pytest.mark.parametrize("codec_name", ["fixed3", "dense"])
 def test_structural_errors_name_their_chunk(codec_name):
     """A code that decodes outside the dtype is refused with the chunk it is in,
-    in the message and as ``.chunk`` (which integrity.decode_from reports)."""
+    in the message and as ``.chunk`` (which protocol.decode_from reports)."""
     g = torch.Generator().manual_seed(3)
     x = torch.randn(3 * 4096 + 17, generator=g).half()
     x[-40:-30] = float("inf")  # escapes (e = emax is outside every window)

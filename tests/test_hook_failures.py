@@ -36,7 +36,7 @@ import soak_cases
 from bitflip_cases import payload_nbytes
 from zipccl_fsdp.hooks.registry import ZipCCLHook
 from zipccl_fsdp import background
-from zipccl_fsdp import _wire as C
+from zipccl_fsdp import protocol as C
 from zipccl_fsdp.config import ZipCCLConfig
 from zipccl_fsdp.errors import CorruptPayloadError
 
@@ -49,7 +49,7 @@ class DamageOnce:
     """Damages the next uint8 payload this rank sends to rank ``to``: the last
     byte of the payload (its last chunk's checksum) gets one bit flipped, on a
     copy, so only the receiver sees it. Patches the two sends the collectives
-    use (``_wire.all_gather_single``, ``dist.all_to_all_single``)."""
+    use (``protocol.all_gather_single``, ``dist.all_to_all_single``)."""
 
     def __init__(self, to: int) -> None:
         self.to, self.armed, self.fired = to, True, 0

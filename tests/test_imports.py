@@ -24,18 +24,6 @@ FORMAT_LAYER = {"zipccl_fsdp.format", "zipccl_fsdp._layout", "zipccl_fsdp.errors
 """The payload format and the two modules it imports; shared by every codec
 backend, and importing nothing else of the project."""
 
-KNOWN_CYCLES = {
-    frozenset({"zipccl_fsdp.integrity", "zipccl_fsdp.pipeline"}):
-        "the wire protocol is split over the two: pipeline's schedule calls "
-        "integrity's agreement, refusal and verify steps, and integrity reads "
-        "the size rows' width and tags from pipeline. It goes when the "
-        "protocol is one module that the schedule imports and that imports "
-        "nothing back.",
-}
-"""Cycles known and not yet removed, each with why it exists. The test fails
-when one of them is gone, so that its entry goes too."""
-
-
 def _backend(name: str) -> bool:
     return name in ("zipccl_fsdp.codec_torch", "zipccl_fsdp.codec_cpp") or \
         _within(name, "zipccl_fsdp.triton_kernels")
@@ -158,11 +146,8 @@ def _cycles(graph: dict) -> list:
 
 
 def test_no_import_cycle_function_level_imports_included():
-    cycles = set(_cycles(_graph()))
-    new = [sorted(c) for c in cycles - set(KNOWN_CYCLES)]
-    assert not new, f"modules that import each other (imports in functions included): {new}"
-    gone = [sorted(c) for c in set(KNOWN_CYCLES) - cycles]
-    assert not gone, f"a known cycle is gone: remove it from KNOWN_CYCLES: {gone}"
+    cycles = [sorted(c) for c in _cycles(_graph())]
+    assert not cycles, f"modules that import each other (imports in functions included): {cycles}"
 
 
 def test_no_cycle_at_import_time():

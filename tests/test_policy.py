@@ -16,7 +16,7 @@ from zipccl_fsdp import cost as M
 from zipccl_fsdp import policy as P
 from zipccl_fsdp.collectives import all_gather_single, all_reduce, reduce_scatter_single
 from zipccl_fsdp.config import ZipCCLConfig
-from zipccl_fsdp.pipeline import row_width
+from zipccl_fsdp.protocol import row_width
 from zipccl_fsdp.stats import CommStats
 
 POOL_SHARE = "policy"

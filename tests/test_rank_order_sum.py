@@ -16,7 +16,7 @@ import torch
 from codec_cases import case
 from collective_cases import assert_bits_equal, make_op, reference_reduce
 from zipccl_fsdp import _reduce, codec_cpp
-from zipccl_fsdp.collectives._call import _parse_op
+from zipccl_fsdp.collectives.dispatch import parse_op as _parse_op
 
 pytestmark = [
     pytest.mark.skipif(not codec_cpp.available(),

@@ -22,7 +22,7 @@ from torch.distributed import ReduceOp
 
 from collective_cases import (OPS, assert_bits_equal, gather_all, make_data, make_op,
                               reference_reduce, torch_all_gather_single)
-import zipccl_fsdp.collectives._call as C  # the shared part: _begin, _STATS
+import zipccl_fsdp.collectives.dispatch as C  # the shared part: begin, _STATS
 from zipccl_fsdp import policy as P
 from zipccl_fsdp._reduce import torch_sums_alike
 from zipccl_fsdp.collectives import all_gather_single, all_reduce, all_to_all_single
@@ -43,17 +43,17 @@ class _GeneralPath:
 
     def __init__(self) -> None:
         self.calls = 0
-        self._real = C._begin
+        self._real = C.begin
 
     def __enter__(self):
         def counted(*args, **kwargs):
             self.calls += 1
             return self._real(*args, **kwargs)
-        C._begin = counted
+        C.begin = counted
         return self
 
     def __exit__(self, *exc) -> None:
-        C._begin = self._real
+        C.begin = self._real
 
 
 def _lane_keys(st: CommStats, cfg: ZipCCLConfig) -> list:
@@ -104,7 +104,7 @@ def task_lanes_equal_torch(policy: str):
                                           f"all_reduce {name} {dtype} {n}")
             # The all-reduce lane that opens on two ranks is torch's, which takes
             # only the ops that torch sums alike; the others take the general path.
-            unlike = sum(not torch_sums_alike(world, C._parse_op(make_op(name, factor), ""),
+            unlike = sum(not torch_sums_alike(world, C.parse_op(make_op(name, factor), ""),
                                               dtype, x.device) for name, factor in OPS)
             counts.append(("all_reduce", general.calls - (3 * unlike if world == 2 else 0)))
     return counts, st.snapshot(), _lane_keys(st, cfg)

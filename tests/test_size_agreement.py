@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 import zipccl_fsdp
 from collective_cases import make_data
-from zipccl_fsdp.collectives import _call as K
+from zipccl_fsdp.collectives import dispatch as K
 from zipccl_fsdp.collectives import all_gather_single, all_reduce, all_to_all_single
 from zipccl_fsdp.collectives import reduce_scatter_single
 from zipccl_fsdp.config import ZipCCLConfig
@@ -101,7 +101,7 @@ def task_sizes_differ(kind: str, policy: str, case: str):
         handed.append(getattr(collective, "__name__", str(collective)))
         raise _Handed
 
-    real, K._to_torch = K._to_torch, to_torch
+    real, K.to_torch = K.to_torch, to_torch
     t0 = time.monotonic()
     try:
         call()
@@ -111,7 +111,7 @@ def task_sizes_differ(kind: str, policy: str, case: str):
     except Exception as e:  # noqa: BLE001 - reported to the test
         outcome = (type(e).__name__, str(e))
     finally:
-        K._to_torch = real
+        K.to_torch = real
     seconds = time.monotonic() - t0
     t = torch.ones(4)
     dist.all_reduce(t)  # the group still works

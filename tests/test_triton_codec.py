@@ -354,17 +354,33 @@ def _set_u16(b, at, v):
     b[at], b[at + 1] = v & 0xFF, v >> 8
 
 
-def _raises_like_torch(b: torch.Tensor, x: torch.Tensor, match: str | None) -> None:
+def _raises_like_torch(b: torch.Tensor, x: torch.Tensor, match: str | None,
+                       tuning=None) -> None:
     """torch and triton refuse ``b`` with the same error, decoding with and
-    without out= (with out=, triton checks the header on the device)."""
+    without out= (with out=, triton checks the header on the device);
+    ``tuning``: the Triton decode's (codec_decode.Tuning), else its default."""
     with pytest.raises((z.CorruptPayloadError, ValueError), match=match) as want:
         z.decode(b, backend="torch")
     with pytest.raises(type(want.value)) as got:
-        z.decode(b, backend="triton")
+        _triton_decode(b, torch.empty_like(x).to(b.device), tuning, header=True)
     assert str(got.value) == str(want.value)
     with pytest.raises(type(want.value)) as got:
-        z.decode(b, out=torch.empty_like(x).to(b.device), backend="triton")
+        _triton_decode(b, torch.empty_like(x).to(b.device), tuning)
     assert str(got.value) == str(want.value)
+
+
+def _triton_decode(p: torch.Tensor, out: torch.Tensor, tuning=None, header: bool = False):
+    """``z.decode(p, out=out, backend="triton")``, or without ``out`` when
+    ``header`` (the header read on the host first); with ``tuning``, the
+    Triton decoder's entry points at that tuning."""
+    if tuning is None:
+        return z.decode(p, backend="triton") if header else \
+            z.decode(p, out=out, backend="triton")
+    from zipccl_fsdp.triton_kernels import codec_decode
+    if header:
+        return codec_decode.decode(p, F.parse_header(p), out, tuning)
+    codec_decode.decode_into(p, out, tuning)
+    return out
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -672,8 +688,8 @@ def test_fixed3_hot_and_general_chunks(device, dtype, enc_warps, dec_warps, deco
     The general functions are counted through their calls under the
     interpreter."""
     from zipccl_fsdp.triton_kernels import codec_encode, fixed3_decode, fixed3_encode
-    monkeypatch.setattr(decode_plans, "NUM_WARPS", dec_warps)
-    monkeypatch.setattr(decode_plans, "FIXED3_WARPS", {2: dec_warps, 4: dec_warps})
+    tuning = decode_plans.Tuning(warps=dec_warps, fixed3_warps_16=dec_warps,
+                                 fixed3_warps_32=dec_warps)
     calls = {"encode": 0, "decode": 0}
 
     def counted(name, fn):
@@ -726,12 +742,12 @@ def test_fixed3_hot_and_general_chunks(device, dtype, enc_warps, dec_warps, deco
     pg = codec_encode.encode(x.to(device), "fixed3", enc_warps)  # enc_warps warps a program
     assert pg.numel() == p.numel(), (pg.numel(), p.numel())
     assert torch.equal(pg.cpu(), p), f"first differing byte {int((pg.cpu() != p).nonzero()[0, 0])}"
-    y = z.decode(p.to(device), backend="triton")
+    y = _triton_decode(p.to(device), torch.empty_like(x).to(device), tuning, header=True)
     assert torch.equal(bits(y), bits(x.to(device)))
     assert calls == {"encode": enc_general, "decode": dec_general}, (calls, paths)
     calls.update(encode=0, decode=0)
     out = torch.full_like(x, 7.0).to(device)
-    z.decode(p.to(device), out=out, backend="triton")
+    _triton_decode(p.to(device), out, tuning)
     assert torch.equal(bits(out), bits(x.to(device)))
     assert calls == {"encode": 0, "decode": dec_general}, calls
 
@@ -739,16 +755,15 @@ def test_fixed3_hot_and_general_chunks(device, dtype, enc_warps, dec_warps, deco
 @pytest.mark.parametrize("device", [p for p in DEVICES if p.values[0] == "cpu"])
 @pytest.mark.parametrize("dec_warps", (2, 4))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_fixed3_code_bits_past_n_are_ignored(device, dtype, dec_warps, decode_plans,
-                                             monkeypatch):
+def test_fixed3_code_bits_past_n_are_ignored(device, dtype, dec_warps, decode_plans):
     """The last code byte's bits past 3 n belong to no element: every
     encoder writes zeros there, and the torch reference ignores them. Set
     to ones (an escape code just past the last element of a ragged chunk
     the hot path decodes), the triton decoder gives the same values, writes
     nothing past n and reports no error, at 64 and 32 elements a thread
     (escape masks of 64 and 32 bits)."""
-    monkeypatch.setattr(decode_plans, "NUM_WARPS", dec_warps)
-    monkeypatch.setattr(decode_plans, "FIXED3_WARPS", {2: dec_warps, 4: dec_warps})
+    tuning = decode_plans.Tuning(warps=dec_warps, fixed3_warps_16=dec_warps,
+                                 fixed3_warps_32=dec_warps)
     n = C + 1001  # the tail's codes end 3 bits into byte 375
     x = torch.randn(n, generator=_gen(81)).to(dtype)
     if dtype == torch.float16:
@@ -763,7 +778,7 @@ def test_fixed3_code_bits_past_n_are_ignored(device, dtype, dec_warps, decode_pl
     z.decode(p, out=want, backend="torch")
     assert torch.equal(bits(want), bits(x))
     buf = torch.full((n + 64,), 7.0, dtype=dtype)
-    z.decode(p, out=buf[:n], backend="triton")
+    _triton_decode(p, buf[:n], tuning)
     assert torch.equal(bits(buf[:n]), bits(x))
     assert torch.equal(bits(buf[n:]), bits(torch.full((64,), 7.0, dtype=dtype)))
 
@@ -784,7 +799,7 @@ def test_decode_kernel_by_codec_and_chunks_a_program(device, decode_plans, monke
     """decode(out=) launches the kernel of both codecs for a geometry's first
     payload, learns the codec from program 0's report in the error word,
     and launches that codec's own kernel after: fixed3's takes several
-    chunks a program (here, with PROGRAMS_WANTED = 1 and PER_CHOICES (4, 2):
+    chunks a program (here, with programs_wanted = 1 and per_choices (4, 2):
     1, 2, 4 and 4 for 1, 2, 4 and 10 chunks, so the last program's group of
     the 10 ends two past the last chunk, which is ragged). A payload of the other codec decodes
     nothing in it (ERR_CODEC) and is decoded again by the kernel of both,
@@ -792,8 +807,7 @@ def test_decode_kernel_by_codec_and_chunks_a_program(device, decode_plans, monke
     corrupt chunk in the middle of a group and a corrupt header are refused
     with the torch backend's errors."""
     D = decode_plans
-    monkeypatch.setattr(D, "PROGRAMS_WANTED", 1)
-    monkeypatch.setattr(D, "PER_CHOICES", (4, 2))  # 2 too: the choice, and a group of 2
+    tuning = D.Tuning(programs_wanted=1, per_choices=(4, 2))  # 2: the choice, and a group of 2
     launched = []
     real = D._launch
 
@@ -804,14 +818,15 @@ def test_decode_kernel_by_codec_and_chunks_a_program(device, decode_plans, monke
     for n, per in ((1, 1), (C + 1, 2), (3 * C + 5, 4), (9 * C + 1, 4)):
         x = mixed(n, torch.bfloat16, seed=n).to(device)
         nch = F.nchunks_for(n)
-        assert D.chunks_per_program(nch) == per and D.chunks_per_program(nch, "dense") == 1
+        assert D.chunks_per_program(nch, "fixed3", tuning) == per
+        assert D.chunks_per_program(nch, "dense", tuning) == 1
         grid = -(-nch // per)
         payloads = {c: z.encode(x, codec=c, backend="torch") for c in CODED}
         launched.clear()
 
         def decoded(codec):
             out = torch.full_like(x, 7.0)
-            z.decode(payloads[codec], out=out, backend="triton")
+            _triton_decode(payloads[codec], out, tuning)
             return bits(out)
         assert torch.equal(decoded("fixed3"), bits(x))
         assert torch.equal(decoded("fixed3"), bits(x))
@@ -819,10 +834,10 @@ def test_decode_kernel_by_codec_and_chunks_a_program(device, decode_plans, monke
         if nch == 10:  # chunk 5: the second of program 1's four
             b = payloads["fixed3"].clone()
             b[_entry(F.parse_header(b), 5, 0)] = 7
-            _raises_like_torch(b, x, "chunk table entry 5 is invalid")
+            _raises_like_torch(b, x, "chunk table entry 5 is invalid", tuning)
             b = payloads["fixed3"].clone()
             b[0] = ord("X")
-            _raises_like_torch(b, x, "bad magic")
+            _raises_like_torch(b, x, "bad magic", tuning)
         launched.clear()
         assert torch.equal(decoded("dense"), bits(x))
         assert launched == [("fixed3", grid), ("both", nch)], (n, launched)
@@ -839,6 +854,6 @@ def test_decode_kernel_by_codec_and_chunks_a_program(device, decode_plans, monke
     launched.clear()
     for p in (raw, raw, z.encode(x, codec="dense", backend="torch"), raw):
         out = torch.full_like(x, 7.0)
-        z.decode(p, out=out, backend="triton")
+        _triton_decode(p, out, tuning)
         assert torch.equal(bits(out), bits(x))
     assert launched == [("both", 2), ("both", 2), ("both", 2), ("dense", 2)], launched

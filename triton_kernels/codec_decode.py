@@ -56,29 +56,40 @@ from . import _codec_common as K
 from ._codec_common import (ERR_CODEC, ERR_GEOMETRY, ERR_HEADER, ERR_PADDING, INFO_CODEC_SHIFT,
                             INFO_SUMS, align16, byte_field, pad_nonzero, tile_shape)
 from ._launch import Launcher
+from .dense_decode import dense_decode_chunk
 from .fixed3_decode import decode_raw_words, fixed3_decode_chunk
 
-try:  # the dense v2 chunk decoder (dense_decode.py), when this build has it
-    from .dense_decode import dense_decode_chunk
-except ImportError:  # pragma: no cover - depends on the dense kernels' state
-    dense_decode_chunk = None
-
 _INT_VIEW = {2: torch.int16, 4: torch.int32}
-# Warps a program: the kernel of both codecs (a geometry's first call) and
-# dense's run NUM_WARPS; fixed3's own kernel FIXED3_WARPS by element size:
-# 64 elements a thread for 16-bit words (its per-thread work, the entry
-# and header checks and the scan, over twice the elements), 32 for fp32,
-# whose tile of twice the bytes spills at 64 (docs/benchmarks.md, "Kernel
-# cost (offline SASS)"). gpu_check.py --sweep times others.
-NUM_WARPS = 4
-FIXED3_WARPS = {2: 2, 4: 4}
-# Chunks a fixed3 decode program takes (chunks_per_program): 4 once a call
-# still leaves PROGRAMS_WANTED programs of 4, several waves of programs over
-# a large GPU's SMs, so the last wave's idle SMs cost little; a program
-# checks the header once for all its chunks (docs/benchmarks.md, "Kernel
-# cost (offline SASS)": the counts at 1, 2, 4 and 8).
-PER_CHOICES = (4,)
-PROGRAMS_WANTED = 2048
+
+
+@dataclasses.dataclass(frozen=True)
+class Tuning:
+    """How decode programs are shaped. ``TUNING`` is what every call uses
+    unless it passes another (``decode_into``, ``decode``): gpu_check.py
+    --sweep times others, and the kernel tests force each path."""
+
+    warps: int = 4
+    """Warps a program of the kernel of both codecs (a geometry's first
+    call) and of dense's own."""
+    fixed3_warps_16: int = 2
+    """Warps a program of fixed3's own kernel for 16-bit elements: 64
+    elements a thread (its per-thread work, the entry and header checks and
+    the scan, over twice the elements)."""
+    fixed3_warps_32: int = 4
+    """The same for fp32: 32 elements a thread, whose tile of twice the
+    bytes spills at 64 (docs/benchmarks.md, "Kernel cost (offline SASS)")."""
+    per_choices: tuple = (4,)
+    """Chunks a fixed3 program may take (``chunks_per_program``), most
+    first: 4 once a call still leaves ``programs_wanted`` programs of 4,
+    several waves of programs over a large GPU's SMs, so the last wave's
+    idle SMs cost little; a program checks the header once for all its
+    chunks (docs/benchmarks.md, "Kernel cost (offline SASS)": the counts at
+    1, 2, 4 and 8)."""
+    programs_wanted: int = 2048
+    """Programs a call keeps at least when its programs take several chunks."""
+
+
+TUNING = Tuning()
 MAGIC_U32 = tl.constexpr(int.from_bytes(F.MAGIC, "little"))
 CRC_POLY = tl.constexpr(0xEDB88320)  # zlib's CRC-32, reflected
 assert F.CODEC_IDS == {"raw": 0, "fixed3": 1, "dense": 2}
@@ -218,29 +229,28 @@ def _decode_chunk(p_ptr, out_ptr, c, numel, nch, C, is_raw, codec, table_off, of
 
 
 @functools.lru_cache(maxsize=64)
-def launcher(info: F.DTypeInfo, C: int, per: int = 1, codecs: str = "both") -> Launcher:
+def launcher(info: F.DTypeInfo, C: int, per: int = 1, codecs: str = "both",
+             tuning: Tuning = TUNING) -> Launcher:
     """The decode ``Launcher`` for chunks of C elements, ``per`` chunks a
     program, with the branches of ``codecs`` ("fixed3", "dense" or "both";
-    RAW payloads decode in each). Compiled kernels and fixed arguments are
-    kept per dtype, chunk size, ``per`` and ``codecs``; the size class is
-    the specialization key each Launcher keeps."""
-    warps = decode_warps(info, codecs)
+    RAW payloads decode in each; the dense chunk decoder takes any tile: a
+    chunk of 4096 elements is its hot path, others decode in sub-blocks,
+    dense_decode.py), at ``tuning``'s warps. Compiled kernels and fixed
+    arguments are kept per dtype, chunk size, ``per``, ``codecs`` and
+    warps; the size class is the specialization key each Launcher keeps."""
+    warps = decode_warps(info, codecs, tuning)
     cp, t = tile_shape(C, warps)
     return Launcher(decode_kernel, dict(DTYPE_CODE=info.code, ITEMSIZE=info.itemsize,
                                         EXP_BITS=info.exp_bits, MAN_BITS=info.man_bits, CP=cp,
-                                        T=t, DENSE=codecs != "fixed3" and dense_geometry(cp, t),
-                                        FIXED3=codecs != "dense", PER=per), warps)
+                                        T=t, DENSE=codecs != "fixed3", FIXED3=codecs != "dense",
+                                        PER=per), warps)
 
 
-def decode_warps(info: F.DTypeInfo, codecs: str) -> int:
+def decode_warps(info: F.DTypeInfo, codecs: str, tuning: Tuning = TUNING) -> int:
     """Warps a program of the kernel of ``codecs`` for ``info``'s dtype."""
-    return FIXED3_WARPS[info.itemsize] if codecs == "fixed3" else NUM_WARPS
-
-
-def dense_geometry(cp: int, t: int) -> bool:
-    """Whether the dense chunk decoder takes this tile: any (a chunk of 4096
-    elements is its hot path; others decode in sub-blocks, dense_decode.py)."""
-    return dense_decode_chunk is not None
+    if codecs != "fixed3":
+        return tuning.warps
+    return tuning.fixed3_warps_16 if info.itemsize == 2 else tuning.fixed3_warps_32
 
 
 def _aligned(payload: torch.Tensor) -> torch.Tensor:
@@ -249,18 +259,18 @@ def _aligned(payload: torch.Tensor) -> torch.Tensor:
     return payload if payload.data_ptr() % 16 == 0 else payload.clone()
 
 
-def chunks_per_program(nch: int, codecs: str = "fixed3") -> int:
+def chunks_per_program(nch: int, codecs: str = "fixed3", tuning: Tuning = TUNING) -> int:
     """How many chunks one decode program takes: for the fixed3 kernel the
-    most of ``PER_CHOICES`` that still leaves at least ``PROGRAMS_WANTED``
-    programs, else 1. Every program checks the header before its chunks,
+    most of ``tuning.per_choices`` that still leaves at least
+    ``tuning.programs_wanted`` programs, else 1. Every program checks the header before its chunks,
     so a program of several chunks checks it once for all of them; a call
     of few chunks keeps one a program, so its programs still fill every SM
     of the GPU at once. The dense kernel, and the kernel of both codecs, are
     near the register limit at one chunk a program: a chunk loop makes them
     spill."""
     if codecs == "fixed3":
-        for per in PER_CHOICES:
-            if nch >= per * PROGRAMS_WANTED:
+        for per in tuning.per_choices:
+            if nch >= per * tuning.programs_wanted:
                 return per
     return 1
 
@@ -280,11 +290,12 @@ class _Plan:
     the other codec decodes nothing in it (ERR_CODEC, no chunk written) and
     is decoded again by the kernel of both, which that geometry then keeps:
     one extra launch, once."""
-    __slots__ = ("info", "C", "nch", "fixed", "word", "kernel", "_launches")
+    __slots__ = ("info", "C", "nch", "fixed", "word", "kernel", "tuning", "_launches")
 
-    def __init__(self, dtype: torch.dtype, numel: int, C: int, body_only: int):
+    def __init__(self, dtype: torch.dtype, numel: int, C: int, body_only: int, tuning: Tuning):
         self.info = F.dtype_info(dtype)
         self.C = C
+        self.tuning = tuning
         self.nch = F.nchunks_for(numel, C)
         self.fixed = (numel, self.nch, C, F.nchunks_for(numel), body_only)
         self.word = _INT_VIEW[self.info.itemsize]
@@ -295,23 +306,23 @@ class _Plan:
         """(``launcher(...).bind(...)`` of the kernel of ``codecs``, its grid)."""
         hit = self._launches.get(codecs)
         if hit is None:
-            per = chunks_per_program(self.nch, codecs)
+            per = chunks_per_program(self.nch, codecs, self.tuning)
             hit = self._launches[codecs] = (
-                launcher(self.info, self.C, per, codecs).bind(self.fixed), -(-self.nch // per))
+                launcher(self.info, self.C, per, codecs, self.tuning).bind(self.fixed),
+                -(-self.nch // per))
         return hit
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(dtype: torch.dtype, numel: int, C: int, body_only: int, warps: int) -> _Plan:
-    """The ``_Plan`` of a geometry, made once per geometry and warp count
-    (``warps`` is NUM_WARPS; gpu_check.py's sweep changes it, FIXED3_WARPS
-    and the chunks a program, and calls ``reset``)."""
-    return _Plan(dtype, numel, C, body_only)
+def _plan(dtype: torch.dtype, numel: int, C: int, body_only: int, tuning: Tuning) -> _Plan:
+    """The ``_Plan`` of a geometry, made once per geometry and tuning."""
+    return _Plan(dtype, numel, C, body_only, tuning)
 
 
 def reset() -> None:
-    """Forget compiled launchers and plans (after a change of NUM_WARPS,
-    FIXED3_WARPS, PER_CHOICES or PROGRAMS_WANTED)."""
+    """Forget compiled launchers and plans, and with them the kernel each
+    geometry has learned to launch (``_Plan``): a benchmark that times each
+    codec's own kernel at one size starts afresh."""
     launcher.cache_clear()
     _plan.cache_clear()
 
@@ -401,19 +412,20 @@ def _read_error(err: tuple) -> int:
     return bits
 
 
-def decode_into(payload: torch.Tensor, out: torch.Tensor) -> bool:
+def decode_into(payload: torch.Tensor, out: torch.Tensor, tuning: Tuning = TUNING) -> bool:
     """Decode into ``out`` (contiguous, on the payload's device, a dtype of the
     format), reading nothing before the launch; CorruptPayloadError (or the
     ValueError of a payload that holds another dtype or numel) after it.
-    Returns whether the payload carries checksums (the caller checks them)."""
+    Returns whether the payload carries checksums (the caller checks them).
+    ``tuning``: how the programs are shaped."""
     numel = out.numel()
     if numel == 0:  # no chunk, no program: the host checks the header
         F.dtype_info(out.dtype)
         return _decode_empty(payload, out)
-    bits = _run(_plan(out.dtype, numel, F.CHUNK_ELEMS, 0, NUM_WARPS), payload, out)
+    bits = _run(_plan(out.dtype, numel, F.CHUNK_ELEMS, 0, tuning), payload, out)
     if bits & ERR_GEOMETRY.value and not bits & ERR_HEADER.value:
         header = F.parse_header(payload)
-        bits = _run(_plan(out.dtype, numel, header.chunk_elems, 0, NUM_WARPS), payload, out)
+        bits = _run(_plan(out.dtype, numel, header.chunk_elems, 0, tuning), payload, out)
     if bits & K.ERROR_MASK:
         _raise(payload, out, bits)
     return bool(bits & INFO_SUMS.value)
@@ -425,13 +437,14 @@ def _decode_empty(payload, out) -> bool:
     return bool(header.flags & F.HEADER_FLAG_CHECKSUM)
 
 
-def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor) -> torch.Tensor:
+def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor,
+           tuning: Tuning = TUNING) -> torch.Tensor:
     """Decode a payload whose header the caller parsed (``payload`` may stop
     at the sums, as zipccl_fsdp.decode passes it)."""
     if header.numel == 0:
         return out
     C = header.chunk_elems or F.CHUNK_ELEMS
-    bits = _run(_plan(out.dtype, header.numel, C, 1, NUM_WARPS), payload, out)
+    bits = _run(_plan(out.dtype, header.numel, C, 1, tuning), payload, out)
     if bits & K.ERROR_MASK:
         _raise(payload, out, bits)
     return out
@@ -458,6 +471,6 @@ def _raise(payload: torch.Tensor, out: torch.Tensor, bits: int):
     raise CorruptPayloadError(f"corrupt payload (error bits {bits:#x})")
 
 
-__all__ = ["chunks_per_program", "decode", "decode_into", "decode_kernel", "launcher",
-           "reset"]
+__all__ = ["Tuning", "TUNING", "chunks_per_program", "decode", "decode_into", "decode_kernel",
+           "launcher", "reset"]
 _ = ERR_PADDING  # re-exported for tests

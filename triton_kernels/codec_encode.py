@@ -61,7 +61,7 @@ _INT_VIEW = {2: torch.int16, 4: torch.int32}
 # elements; the hot path takes up to 64 a thread: fixed3_encode.py); the
 # dense kernels take 32 elements a thread of a 4096-element chunk, so 4.
 # Read-only: a caller that wants another count (gpu_check.py --sweep)
-# passes ``warps`` to ``encode``. Decode's are codec_decode.NUM_WARPS.
+# passes ``warps`` to ``encode``. Decode's are codec_decode.Tuning's.
 WARPS = MappingProxyType({"fixed3": 2, "dense": 4})
 
 

@@ -24,7 +24,7 @@ from ._layout import overlaps
 
 
 class Op:
-    """A parsed reduce op (``collectives._call._parse_op``): ``kind`` in
+    """A parsed reduce op (``collectives.dispatch.parse_op``): ``kind`` in
     sum/avg/premul_sum, and PREMUL_SUM's ``factor``."""
 
     __slots__ = ("kind", "factor")

@@ -58,7 +58,7 @@ for the caller's current stream (an event), and the future names the
 result's device, so ``wait()`` on it makes the waiting stream wait for the
 call's kernels. Under CUDA graph capture nothing may leave the capturing
 stream: ``submit`` runs the call on the caller's thread (it goes raw there,
-``collectives._capturing``).
+``collectives.dispatch.capturing``).
 """
 from __future__ import annotations
 

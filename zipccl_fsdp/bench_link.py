@@ -101,8 +101,8 @@ def _calls(kind: str, x: torch.Tensor, world: int, cfg, dist, zc, st):
     """(raw call, zipccl call counted in ``st``, its call site, its traffic for the model)."""
     from . import cost as M
     from ._reduce import SUM, torch_sums_alike
-    from ._wire import all_gather_single as ag_raw
-    from ._wire import reduce_scatter_single as rs_raw
+    from .protocol import all_gather_single as ag_raw
+    from .protocol import reduce_scatter_single as rs_raw
     numel, itemsize = x.numel(), x.element_size()
     if kind == "all_gather":
         inp = x[: numel // world].clone()
@@ -137,7 +137,7 @@ def _worker(spec: dict) -> None:
 
     from . import collectives as zc
     from . import policy as P
-    from ._wire import group_key
+    from .protocol import group_key
     from .config import ZipCCLConfig
     from .stats import CommStats
 

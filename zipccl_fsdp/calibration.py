@@ -50,8 +50,8 @@ import torch.distributed as dist
 from . import codec as _codec
 from . import cost
 from ._reduce import SUM, RankOrderSum
-from ._wire import all_gather_single as _all_gather
-from ._wire import group_key
+from .protocol import all_gather_single as _all_gather
+from .protocol import group_key
 from .stats import CALIBRATION, CommStats
 
 logger = logging.getLogger(__name__)

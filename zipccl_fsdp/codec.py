@@ -110,7 +110,7 @@ def _check_checksums(payload: torch.Tensor, header: F.Header, sums: torch.Tensor
         err = CorruptPayloadError(
             f"checksum mismatch in chunk {c} (elements {c * F.CHUNK_ELEMS}.."
             f"{min((c + 1) * F.CHUNK_ELEMS, header.numel) - 1}): the payload was damaged")
-        err.chunk = c  # read by integrity.decode_from, which names it with the peer
+        err.chunk = c  # read by protocol.decode_from, which names it with the peer
         raise err
 
 

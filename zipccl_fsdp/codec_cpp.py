@@ -409,7 +409,7 @@ def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor,
             _refuse_like_torch(payload, header, info)
         err = CorruptPayloadError(_ERRORS[code].format(chunk=status >> 8))
         if "{chunk}" in _ERRORS[code]:
-            err.chunk = status >> 8  # read by integrity.decode_from, which names it with the peer
+            err.chunk = status >> 8  # read by protocol.decode_from, which names it with the peer
         raise err
     return out
 

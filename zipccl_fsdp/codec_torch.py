@@ -45,22 +45,6 @@ def unpack_bits(packed: torch.Tensor, bits: int, L: int) -> torch.Tensor:
     return ((acc[..., None] >> shifts) & ((1 << bits) - 1)).view(rows, L)
 
 
-def _compact_rows(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """Move each row's kept values to the row's front, in order; zeros after."""
-    pos = torch.cumsum(keep, 1, dtype=torch.int64) - 1
-    pos = torch.where(keep, pos, values.shape[1] - 1)
-    out = torch.zeros_like(values)
-    # Unkept entries all land on the last column; write kept ones after them.
-    out.scatter_add_(1, pos, torch.where(keep, values, 0))
-    return out
-
-
-def _take_prefixes(rows: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """Concatenate rows[c, :lengths[c]] over c."""
-    cols = torch.arange(rows.shape[1], device=rows.device)
-    return rows[cols[None, :] < lengths[:, None]]
-
-
 # --------------------------------------------------------------------------
 # Element fields
 # --------------------------------------------------------------------------

@@ -7,7 +7,7 @@ decide the wire protocol (``ZipCCLConfig.protocol_fields()``: every field but
 bytes, and ranks that choose differently would call different collectives
 and hang. The first call with a config on a group checks this
 (``check_consistency``) and raises ``ZipCCLConfigError`` on every rank when
-they disagree, naming the field and the ranks (``integrity.check_agreement``;
+they disagree, naming the field and the ranks (``protocol.check_agreement``;
 the fields are ``protocol_fields()``, plus the payload format version and
 the codec set of the build). ``backend``, and ``codec`` outside "adaptive",
 may differ between ranks: payloads are self-describing.
@@ -110,7 +110,7 @@ class ZipCCLConfig:
     rank if the ranks disagree. It costs one small all-gather per group, once:
     a vector as wide as a size row of the schedule per rank (a few int64s per
     rank of the group); on a mismatch a second one
-    of ``integrity.PROTOCOL_SLOTS`` int64s (256 bytes) per rank finds the fields
+    of ``protocol.PROTOCOL_SLOTS`` int64s (256 bytes) per rank finds the fields
     and the ranks. It must itself be equal on every rank."""
 
     verify: bool = False
@@ -209,7 +209,7 @@ class ZipCCLConfig:
     def protocol_fields(self) -> dict:
         """The fields every rank of a group must agree on, by name: those that
         choose between raw and compressed paths or change the wire bytes. A new
-        field of that kind belongs here (``integrity.check_agreement`` exchanges
+        field of that kind belongs here (``protocol.check_agreement`` exchanges
         them and names the one that differs)."""
         return {"min_bytes": self.min_bytes,
                 **{name: getattr(self, name) for name in _SWITCHES},

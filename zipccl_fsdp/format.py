@@ -175,12 +175,6 @@ class DTypeInfo:
         """The unsigned word of -0.0."""
         return 1 << (8 * self.itemsize - 1)
 
-    def sm_nbytes(self, low16: bool) -> int:
-        """Bytes of the sm plane per coded element (fp16's top 3 bits go to rem)."""
-        if self.dtype == torch.float32:
-            return 1 if low16 else 3
-        return 1
-
 
 DTYPES = {
     torch.bfloat16: DTypeInfo(1, torch.bfloat16, 2, 8, 7),

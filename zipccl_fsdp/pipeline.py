@@ -1,7 +1,7 @@
 """The schedule every collective runs: encode piece i+1, move piece i, decode piece i-1.
 
-Each collective of ``collectives/`` describes its call (``Desc``: what it
-sends each rank and expects from each) and hands this module a ``Plan``
+Each collective of ``collectives/`` describes its call (``protocol.Desc``:
+what it sends each rank and expects from each) and hands this module a ``Plan``
 (``policy.py``): raw, or compressed with a codec in ``plan.pieces`` pieces.
 A one-piece compressed call is the ``pieces == 1`` case of the same schedule,
 and zipccl's own raw reduction (an all-to-all then an fp32 sum in rank order)
@@ -11,11 +11,9 @@ reduce-scatter chunk, an all-to-all split) of ``c`` elements is elements
 
 1. encode this rank's part of the piece (the rank's thread; on CUDA a side
    stream);
-2. all-gather a *row* of int64 per rank (``row_width``): a tag, the call's
-   collective, dtype and reduce op, the payload size for each receiver, the
-   elements this rank sends each rank and expects from each, then the raw
-   and payload bytes it coded (so every rank learns the call's global ratio,
-   which the policy's per-site estimate needs to stay equal on every rank);
+2. all-gather a *size row* of int64 per rank (``protocol.send_row``): the
+   payload size for each receiver and what the call is, which every rank
+   checks against every other's (``protocol.check_rows``);
 3. exchange the payloads with an async collective (``async_op=True``: gloo
    moves them in its own threads, NCCL on its stream): the all-gather padded
    to the piece's largest payload, or an all-to-all with exact splits;
@@ -25,32 +23,19 @@ Steps 1 and 4 of neighbouring pieces run while step 3 is in flight. Results
 are bitwise the same for every piece count, since every element is decoded
 from its own bytes and reduced in rank order 0..w-1.
 
-Every rank sees every row, so every check of a row raises the same error on
-every rank before anything is allocated from it (``_check_rows``): a row
-that is not a size row (``ZipCCLConfigError``: the ranks are in different
-steps of the protocol, such as a ``check_consistency`` that differs), ranks
-that disagree on the call (``ValueError``: collective, dtype, op, or the
-elements one sends and the other expects), or a payload size larger than
-``max_encoded_nbytes`` of its slot (``CorruptPayloadError``).
-
-Integrity (``integrity.py``): a rank whose encode fails sends ``FELL_BACK`` in
-its row; every rank then sends that piece and all later ones raw (the
-remaining rows are skipped: raw sizes are known). A corrupt payload is kept
-as the error of the call and raised after the last exchange, so every rank
-stays in step; under ``verify`` a last exchange of one int64 per rank
-(``_Call.settle``) makes every rank raise, and an all-reduce whose
-reduce-scatter half found one sends ``ABORT`` in the first row of its
-all-gather half instead. A rank that refused the call locally sends
-``integrity.REFUSE_TAG`` in place of its first row, and every rank raises.
-
-A raw call sends a row with its first piece too (its sizes ``FELL_BACK``),
-unless its sizes are agreed already, and so does a call handed to torch for
-its own size (``announce``): whatever route a rank took from its own sizes,
-the ranks meet in a row first, and sizes that differ raise there.
+The control integers of a call (its size rows, the fallback's
+``FELL_BACK``, the all-reduce's ``ABORT``, the settling exchange under
+``verify``) and every check made on them are the protocol's
+(``protocol.py``): a rank whose encode fails sends ``FELL_BACK`` in its row,
+and every rank then sends that piece and all later ones raw (the remaining
+rows are skipped: raw sizes are known); a corrupt payload is kept as the
+error of the call and raised after the last exchange, so every rank stays in
+step. A raw call sends a row with its first piece too (its sizes
+``FELL_BACK``), unless its sizes are agreed already: whatever route a rank
+took from its own sizes, the ranks meet in a row first.
 """
 from __future__ import annotations
 
-import struct
 from contextlib import nullcontext
 from typing import NamedTuple
 
@@ -58,101 +43,13 @@ import torch
 import torch.distributed as dist
 
 from . import codec as _codec
-from . import format as F
-from . import integrity as _integrity
+from . import protocol
 from ._layout import (gather_source, padded_in_place, same_memory, split_flat,
                       stream_per_device, zero_padded)
 from ._reduce import RankOrderSum
-from . import _wire
-from ._wire import gather_ints
-from .errors import CorruptPayloadError, ZipCCLConfigError
-from .stats import KINDS
+from .errors import CorruptPayloadError
 
-__all__ = ["Outcome", "Desc", "describe", "row_width", "ROW_TAG", "gather", "scatter_reduce",
-           "all_to_all"]
-
-ROW_TAG = 0x5A43_5257
-"""Top 32 bits of a size row's first entry ("ZCRW"); its low 32 bits hold the
-call's collective, dtype and reduce op (``_pack_head``)."""
-
-_HEAD = 2
-"""Row entries before the sizes: tag with collective, dtype and op; op factor."""
-_TAIL = 3
-"""Row entries after the element counts: a hash of the counts this rank
-expects from each rank, raw bytes coded, payload bytes."""
-
-_DTYPE_IDS = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 3}
-_OP_IDS = {None: 0, "sum": 1, "avg": 2, "premul_sum": 3}
-
-
-def row_width(world: int) -> int:
-    """Entries of a size row on a group of ``world`` ranks (the agreement
-    check sends its fingerprint in a vector of the same width). A row carries
-    the elements this rank sends each rank in full and the ones it expects
-    only as a hash: every rank can rebuild each rank's expected column from
-    the others' rows, so a hash is enough to check it, and small calls (a
-    tensor-parallel all-reduce of a few KB) keep their rows short."""
-    return _HEAD + 2 * world + _TAIL
-
-
-def is_size_row(first: int) -> bool:
-    """Whether ``first``, a row's first entry, starts a size row."""
-    return first >> 32 == ROW_TAG
-
-
-def _pack_head(kind: int, dtype: int, op: int) -> int:
-    return ROW_TAG << 32 | kind << 16 | dtype << 8 | op
-
-
-def _unpack_head(first: int) -> tuple:
-    return (first >> 16) & 0xFFFF, (first >> 8) & 0xFF, first & 0xFF
-
-
-_KEPT = 4096
-"""Entries a memo of the size rows' checks holds before it is emptied."""
-
-
-def _remembered(memo: dict, key, make):
-    """``memo[key]``, made by ``make()`` on first use; ``memo`` is emptied
-    when it holds ``_KEPT`` entries. A training step meets the same few calls
-    again and again, so their checks' hashes and bounds are made once."""
-    found = memo.get(key)
-    if found is None:
-        if len(memo) >= _KEPT:
-            memo.clear()
-        found = memo[key] = make()
-    return found
-
-
-_COUNTS_HASHES: dict = {}
-_MAX_BYTES: dict = {}
-
-
-def _counts_hash(counts) -> int:
-    """A 62-bit hash of a list of element counts, the same on every rank."""
-    key = tuple(int(c) for c in counts)
-    return _remembered(_COUNTS_HASHES, key, lambda: _integrity.hash62(repr(key)))
-
-
-class Desc(NamedTuple):
-    """What a call sends and expects, which every rank checks against every other's."""
-
-    head: tuple
-    """(collective, dtype, op, factor) as ints."""
-    elems_to: list
-    """Elements this rank sends to each rank."""
-    elems_from: list
-    """Elements this rank expects from each rank."""
-
-
-def describe(kind: str, dtype: torch.dtype, op, elems_to: list, elems_from: list) -> Desc:
-    """The ``Desc`` of a call of ``kind`` (``op`` a parsed reduce op or None)."""
-    factor = 0
-    if op is not None and isinstance(op.factor, (int, float)):
-        factor = struct.unpack("<q", struct.pack("<d", float(op.factor)))[0]
-    head = (KINDS.index(kind), _DTYPE_IDS.get(dtype, 0),
-            _OP_IDS[op.kind if op is not None else None], factor)
-    return Desc(head, list(elems_to), list(elems_from))
+__all__ = ["Outcome", "gather", "scatter_reduce", "all_to_all"]
 
 
 class Outcome(NamedTuple):
@@ -225,32 +122,12 @@ class _Streams:
             self.main.wait_stream(self.side)
 
 
-def _who(ranks: list, group) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + _integrity.rank_names(ranks, group)
-
-
-def _sides(column: list, group, show=repr) -> str:
-    """``rank 0 has X; ranks [1, 2] have Y`` for one row column."""
-    sides: dict = {}
-    for r, v in enumerate(column):
-        sides.setdefault(v, []).append(r)
-    return "; ".join(f"{_who(ranks, group)} {'has' if len(ranks) == 1 else 'have'} {show(v)}"
-                     for v, ranks in sides.items())
-
-
-_HEAD_NAMES = ("collective", "dtype", "reduce op", "reduce op's factor")
-_HEAD_SHOW = (lambda v: KINDS[v] if 0 <= v < len(KINDS) else repr(v),
-              lambda v: {i: str(d) for d, i in _DTYPE_IDS.items()}.get(v, repr(v)),
-              lambda v: {i: str(o).upper() for o, i in _OP_IDS.items()}.get(v, repr(v)),
-              lambda v: repr(struct.unpack("<d", struct.pack("<q", v))[0]))
-
-
 class _Call:
     """One call of a collective: its rows, fallback, ratio and errors, and the
     schedule that overlaps its pieces (``run``)."""
 
-    def __init__(self, kind, group, world, rank, plan, cfg, st, device, desc: Desc,
-                 dtype: torch.dtype, agreed: bool = False) -> None:
+    def __init__(self, kind, group, world, rank, plan, cfg, st, device,
+                 desc: protocol.Desc, dtype: torch.dtype, agreed: bool = False) -> None:
         self.kind, self.group, self.world, self.rank = kind, group, world, rank
         self.plan, self.cfg, self.st, self.device = plan, cfg, st, device
         self.desc, self.dtype = desc, dtype
@@ -279,7 +156,8 @@ class _Call:
         def begin(i):
             if self.raw_mode:
                 if i == 0 and self.announce:
-                    return raw(0), self.launch_row(self.fell_back_sizes(), [0, 0])
+                    sizes = protocol.fell_back_sizes(self.world, self.rank)
+                    return raw(0), self.launch_row(sizes, [0, 0])
                 return raw(i), None
             payloads, sizes, tail = encode(i)
             return payloads, self.launch_row(sizes, tail)
@@ -314,10 +192,6 @@ class _Call:
         return [self.empty if r == self.rank else part(r, i).view(torch.uint8)
                 for r in range(self.world)]
 
-    def fell_back_sizes(self) -> list:
-        """The sizes of a rank whose encode failed: ``FELL_BACK`` for every peer."""
-        return [0 if r == self.rank else _integrity.FELL_BACK for r in range(self.world)]
-
     def launch_all_to_all(self, i: int, payloads: list, recv_sizes: list, coded: bool):
         """Start piece ``i``'s async all-to-all of ``payloads`` (one per peer);
         returns the work and the drain's tuple: ``i``, the receive buffer,
@@ -339,114 +213,58 @@ class _Call:
         rank sends FELL_BACK)."""
         cfg, codec = self.cfg, codec or self.plan.codec
         with self.st.phase(self.kind, "encode"), self.streams.codec():
-            return _integrity.guarded(self.st, self.kind, lambda: _codec.encode(
-                x, codec=codec, backend=cfg.backend, verify=cfg.verify, room=room))
+            try:
+                return _codec.encode(x, codec=codec, backend=cfg.backend, verify=cfg.verify,
+                                     room=room)
+            except Exception:  # noqa: BLE001 - any codec failure becomes a raw call, on every rank
+                protocol.encode_failed(self.st, self.kind)
+                return None
 
     def launch_row(self, sizes: list, tail: list):
-        d = self.desc
-        row = [_pack_head(*d.head[:3]), d.head[3], *sizes, *d.elems_to,
-               _counts_hash(d.elems_from), *tail]
-        wait = gather_ints(row, self.group, self.world, self.device, async_op=True)
-        self.st.add(self.kind, wire_bytes=8 * len(row), size_bytes=8 * len(row))
-        return wait
+        """Start the exchange of this rank's size row (``protocol.send_row``)."""
+        return protocol.send_row(self.desc, sizes, tail, self.group, self.world, self.device,
+                                 self.st, self.kind)
 
     def rows(self, wait, i: int) -> list:
-        """Wait for piece ``i``'s row exchange and check it (``_check_rows``);
-        return every rank's sizes for each receiver. Marks a fallback (all
-        later pieces go raw) and counts the coded bytes."""
-        with self.st.phase(self.kind, "sizes"):
-            rows = wait()
-        self._check_rows(rows, i)
-        w = self.world
-        sizes = [row[_HEAD:_HEAD + w] for row in rows]
+        """Wait for piece ``i``'s row exchange and check it
+        (``protocol.receive_rows``); return every rank's sizes for each
+        receiver. Marks a fallback (all later pieces go raw) and counts the
+        coded bytes."""
+        rows = protocol.receive_rows(wait, self.desc, self.dtype, i, self.plan.pieces, self.kind,
+                                     self.group, self.rank, self.st)
+        sizes = protocol.sizes_of(rows)
         flat = [v for row in sizes for v in row]
-        if _integrity.ABORT in flat:
+        if protocol.ABORT in flat:
             return sizes
-        if _integrity.FELL_BACK in flat:
+        if protocol.FELL_BACK in flat:
             self.fell = self.fell or not self.raw_mode  # not a raw call's own announcement
             self.raw_mode = True
         else:
             self.coded = True
-            self.coded_raw += sum(row[-2] for row in rows)
-            self.coded_payload += sum(row[-1] for row in rows)
+            raw, payload = protocol.coded_bytes(rows)
+            self.coded_raw += raw
+            self.coded_payload += payload
         return sizes
-
-    def _check_rows(self, rows: list, i: int) -> None:
-        """Raise the same error on every rank when the rows show that the ranks
-        are not in the same call, or announce more bytes than a slot can hold."""
-        kind, group, w = self.kind, self.group, self.world
-        _integrity.raise_if_refused(rows, kind, group)
-        tags = [row[0] for row in rows]
-        if not all(is_size_row(t) for t in tags):
-            agree = [r for r, t in enumerate(tags) if t == _integrity.AGREE_TAG]
-            other = [r for r, t in enumerate(tags) if not is_size_row(t)]
-            rest = [r for r in range(w) if r not in agree]
-            why = (f"{_who(agree, group)} checked the config's agreement "
-                   f"(check_consistency=True) where {_who(rest, group)} "
-                   f"did not: check_consistency must be equal on every rank, and so must "
-                   f"the configs (one a rank has agreed before and another it has not also "
-                   f"meet like this)") if agree else (
-                f"{_who(other, group)} sent something other than zipccl's size row: the ranks "
-                f"are not in the same collective")
-            raise ZipCCLConfigError(f"zipccl {kind}: {why}")
-        if any(row[:_HEAD] != rows[0][:_HEAD] for row in rows):
-            heads = [(*_unpack_head(row[0]), row[1]) for row in rows]
-            for slot, (name, show) in enumerate(zip(_HEAD_NAMES, _HEAD_SHOW)):
-                column = [head[slot] for head in heads]
-                if len(set(column)) > 1:
-                    raise ValueError(f"zipccl {kind}: the ranks disagree on the call's "
-                                     f"{name}: {_sides(column, group, show)}")
-        to = _HEAD + w
-        for s in range(w):
-            sent = [rows[r][to + s] for r in range(w)]
-            if _counts_hash(sent) != rows[s][-_TAIL]:
-                mine = "" if s != self.rank else (
-                    f", where it expects {list(self.desc.elems_from)}")
-                raise ValueError(
-                    f"zipccl {kind}: the ranks disagree on the call's sizes: "
-                    f"{_who([s], group)} expects other element counts than the ranks send it "
-                    f"(they send {sent}, rank by rank{mine})")
-        for r in range(w):
-            for s in range(w):
-                size = rows[r][_HEAD + s]
-                if s == r or size in (_integrity.FELL_BACK, _integrity.ABORT):
-                    continue
-                count = rows[r][to + s]
-                elems = count * (i + 1) // self.plan.pieces - count * i // self.plan.pieces
-                if not 0 <= size <= self.max_bytes(elems):
-                    raise CorruptPayloadError(
-                        f"zipccl {kind}: {_who([r], group)} announced a payload of {size} bytes "
-                        f"for {elems} elements to {_who([s], group)}; at most "
-                        f"{self.max_bytes(elems)} are possible")
-
-    def max_bytes(self, elems: int) -> int:
-        """``max_encoded_nbytes`` of a piece of ``elems`` elements with
-        checksums: the most a size row may announce for it."""
-        dtype = self.dtype
-        return _remembered(_MAX_BYTES, (elems, dtype), lambda: (
-            F.max_encoded_nbytes(elems, dtype, 1, True) if dtype in _DTYPE_IDS else 0))
 
     def decode(self, piece: torch.Tensor, out: torch.Tensor, peer: int) -> None:
         if self.error is not None:
             return  # the call is lost; keep exchanging so the peers stay in step
         try:
-            _integrity.decode_from(piece, out, self.cfg, self.kind, peer, self.group)
+            protocol.decode_from(piece, out, self.cfg, self.kind, peer, self.group)
         except (CorruptPayloadError, ValueError) as e:
             self.error, self.error_peer = e, peer
 
     def settle(self) -> None:
         """Under ``verify``, after the last exchange: every rank learns whether
-        some rank received a corrupt payload (one int64 per rank), so that the
+        some rank received a corrupt payload (``protocol.settle``), so that the
         call raises on every rank, not only on the one that received it (its
         peers would otherwise go on to a next collective it never joins)."""
         if not self.cfg.verify or self.world == 1:
             return
-        with self.st.phase(self.kind, "sizes"):
-            found = [row[0] for row in gather_ints([self.error_peer], self.group, self.world,
-                                                   self.device)]
-        self.st.add(self.kind, wire_bytes=8, size_bytes=8)
+        elsewhere = protocol.settle(self.error_peer, self.kind, self.group, self.world,
+                                    self.device, self.st)
         if self.error is None:
-            self.error = _integrity.corrupt_elsewhere(found, self.kind, self.group)
+            self.error = elsewhere
 
     def finish(self, policy, site: tuple) -> Outcome:
         self.streams.done()
@@ -457,24 +275,10 @@ class _Call:
 
 def _aborted(sizes: list, call: _Call, abort) -> None:
     first = [row[0] for row in sizes]
-    if _integrity.ABORT in first:
+    if protocol.ABORT in first:
         if abort is not None:
             raise abort
-        _integrity.raise_if_aborted(first, call.kind, call.group)
-
-
-def announce(kind: str, desc: Desc, dtype: torch.dtype, group, rank: int, world: int, plan,
-             cfg, st, device: torch.device) -> None:
-    """Exchange and check the size row of a call that goes raw outside the
-    schedule (handed to torch) for a reason read from its own sizes
-    (``cost.agreed_raw`` is false for its plan): the row its peers send first
-    if their sizes made them compress, or go raw through the schedule, so
-    ranks whose sizes differ raise the same ``ValueError`` here
-    (``_check_rows``) instead of meeting in different collectives. Its
-    sizes are ``FELL_BACK``: a peer that compressed although the sizes agree
-    sends the call raw with it."""
-    call = _Call(kind, group, world, rank, plan, cfg, st, device, desc, dtype)
-    call.rows(call.launch_row(call.fell_back_sizes(), [0, 0]), 0)
+        protocol.raise_if_aborted(first, call.kind, call.group)
 
 
 # --------------------------------------------------------------------------
@@ -492,7 +296,8 @@ def gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, plan, cf
     world = len(slots)
     device = own.device
     own = gather_source(own, slots, rank)
-    desc = describe(kind, own.dtype, None, [own.numel()] * world, [s.numel() for s in slots])
+    desc = protocol.describe(kind, own.dtype, None, [own.numel()] * world,
+                             [s.numel() for s in slots])
     call = _Call(kind, group, world, rank, plan, cfg, st, device, desc, own.dtype, agreed)
     itemsize = own.element_size()
     bounds = [_bounds(s.numel(), plan.pieces) for s in slots]
@@ -504,7 +309,9 @@ def gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, plan, cf
 
     def room(i):
         """The room piece i's payload is encoded with (``in_place``)."""
-        return max(call.max_bytes(b[i + 1] - b[i]) for b in bounds) if in_place else 0
+        if not in_place:
+            return 0
+        return max(protocol.max_bytes(b[i + 1] - b[i], own.dtype) for b in bounds)
 
     def mine(i):
         return own[bounds[rank][i]:bounds[rank][i + 1]]
@@ -514,10 +321,10 @@ def gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, plan, cf
 
     def encode(i):
         if abort is not None:
-            return None, [_integrity.ABORT] * world, [0, 0]
+            return None, [protocol.ABORT] * world, [0, 0]
         x = mine(i)
         payload = call.encode(x, room=room(i))
-        size = _integrity.FELL_BACK if payload is None else payload.numel()
+        size = protocol.FELL_BACK if payload is None else payload.numel()
         return payload, [size] * world, [x.nbytes, max(size, 0)]
 
     def exchange(i, payload, rows):
@@ -531,7 +338,7 @@ def gather(kind: str, own: torch.Tensor, slots: list, group, rank: int, plan, cf
         pad = padded_in_place if in_place and rows is not None else zero_padded
         send = pad(payload, width)
         recv = torch.empty(world * width, dtype=torch.uint8, device=device)
-        work = _wire.all_gather_single(recv, send, group=group, async_op=True)
+        work = protocol.all_gather_single(recv, send, group=group, async_op=True)
         st.add(kind, wire_bytes=width, pad_bytes=width - payload.numel())
         if not placed:
             # this rank's own slot, while the first piece is in flight
@@ -580,7 +387,7 @@ def scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.Te
     # once, when the call is made.
     total = RankOrderSum(out, flat_in, op, world)
     scratch = torch.empty(n, dtype=flat_in.dtype, device=device) if plan.compress else None
-    desc = describe(kind, flat_in.dtype, op, counts, [n] * world)
+    desc = protocol.describe(kind, flat_in.dtype, op, counts, [n] * world)
     call = _Call(kind, group, world, rank, plan, cfg, st, device, desc, flat_in.dtype)
     bounds = [_bounds(c, plan.pieces) for c in counts]
 
@@ -600,7 +407,7 @@ def scatter_reduce(kind: str, flat_in: torch.Tensor, counts: list, out: torch.Te
             failed = failed or p is None
             payloads.append(p)
         if failed:
-            return payloads, call.fell_back_sizes(), [0, 0]
+            return payloads, protocol.fell_back_sizes(world, rank), [0, 0]
         sizes = [p.numel() for p in payloads]
         raw_bytes = sum(part(r, i).nbytes for r in range(world) if r != rank)
         return payloads, sizes, [raw_bytes, sum(sizes)]
@@ -658,8 +465,8 @@ def all_to_all(kind: str, in_parts: list, out_parts: list, send_codecs: list,
     device = in_parts[rank].device
     dtype = in_parts[rank].dtype
     itemsize = in_parts[rank].element_size()
-    desc = describe(kind, dtype, None, [x.numel() for x in in_parts],
-                    [x.numel() for x in out_parts])
+    desc = protocol.describe(kind, dtype, None, [x.numel() for x in in_parts],
+                             [x.numel() for x in out_parts])
     call = _Call(kind, group, world, rank, plan, cfg, st, device, desc, dtype)
     b_in = [_bounds(x.numel(), plan.pieces) for x in in_parts]
     b_out = [_bounds(x.numel(), plan.pieces) for x in out_parts]
@@ -686,7 +493,7 @@ def all_to_all(kind: str, in_parts: list, out_parts: list, send_codecs: list,
             else:
                 payloads.append(x.view(torch.uint8))
         if failed:
-            return payloads, call.fell_back_sizes(), [0, 0]
+            return payloads, protocol.fell_back_sizes(world, rank), [0, 0]
         return payloads, [p.numel() for p in payloads], [raw_bytes, coded_bytes]
 
     def exchange(i, payloads, rows):
@@ -713,8 +520,8 @@ def all_to_all(kind: str, in_parts: list, out_parts: list, send_codecs: list,
                 elif call.error is None:  # a raw split whose size the row check allowed
                     call.error_peer = r
                     call.error = CorruptPayloadError(
-                        f"zipccl {kind}: {_who([r], group)} sent {got.numel()} bytes for a raw "
-                        f"split of {out.numel()} elements")
+                        f"zipccl {kind}: rank {protocol.rank_names([r], group)} sent "
+                        f"{got.numel()} bytes for a raw split of {out.numel()} elements")
 
     call.run(raw, encode, exchange, drain)
     call.settle()

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import cost
-from ._wire import gather_ints, group_key
+from .protocol import gather_ints, group_key
 from .calibration import Calibration
 from .cost import LINK_RAW, RAW, SIZE_RAW, Plan, Traffic
 

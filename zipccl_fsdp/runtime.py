@@ -4,7 +4,7 @@ A ``ZipCCLConfig`` is settings only (frozen, no caches). Everything the
 collectives learn while they run lives in one ``Runtime`` per *owner*:
 
 * the process groups whose ranks were found to agree on the config
-  (``integrity.check_agreement``);
+  (``protocol.check_agreement``);
 * the adaptive policy of the config: its calibration (measured speeds) and
   its running ratios and decisions (``policy.py``);
 * the raw lanes of calls sure to go raw (``collectives/_lanes.py``).
@@ -40,7 +40,7 @@ class ConfigState:
 
     def __init__(self) -> None:
         self.checked_groups: set = set()
-        """Group keys whose ranks agreed on the config (``integrity.check_agreement``)."""
+        """Group keys whose ranks agreed on the config (``protocol.check_agreement``)."""
         self.policy = None
         """The config's ``policy.Policy``, created at its first decision."""
         self.lanes: dict = {}

@@ -61,7 +61,7 @@ class CommStats:
     all-gather padding to the largest payload) are the parts of ``wire_bytes``
     that carry no data. ``fallback_calls`` counts calls that chose compression
     but went raw on every rank because some rank's encode failed
-    (``integrity.py``); they are not in ``compressed_calls``. ``comm_s``
+    (``protocol.py``); they are not in ``compressed_calls``. ``comm_s``
     includes ``size_exchange_s``, which also holds the wait for the slowest
     peer to finish encoding (the first collective after the encode absorbs the
     skew between ranks); ``reduce_s`` is the local part of a reduction (fp32

@@ -8,7 +8,7 @@ FSDP or DDP; ``hooks`` builds those integrations on top of them.
 
 One module per collective (``all_gather.py``, ``reduce_scatter.py``,
 ``all_reduce.py``, ``all_to_all.py``) holds its signature, its checks and its
-plan; what they share is in ``_call.py``. Each function checks its arguments,
+plan; the steps every call shares are in ``dispatch.py``. Each function checks its arguments,
 asks the policy for a plan (``policy.py``), and then either hands the call to
 torch (a raw data movement) or runs the one schedule of ``pipeline.py`` with
 it, of which a one-piece compressed call and zipccl's own raw reduction are
@@ -43,12 +43,12 @@ A rank's own chunk of a reduce-scatter or all-to-all is never encoded nor sent.
 
 Every check that can fail locally (dtype, op, shapes) runs before the first
 communication. A rank whose arguments fail them tells its peers in the
-exchange they make first (``_refuse``): the agreement check, or the first size
+exchange they make first (``protocol.refuse``): the agreement check, or the first size
 row of a call that goes through the schedule; they raise ``ValueError``
 naming it. No call decides raw or compressed, or which raw route, from its
 own sizes before the ranks have agreed on them: a call raw for its size
 (below ``min_bytes``, or chosen by the adaptive policy from it) exchanges its
-size row before torch's call (``_call._announce``), and zipccl's own raw
+size row before torch's call (``dispatch.announce``), and zipccl's own raw
 reduction sends one with its first piece, so ranks whose sizes differ raise
 ``ValueError`` on every rank. A call every rank hands to torch for a reason
 they share before any exchange (``cost.agreed_raw``) has none, and there
@@ -83,18 +83,19 @@ What every collective raises:
 * ``CorruptPayloadError``: under ``config.verify``, a payload damaged in
   transit; every rank of the call raises.
 
-Integrity lives in ``integrity.py``: the agreement check at a group's first
-call (per-field, naming the ranks), ``ZipCCLConfig(verify=True)`` payload
-checksums, and the fallback to the raw collective on every rank when an encode
-fails (a payload size of -1 in the size exchange). Measured costs of the size
+What the ranks tell each other lives in ``protocol.py``: the size rows, the
+agreement check at a group's first call (per-field, naming the ranks), the
+refusal, ``ZipCCLConfig(verify=True)``'s settling exchange, and the fallback
+to the raw collective on every rank when an encode fails (a payload size of
+-1 in the size row). Measured costs of the size
 exchange, the padding and a call's memory are in docs/benchmarks.md ("Link
 benchmark", "Raw call overhead", "Collective memory").
 """
 from __future__ import annotations
 
-from ._call import CODED_DTYPES, reset_stats, stats
-from ._call import _capturing  # noqa: F401 - the DTensor mode asks it too
-from ._call import _all_gather_single  # noqa: F401 - torch's, for benchmarks to compare with
+from .dispatch import CODED_DTYPES, reset_stats, stats
+from .dispatch import capturing as _capturing  # noqa: F401 - the DTensor mode asks it too
+from .dispatch import torch_all_gather as _all_gather_single  # noqa: F401 - for benchmarks
 from .all_gather import all_gather_single
 from .all_reduce import all_reduce, all_reduce_outlook
 from .all_to_all import all_to_all_single

@@ -6,7 +6,7 @@ adaptive policy found this group's link faster than any codec for the dtype,
 ``policy="never"``, or the kind's ``compress_*`` switch off), the collective
 opens a lane for its (kind, group, dtype, device) in the runtime state of its
 config in its stats' owner (``runtime.py``). A call raw for its own size opens
-none: it exchanges its size row before torch's call (``_call._announce``),
+none: it exchanges its size row before torch's call (``dispatch.announce``),
 which a lane would skip. The next such calls find it (``find``); their arguments
 pass either a narrow test the collective asks inline for its commonest
 calls (contiguous tensors of one dtype and device, even splits, a SUM: a

@@ -9,11 +9,10 @@ import torch
 
 from .. import cost
 from .. import pipeline as _pipeline
-from .. import policy as _policy
 from .._layout import same_memory
 from ..config import ZipCCLConfig
 from ..stats import CommStats
-from . import _call as K
+from . import dispatch
 from . import _lanes
 
 __all__ = ['all_gather_single']
@@ -24,14 +23,14 @@ WHERE = "all_gather_single"
 def _checked(world: int, rank: int, output_tensor, input_tensor) -> int:
     """The bytes of this rank's shard, once the arguments pass every local
     check (the general path's and the lane's)."""
-    K._check_pair(output_tensor, input_tensor, WHERE)
-    K._check_world_times(output_tensor, "output", input_tensor, "input", world, WHERE)
+    dispatch.check_pair(output_tensor, input_tensor, WHERE)
+    dispatch.check_world_times(output_tensor, "output", input_tensor, "input", world, WHERE)
     if output_tensor.device.type == "cpu" and not _stacks(output_tensor, input_tensor, world):
-        raise K._bad(ValueError, 1, f"zipccl {WHERE}: an output of shape "
-                     f"{tuple(output_tensor.shape)} does not hold world_size {world} inputs of "
-                     f"shape {tuple(input_tensor.shape)} one after another along dim 0, as "
-                     f"torch's all-gather on gloo (CPU tensors) requires: output.shape[0] == "
-                     f"world_size x input.shape[0], the other dims equal")
+        raise dispatch.bad(
+            ValueError, 1, f"zipccl {WHERE}: an output of shape {tuple(output_tensor.shape)} "
+            f"does not hold world_size {world} inputs of shape {tuple(input_tensor.shape)} one "
+            f"after another along dim 0, as torch's all-gather on gloo (CPU tensors) requires: "
+            f"output.shape[0] == world_size x input.shape[0], the other dims equal")
     return input_tensor.numel() * input_tensor.element_size()
 
 
@@ -93,33 +92,33 @@ def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
         unit = input_tensor.nbytes
         if output_tensor.nbytes == lane.world * unit:
             return lane.send(unit, async_op, output_tensor, input_tensor)
-    setup = K._enter("all_gather", WHERE, input_tensor, K._nbytes(input_tensor), group, config,
-                     stats, _checked, output_tensor, input_tensor)
+    setup = dispatch.enter("all_gather", WHERE, input_tensor, dispatch.nbytes(input_tensor),
+                           group, config, stats, _checked, output_tensor, input_tensor)
     if setup is None:
         return None
     call, unit, coded = setup
     cfg, st, group, world, rank = call
-    plan = K._plan(cfg, "all_gather", group, world, input_tensor, (cost.gather(world, unit),),
-                   coded and world > 1, unit, st)
+    plan = dispatch.plan(cfg, "all_gather", group, world, input_tensor,
+                         (cost.gather(world, unit),), coded and world > 1, unit, st)
     if not plan.compress and world > 1 and not (coded and cfg.verify):
         # the lean path of every raw call
         st.add("all_gather", calls=1, raw_bytes=unit, raw_fallback_calls=int(coded))
-        if coded and K._opens_lane(cfg, "all_gather", plan):
-            K._open_lane(call, "all_gather", input_tensor, _lanes.GATHER)
+        if coded and dispatch.opens_lane(cfg, "all_gather", plan):
+            dispatch.open_lane(call, "all_gather", input_tensor, _lanes.GATHER)
         n = input_tensor.numel()
-        K._announce(call, "all_gather", plan, input_tensor, [n] * world, [n] * world)
-        with K._no_grad_if_needed(output_tensor, input_tensor):
-            return K._to_torch(st, "all_gather", unit, K._all_gather_single, output_tensor,
-                               input_tensor, group=group, async_op=async_op)
+        dispatch.announce(call, "all_gather", plan, input_tensor, [n] * world, [n] * world)
+        with dispatch.no_grad_if_needed(output_tensor, input_tensor):
+            return dispatch.to_torch(st, "all_gather", unit, dispatch.torch_all_gather,
+                                     output_tensor, input_tensor, group=group, async_op=async_op)
     st.add("all_gather", calls=1, raw_bytes=unit if world > 1 else 0,
-           **K._decided(plan, coded and world > 1))
+           **dispatch.decided(plan, coded and world > 1))
     with torch.no_grad():
         if world == 1:
             if not same_memory(output_tensor, input_tensor):
                 output_tensor.copy_(input_tensor.reshape(output_tensor.shape))
-            return K._completed_work(async_op, output_tensor)
-        return _all_gather_coded(output_tensor, input_tensor, K._verified(cfg, plan), cfg, st,
-                                 group, world, rank, async_op)
+            return dispatch.completed_work(async_op, output_tensor)
+        return _all_gather_coded(output_tensor, input_tensor, dispatch.verified(cfg, plan), cfg,
+                                 st, group, world, rank, async_op)
 
 
 def _all_gather_coded(output_tensor, input_tensor, plan, cfg: ZipCCLConfig, st: CommStats,
@@ -128,8 +127,9 @@ def _all_gather_coded(output_tensor, input_tensor, plan, cfg: ZipCCLConfig, st: 
     n = input_tensor.numel()
     flat_out = output_tensor.view(-1)
     slots = [flat_out[r * n:(r + 1) * n] for r in range(world)]
-    K._pipelined_done(st, "all_gather", _pipeline.gather(
+    dispatch.scheduled_done(st, "all_gather", _pipeline.gather(
         "all_gather", input_tensor.view(-1), slots, group, rank, plan, cfg, st,
-        K._observer(cfg, st, plan), ("all_gather", tuple(input_tensor.shape), input_tensor.dtype)),
-        counted=plan is not K.VERIFIED_RAW)
-    return K._completed_work(async_op, output_tensor)
+        dispatch.observer(cfg, st, plan),
+        ("all_gather", tuple(input_tensor.shape), input_tensor.dtype)),
+        counted=plan is not dispatch.VERIFIED_RAW)
+    return dispatch.completed_work(async_op, output_tensor)

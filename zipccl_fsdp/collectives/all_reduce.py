@@ -17,7 +17,7 @@ from .._reduce import SUM as _SUM_PARSED
 from .._reduce import finish_torch_sum, sum_rows, torch_sums_alike
 from ..config import DEFAULT_CONFIG, ZipCCLConfig
 from ..stats import CommStats
-from . import _call as K
+from . import dispatch
 from . import _lanes
 
 __all__ = ['all_reduce', 'all_reduce_outlook', 'gathers_whole']
@@ -54,8 +54,8 @@ def gathers_whole(world: int, nbytes: int) -> bool:
 def _checked(world: int, rank: int, tensor, op):
     """The parsed ``op``, once the arguments pass every local check (the
     general path's and the lane's)."""
-    parsed = K._parse_op(op, WHERE)
-    K._check_tensor(tensor, "tensor", WHERE)
+    parsed = dispatch.parse_op(op, WHERE)
+    dispatch.check_tensor(tensor, "tensor", WHERE)
     return parsed
 
 
@@ -108,7 +108,7 @@ def all_reduce(tensor: torch.Tensor, op: ReduceOp.RedOpType | ReduceOp = ReduceO
             start = _clock()
             finish_torch_sum(tensor.view(-1), _SUM_PARSED, lane.world)
             lane.fields["reduce_s"] += _clock() - start
-            return K._completed_work(async_op, tensor)
+            return dispatch.completed_work(async_op, tensor)
         parsed = _lanes.checked(_checked, lane.world, lane.rank, tensor, op)
         nbytes = tensor.numel() * tensor.element_size()
         if parsed is not _lanes.MISS and torch_sums_alike(lane.world, parsed, tensor.dtype,
@@ -117,12 +117,12 @@ def all_reduce(tensor: torch.Tensor, op: ReduceOp.RedOpType | ReduceOp = ReduceO
             start = _clock()
             finish_torch_sum(tensor.view(-1), parsed, lane.world)
             lane.fields["reduce_s"] += _clock() - start
-            return K._completed_work(async_op, tensor)
+            return dispatch.completed_work(async_op, tensor)
     with torch.no_grad():
         return _all_reduce(tensor, op, group, async_op, config, stats)
 
 
-def _raw_rows(call: K._Setup, tensor: torch.Tensor) -> bool:
+def _raw_rows(call: dispatch.Setup, tensor: torch.Tensor) -> bool:
     """Whether the peers of a rank that refuses the call exchange a size row
     first when they send it raw for a reason every rank shares (``_refuse``):
     unless torch's all-reduce sums alike for a SUM, which a refusing rank
@@ -145,8 +145,8 @@ def _whole(flat: torch.Tensor, world: int) -> torch.Tensor:
 
 def _all_reduce(tensor, op, group, async_op: bool, config: ZipCCLConfig | None,
                 stats: CommStats | None):
-    setup = K._enter("all_reduce", WHERE, tensor, K._nbytes(tensor), group, config, stats,
-                     _checked, tensor, op, per_rank=True, raw_rows=_raw_rows)
+    setup = dispatch.enter("all_reduce", WHERE, tensor, dispatch.nbytes(tensor), group, config,
+                           stats, _checked, tensor, op, per_rank=True, raw_rows=_raw_rows)
     if setup is None:
         return None
     call, parsed, coded = setup
@@ -156,54 +156,55 @@ def _all_reduce(tensor, op, group, async_op: bool, config: ZipCCLConfig | None,
     if not coded:
         raw = numel * itemsize if world > 1 else 0
         st.add("all_reduce", calls=1, raw_bytes=raw)
-        return K._to_torch(st, "all_reduce", raw, dist.all_reduce, tensor, op=op, group=group,
-                           async_op=async_op)
+        return dispatch.to_torch(st, "all_reduce", raw, dist.all_reduce, tensor, op=op, group=group,
+                                 async_op=async_op)
     base, extra = divmod(numel, world)
     unit = _unit(tensor, world)
     parts = (cost.scatter_reduce(world, unit, not torch_sums_alike(world, parsed, tensor.dtype,
                                                                    tensor.device)),
              cost.gather(world, unit))
-    plan = K._plan(cfg, "all_reduce", group, world, tensor, parts, world > 1, unit, st)
+    plan = dispatch.plan(cfg, "all_reduce", group, world, tensor, parts, world > 1, unit, st)
     st.add("all_reduce", calls=1, raw_bytes=numel * itemsize if world > 1 else 0,
-           **K._decided(plan, world > 1))
-    sent = K._verified(cfg, plan) if world > 1 else plan
+           **dispatch.decided(plan, world > 1))
+    sent = dispatch.verified(cfg, plan) if world > 1 else plan
     flat = tensor.view(-1)
     counts = [base + (r < extra) for r in range(world)]
     # Raw or compressed, the bits of one rank-order sum (see the docstring).
     if not sent.compress and world > 1 and torch_sums_alike(world, parsed, tensor.dtype,
                                                             tensor.device):
-        if K._opens_lane(cfg, "all_reduce", plan):
-            K._open_lane(call, "all_reduce", tensor, _lanes.ALL_REDUCE)
-        K._announce(call, "all_reduce", plan, tensor, counts, [counts[rank]] * world, parsed)
-        K._to_torch(st, "all_reduce", numel * itemsize, dist.all_reduce, tensor, group=group)
+        if dispatch.opens_lane(cfg, "all_reduce", plan):
+            dispatch.open_lane(call, "all_reduce", tensor, _lanes.ALL_REDUCE)
+        dispatch.announce(call, "all_reduce", plan, tensor, counts, [counts[rank]] * world, parsed)
+        dispatch.to_torch(st, "all_reduce", numel * itemsize, dist.all_reduce, tensor, group=group)
         with st.phase("all_reduce", "reduce"):
             finish_torch_sum(flat, parsed, world)
-        return K._completed_work(async_op, tensor)
+        return dispatch.completed_work(async_op, tensor)
     if not sent.compress and world > 1 and gathers_whole(world, numel * itemsize):
         # Chosen by this rank's size over the schedule, whose raw call
         # exchanges a size row first: so this route exchanges one too (and
         # opens no lane, which would skip it).
-        K._announce(call, "all_reduce", _policy.SIZE_RAW, tensor, counts,
-                    [counts[rank]] * world, parsed)
+        dispatch.announce(call, "all_reduce", _policy.SIZE_RAW, tensor, counts,
+                          [counts[rank]] * world, parsed)
         every = _whole(flat, world)
-        K._to_torch(st, "all_reduce", numel * itemsize, K._all_gather_single, every, flat,
-                    group=group)
+        dispatch.to_torch(st, "all_reduce", numel * itemsize, dispatch.torch_all_gather, every,
+                          flat, group=group)
         with st.phase("all_reduce", "reduce"):
             sum_rows(flat, every.view(world, -1), parsed)
-        return K._completed_work(async_op, tensor)
+        return dispatch.completed_work(async_op, tensor)
     reduced = torch.empty(counts[rank], dtype=tensor.dtype, device=tensor.device)
     slots = split_flat(flat, counts)
-    pol, site = K._observer(cfg, st, sent), ("all_reduce", tuple(tensor.shape), tensor.dtype)
+    pol, site = dispatch.observer(cfg, st, sent), ("all_reduce", tuple(tensor.shape), tensor.dtype)
     first = _pipeline.scatter_reduce("all_reduce", flat, counts, reduced, parsed, group, rank,
                                      sent, cfg, st, pol, site, settle=False)
     if world == 1:
         slots[0].copy_(reduced)
-        return K._completed_work(async_op, tensor)
+        return dispatch.completed_work(async_op, tensor)
     # A corrupt piece in the first half stops the second on every rank.
     second = _pipeline.gather("all_reduce", reduced, slots, group, rank, sent, cfg, st, pol,
                               site, abort=first.error, agreed=True)
-    K._pipelined_done(st, "all_reduce", first, second, counted=sent is not K.VERIFIED_RAW)
-    return K._completed_work(async_op, tensor)
+    dispatch.scheduled_done(st, "all_reduce", first, second,
+                            counted=sent is not dispatch.VERIFIED_RAW)
+    return dispatch.completed_work(async_op, tensor)
 
 
 def all_reduce_outlook(tensor: torch.Tensor, group=None, config: ZipCCLConfig | None = None,
@@ -224,11 +225,11 @@ def all_reduce_outlook(tensor: torch.Tensor, group=None, config: ZipCCLConfig | 
       rank-order sum, so no all-reduce of a coded dtype is handed to torch
       pending)."""
     cfg = config or DEFAULT_CONFIG
-    if tensor.dtype not in K.CODED_DTYPES or K._capturing(tensor):
+    if tensor.dtype not in dispatch.CODED_DTYPES or dispatch.capturing(tensor):
         return ""
-    info = K._group_info(group)
+    info = dispatch.group_info(group)
     if info is None or info[1] == 1:
         return ""
     group, world, _ = info
-    return _policy.outlook(cfg, stats or K._STATS, group, tensor.dtype, tensor.device,
+    return _policy.outlook(cfg, stats or dispatch._STATS, group, tensor.dtype, tensor.device,
                            cfg.compresses("all_reduce"))

@@ -12,7 +12,7 @@ from .. import policy as _policy
 from .._layout import overlaps, split_flat
 from ..config import ZipCCLConfig
 from ..stats import CommStats
-from . import _call as K
+from . import dispatch
 from . import _lanes
 
 __all__ = ['all_to_all_single']
@@ -24,13 +24,13 @@ def _row_counts(t: torch.Tensor, splits, world: int, name: str) -> list:
     rows = t.shape[0] if t.dim() else 1
     if splits is None:
         if rows % world:
-            raise K._bad(ValueError, 5, f"zipccl {WHERE}: {name} has {rows} rows, not divisible "
-                         f"by world_size {world}; pass split sizes")
+            raise dispatch.bad(ValueError, 5, f"zipccl {WHERE}: {name} has {rows} rows, not "
+                               f"divisible by world_size {world}; pass split sizes")
         return [rows // world] * world
     splits = [int(s) for s in splits]
     if len(splits) != world or any(s < 0 for s in splits) or sum(splits) != rows:
-        raise K._bad(ValueError, 5, f"zipccl {WHERE}: {name} split sizes {splits} must be "
-                     f"{world} non-negative row counts summing to {rows}")
+        raise dispatch.bad(ValueError, 5, f"zipccl {WHERE}: {name} split sizes {splits} must be "
+                           f"{world} non-negative row counts summing to {rows}")
     return splits
 
 
@@ -85,8 +85,8 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
             if split is not _lanes.MISS:
                 return lane.send(split.raw, async_op, output, input, split.out_rows,
                                  split.in_rows)
-    setup = K._enter("all_to_all", WHERE, input, 0, group, config, stats, _checked, output, input,
-                     output_split_sizes, input_split_sizes, plan_of=_refusal_plan)
+    setup = dispatch.enter("all_to_all", WHERE, input, 0, group, config, stats, _checked, output,
+                           input, output_split_sizes, input_split_sizes, plan_of=_refusal_plan)
     if setup is None:
         return None
     call, split, coded = setup
@@ -97,13 +97,14 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
         # Every path reads the input while it writes the output (torch's own
         # all-to-all included), so an overlapping input is read from a copy.
         input = input.clone()
-    if (not coded or world == 1 or K._capturing(input)
+    if (not coded or world == 1 or dispatch.capturing(input)
             or not (cfg.compress_all_to_all or cfg.verify)):
         st.add("all_to_all", calls=1, raw_bytes=raw)
-        return K._to_torch(st, "all_to_all", raw, dist.all_to_all_single, output, input,
-                           output_split_sizes, input_split_sizes, group=group, async_op=async_op)
-    send_coded = [K._compresses(cfg, "all_to_all", c * itemsize) for c in in_counts]
-    recv_coded = [K._compresses(cfg, "all_to_all", c * itemsize) for c in out_counts]
+        return dispatch.to_torch(st, "all_to_all", raw, dist.all_to_all_single, output, input,
+                                 output_split_sizes, input_split_sizes, group=group,
+                                 async_op=async_op)
+    send_coded = [dispatch.compresses(cfg, "all_to_all", c * itemsize) for c in in_counts]
+    recv_coded = [dispatch.compresses(cfg, "all_to_all", c * itemsize) for c in out_counts]
     if not cfg.compress_all_to_all or _policy.sure_raw(cfg, st, "all_to_all", group,
                                                        input.dtype, input.device):
         st.add("all_to_all", calls=1, raw_bytes=raw,
@@ -112,11 +113,11 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
         if not cfg.verify:
             # Raw for sure (a fast link, or "never"): the lean path, and the
             # lane of the next such calls.
-            K._open_lane(call, "all_to_all", input, _lanes.ALL_TO_ALL)
-            with K._no_grad_if_needed(output, input):
-                return K._to_torch(st, "all_to_all", raw, dist.all_to_all_single, output, input,
-                                   output_split_sizes, input_split_sizes, group=group,
-                                   async_op=async_op)
+            dispatch.open_lane(call, "all_to_all", input, _lanes.ALL_TO_ALL)
+            with dispatch.no_grad_if_needed(output, input):
+                return dispatch.to_torch(st, "all_to_all", raw, dist.all_to_all_single, output,
+                                         input, output_split_sizes, input_split_sizes,
+                                         group=group, async_op=async_op)
     else:
         st.add("all_to_all", calls=1, raw_bytes=raw)
         with torch.no_grad():
@@ -124,15 +125,15 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
             with st.phase("all_to_all", "policy"):
                 plan = _policy.all_to_all_plan(cfg, st, group, world, rank, input, in_counts,
                                                send_coded)
-        decided = K._decided(plan, True)
+        decided = dispatch.decided(plan, True)
         if not (any(send_coded) or any(recv_coded)):  # every split of this rank goes raw
             decided["compressed_calls"] = decided["pipelined_calls"] = 0
         st.add("all_to_all", **decided)
         if not plan.compress and not cfg.verify:
-            return K._to_torch(st, "all_to_all", raw, dist.all_to_all_single, output, input,
-                               output_split_sizes, input_split_sizes, group=group,
-                               async_op=async_op)
-    sent = K._verified(cfg, plan)
+            return dispatch.to_torch(st, "all_to_all", raw, dist.all_to_all_single, output, input,
+                                     output_split_sizes, input_split_sizes, group=group,
+                                     async_op=async_op)
+    sent = dispatch.verified(cfg, plan)
     # Under verify every split that holds bytes is framed: the raw ones with
     # the framing-only codec (the receiver frames by the same rule).
     framing = "raw" if cfg.verify else None
@@ -141,13 +142,13 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
     recv_framed = [(c and plan.compress) or (cfg.verify and n > 0)
                    for c, n in zip(recv_coded, out_counts)]
     with torch.no_grad():
-        K._pipelined_done(st, "all_to_all", _pipeline.all_to_all(
+        dispatch.scheduled_done(st, "all_to_all", _pipeline.all_to_all(
             "all_to_all", split_flat(input.view(-1), in_counts),
             split_flat(output.view(-1), out_counts), send_codecs, recv_framed, group, rank, sent,
-            cfg, st, K._observer(cfg, st, sent),
+            cfg, st, dispatch.observer(cfg, st, sent),
             ("all_to_all", tuple(input.shape[1:]), input.dtype)),
-            counted=sent is not K.VERIFIED_RAW)
-        return K._completed_work(async_op, output)
+            counted=sent is not dispatch.VERIFIED_RAW)
+        return dispatch.completed_work(async_op, output)
 
 
 class _Split(NamedTuple):
@@ -166,7 +167,7 @@ def _checked(world: int, rank: int, output, input, output_split_sizes,
              input_split_sizes) -> _Split:
     """The call's ``_Split``, once the arguments pass every local check (the
     general path's and the lane's)."""
-    K._check_pair(output, input, WHERE)
+    dispatch.check_pair(output, input, WHERE)
     in_rows = _row_counts(input, input_split_sizes, world, "input")
     out_rows = _row_counts(output, output_split_sizes, world, "output")
     row_in = input.numel() // max(input.shape[0], 1) if input.dim() else 1
@@ -176,13 +177,13 @@ def _checked(world: int, rank: int, output, input, output_split_sizes,
     if output.dim() and output.shape[0] == 0:
         row_out = row_in
     if row_in != row_out:
-        raise K._bad(ValueError, 1, f"zipccl {WHERE}: input rows hold {row_in} elements but "
-                     f"output rows {row_out}")
+        raise dispatch.bad(ValueError, 1, f"zipccl {WHERE}: input rows hold {row_in} elements but "
+                           f"output rows {row_out}")
     in_counts = [s * row_in for s in in_rows]
     out_counts = [s * row_out for s in out_rows]
     if in_counts[rank] != out_counts[rank]:
-        raise K._bad(ValueError, 1, f"zipccl {WHERE}: this rank sends itself {in_rows[rank]} "
-                     f"rows but expects {out_rows[rank]}")
+        raise dispatch.bad(ValueError, 1, f"zipccl {WHERE}: this rank sends itself {in_rows[rank]} "
+                           f"rows but expects {out_rows[rank]}")
     raw = (sum(in_counts) - in_counts[rank]) * input.element_size()
     return _Split(in_rows, out_rows, in_counts, out_counts, raw)
 
@@ -211,7 +212,7 @@ def _even_raw(lane: _lanes.Lane, output, input) -> int:
     return nbytes - nbytes // lane.world
 
 
-def _refusal_plan(call: K._Setup, t: torch.Tensor) -> _policy.Plan:
+def _refusal_plan(call: dispatch.Setup, t: torch.Tensor) -> _policy.Plan:
     """The plan the peers of a refusing rank reach for an all-to-all: the same
     decision steps, this rank adding no bytes to the agreed split sizes."""
     cfg, st, world = call.cfg, call.st, call.world

@@ -9,7 +9,7 @@ from .. import cost
 from .. import pipeline as _pipeline
 from ..config import ZipCCLConfig
 from ..stats import CommStats
-from . import _call as K
+from . import dispatch
 
 __all__ = ['reduce_scatter_single']
 
@@ -18,9 +18,9 @@ WHERE = "reduce_scatter_single"
 
 def _checked(world: int, rank: int, output, input, op):
     """The parsed ``op``, once the arguments pass every local check."""
-    parsed = K._parse_op(op, WHERE)
-    K._check_pair(output, input, WHERE)
-    K._check_world_times(input, "input", output, "output", world, WHERE)
+    parsed = dispatch.parse_op(op, WHERE)
+    dispatch.check_pair(output, input, WHERE)
+    dispatch.check_world_times(input, "input", output, "output", world, WHERE)
     return parsed
 
 
@@ -63,8 +63,8 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor,
         >>> out = torch.empty(grads.numel() // world, dtype=grads.dtype)
         >>> reduce_scatter_single(out, grads, op=ReduceOp.AVG)
     """
-    setup = K._enter("reduce_scatter", WHERE, input, K._nbytes(output), group, config, stats,
-                     _checked, output, input, op, raw_rows=True)
+    setup = dispatch.enter("reduce_scatter", WHERE, input, dispatch.nbytes(output), group, config,
+                           stats, _checked, output, input, op, raw_rows=True)
     if setup is None:
         return None
     call, parsed, coded = setup
@@ -73,19 +73,21 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor,
     unit = n * input.element_size()
     if not coded:
         st.add("reduce_scatter", calls=1, raw_bytes=(world - 1) * unit)
-        return K._to_torch(st, "reduce_scatter", (world - 1) * unit, K._reduce_scatter_single,
-                           output, input, op=op, group=group, async_op=async_op)
-    plan = K._plan(cfg, "reduce_scatter", group, world, input,
-                   (cost.scatter_reduce(world, unit),), world > 1, unit, st)
+        return dispatch.to_torch(st, "reduce_scatter", (world - 1) * unit,
+                                 dispatch.torch_reduce_scatter, output, input, op=op, group=group,
+                                 async_op=async_op)
+    plan = dispatch.plan(cfg, "reduce_scatter", group, world, input,
+                         (cost.scatter_reduce(world, unit),), world > 1, unit, st)
     st.add("reduce_scatter", calls=1, raw_bytes=(world - 1) * unit,
-           **K._decided(plan, world > 1))
+           **dispatch.decided(plan, world > 1))
     # Raw or compressed, the same schedule and the same rank-order sum: the
     # result never depends on the decision (a raw call is an all-to-all of the
     # chunks, then the sum; docs/benchmarks.md, "Link benchmark", measures it
     # against torch's).
-    sent = K._verified(cfg, plan) if world > 1 else plan
-    K._pipelined_done(st, "reduce_scatter", _pipeline.scatter_reduce(
+    sent = dispatch.verified(cfg, plan) if world > 1 else plan
+    dispatch.scheduled_done(st, "reduce_scatter", _pipeline.scatter_reduce(
         "reduce_scatter", input.view(-1), [n] * world, output.view(-1), parsed, group, rank,
-        sent, cfg, st, K._observer(cfg, st, sent),
-        ("reduce_scatter", tuple(input.shape), input.dtype)), counted=sent is not K.VERIFIED_RAW)
-    return K._completed_work(async_op, output)
+        sent, cfg, st, dispatch.observer(cfg, st, sent),
+        ("reduce_scatter", tuple(input.shape), input.dtype)),
+        counted=sent is not dispatch.VERIFIED_RAW)
+    return dispatch.completed_work(async_op, output)

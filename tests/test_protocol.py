@@ -20,7 +20,7 @@ import torch
 
 from zipccl_fsdp import codec as zcodec
 from zipccl_fsdp import format as F
-from zipccl_fsdp import integrity
+from zipccl_fsdp import protocol as integrity
 from zipccl_fsdp.config import ZipCCLConfig
 from zipccl_fsdp.errors import CorruptPayloadError
 
