@@ -1,32 +1,44 @@
 """Run torch's own DDP tests without and with zipccl's DDP comm hook, and compare.
 
 The tests are pytorch's, from the pytorch source tree of the installed torch
-(git tag ``v<torch version>``; this script fetches nothing). Give it the root
-of that tree, or a folder laid out like it, holding:
+(https://github.com/pytorch/pytorch at tag ``v<torch version>``; this script
+fetches nothing). Give it the root of that tree, or a folder laid out like
+it, holding:
 
-* ``test/distributed/test_distributed_spawn.py``: runs the DDP block of
-  ``torch/testing/_internal/distributed/distributed_test.py`` (installed with
-  torch) with ``BACKEND=gloo WORLD_SIZE=2``;
-* ``test/distributed/algorithms/ddp_comm_hooks/test_ddp_hooks.py``;
-* ``test/distributed/test_c10d_gloo.py`` (optional: its DDP classes).
+* ``test/distributed/test_distributed_spawn.py`` (``spawn``): runs the DDP
+  block of ``torch/testing/_internal/distributed/distributed_test.py``
+  (installed with torch) with ``BACKEND=gloo WORLD_SIZE=2``;
+* ``test/distributed/algorithms/ddp_comm_hooks/test_ddp_hooks.py``
+  (``hooks``, and ``hooks_cpu``: a copy of it that runs on CPU, below);
+* ``test/distributed/test_c10d_gloo.py`` (``c10d_gloo``, optional: its DDP
+  tests; it imports ``test_c10d_common.py`` from the same folder).
+
+torch's test utilities import ``expecttest`` (in pytorch's test
+requirements): install it, or ``pip install --target DIR expecttest`` and
+put DIR on ``PYTHONPATH``.
 
 Each file runs twice under pytest, once as it is and once with
 ``ZIPCCL_TORCH_TESTS_INJECT=1``, which makes every Python process (the
 spawned ranks too: a ``sitecustomize.py`` on ``PYTHONPATH`` calls
-``inject()`` below) register ``ZipCCLHook()`` on every DDP model the tests
-build that has no comm hook of its own, as a user would: with the model's
-process group (``zipccl_fsdp.register_comm_hook(model, hook)``), before
-the model's first forward. A test that registers a
-hook itself (``register_comm_hook``, a builtin hook, DDP's mixed precision
-or fused optimizer, which register one) keeps its own: DDP takes one per
-model. The script prints, per run, the pass / skip / fail counts, the tests
-whose outcome differs, and the tests in which zipccl's hook reduced at least
-one bucket.
+``inject()`` below) register a ``ZipCCLHook`` on every DDP model the tests
+build that has no comm hook of its own, as a user would: on the model's
+process group (``zipccl_fsdp.register_comm_hook(model, hook)``), before the
+model's first forward. A test that registers a hook itself
+(``register_comm_hook``, a builtin hook, DDP's mixed precision or fused
+optimizer, which register one) keeps its own: DDP takes one per model. The
+script prints, per file and run, the pass / skip / fail counts, how many of
+the passing tests had a bucket reduced (and sent compressed) by zipccl's
+hook, and the tests whose outcome differs; it exits 1 if a test that passes
+without the hook does not pass with it.
 
-Example (pytorch checked out at the tag of the installed torch)::
+Examples (pytorch checked out at the tag of the installed torch)::
 
-    PYTHONPATH=$PWD python tools/torch_ddp_tests.py ~/pytorch -k "ddp or DistributedDataParallel"
-    PYTHONPATH=$PWD python tools/torch_ddp_tests.py ~/pytorch --config '{"policy": "always", "min_bytes": 0}'
+    PYTHONPATH=$PWD:DIR python tools/torch_ddp_tests.py ~/pytorch
+    PYTHONPATH=$PWD:DIR python tools/torch_ddp_tests.py ~/pytorch --runs zipccl \
+        --config '{"policy": "always", "min_bytes": 0}' --work W   # compressed buckets
+    # with two GPUs or more: the whole DDP block
+    PYTHONPATH=$PWD:DIR python tools/torch_ddp_tests.py ~/pytorch --files spawn \
+        -k "ddp or DistributedDataParallel"
 """
 from __future__ import annotations
 
@@ -110,7 +122,8 @@ def inject() -> None:
     forward = DDP.forward
 
     def forward_with_hook(self, *args, **kwargs):
-        if not getattr(self, "_zipccl_own_hook", False) and not getattr(self, "_zipccl_injected", False):
+        if not (getattr(self, "_zipccl_own_hook", False)
+                or getattr(self, "_zipccl_injected", False)):
             self._zipccl_injected = True
             counts["hooked"] += 1
             # zipccl's registry: the hook on the model's own process group,
@@ -130,9 +143,12 @@ def inject() -> None:
     def report() -> None:
         if not log or not (counts["hooked"] or counts["own_hook"]):
             return
-        buckets = int(hook.stats().get("all_reduce", {}).get("calls", 0))
+        st = hook.stats().get("all_reduce", {})
         with open(log, "a") as f:
-            f.write(json.dumps({"test": test, "pid": os.getpid(), "buckets": buckets, **counts}) + "\n")
+            f.write(json.dumps({"test": test, "pid": os.getpid(),
+                                "buckets": int(st.get("calls", 0)),
+                                "compressed": int(st.get("compressed_calls", 0)),
+                                **counts}) + "\n")
 
     atexit.register(report)
 
@@ -213,14 +229,15 @@ def _run(which: str, path: str, k: str, inject_on: bool, work: str, args) -> dic
     return _outcomes(xml)
 
 
-def _hooked(log: str) -> set[str]:
-    """Tests in which zipccl's hook reduced at least one bucket on some rank."""
+def _hooked(log: str, key: str = "buckets") -> set[str]:
+    """Tests in which zipccl's hook reduced at least one bucket (``key``
+    "compressed": sent at least one compressed) on some rank."""
     out = set()
     if os.path.exists(log):
         for line in open(log):
             rec = json.loads(line)
-            if rec["buckets"] > 0:
-                out.add(rec["test"].rsplit("::", 2)[-2:][-1])
+            if rec.get(key, 0) > 0:
+                out.add(rec["test"].rsplit("::", 1)[-1])
     return out
 
 
@@ -245,7 +262,16 @@ def main(argv=None) -> int:
     p.add_argument("-v", "--verbose", action="store_true", help="show pytest's output")
     args = p.parse_args(argv)
 
+    if args.runs.strip(","):
+        for module in ("pytest", "expecttest"):
+            if subprocess.run([sys.executable, "-c", f"import {module}"],
+                              stderr=subprocess.DEVNULL).returncode:
+                print(f"torch's tests need {module}, which {sys.executable} cannot import: "
+                      f"pip install {module} (or --target DIR and DIR on PYTHONPATH)",
+                      file=sys.stderr)
+                return 2
     work = args.work or tempfile.mkdtemp(prefix="torch_ddp_tests.")
+
     os.makedirs(work, exist_ok=True)
     tools = os.path.dirname(os.path.abspath(__file__))
     with open(os.path.join(work, "sitecustomize.py"), "w") as f:
@@ -268,18 +294,22 @@ def main(argv=None) -> int:
                       if side in args.runs.split(",") else
                       _outcomes(os.path.join(work, f"{which}-{side}.xml"))
                       for side in ("torch", "zipccl"))
-        hooked = _hooked(os.path.join(work, f"{which}-zipccl.log"))
+        log = os.path.join(work, f"{which}-zipccl.log")
+        hooked, compressed = _hooked(log), _hooked(log, "compressed")
         for name, res in (("torch", base), ("zipccl hook", ours)):
             c = {o: sum(1 for v in res.values() if v == o) for o in ("passed", "skipped", "failed")}
-            ran = sum(1 for t, v in res.items() if v == "passed" and t.split("::")[-1] in hooked)
-            rows.append((os.path.basename(path) if which == "hooks_cpu" else FILES[which], name, len(res), c["passed"], c["skipped"], c["failed"],
-                         ran if name != "torch" else ""))
+            passed = [t.split("::")[-1] for t, v in res.items() if v == "passed"]
+            rows.append((os.path.basename(path) if which == "hooks_cpu" else FILES[which], name,
+                         len(res), c["passed"], c["skipped"], c["failed"],
+                         sum(t in hooked for t in passed) if name != "torch" else "",
+                         sum(t in compressed for t in passed) if name != "torch" else ""))
         for t in sorted(set(base) | set(ours)):
             if base.get(t) != ours.get(t):
                 differ.append((t, base.get(t, "no result"), ours.get(t, "no result")))
 
-    print("\n| file | run | tests | passed | skipped | failed | passed, hook reduced a bucket |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print("\n| file | run | tests | passed | skipped | failed | passed, hook reduced a bucket "
+          "| passed, a bucket sent compressed |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print("| " + " | ".join(str(x) for x in r) + " |")
     print(f"\ntests whose outcome differs: {len(differ)}")
