@@ -7,7 +7,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PIP     := $(BIN)/python -m pip
 
-.PHONY: demo test install bench clean test-triton-newest
+.PHONY: demo test install bench clean test-triton-newest check-triton-newest
 
 # The kernel tests also run under the newest triton tested (pyproject.toml
 # states the range): that wheel alone, installed into a folder of the venv
@@ -49,13 +49,32 @@ $(TRITON_NEWEST_DIR)/.installed: | $(STAMP)
 	$(PIP) install -q --no-deps --upgrade --target $(TRITON_NEWEST_DIR) triton==$(TRITON_NEWEST)
 	touch $@
 
-test: $(STAMP) test-triton-newest
-	$(BIN)/python -m pytest -q -ra tests
+# The kernel tests under the newest triton run beside the suite, not before
+# it: they keep one core busy in triton's interpreter while the suite's
+# multi-rank tests leave cores idle, waiting on each other. Their output goes
+# to a log (under its own pytest temporary folder), printed when the suite ends;
+# either run failing fails the target.
+NEWEST_LOG := $(VENV)/kernel-tests-triton-$(TRITON_NEWEST).log
+NEWEST_PYTEST = PYTHONPATH=$(TRITON_NEWEST_DIR) $(BIN)/python -m pytest -q -ra \
+	-p no:cacheprovider --basetemp=$(VENV)/pytest-triton-$(TRITON_NEWEST) $(KERNEL_TESTS)
 
-test-triton-newest: $(TRITON_NEWEST_DIR)/.installed
+test: $(STAMP) $(TRITON_NEWEST_DIR)/.installed
+	@$(MAKE) --no-print-directory check-triton-newest
+	@echo "make test: the whole suite, and beside it the kernel tests under triton" \
+	  "$(TRITON_NEWEST) (log: $(NEWEST_LOG)); about 20 minutes on 2 cores"
+	@( $(NEWEST_PYTEST) > $(NEWEST_LOG) 2>&1; echo $$? > $(NEWEST_LOG).rc ) & \
+	$(BIN)/python -m pytest -q -ra tests; suite=$$?; wait; \
+	echo "== kernel tests under triton $(TRITON_NEWEST) =="; tail -n 25 $(NEWEST_LOG); \
+	newest=$$(cat $(NEWEST_LOG).rc); \
+	echo "make test: suite exit $$suite, kernel tests under triton $(TRITON_NEWEST) exit $$newest"; \
+	test $$suite -eq 0 && test $$newest -eq 0
+
+check-triton-newest: $(TRITON_NEWEST_DIR)/.installed
 	PYTHONPATH=$(TRITON_NEWEST_DIR) $(BIN)/python -c \
 	  "import triton; assert triton.__version__ == '$(TRITON_NEWEST)', triton.__version__"
-	PYTHONPATH=$(TRITON_NEWEST_DIR) $(BIN)/python -m pytest -q -ra $(KERNEL_TESTS)
+
+test-triton-newest: check-triton-newest
+	$(NEWEST_PYTEST)
 
 bench: $(STAMP)
 	$(BIN)/zipccl bench codec

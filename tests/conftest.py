@@ -54,11 +54,19 @@ def pytest_unconfigure(config):
     _SHARED_POOLS.clear()
 
 
+_BUILD_CACHE: list = []
+
+
 @pytest.fixture(scope="module")
 def build_cache(tmp_path_factory):
-    """One asset and C++ build cache per test module, set as ZIPCCL_FSDP_CACHE_DIR
-    (what its subprocess ranks and its own checks share)."""
-    path = tmp_path_factory.mktemp("cache")
+    """An asset and C++ build cache of the test run's own, set as
+    ZIPCCL_FSDP_CACHE_DIR for the modules that ask for it (what their
+    subprocess ranks and their own checks share): made at the first such
+    module, so the C++ codec and the torchtitan assets are built once a run,
+    and never read from or left in the user's cache."""
+    if not _BUILD_CACHE:
+        _BUILD_CACHE.append(tmp_path_factory.mktemp("cache"))
+    path = _BUILD_CACHE[0]
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ZIPCCL_FSDP_CACHE_DIR", str(path))
         yield path

@@ -44,7 +44,7 @@ from collective_cases import (assert_bits_equal, bits, forced, make_data,
                               torch_all_gather_single)
 from zipccl_fsdp import codec as zcodec
 from zipccl_fsdp import format as F
-from zipccl_fsdp import integrity
+from zipccl_fsdp import protocol as integrity
 from zipccl_fsdp.collectives import all_reduce, all_to_all_single, reduce_scatter_single
 from zipccl_fsdp.collectives import all_gather_single
 from zipccl_fsdp.config import ZipCCLConfig
@@ -250,11 +250,11 @@ RAW_PATHS = {
 class _FlipOneByte:
     """On the rank that makes it: flip one bit, on a copy, of the first byte
     send (uint8: payloads, not the int64 rows) that zipccl's schedule makes
-    through ``_wire.all_gather_single`` and ``dist.all_to_all_single``, in
+    through ``protocol.all_gather_single`` and ``dist.all_to_all_single``, in
     the part bound for rank 0."""
 
     def __init__(self) -> None:
-        from zipccl_fsdp import _wire
+        from zipccl_fsdp import protocol as _wire
 
         self.wire, self.fired = _wire, 0
         self.saved = _wire.all_gather_single, dist.all_to_all_single
@@ -455,10 +455,10 @@ def task_fallback(fail_rank: int, fail_after: int):
         return real(x, **kw)
 
     records = _Records()
-    log = logging.getLogger("zipccl_fsdp.integrity")
+    log = logging.getLogger("zipccl_fsdp.protocol")
     log.addHandler(records)
     log.setLevel(logging.DEBUG)
-    import zipccl_fsdp.collectives._call as C
+    import zipccl_fsdp.collectives.dispatch as C
     saved_stats = C._STATS
     C._STATS = st  # run_case uses the module's stats
     try:
@@ -581,7 +581,7 @@ def task_encode_fails_midway():
 def task_corrupt_piece_all_reduce():
     """A corrupt piece in an all-reduce's first half: both ranks raise, nobody hangs,
     and the group still works afterwards."""
-    from zipccl_fsdp import integrity as I
+    from zipccl_fsdp import protocol as I
     rank = dist.get_rank()
     real = I.decode_from
 
@@ -627,7 +627,7 @@ GRACE_S = 5  # how long past the pg timeout the other ranks may take to raise
 def _fault_proc(rank: int, world: int, init_file: str, kind: str, mode: str, victim: int,
                 q) -> None:
     torch.set_num_threads(1)
-    from zipccl_fsdp import _wire as W
+    from zipccl_fsdp import protocol as W
     from zipccl_fsdp.config import ZipCCLConfig
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,

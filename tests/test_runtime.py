@@ -8,7 +8,7 @@ import torch.distributed as dist
 from collective_cases import assert_bits_equal, make_data, torch_all_gather_single
 from zipccl_fsdp.collectives import all_gather_single
 from zipccl_fsdp.config import ZipCCLConfig
-from zipccl_fsdp.pipeline import row_width
+from zipccl_fsdp.protocol import row_width
 
 POOL_SHARE = "policy"
 """test_policy.py, test_calibration.py and test_runtime.py share their pools
