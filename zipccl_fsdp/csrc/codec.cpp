@@ -18,11 +18,18 @@
 // codec_cpp.py raises CorruptPayloadError. entry_ok() applies the rules of
 // format.validate_table to every entry before anything is read.
 //
-// Two kernel sets, picked per call: generic scalar code (any CPU; also the
-// n % 32 tails of the other set), and AVX2 + BMI2 code on 32-element blocks.
-// The library is built for baseline x86-64 (the .so may be reused on another
-// machine); the AVX2 functions carry their own target attribute and run only
-// after a run-time CPU check.
+// Three kernel sets, picked per call: generic scalar code (any CPU; also the
+// n % 32 tails of the others), and two builds of one set of 32-element block
+// kernels: AVX2 + BMI2, and the same source for AVX-512 BW/VL/VBMI2 on the
+// same 256-bit vectors, where vpcompressb/vpexpandb move the bytes that
+// omitted zeros and escapes leave out. The library is built for baseline
+// x86-64 (the .so may be reused on another machine); the block kernels carry
+// their own target attribute and run only after a run-time CPU check.
+//
+// The second build of the block kernels is this file including itself
+// (ZIPCCL_VBMI2_PASS set): that pass reads only the block-kernel section,
+// under another target and namespace, so both builds come from one text.
+#ifndef ZIPCCL_VBMI2_PASS
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -602,6 +609,8 @@ static uint32_t run_sum_generic(const typename T::W* w, int i0, int n) {
   return s;
 }
 
+#endif  // !ZIPCCL_VBMI2_PASS
+
 // --------------------------------------------------------------------------
 // AVX2 + BMI2 kernels, 32 elements per block, every dtype: the codec logic
 // works on 32 exponent bytes and masks of the +0.0 and -0.0 lanes (the -0.0
@@ -617,14 +626,27 @@ static uint32_t run_sum_generic(const typename T::W* w, int i0, int n) {
 // byte they need ("sloppy"); callers keep them inside the chunk's own segment
 // (writes) or the payload (reads) via the *_end pointers.
 // --------------------------------------------------------------------------
+//
+// The VBMI2 pass (ZC_VBMI2) compiles this section again as namespace avx512,
+// with AVX-512 BW/VL/VBMI2 added to the target: the compaction and expansion
+// helpers then take one vpcompressb/vpexpandb, and fp32's 3-byte sm groups
+// move around omitted zeros the same way.
+// --------------------------------------------------------------------------
 #if defined(__x86_64__) || defined(__i386__)
+#ifndef ZIPCCL_VBMI2_PASS
 #define ZIPCCL_HAVE_AVX2_KERNELS 1
 #define ZC_AVX2 __attribute__((target("avx2,bmi,bmi2,popcnt")))
+#define ZC_VBMI2 0
 // Lanes<FP32>::emit is always inlined: with an instantiation of each kernel
 // per zero-code flag, GCC's budget left it a call per block, 20% slower.
 #define ZC_INLINE __attribute__((always_inline))
-
 namespace avx2 {
+#else
+#define ZC_AVX2 \
+  __attribute__((target("avx2,bmi,bmi2,popcnt,avx512f,avx512bw,avx512vl,avx512vbmi2")))
+#define ZC_VBMI2 1
+namespace avx512 {
+#endif
 
 // For an 8-bit mask: pshufb indices that gather its set lanes to the front
 // (compact), and that send the k-th source byte to the k-th set lane (expand).
@@ -646,6 +668,30 @@ struct ByteLuts {
   }
 };
 static const ByteLuts kByteLuts;
+#if !ZC_VBMI2
+// fp32's 3-byte sm groups of 4 elements (one 128-bit lane of 32-bit words),
+// for a 4-bit keep mask: pshufb indices that pack the low 3 bytes of the kept
+// words to the front (compact), and that send the k-th packed group to the
+// k-th kept word (expand). 0x80 (zero) elsewhere.
+struct Sm3Luts {
+  alignas(16) uint8_t compact[16][16], expand[16][16];
+  Sm3Luts() {
+    for (int m = 0; m < 16; ++m) {
+      std::memset(compact[m], 0x80, 16);
+      std::memset(expand[m], 0x80, 16);
+      for (int j = 0, k = 0; j < 4; ++j) {
+        if (!((m >> j) & 1)) continue;
+        for (int b = 0; b < 3; ++b) {
+          compact[m][3 * k + b] = uint8_t(4 * j + b);
+          expand[m][4 * j + b] = uint8_t(3 * k + b);
+        }
+        ++k;
+      }
+    }
+  }
+};
+static const Sm3Luts kSm3Luts;
+#endif
 constexpr uint64_t kHiGroup = 0x0808080808080808ull;  // index offset of a qword's upper group
 constexpr uint64_t kEven = 0x5555555555555555ull, kOdd = 0xAAAAAAAAAAAAAAAAull;
 
@@ -678,6 +724,10 @@ ZC_AVX2 static inline int pop(uint32_t m) { return _mm_popcnt_u32(m); }
 // Writes the bytes of v whose bit is set in keep, in order, at dst; returns
 // the end. Stores reach dst + 32.
 ZC_AVX2 static inline uint8_t* compact32(__m256i v, uint32_t keep, uint8_t* dst) {
+#if ZC_VBMI2
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm256_maskz_compress_epi8(keep, v));
+  return dst + pop(keep);
+#else
   const uint64_t* L = kByteLuts.compact;
   const __m128i a = _mm_shuffle_epi8(
       _mm256_castsi256_si128(v), _mm_set_epi64x(int64_t(L[(keep >> 8) & 0xFF] + kHiGroup),
@@ -693,21 +743,30 @@ ZC_AVX2 static inline uint8_t* compact32(__m256i v, uint32_t keep, uint8_t* dst)
   dst += pop((keep >> 16) & 0xFF);
   _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_unpackhi_epi64(b, b));
   return dst + pop(keep >> 24);
+#endif
 }
 
 // compact32 that writes nothing at or past end.
 ZC_AVX2 static inline uint8_t* put_compact(__m256i v, uint32_t keep, uint8_t* dst,
                                            const uint8_t* end) {
   if (__builtin_expect(end - dst >= 32, 1)) return compact32(v, keep, dst);
+#if ZC_VBMI2
+  _mm256_mask_compressstoreu_epi8(dst, keep, v);  // stores popcount(keep) bytes
+  return dst + pop(keep);
+#else
   alignas(32) uint8_t tmp[64];
   const size_t k = size_t(compact32(v, keep, tmp) - tmp);
   std::memcpy(dst, tmp, k);
   return dst + k;
+#endif
 }
 
 // Lane i of the result: the next source byte if bit i of m is set, else 0.
 // Loads reach src + 32.
 ZC_AVX2 static inline __m256i expand32(const uint8_t* src, uint32_t m) {
+#if ZC_VBMI2
+  return _mm256_maskz_expand_epi8(m, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+#else
   const uint64_t* L = kByteLuts.expand;
   const int c0 = pop(m & 0xFF), c1 = c0 + pop((m >> 8) & 0xFF), c2 = c1 + pop((m >> 16) & 0xFF);
   uint64_t g0, g1, g2, g3;
@@ -722,14 +781,19 @@ ZC_AVX2 static inline __m256i expand32(const uint8_t* src, uint32_t m) {
       _mm_set_epi64x(int64_t(g3), int64_t(g2)),
       _mm_set_epi64x(int64_t(L[m >> 24] + kHiGroup), int64_t(L[(m >> 16) & 0xFF])));
   return _mm256_set_m128i(b, a);
+#endif
 }
 
 // expand32 that reads nothing at or past end.
 ZC_AVX2 static inline __m256i get_expand(const uint8_t* src, uint32_t m, const uint8_t* end) {
   if (__builtin_expect(end - src >= 32, 1)) return expand32(src, m);
+#if ZC_VBMI2
+  return _mm256_maskz_expandloadu_epi8(m, src);  // loads popcount(m) bytes
+#else
   alignas(32) uint8_t tmp[32] = {};
   std::memcpy(tmp, src, size_t(std::min<ptrdiff_t>(32, end - src)));
   return expand32(tmp, m);
+#endif
 }
 
 // Branch-free bit streams: every put stores 8 bytes at the write position
@@ -1107,6 +1171,56 @@ struct Lanes<FP32> {
     *e8 = pack32(e, false);
     *zero = pack32(z, true);
   }
+  // sm of 8 words, in the low 3 bytes of each 32-bit lane: sign << 23 | mantissa.
+  ZC_AVX2 static inline __m256i sm24(__m256i v) {
+    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0x7FFFFF)),
+                           _mm256_and_si256(_mm256_srli_epi32(v, 8), _mm256_set1_epi32(0x800000)));
+  }
+  // Bytes past the last sm byte that the 3-byte group moves below may touch.
+  static constexpr int kGroupSlack = ZC_VBMI2 ? 32 : 16;
+  // The 3-byte sm groups of the words of 8 lanes whose bit is set in keep8, in
+  // order, at dst; returns the end. Stores reach dst + 3 * popcount + slack.
+  ZC_AVX2 static inline uint8_t* put_groups(__m256i sm, uint32_t keep8, uint8_t* dst) {
+#if ZC_VBMI2
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
+                        _mm256_maskz_compress_epi8(_pdep_u32(keep8, 0x11111111u) * 7, sm));
+    return dst + 3 * pop(keep8);
+#else
+    const uint32_t k0 = keep8 & 0xF, k1 = keep8 >> 4;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst),
+                     _mm_shuffle_epi8(_mm256_castsi256_si128(sm),
+                                      _mm_load_si128(reinterpret_cast<const __m128i*>(
+                                          kSm3Luts.compact[k0]))));
+    dst += 3 * pop(k0);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst),
+                     _mm_shuffle_epi8(_mm256_extracti128_si256(sm, 1),
+                                      _mm_load_si128(reinterpret_cast<const __m128i*>(
+                                          kSm3Luts.compact[k1]))));
+    return dst + 3 * pop(k1);
+#endif
+  }
+  // put_groups' inverse: the next 3-byte groups at src on the lanes of keep8
+  // (zeros elsewhere); *src moves past them. Loads reach the end + slack.
+  ZC_AVX2 static inline __m256i get_groups(const uint8_t** src, uint32_t keep8) {
+#if ZC_VBMI2
+    const __m256i v = _mm256_maskz_expand_epi8(
+        _pdep_u32(keep8, 0x11111111u) * 7,
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(*src)));
+    *src += 3 * pop(keep8);
+    return v;
+#else
+    const uint32_t k0 = keep8 & 0xF, k1 = keep8 >> 4;
+    const __m128i a = _mm_shuffle_epi8(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(*src)),
+        _mm_load_si128(reinterpret_cast<const __m128i*>(kSm3Luts.expand[k0])));
+    *src += 3 * pop(k0);
+    const __m128i b = _mm_shuffle_epi8(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(*src)),
+        _mm_load_si128(reinterpret_cast<const __m128i*>(kSm3Luts.expand[k1])));
+    *src += 3 * pop(k1);
+    return _mm256_set_m128i(b, a);
+#endif
+  }
   ZC_AVX2 static inline __m256i low16_bits(const Raw& r) {
     const __m256i m = _mm256_set1_epi32(0xFFFF);
     return _mm256_and_si256(_mm256_or_si256(_mm256_or_si256(r.v[0], r.v[1]),
@@ -1134,7 +1248,10 @@ struct Lanes<FP32> {
             _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(sm, drop), join));
       }
       st.sm += 96;
-    } else {  // omitted zeros or the segment's end: element by element
+    } else if (st.sm_end - st.sm >= 3 * pop(keep) + kGroupSlack) {  // omitted zeros
+      for (int k = 0; k < 4; ++k)
+        st.sm = put_groups(sm24(r.v[k]), (keep >> (8 * k)) & 0xFF, st.sm);
+    } else {  // the segment's end: element by element
       EncOut o{st.sm, BitWriter(), nullptr};
       for (int i = 0; i < 32; ++i)
         if ((keep >> i) & 1) emit_sm<FP32>(w[i], false, o);
@@ -1178,7 +1295,24 @@ struct Lanes<FP32> {
       in.sm += 96;
       return kOk;
     }
-    alignas(32) uint8_t e[32];  // omitted zeros or the segment's end: element by element
+    const int64_t need = 3 * int64_t(pop(keep));
+    if (in.sm_end - in.sm < need) return kErrCounts;
+    if (in.end - in.sm >= need + kGroupSlack) {  // omitted zeros
+      const __m256i man = _mm256_set1_epi32(0x7FFFFF), sgn = _mm256_set1_epi32(0x800000);
+      for (int q = 0; q < 4; ++q) {
+        const __m256i s = get_groups(&in.sm, (keep >> (8 * q)) & 0xFF);
+        const __m256i w = _mm256_or_si256(
+            _mm256_or_si256(_mm256_and_si256(s, man), _mm256_slli_epi32(_mm256_and_si256(s, sgn), 8)),
+            _mm256_slli_epi32(_mm256_cvtepu8_epi32(quarter8(e8, q)), 23));
+        _mm256_storeu_si256(
+            reinterpret_cast<__m256i*>(out + 8 * q),
+            _mm256_or_si256(_mm256_andnot_si256(_mm256_cvtepi8_epi32(quarter8(zero, q)), w),
+                            _mm256_and_si256(_mm256_cvtepi8_epi32(quarter8(neg, q)),
+                                             _mm256_set1_epi32(int(FP32::kSign)))));
+      }
+      return kOk;
+    }
+    alignas(32) uint8_t e[32];  // the payload's end: element by element
     _mm256_store_si256(reinterpret_cast<__m256i*>(e), e8);
     const uint32_t negm = movemask(neg);
     for (int i = 0; i < 32; ++i) {
@@ -1615,18 +1749,40 @@ ZC_AVX2 static uint32_t run_sum(const typename T::W* w, int n) {
   return uint32_t(_mm_cvtsi128_si32(a)) + run_sum_generic<T>(w, i, n);
 }
 
-}  // namespace avx2
+}  // namespace avx2 / avx512
+#undef ZC_AVX2
+#undef ZC_VBMI2
 #endif
 
-// 0: generic, 1: AVX2 + BMI2 (not on AMD before Zen 3, whose pdep/pext are microcoded).
+#ifndef ZIPCCL_VBMI2_PASS
+// The VBMI2 build of the block kernels: compilers that know the target (GCC
+// 8, clang 6 on) and builds not told otherwise (-DZIPCCL_NO_VBMI2).
+#if defined(ZIPCCL_HAVE_AVX2_KERNELS) && !defined(ZIPCCL_NO_VBMI2) &&   \
+    ((defined(__clang__) && __clang_major__ >= 6) || \
+     (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 8))
+#define ZIPCCL_HAVE_VBMI2_KERNELS 1
+#define ZIPCCL_VBMI2_PASS 1
+#include "codec.cpp"  // NOLINT(build/include): the block kernels again, see the top
+#undef ZIPCCL_VBMI2_PASS
+#endif
+
+// 0: generic, 1: AVX2 + BMI2 (not on AMD before Zen 3, whose pdep/pext are
+// microcoded), 2: that and AVX-512 BW/VL/VBMI2 (with the OS saving the
+// AVX-512 state, which __builtin_cpu_supports checks).
 static int best_isa() {
+  int best = 0;
 #ifdef ZIPCCL_HAVE_AVX2_KERNELS
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2") &&
       !__builtin_cpu_is("znver1") && !__builtin_cpu_is("znver2"))
-    return 1;
+    best = 1;
 #endif
-  return 0;
+#ifdef ZIPCCL_HAVE_VBMI2_KERNELS
+  if (best == 1 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi2"))
+    best = 2;
+#endif
+  return best;
 }
 
 // --------------------------------------------------------------------------
@@ -1634,6 +1790,9 @@ static int best_isa() {
 // --------------------------------------------------------------------------
 template <class T>
 static inline Entry analyze_dispatch(const typename T::W* w, int n, int codec, int isa) {
+#ifdef ZIPCCL_HAVE_VBMI2_KERNELS
+  if (isa >= 2) return avx512::analyze<T>(w, n, codec);
+#endif
 #ifdef ZIPCCL_HAVE_AVX2_KERNELS
   if (isa >= 1) return avx2::analyze<T>(w, n, codec);
 #endif
@@ -1645,6 +1804,18 @@ template <class T>
 static inline void write_dispatch(const typename T::W* w, int n, int codec, const Entry& en,
                                   uint8_t* codes, uint8_t* sm, uint8_t* rem, uint8_t* esc,
                                   const uint8_t* next, int64_t next_nbytes, int isa) {
+#ifdef ZIPCCL_HAVE_VBMI2_KERNELS
+  if (isa >= 2 && en.mode == kModeCoded) {
+    const bool neg = en.flags & kFlagZneg;
+    if (codec == kFixed3)
+      (neg ? avx512::write_fixed3<T, true> : avx512::write_fixed3<T, false>)(
+          w, n, en, codes, sm, rem, esc, next, next_nbytes);
+    else
+      (neg ? avx512::write_dense<T, true> : avx512::write_dense<T, false>)(w, n, en, codes, sm,
+                                                                           rem, esc);
+    return;
+  }
+#endif
 #ifdef ZIPCCL_HAVE_AVX2_KERNELS
   if (isa >= 1 && en.mode == kModeCoded) {
     const bool neg = en.flags & kFlagZneg;
@@ -1665,6 +1836,16 @@ template <class T>
 static inline int decode_dispatch(int codec, const Entry& en, int n, const uint8_t* codes,
                                   DecIn& in, typename T::W* out, const uint8_t* next,
                                   int64_t next_nbytes, int isa) {
+#ifdef ZIPCCL_HAVE_VBMI2_KERNELS
+  if (isa >= 2) {
+    const bool neg = en.flags & kFlagZneg;
+    if (codec == kFixed3)
+      return (neg ? avx512::decode_fixed3<T, true> : avx512::decode_fixed3<T, false>)(
+          en, n, codes, in, out, next, next_nbytes);
+    return (neg ? avx512::decode_dense<T, true> : avx512::decode_dense<T, false>)(en, n, codes,
+                                                                                  in, out);
+  }
+#endif
 #ifdef ZIPCCL_HAVE_AVX2_KERNELS
   if (isa >= 1) {
     const bool neg = en.flags & kFlagZneg;
@@ -1681,6 +1862,9 @@ static inline int decode_dispatch(int codec, const Entry& en, int n, const uint8
 
 template <class T>
 static inline uint32_t sum_dispatch(const typename T::W* w, int n, int isa) {
+#ifdef ZIPCCL_HAVE_VBMI2_KERNELS
+  if (isa >= 2) return avx512::run_sum<T>(w, n);
+#endif
 #ifdef ZIPCCL_HAVE_AVX2_KERNELS
   if (isa >= 1) return avx2::run_sum<T>(w, n);
 #endif
@@ -1965,7 +2149,7 @@ static inline bool args_ok(int64_t codec, int64_t nthreads, int64_t isa) {
 
 extern "C" {
 
-// The best kernel set this CPU runs: 0 generic, 1 AVX2 + BMI2.
+// The best kernel set this CPU runs: 0 generic, 1 AVX2 + BMI2, 2 AVX-512 VBMI2.
 int64_t zipccl_best_isa() { return zipccl::best_isa(); }
 
 // Encode pass 1. Fills entries (nchunks x 16 B), offsets (nchunks int64:
@@ -2084,3 +2268,4 @@ int64_t zipccl_constants(int64_t* out, int64_t cap) {
 }
 
 }  // extern "C"
+#endif  // !ZIPCCL_VBMI2_PASS
