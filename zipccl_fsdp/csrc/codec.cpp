@@ -920,12 +920,16 @@ ZC_AVX2 static inline uint64_t pack2(__m256i d) {
 
 // Byte i = 0xFF where bit i of m is set.
 ZC_AVX2 static inline __m256i mask_bytes(uint32_t m) {
+#if ZC_VBMI2
+  return _mm256_movm_epi8(m);
+#else
   const __m256i rep = _mm256_shuffle_epi8(
       _mm256_set1_epi32(int(m)),
       _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
                        3, 3, 3, 3, 3, 3));
   const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201ull));
   return _mm256_cmpeq_epi8(_mm256_and_si256(rep, bit), bit);
+#endif
 }
 
 // Dense ranks of 32 exponent bytes: rank LUT on e - base + 8 in [0, 16),
@@ -1030,6 +1034,18 @@ ZC_AVX2 static inline __m256i with_zeros16(__m256i w, __m256i zero, __m256i neg,
                          _mm256_and_si256(half16_mask(neg, h), _mm256_set1_epi16(int16_t(0x8000))));
 }
 
+// 0xFF bytes on the lanes of two vectors of 16-bit words (a: lanes 0-15)
+// equal to s.
+ZC_AVX2 static inline __m256i eq_lanes16(__m256i a, __m256i b, __m256i s) {
+#if ZC_VBMI2
+  return _mm256_movm_epi8(uint32_t(_mm256_cmpeq_epi16_mask(a, s)) |
+                          uint32_t(_mm256_cmpeq_epi16_mask(b, s)) << 16);
+#else
+  return _mm256_permute4x64_epi64(
+      _mm256_packs_epi16(_mm256_cmpeq_epi16(a, s), _mm256_cmpeq_epi16(b, s)), 0xD8);
+#endif
+}
+
 template <class T>
 struct Lanes;
 
@@ -1044,9 +1060,7 @@ struct Lanes<BF16> {
     const __m256i ff = _mm256_set1_epi16(0xFF);
     *e8 = pack16(_mm256_and_si256(_mm256_srli_epi16(a, 7), ff),
                  _mm256_and_si256(_mm256_srli_epi16(b, 7), ff));
-    const __m256i z = _mm256_setzero_si256();
-    *zero = _mm256_permute4x64_epi64(
-        _mm256_packs_epi16(_mm256_cmpeq_epi16(a, z), _mm256_cmpeq_epi16(b, z)), 0xD8);
+    *zero = eq_lanes16(a, b, _mm256_setzero_si256());
     if (raw) {  // sm = sign << 7 | mantissa
       const __m256i s80 = _mm256_set1_epi16(0x80), s7f = _mm256_set1_epi16(0x7F);
       raw->sm8 = pack16(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 8), s80),
@@ -1088,9 +1102,7 @@ struct Lanes<FP16> {
     const __m256i m1f = _mm256_set1_epi16(0x1F), ff = _mm256_set1_epi16(0xFF);
     *e8 = pack16(_mm256_and_si256(_mm256_srli_epi16(a, 10), m1f),
                  _mm256_and_si256(_mm256_srli_epi16(b, 10), m1f));
-    const __m256i z = _mm256_setzero_si256();
-    *zero = _mm256_permute4x64_epi64(
-        _mm256_packs_epi16(_mm256_cmpeq_epi16(a, z), _mm256_cmpeq_epi16(b, z)), 0xD8);
+    *zero = eq_lanes16(a, b, _mm256_setzero_si256());
     if (raw) {
       raw->sm8 = pack16(_mm256_and_si256(a, ff), _mm256_and_si256(b, ff));
       const __m256i m4 = _mm256_set1_epi16(4), m3 = _mm256_set1_epi16(3);
@@ -1160,16 +1172,29 @@ struct Lanes<FP32> {
     return _mm256_permutevar8x32_epi32(p, order);
   }
   ZC_AVX2 static inline void fields(const uint32_t* w, __m256i* e8, __m256i* zero, Raw* raw) {
-    __m256i v[4], e[4], z[4];
+    __m256i v[4], e[4];
     const __m256i ff = _mm256_set1_epi32(0xFF), zz = _mm256_setzero_si256();
+#if ZC_VBMI2
+    uint32_t zm = 0;
+#else
+    __m256i z[4];
+#endif
     for (int k = 0; k < 4; ++k) {
       v[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * k));
       e[k] = _mm256_and_si256(_mm256_srli_epi32(v[k], 23), ff);
+#if ZC_VBMI2
+      zm |= uint32_t(_mm256_cmpeq_epi32_mask(v[k], zz)) << (8 * k);
+#else
       z[k] = _mm256_cmpeq_epi32(v[k], zz);
+#endif
       if (raw) raw->v[k] = v[k];
     }
     *e8 = pack32(e, false);
+#if ZC_VBMI2
+    *zero = _mm256_movm_epi8(zm);
+#else
     *zero = pack32(z, true);
+#endif
   }
   // sm of 8 words, in the low 3 bytes of each 32-bit lane: sign << 23 | mantissa.
   ZC_AVX2 static inline __m256i sm24(__m256i v) {
@@ -1326,9 +1351,35 @@ struct Lanes<FP32> {
   }
 };
 
+#if ZC_VBMI2
+// The lanes of 32 words that are -0.0, as a bit mask (AVX-512 compares).
+template <class T>
+ZC_AVX2 static inline uint32_t neg_zero_mask(const typename T::W* w) {
+  if constexpr (T::kF32) {
+    const __m256i s = _mm256_set1_epi32(int(T::kSign));
+    uint32_t m = 0;
+    for (int k = 0; k < 4; ++k)
+      m |= uint32_t(_mm256_cmpeq_epi32_mask(
+               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * k)), s))
+           << (8 * k);
+    return m;
+  } else {
+    const __m256i s = _mm256_set1_epi16(int16_t(T::kSign));
+    return uint32_t(_mm256_cmpeq_epi16_mask(
+               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)), s)) |
+           uint32_t(_mm256_cmpeq_epi16_mask(
+               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16)), s))
+               << 16;
+  }
+}
+#endif
+
 // 0xFF bytes on the lanes of 32 words that are -0.0 (only the sign bit set).
 template <class T>
 ZC_AVX2 static inline __m256i neg_zero_lanes(const typename T::W* w) {
+#if ZC_VBMI2
+  return _mm256_movm_epi8(neg_zero_mask<T>(w));
+#else
   if constexpr (T::kF32) {
     const __m256i s = _mm256_set1_epi32(int(T::kSign));
     __m256i z[4];
@@ -1339,9 +1390,9 @@ ZC_AVX2 static inline __m256i neg_zero_lanes(const typename T::W* w) {
     const __m256i s = _mm256_set1_epi16(int16_t(T::kSign));
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16));
-    return _mm256_permute4x64_epi64(
-        _mm256_packs_epi16(_mm256_cmpeq_epi16(a, s), _mm256_cmpeq_epi16(b, s)), 0xD8);
+    return eq_lanes16(a, b, s);
   }
+#endif
 }
 
 // Escaped lanes whose exponent byte exceeds the dtype's (fp16: > 31).
@@ -1412,9 +1463,15 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec) {
   // e0 - nz bounds the -0.0 count: the exact count only when that bound
   // reaches the threshold (a second look at the chunk, in cache).
   const int shift = codec == kFixed3 ? kFixedZeroShift : kDenseZeroShift;
+  // The -0.0 lanes of each block, kept for the code counts below (zn implies
+  // they were counted).
+  uint32_t nbuf[kChunkElems / 32];
   uint64_t nneg = 0;
   if ((int64_t(e0 - nz) << shift) >= n) {
-    for (int b = 0; b < nb; ++b) nneg += pop(movemask(neg_zero_lanes<T>(w + 32 * b)));
+    for (int b = 0; b < nb; ++b) {
+      nbuf[b] = movemask(neg_zero_lanes<T>(w + 32 * b));
+      nneg += pop(nbuf[b]);
+    }
     for (int i = 32 * nb; i < n; ++i) nneg += w[i] == T::kSign;
   }
   const bool zp = (int64_t(nz) << shift) >= n, zn = (int64_t(nneg) << shift) >= n;
@@ -1433,7 +1490,7 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec) {
       const __m256i d = _mm256_sub_epi8(e8, vlo);
       uint32_t out = ~movemask(_mm256_cmpeq_epi8(_mm256_min_epu8(d, vw), d));
       if (zp) out &= ~movemask(_mm256_load_si256(reinterpret_cast<const __m256i*>(zbuf + 32 * b)));
-      if (zn) out &= ~movemask(neg_zero_lanes<T>(w + 32 * b));
+      if (zn) out &= ~nbuf[b];
       nesc += pop(out);
     }
     for (int i = 32 * nb; i < n; ++i)
@@ -1449,7 +1506,7 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec) {
       const __m256i r =
           rank(_mm256_load_si256(reinterpret_cast<const __m256i*>(ebuf + 32 * b)),
                _mm256_load_si256(reinterpret_cast<const __m256i*>(zbuf + 32 * b)),
-               zn ? neg_zero_lanes<T>(w + 32 * b) : none);
+               zn ? mask_bytes(nbuf[b]) : none);
       c3 += pop(gt(r, 2));
       c4 += pop(gt(r, 3));
       c5 += pop(gt(r, 4));
