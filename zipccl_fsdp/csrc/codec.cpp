@@ -648,6 +648,7 @@ namespace avx2 {
 namespace avx512 {
 #endif
 
+#if !ZC_VBMI2  // the tables of the AVX2 byte moves (VBMI2 has instructions for them)
 // For an 8-bit mask: pshufb indices that gather its set lanes to the front
 // (compact), and that send the k-th source byte to the k-th set lane (expand).
 // 0x80 (zero) elsewhere.
@@ -668,7 +669,6 @@ struct ByteLuts {
   }
 };
 static const ByteLuts kByteLuts;
-#if !ZC_VBMI2
 // fp32's 3-byte sm groups of 4 elements (one 128-bit lane of 32-bit words),
 // for a 4-bit keep mask: pshufb indices that pack the low 3 bytes of the kept
 // words to the front (compact), and that send the k-th packed group to the
@@ -691,8 +691,8 @@ struct Sm3Luts {
   }
 };
 static const Sm3Luts kSm3Luts;
-#endif
 constexpr uint64_t kHiGroup = 0x0808080808080808ull;  // index offset of a qword's upper group
+#endif
 constexpr uint64_t kEven = 0x5555555555555555ull, kOdd = 0xAAAAAAAAAAAAAAAAull;
 
 ZC_AVX2 static inline uint32_t movemask(__m256i v) { return uint32_t(_mm256_movemask_epi8(v)); }
