@@ -70,8 +70,11 @@ def _build_baseline(rev: str):
     srcs = []
     for s in codec_cpp._SOURCES:
         rel = s.relative_to(ROOT).as_posix()
-        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{rel}"], check=True,
-                              capture_output=True).stdout
+        shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{rel}"],
+                               capture_output=True)
+        if shown.returncode:  # a source this revision does not have yet
+            continue
+        text = shown.stdout
         (d / s.name).write_bytes(text)
         srcs.append(d / s.name)
     build = codec_cpp._build_dir(tuple(srcs))

@@ -1,7 +1,7 @@
 """The C++ CPU backend: the format of ``format.py`` at memory speed.
 
-``csrc/codec.cpp`` (and ``csrc/reduce.cpp``, the rank-order sum's element
-loops) is compiled on first use with
+``csrc/codec.cpp`` (with ``csrc/codec_vbmi2.cpp``, its AVX-512 kernels built
+apart, and ``csrc/reduce.cpp``, the rank-order sum's element loops) is compiled on first use with
 ``torch.utils.cpp_extension.load`` into ``<cache>/cpp-<key>/``, where the
 cache root is ``$ZIPCCL_FSDP_CACHE_DIR``, else ``$XDG_CACHE_HOME/zipccl_fsdp``,
 else ``~/.cache/zipccl_fsdp``, and ``key`` hashes everything that makes two
@@ -74,9 +74,10 @@ from .errors import CorruptPayloadError
 log = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).resolve().parent / "csrc"
-_SOURCES = (_CSRC / "codec.cpp", _CSRC / "reduce.cpp")
-"""The library's sources: the codec, and the rank-order sum's element loops
-(``_reduce.py`` calls them through ``sum_add`` and ``sum_to_bf16``)."""
+_SOURCES = (_CSRC / "codec.cpp", _CSRC / "codec_vbmi2.cpp", _CSRC / "reduce.cpp")
+"""The library's sources: the codec (its AVX-512 VBMI2 kernels in a translation
+unit of their own), and the rank-order sum's element loops (``_reduce.py``
+calls them through ``sum_add`` and ``sum_to_bf16``)."""
 _NAME = "zipccl_codec_cpp"
 # No -march: see the module docstring (the AVX2 kernels carry their own target
 # attribute). -fopenmp: chunks run in an OpenMP loop on torch.get_num_threads()

@@ -26,10 +26,12 @@
 // x86-64 (the .so may be reused on another machine); the block kernels carry
 // their own target attribute and run only after a run-time CPU check.
 //
-// The second build of the block kernels is this file including itself
-// (ZIPCCL_VBMI2_PASS set): that pass reads only the block-kernel section,
-// under another target and namespace, so both builds come from one text.
-#ifndef ZIPCCL_VBMI2_PASS
+// The second build of the block kernels is codec_vbmi2.cpp, a translation
+// unit of its own that includes this file with ZIPCCL_VBMI2_PASS set: it
+// compiles the block-kernel section under another target and namespace (and
+// the code before it, which the kernels use), and exports the kernels as
+// vbmi2::*; so both builds come from one text. In one translation unit with
+// the AVX2 build, that build ran about 10% slower.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -609,8 +611,6 @@ static uint32_t run_sum_generic(const typename T::W* w, int i0, int n) {
   return s;
 }
 
-#endif  // !ZIPCCL_VBMI2_PASS
-
 // --------------------------------------------------------------------------
 // AVX2 + BMI2 kernels, 32 elements per block, every dtype: the codec logic
 // works on 32 exponent bytes and masks of the +0.0 and -0.0 lanes (the -0.0
@@ -632,14 +632,22 @@ static uint32_t run_sum_generic(const typename T::W* w, int i0, int n) {
 // helpers then take one vpcompressb/vpexpandb, and fp32's 3-byte sm groups
 // move around omitted zeros the same way.
 // --------------------------------------------------------------------------
-#if defined(__x86_64__) || defined(__i386__)
+// The VBMI2 build: compilers that know the target (GCC 8, clang 6 on) and
+// builds not told otherwise (-DZIPCCL_NO_VBMI2).
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(ZIPCCL_NO_VBMI2) && \
+    ((defined(__clang__) && __clang_major__ >= 6) ||                         \
+     (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 8))
+#define ZIPCCL_HAVE_VBMI2_KERNELS 1
+#endif
+#if (defined(__x86_64__) || defined(__i386__)) && \
+    (!defined(ZIPCCL_VBMI2_PASS) || defined(ZIPCCL_HAVE_VBMI2_KERNELS))
+// Lanes<FP32>::emit is always inlined: with an instantiation of each kernel
+// per zero-code flag, GCC's budget left it a call per block, 20% slower.
+#define ZC_INLINE __attribute__((always_inline))
 #ifndef ZIPCCL_VBMI2_PASS
 #define ZIPCCL_HAVE_AVX2_KERNELS 1
 #define ZC_AVX2 __attribute__((target("avx2,bmi,bmi2,popcnt")))
 #define ZC_VBMI2 0
-// Lanes<FP32>::emit is always inlined: with an instantiation of each kernel
-// per zero-code flag, GCC's budget left it a call per block, 20% slower.
-#define ZC_INLINE __attribute__((always_inline))
 namespace avx2 {
 #else
 #define ZC_AVX2 \
@@ -1822,17 +1830,77 @@ ZC_AVX2 static uint32_t run_sum(const typename T::W* w, int n) {
 #undef ZC_VBMI2
 #endif
 
-#ifndef ZIPCCL_VBMI2_PASS
-// The VBMI2 build of the block kernels: compilers that know the target (GCC
-// 8, clang 6 on) and builds not told otherwise (-DZIPCCL_NO_VBMI2).
-#if defined(ZIPCCL_HAVE_AVX2_KERNELS) && !defined(ZIPCCL_NO_VBMI2) &&   \
-    ((defined(__clang__) && __clang_major__ >= 6) || \
-     (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 8))
-#define ZIPCCL_HAVE_VBMI2_KERNELS 1
-#define ZIPCCL_VBMI2_PASS 1
-#include "codec.cpp"  // NOLINT(build/include): the block kernels again, see the top
-#undef ZIPCCL_VBMI2_PASS
-#endif
+#ifdef ZIPCCL_HAVE_VBMI2_KERNELS
+// The VBMI2 build's kernels, defined (as avx512::*'s) in codec_vbmi2.cpp's
+// translation unit.
+namespace vbmi2 {
+template <class T>
+Entry analyze(const typename T::W* w, int n, int codec);
+template <class T, bool NEG>
+void write_fixed3(const typename T::W* w, int n, const Entry& en, uint8_t* codes, uint8_t* sm,
+                  uint8_t* rem, uint8_t* esc, const uint8_t* next, int64_t next_nbytes);
+template <class T, bool NEG>
+void write_dense(const typename T::W* w, int n, const Entry& en, uint8_t* codes, uint8_t* sm,
+                 uint8_t* rem, uint8_t* esc);
+template <class T, bool NEG>
+int decode_fixed3(const Entry& en, int n, const uint8_t* codes, DecIn& in, typename T::W* out,
+                  const uint8_t* next, int64_t next_nbytes);
+template <class T, bool NEG>
+int decode_dense(const Entry& en, int n, const uint8_t* codes, DecIn& in, typename T::W* out);
+template <class T>
+uint32_t run_sum(const typename T::W* w, int n);
+
+#ifdef ZIPCCL_VBMI2_PASS
+template <class T>
+Entry analyze(const typename T::W* w, int n, int codec) {
+  return avx512::analyze<T>(w, n, codec);
+}
+template <class T, bool NEG>
+void write_fixed3(const typename T::W* w, int n, const Entry& en, uint8_t* codes, uint8_t* sm,
+                  uint8_t* rem, uint8_t* esc, const uint8_t* next, int64_t next_nbytes) {
+  avx512::write_fixed3<T, NEG>(w, n, en, codes, sm, rem, esc, next, next_nbytes);
+}
+template <class T, bool NEG>
+void write_dense(const typename T::W* w, int n, const Entry& en, uint8_t* codes, uint8_t* sm,
+                 uint8_t* rem, uint8_t* esc) {
+  avx512::write_dense<T, NEG>(w, n, en, codes, sm, rem, esc);
+}
+template <class T, bool NEG>
+int decode_fixed3(const Entry& en, int n, const uint8_t* codes, DecIn& in, typename T::W* out,
+                  const uint8_t* next, int64_t next_nbytes) {
+  return avx512::decode_fixed3<T, NEG>(en, n, codes, in, out, next, next_nbytes);
+}
+template <class T, bool NEG>
+int decode_dense(const Entry& en, int n, const uint8_t* codes, DecIn& in, typename T::W* out) {
+  return avx512::decode_dense<T, NEG>(en, n, codes, in, out);
+}
+template <class T>
+uint32_t run_sum(const typename T::W* w, int n) {
+  return avx512::run_sum<T>(w, n);
+}
+#define ZC_VBMI2_NEG(T, NEG)                                                                     \
+  template void write_fixed3<T, NEG>(const T::W*, int, const Entry&, uint8_t*, uint8_t*,         \
+                                     uint8_t*, uint8_t*, const uint8_t*, int64_t);               \
+  template void write_dense<T, NEG>(const T::W*, int, const Entry&, uint8_t*, uint8_t*,          \
+                                    uint8_t*, uint8_t*);                                         \
+  template int decode_fixed3<T, NEG>(const Entry&, int, const uint8_t*, DecIn&, T::W*,           \
+                                     const uint8_t*, int64_t);                                   \
+  template int decode_dense<T, NEG>(const Entry&, int, const uint8_t*, DecIn&, T::W*);
+#define ZC_VBMI2_DTYPE(T)                                                                        \
+  template Entry analyze<T>(const T::W*, int, int);                                              \
+  template uint32_t run_sum<T>(const T::W*, int);                                                \
+  ZC_VBMI2_NEG(T, false)                                                                         \
+  ZC_VBMI2_NEG(T, true)
+ZC_VBMI2_DTYPE(BF16)
+ZC_VBMI2_DTYPE(FP16)
+ZC_VBMI2_DTYPE(FP32)
+#endif  // ZIPCCL_VBMI2_PASS
+}  // namespace vbmi2
+#endif  // ZIPCCL_HAVE_VBMI2_KERNELS
+
+#ifdef ZIPCCL_VBMI2_PASS
+}  // namespace zipccl
+#else  // the rest: codec.cpp's own translation unit only
 
 // 0: generic, 1: AVX2 + BMI2 (not on AMD before Zen 3, whose pdep/pext are
 // microcoded), 2: that and AVX-512 BW/VL/VBMI2 (with the OS saving the
@@ -1859,7 +1927,7 @@ static int best_isa() {
 template <class T>
 static inline Entry analyze_dispatch(const typename T::W* w, int n, int codec, int isa) {
 #ifdef ZIPCCL_HAVE_VBMI2_KERNELS
-  if (isa >= 2) return avx512::analyze<T>(w, n, codec);
+  if (isa >= 2) return vbmi2::analyze<T>(w, n, codec);
 #endif
 #ifdef ZIPCCL_HAVE_AVX2_KERNELS
   if (isa >= 1) return avx2::analyze<T>(w, n, codec);
@@ -1876,10 +1944,10 @@ static inline void write_dispatch(const typename T::W* w, int n, int codec, cons
   if (isa >= 2 && en.mode == kModeCoded) {
     const bool neg = en.flags & kFlagZneg;
     if (codec == kFixed3)
-      (neg ? avx512::write_fixed3<T, true> : avx512::write_fixed3<T, false>)(
+      (neg ? vbmi2::write_fixed3<T, true> : vbmi2::write_fixed3<T, false>)(
           w, n, en, codes, sm, rem, esc, next, next_nbytes);
     else
-      (neg ? avx512::write_dense<T, true> : avx512::write_dense<T, false>)(w, n, en, codes, sm,
+      (neg ? vbmi2::write_dense<T, true> : vbmi2::write_dense<T, false>)(w, n, en, codes, sm,
                                                                            rem, esc);
     return;
   }
@@ -1908,9 +1976,9 @@ static inline int decode_dispatch(int codec, const Entry& en, int n, const uint8
   if (isa >= 2) {
     const bool neg = en.flags & kFlagZneg;
     if (codec == kFixed3)
-      return (neg ? avx512::decode_fixed3<T, true> : avx512::decode_fixed3<T, false>)(
+      return (neg ? vbmi2::decode_fixed3<T, true> : vbmi2::decode_fixed3<T, false>)(
           en, n, codes, in, out, next, next_nbytes);
-    return (neg ? avx512::decode_dense<T, true> : avx512::decode_dense<T, false>)(en, n, codes,
+    return (neg ? vbmi2::decode_dense<T, true> : vbmi2::decode_dense<T, false>)(en, n, codes,
                                                                                   in, out);
   }
 #endif
@@ -1931,7 +1999,7 @@ static inline int decode_dispatch(int codec, const Entry& en, int n, const uint8
 template <class T>
 static inline uint32_t sum_dispatch(const typename T::W* w, int n, int isa) {
 #ifdef ZIPCCL_HAVE_VBMI2_KERNELS
-  if (isa >= 2) return avx512::run_sum<T>(w, n);
+  if (isa >= 2) return vbmi2::run_sum<T>(w, n);
 #endif
 #ifdef ZIPCCL_HAVE_AVX2_KERNELS
   if (isa >= 1) return avx2::run_sum<T>(w, n);
