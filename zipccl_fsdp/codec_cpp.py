@@ -1,8 +1,8 @@
 """The C++ CPU backend: the format of ``format.py`` at memory speed.
 
 ``csrc/codec.cpp`` (with ``csrc/codec_vbmi2.cpp``, its AVX-512 kernels built
-apart, and ``csrc/reduce.cpp``, the rank-order sum's element loops) is compiled on first use with
-``torch.utils.cpp_extension.load`` into ``<cache>/cpp-<key>/``, where the
+apart, and ``csrc/reduce.cpp``, the rank-order sum's element loops) is
+compiled on first use with ``torch.utils.cpp_extension.load`` into ``<cache>/cpp-<key>/``, where the
 cache root is ``$ZIPCCL_FSDP_CACHE_DIR``, else ``$XDG_CACHE_HOME/zipccl_fsdp``,
 else ``~/.cache/zipccl_fsdp``, and ``key`` hashes everything that makes two
 builds differ (``_build_key``): the sources, the flags, the compiler, the

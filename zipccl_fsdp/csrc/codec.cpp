@@ -30,8 +30,8 @@
 // unit of its own that includes this file with ZIPCCL_VBMI2_PASS set: it
 // compiles the block-kernel section under another target and namespace (and
 // the code before it, which the kernels use), and exports the kernels as
-// vbmi2::*; so both builds come from one text. In one translation unit with
-// the AVX2 build, that build ran about 10% slower.
+// vbmi2::*; so both builds come from one text. A translation unit shared
+// with the AVX2 build made GCC compile that build into slower code.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -629,7 +629,7 @@ static uint32_t run_sum_generic(const typename T::W* w, int i0, int n) {
 //
 // The VBMI2 pass (ZC_VBMI2) compiles this section again as namespace avx512,
 // with AVX-512 BW/VL/VBMI2 added to the target: the compaction and expansion
-// helpers then take one vpcompressb/vpexpandb, and fp32's 3-byte sm groups
+// functions then take one vpcompressb/vpexpandb, and fp32's 3-byte sm groups
 // move around omitted zeros the same way.
 // --------------------------------------------------------------------------
 // The VBMI2 build: compilers that know the target (GCC 8, clang 6 on) and
