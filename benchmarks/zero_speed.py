@@ -11,12 +11,19 @@ speed on Gaussian data measured in the same run.
 
 With ``--baseline REV`` the C++ source of that git revision is built too and
 every measurement is made on both libraries, interleaved (round-robin over
-data kind, codec and library, ``--rounds`` times; the median per cell), so the
+data kind, codec and library, ``--rounds`` times, the libraries' order turning
+each round; the median per cell), so the
 column ``vs base`` compares the two side by side on a loaded machine.
+
+``--isas avx512,avx2`` measures this revision's library once per kernel set
+named (``codec_cpp.ISAS``, capped as ``ZIPCCL_FSDP_CPP_ISA`` does), in the
+same interleaved rounds; each row's ``x gauss`` is against the same kernel
+set's Gaussian speed, ``vs base`` against the baseline's best kernels.
 
 Usage::
 
-    python benchmarks/zero_speed.py [--mib 16] [--rounds 5] [--threads 1] [--baseline main]
+    python benchmarks/zero_speed.py [--mib 16] [--rounds 5] [--threads 1] [--dtype bf16]
+        [--isas avx512,avx2] [--baseline main]
 """
 from __future__ import annotations
 
@@ -63,8 +70,11 @@ def _build_baseline(rev: str):
     srcs = []
     for s in codec_cpp._SOURCES:
         rel = s.relative_to(ROOT).as_posix()
-        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{rel}"], check=True,
-                              capture_output=True).stdout
+        shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{rel}"],
+                               capture_output=True)
+        if shown.returncode:  # a source this revision does not have yet
+            continue
+        text = shown.stdout
         (d / s.name).write_bytes(text)
         srcs.append(d / s.name)
     build = codec_cpp._build_dir(tuple(srcs))
@@ -98,15 +108,27 @@ def main() -> int:
     p.add_argument("--kinds", default=",".join(["gauss", *(f"masked{round(f * 100)}"
                                                          for f in FRACTIONS), "pos30"]))
     p.add_argument("--baseline", metavar="REV", help="also measure the C++ source of this revision")
+    p.add_argument("--isas", help="comma-separated kernel sets to measure this revision's "
+                   f"library with, of {codec_cpp.ISAS} (default: the best this CPU runs)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     numel = (args.mib << 20) // torch.empty(0, dtype=dtype).element_size()
     kinds = args.kinds.split(",")
     codecs = args.codecs.split(",")
-    libs = {"new": codec_cpp._ext()}
+    cap = os.environ.get("ZIPCCL_FSDP_CPP_ISA")
+    # name -> (library, ZIPCCL_FSDP_CPP_ISA while it runs; None: unset)
+    libs = {"new": (codec_cpp._ext(), cap)}
+    if args.isas:
+        for name in args.isas.split(","):
+            if name not in codec_cpp.ISAS:
+                raise SystemExit(f"--isas: {name!r} is not one of {codec_cpp.ISAS}")
+            os.environ["ZIPCCL_FSDP_CPP_ISA"] = name
+            if codec_cpp.isa() != name:
+                raise SystemExit(f"--isas: this CPU does not run the {name} kernels")
+        libs = {f"new/{name}": (libs["new"][0], name) for name in args.isas.split(",")}
     if args.baseline:
-        libs["base"] = _build_baseline(args.baseline)
+        libs["base"] = (_build_baseline(args.baseline), None)
     inputs = {k: data(k, numel, dtype) for k in kinds}
     state = codec_cpp._state
     mine = state["ext"]
@@ -116,8 +138,16 @@ def main() -> int:
             for k in kinds:
                 x = inputs[k]
                 for c in codecs:
-                    for lib_name, lib in libs.items():
+                    # the libraries' order turns each round: none is always first
+                    names = list(libs)
+                    names = names[r % len(names):] + names[:r % len(names)]
+                    for lib_name in names:
+                        lib, isa = libs[lib_name]
                         state["ext"] = lib
+                        if isa is None:
+                            os.environ.pop("ZIPCCL_FSDP_CPP_ISA", None)
+                        else:
+                            os.environ["ZIPCCL_FSDP_CPP_ISA"] = isa
                         payload = codec_cpp.encode(x, c)
                         out = torch.empty_like(x)
                         header = F.parse_header(payload)
@@ -133,12 +163,17 @@ def main() -> int:
                         cell["ratio"] = x.numel() * x.element_size() / payload.numel()
     finally:
         state["ext"] = mine
+        if cap is None:
+            os.environ.pop("ZIPCCL_FSDP_CPP_ISA", None)
+        else:
+            os.environ["ZIPCCL_FSDP_CPP_ISA"] = cap
     nbytes = numel * torch.empty(0, dtype=dtype).element_size()
     gb = lambda s: nbytes / s / 1e9  # noqa: E731
     med = {key: dict(enc=gb(statistics.median(v["enc"])), dec=gb(statistics.median(v["dec"])),
                      ratio=v["ratio"]) for key, v in cells.items()}
+    isas = args.isas or codec_cpp.isa()  # after the finally: the caller's cap
     print(f"zero_speed: {args.dtype} {args.mib} MiB, {args.threads} thread(s), isa "
-          f"{codec_cpp.isa()}, median of {args.rounds} interleaved rounds x {args.reps} calls; "
+          f"{isas}, median of {args.rounds} interleaved rounds x {args.reps} calls; "
           f"GB of input per CPU-second; 'x gauss' = speed / same codec's Gaussian speed")
     print(f"load: {os.getloadavg()}")
     head = "| data | codec | lib | ratio | enc GB/cpu-s | dec GB/cpu-s | enc x gauss | dec x gauss |"

@@ -145,6 +145,25 @@ def test_fp32_bf16_casts_set_low16_and_match(isa):
         assert bool(((table.flags & F.FLAG_LOW16) != 0).all())
 
 
+def test_best_kernel_set_is_what_the_cpu_runs(built, monkeypatch):
+    """Where the CPU has AVX-512 BW/VL/VBMI2 the avx512 kernels are picked
+    (a failed CPU check would skip every avx512 run of these tests without a
+    word); where it lacks them they are not."""
+    monkeypatch.delenv("ZIPCCL_FSDP_CPP_ISA", raising=False)
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((set(line.split(":", 1)[1].split()) for line in f
+                          if line.startswith("flags")), None)
+    except OSError:
+        flags = None
+    if flags is None or "avx2" not in flags or "bmi2" not in flags:
+        pytest.skip("no x86 CPU flags with AVX2 + BMI2 to compare with")
+    if {"avx512f", "avx512bw", "avx512vl", "avx512_vbmi2"} <= flags:
+        assert codec_cpp.isa() == "avx512"
+    else:  # AVX2 where BMI2 is fast (not on AMD before Zen 3, which has no AVX-512)
+        assert codec_cpp.isa() != "avx512"
+
+
 def test_payload_independent_of_thread_count():
     x = mixed_large(torch.bfloat16, n=300_007)
     old = torch.get_num_threads()

@@ -1,8 +1,8 @@
 """The C++ CPU backend: the format of ``format.py`` at memory speed.
 
-``csrc/codec.cpp`` (and ``csrc/reduce.cpp``, the rank-order sum's element
-loops) is compiled on first use with
-``torch.utils.cpp_extension.load`` into ``<cache>/cpp-<key>/``, where the
+``csrc/codec.cpp`` (with ``csrc/codec_vbmi2.cpp``, its AVX-512 kernels built
+apart, and ``csrc/reduce.cpp``, the rank-order sum's element loops) is
+compiled on first use with ``torch.utils.cpp_extension.load`` into ``<cache>/cpp-<key>/``, where the
 cache root is ``$ZIPCCL_FSDP_CACHE_DIR``, else ``$XDG_CACHE_HOME/zipccl_fsdp``,
 else ``~/.cache/zipccl_fsdp``, and ``key`` hashes everything that makes two
 builds differ (``_build_key``): the sources, the flags, the compiler, the
@@ -17,8 +17,13 @@ Processes that build at once are serialized by torch's ``FileBaton`` lock
 file in that directory (a process killed mid-build leaves ``lock`` behind and
 later builds wait on it: delete the file). The build targets baseline x86-64,
 not the build machine, since a cache directory may be shared by several
-machines; the hot loops pick their AVX2 + BMI2 versions at run time
-(``isa()``; ``ZIPCCL_FSDP_CPP_ISA=generic`` forces the portable ones).
+machines; the hot loops pick their best version at run time (``isa()``):
+AVX-512 VBMI2 where the CPU has it (its byte compress and expand move the
+sign+mantissa bytes around omitted zeros in one instruction), else AVX2 +
+BMI2, else portable code. ``ZIPCCL_FSDP_CPP_ISA`` caps the choice
+(``avx2`` or ``generic``: the tests run every set this CPU has that way). A
+compiler too old for the VBMI2 target (before GCC 8 or clang 6) builds
+without that set.
 Calls drop the GIL and run over chunks on ``torch.get_num_threads()`` threads.
 
 If the build fails (no compiler, no ninja, a compile error), ``available()``
@@ -69,9 +74,10 @@ from .errors import CorruptPayloadError
 log = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).resolve().parent / "csrc"
-_SOURCES = (_CSRC / "codec.cpp", _CSRC / "reduce.cpp")
-"""The library's sources: the codec, and the rank-order sum's element loops
-(``_reduce.py`` calls them through ``sum_add`` and ``sum_to_bf16``)."""
+_SOURCES = (_CSRC / "codec.cpp", _CSRC / "codec_vbmi2.cpp", _CSRC / "reduce.cpp")
+"""The library's sources: the codec (its AVX-512 VBMI2 kernels in a translation
+unit of their own), and the rank-order sum's element loops (``_reduce.py``
+calls them through ``sum_add`` and ``sum_to_bf16``)."""
 _NAME = "zipccl_codec_cpp"
 # No -march: see the module docstring (the AVX2 kernels carry their own target
 # attribute). -fopenmp: chunks run in an OpenMP loop on torch.get_num_threads()
@@ -168,9 +174,11 @@ _SIGNATURES = {
     "zipccl_sum_add": [_PTR, _PTR, _I64, _I64, _I64, _I64, _I64],
     "zipccl_sum_to_bf16": [_PTR, _PTR, _I64, _I64, _I64],
 }
-# Kernel sets, best last. ZIPCCL_FSDP_CPP_ISA caps the choice (tests force
-# each one; "generic" also sidesteps the SIMD kernels if one is ever suspect).
-ISAS = ("generic", "avx2")
+# Kernel sets, best last (csrc's isa numbers). ZIPCCL_FSDP_CPP_ISA caps the
+# choice (tests force each one; "generic" also sidesteps the SIMD kernels if
+# one is ever suspect). "avx512": the AVX2 kernels built again with AVX-512
+# BW/VL/VBMI2 on 256-bit vectors.
+ISAS = ("generic", "avx2", "avx512")
 
 
 STALE_LOCK_S = 600  # far longer than a cold build; a lock this old was left by a killed process

@@ -18,11 +18,20 @@
 // codec_cpp.py raises CorruptPayloadError. entry_ok() applies the rules of
 // format.validate_table to every entry before anything is read.
 //
-// Two kernel sets, picked per call: generic scalar code (any CPU; also the
-// n % 32 tails of the other set), and AVX2 + BMI2 code on 32-element blocks.
-// The library is built for baseline x86-64 (the .so may be reused on another
-// machine); the AVX2 functions carry their own target attribute and run only
-// after a run-time CPU check.
+// Three kernel sets, picked per call: generic scalar code (any CPU; also the
+// n % 32 tails of the others), and two builds of one set of 32-element block
+// kernels: AVX2 + BMI2, and the same source for AVX-512 BW/VL/VBMI2 on the
+// same 256-bit vectors, where vpcompressb/vpexpandb move the bytes that
+// omitted zeros and escapes leave out. The library is built for baseline
+// x86-64 (the .so may be reused on another machine); the block kernels carry
+// their own target attribute and run only after a run-time CPU check.
+//
+// The second build of the block kernels is codec_vbmi2.cpp, a translation
+// unit of its own that includes this file with ZIPCCL_VBMI2_PASS set: it
+// compiles the block-kernel section under another target and namespace (and
+// the code before it, which the kernels use), and exports the kernels as
+// vbmi2::*; so both builds come from one text. A translation unit shared
+// with the AVX2 build made GCC compile that build into slower code.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -617,15 +626,37 @@ static uint32_t run_sum_generic(const typename T::W* w, int i0, int n) {
 // byte they need ("sloppy"); callers keep them inside the chunk's own segment
 // (writes) or the payload (reads) via the *_end pointers.
 // --------------------------------------------------------------------------
-#if defined(__x86_64__) || defined(__i386__)
-#define ZIPCCL_HAVE_AVX2_KERNELS 1
-#define ZC_AVX2 __attribute__((target("avx2,bmi,bmi2,popcnt")))
+//
+// The VBMI2 pass (ZC_VBMI2) compiles this section again as namespace avx512,
+// with AVX-512 BW/VL/VBMI2 added to the target: the compaction and expansion
+// functions then take one vpcompressb/vpexpandb, and fp32's 3-byte sm groups
+// move around omitted zeros the same way.
+// --------------------------------------------------------------------------
+// The VBMI2 build: compilers that know the target (GCC 8, clang 6 on) and
+// builds not told otherwise (-DZIPCCL_NO_VBMI2).
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(ZIPCCL_NO_VBMI2) && \
+    ((defined(__clang__) && __clang_major__ >= 6) ||                         \
+     (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 8))
+#define ZIPCCL_HAVE_VBMI2_KERNELS 1
+#endif
+#if (defined(__x86_64__) || defined(__i386__)) && \
+    (!defined(ZIPCCL_VBMI2_PASS) || defined(ZIPCCL_HAVE_VBMI2_KERNELS))
 // Lanes<FP32>::emit is always inlined: with an instantiation of each kernel
 // per zero-code flag, GCC's budget left it a call per block, 20% slower.
 #define ZC_INLINE __attribute__((always_inline))
-
+#ifndef ZIPCCL_VBMI2_PASS
+#define ZIPCCL_HAVE_AVX2_KERNELS 1
+#define ZC_AVX2 __attribute__((target("avx2,bmi,bmi2,popcnt")))
+#define ZC_VBMI2 0
 namespace avx2 {
+#else
+#define ZC_AVX2 \
+  __attribute__((target("avx2,bmi,bmi2,popcnt,avx512f,avx512bw,avx512vl,avx512vbmi2")))
+#define ZC_VBMI2 1
+namespace avx512 {
+#endif
 
+#if !ZC_VBMI2  // the tables of the AVX2 byte moves (VBMI2 has instructions for them)
 // For an 8-bit mask: pshufb indices that gather its set lanes to the front
 // (compact), and that send the k-th source byte to the k-th set lane (expand).
 // 0x80 (zero) elsewhere.
@@ -646,7 +677,30 @@ struct ByteLuts {
   }
 };
 static const ByteLuts kByteLuts;
+// fp32's 3-byte sm groups of 4 elements (one 128-bit lane of 32-bit words),
+// for a 4-bit keep mask: pshufb indices that pack the low 3 bytes of the kept
+// words to the front (compact), and that send the k-th packed group to the
+// k-th kept word (expand). 0x80 (zero) elsewhere.
+struct Sm3Luts {
+  alignas(16) uint8_t compact[16][16], expand[16][16];
+  Sm3Luts() {
+    for (int m = 0; m < 16; ++m) {
+      std::memset(compact[m], 0x80, 16);
+      std::memset(expand[m], 0x80, 16);
+      for (int j = 0, k = 0; j < 4; ++j) {
+        if (!((m >> j) & 1)) continue;
+        for (int b = 0; b < 3; ++b) {
+          compact[m][3 * k + b] = uint8_t(4 * j + b);
+          expand[m][4 * j + b] = uint8_t(3 * k + b);
+        }
+        ++k;
+      }
+    }
+  }
+};
+static const Sm3Luts kSm3Luts;
 constexpr uint64_t kHiGroup = 0x0808080808080808ull;  // index offset of a qword's upper group
+#endif
 constexpr uint64_t kEven = 0x5555555555555555ull, kOdd = 0xAAAAAAAAAAAAAAAAull;
 
 ZC_AVX2 static inline uint32_t movemask(__m256i v) { return uint32_t(_mm256_movemask_epi8(v)); }
@@ -678,6 +732,10 @@ ZC_AVX2 static inline int pop(uint32_t m) { return _mm_popcnt_u32(m); }
 // Writes the bytes of v whose bit is set in keep, in order, at dst; returns
 // the end. Stores reach dst + 32.
 ZC_AVX2 static inline uint8_t* compact32(__m256i v, uint32_t keep, uint8_t* dst) {
+#if ZC_VBMI2
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm256_maskz_compress_epi8(keep, v));
+  return dst + pop(keep);
+#else
   const uint64_t* L = kByteLuts.compact;
   const __m128i a = _mm_shuffle_epi8(
       _mm256_castsi256_si128(v), _mm_set_epi64x(int64_t(L[(keep >> 8) & 0xFF] + kHiGroup),
@@ -693,21 +751,30 @@ ZC_AVX2 static inline uint8_t* compact32(__m256i v, uint32_t keep, uint8_t* dst)
   dst += pop((keep >> 16) & 0xFF);
   _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_unpackhi_epi64(b, b));
   return dst + pop(keep >> 24);
+#endif
 }
 
 // compact32 that writes nothing at or past end.
 ZC_AVX2 static inline uint8_t* put_compact(__m256i v, uint32_t keep, uint8_t* dst,
                                            const uint8_t* end) {
   if (__builtin_expect(end - dst >= 32, 1)) return compact32(v, keep, dst);
+#if ZC_VBMI2
+  _mm256_mask_compressstoreu_epi8(dst, keep, v);  // stores popcount(keep) bytes
+  return dst + pop(keep);
+#else
   alignas(32) uint8_t tmp[64];
   const size_t k = size_t(compact32(v, keep, tmp) - tmp);
   std::memcpy(dst, tmp, k);
   return dst + k;
+#endif
 }
 
 // Lane i of the result: the next source byte if bit i of m is set, else 0.
 // Loads reach src + 32.
 ZC_AVX2 static inline __m256i expand32(const uint8_t* src, uint32_t m) {
+#if ZC_VBMI2
+  return _mm256_maskz_expand_epi8(m, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+#else
   const uint64_t* L = kByteLuts.expand;
   const int c0 = pop(m & 0xFF), c1 = c0 + pop((m >> 8) & 0xFF), c2 = c1 + pop((m >> 16) & 0xFF);
   uint64_t g0, g1, g2, g3;
@@ -722,14 +789,19 @@ ZC_AVX2 static inline __m256i expand32(const uint8_t* src, uint32_t m) {
       _mm_set_epi64x(int64_t(g3), int64_t(g2)),
       _mm_set_epi64x(int64_t(L[m >> 24] + kHiGroup), int64_t(L[(m >> 16) & 0xFF])));
   return _mm256_set_m128i(b, a);
+#endif
 }
 
 // expand32 that reads nothing at or past end.
 ZC_AVX2 static inline __m256i get_expand(const uint8_t* src, uint32_t m, const uint8_t* end) {
   if (__builtin_expect(end - src >= 32, 1)) return expand32(src, m);
+#if ZC_VBMI2
+  return _mm256_maskz_expandloadu_epi8(m, src);  // loads popcount(m) bytes
+#else
   alignas(32) uint8_t tmp[32] = {};
   std::memcpy(tmp, src, size_t(std::min<ptrdiff_t>(32, end - src)));
   return expand32(tmp, m);
+#endif
 }
 
 // Branch-free bit streams: every put stores 8 bytes at the write position
@@ -856,12 +928,16 @@ ZC_AVX2 static inline uint64_t pack2(__m256i d) {
 
 // Byte i = 0xFF where bit i of m is set.
 ZC_AVX2 static inline __m256i mask_bytes(uint32_t m) {
+#if ZC_VBMI2
+  return _mm256_movm_epi8(m);
+#else
   const __m256i rep = _mm256_shuffle_epi8(
       _mm256_set1_epi32(int(m)),
       _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
                        3, 3, 3, 3, 3, 3));
   const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201ull));
   return _mm256_cmpeq_epi8(_mm256_and_si256(rep, bit), bit);
+#endif
 }
 
 // Dense ranks of 32 exponent bytes: rank LUT on e - base + 8 in [0, 16),
@@ -902,6 +978,14 @@ struct DenseRanker {
     return r;
   }
 };
+
+// Dense chunks take the escape move in every block when their escapes are
+// this common (n_esc * kEscEveryBlock >= blocks), else only in blocks that
+// have one: escapes are rare in dense (few Gaussian blocks have one), where a
+// branch beats the move; where zeros that take no code escape (x * mask below
+// the zero-code threshold), most blocks have one and the branch mispredicts.
+// The move is one instruction with VBMI2, about 20 without.
+constexpr int kEscEveryBlock = ZC_VBMI2 ? 8 : 2;
 
 ZC_AVX2 static inline uint32_t gt(__m256i r, int k) {  // mask of ranks > k
   return movemask(_mm256_cmpgt_epi8(r, _mm256_set1_epi8(char(k))));
@@ -966,6 +1050,18 @@ ZC_AVX2 static inline __m256i with_zeros16(__m256i w, __m256i zero, __m256i neg,
                          _mm256_and_si256(half16_mask(neg, h), _mm256_set1_epi16(int16_t(0x8000))));
 }
 
+// 0xFF bytes on the lanes of two vectors of 16-bit words (a: lanes 0-15)
+// equal to s.
+ZC_AVX2 static inline __m256i eq_lanes16(__m256i a, __m256i b, __m256i s) {
+#if ZC_VBMI2
+  return _mm256_movm_epi8(uint32_t(_mm256_cmpeq_epi16_mask(a, s)) |
+                          uint32_t(_mm256_cmpeq_epi16_mask(b, s)) << 16);
+#else
+  return _mm256_permute4x64_epi64(
+      _mm256_packs_epi16(_mm256_cmpeq_epi16(a, s), _mm256_cmpeq_epi16(b, s)), 0xD8);
+#endif
+}
+
 template <class T>
 struct Lanes;
 
@@ -980,9 +1076,7 @@ struct Lanes<BF16> {
     const __m256i ff = _mm256_set1_epi16(0xFF);
     *e8 = pack16(_mm256_and_si256(_mm256_srli_epi16(a, 7), ff),
                  _mm256_and_si256(_mm256_srli_epi16(b, 7), ff));
-    const __m256i z = _mm256_setzero_si256();
-    *zero = _mm256_permute4x64_epi64(
-        _mm256_packs_epi16(_mm256_cmpeq_epi16(a, z), _mm256_cmpeq_epi16(b, z)), 0xD8);
+    *zero = eq_lanes16(a, b, _mm256_setzero_si256());
     if (raw) {  // sm = sign << 7 | mantissa
       const __m256i s80 = _mm256_set1_epi16(0x80), s7f = _mm256_set1_epi16(0x7F);
       raw->sm8 = pack16(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 8), s80),
@@ -1024,9 +1118,7 @@ struct Lanes<FP16> {
     const __m256i m1f = _mm256_set1_epi16(0x1F), ff = _mm256_set1_epi16(0xFF);
     *e8 = pack16(_mm256_and_si256(_mm256_srli_epi16(a, 10), m1f),
                  _mm256_and_si256(_mm256_srli_epi16(b, 10), m1f));
-    const __m256i z = _mm256_setzero_si256();
-    *zero = _mm256_permute4x64_epi64(
-        _mm256_packs_epi16(_mm256_cmpeq_epi16(a, z), _mm256_cmpeq_epi16(b, z)), 0xD8);
+    *zero = eq_lanes16(a, b, _mm256_setzero_si256());
     if (raw) {
       raw->sm8 = pack16(_mm256_and_si256(a, ff), _mm256_and_si256(b, ff));
       const __m256i m4 = _mm256_set1_epi16(4), m3 = _mm256_set1_epi16(3);
@@ -1096,16 +1188,79 @@ struct Lanes<FP32> {
     return _mm256_permutevar8x32_epi32(p, order);
   }
   ZC_AVX2 static inline void fields(const uint32_t* w, __m256i* e8, __m256i* zero, Raw* raw) {
-    __m256i v[4], e[4], z[4];
+    __m256i v[4], e[4];
     const __m256i ff = _mm256_set1_epi32(0xFF), zz = _mm256_setzero_si256();
+#if ZC_VBMI2
+    uint32_t zm = 0;
+#else
+    __m256i z[4];
+#endif
     for (int k = 0; k < 4; ++k) {
       v[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * k));
       e[k] = _mm256_and_si256(_mm256_srli_epi32(v[k], 23), ff);
+#if ZC_VBMI2
+      zm |= uint32_t(_mm256_cmpeq_epi32_mask(v[k], zz)) << (8 * k);
+#else
       z[k] = _mm256_cmpeq_epi32(v[k], zz);
+#endif
       if (raw) raw->v[k] = v[k];
     }
     *e8 = pack32(e, false);
+#if ZC_VBMI2
+    *zero = _mm256_movm_epi8(zm);
+#else
     *zero = pack32(z, true);
+#endif
+  }
+  // sm of 8 words, in the low 3 bytes of each 32-bit lane: sign << 23 | mantissa.
+  ZC_AVX2 static inline __m256i sm24(__m256i v) {
+    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0x7FFFFF)),
+                           _mm256_and_si256(_mm256_srli_epi32(v, 8), _mm256_set1_epi32(0x800000)));
+  }
+  // Bytes past the last sm byte that the 3-byte group moves below may touch.
+  static constexpr int kGroupSlack = ZC_VBMI2 ? 32 : 16;
+  // The 3-byte sm groups of the words of 8 lanes whose bit is set in keep8, in
+  // order, at dst; returns the end. Stores reach dst + 3 * popcount + slack.
+  ZC_AVX2 static inline uint8_t* put_groups(__m256i sm, uint32_t keep8, uint8_t* dst) {
+#if ZC_VBMI2
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
+                        _mm256_maskz_compress_epi8(_pdep_u32(keep8, 0x11111111u) * 7, sm));
+    return dst + 3 * pop(keep8);
+#else
+    const uint32_t k0 = keep8 & 0xF, k1 = keep8 >> 4;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst),
+                     _mm_shuffle_epi8(_mm256_castsi256_si128(sm),
+                                      _mm_load_si128(reinterpret_cast<const __m128i*>(
+                                          kSm3Luts.compact[k0]))));
+    dst += 3 * pop(k0);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst),
+                     _mm_shuffle_epi8(_mm256_extracti128_si256(sm, 1),
+                                      _mm_load_si128(reinterpret_cast<const __m128i*>(
+                                          kSm3Luts.compact[k1]))));
+    return dst + 3 * pop(k1);
+#endif
+  }
+  // put_groups' inverse: the next 3-byte groups at src on the lanes of keep8
+  // (zeros elsewhere); *src moves past them. Loads reach the end + slack.
+  ZC_AVX2 static inline __m256i get_groups(const uint8_t** src, uint32_t keep8) {
+#if ZC_VBMI2
+    const __m256i v = _mm256_maskz_expand_epi8(
+        _pdep_u32(keep8, 0x11111111u) * 7,
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(*src)));
+    *src += 3 * pop(keep8);
+    return v;
+#else
+    const uint32_t k0 = keep8 & 0xF, k1 = keep8 >> 4;
+    const __m128i a = _mm_shuffle_epi8(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(*src)),
+        _mm_load_si128(reinterpret_cast<const __m128i*>(kSm3Luts.expand[k0])));
+    *src += 3 * pop(k0);
+    const __m128i b = _mm_shuffle_epi8(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(*src)),
+        _mm_load_si128(reinterpret_cast<const __m128i*>(kSm3Luts.expand[k1])));
+    *src += 3 * pop(k1);
+    return _mm256_set_m128i(b, a);
+#endif
   }
   ZC_AVX2 static inline __m256i low16_bits(const Raw& r) {
     const __m256i m = _mm256_set1_epi32(0xFFFF);
@@ -1134,7 +1289,10 @@ struct Lanes<FP32> {
             _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(sm, drop), join));
       }
       st.sm += 96;
-    } else {  // omitted zeros or the segment's end: element by element
+    } else if (st.sm_end - st.sm >= 3 * pop(keep) + kGroupSlack) {  // omitted zeros
+      for (int k = 0; k < 4; ++k)
+        st.sm = put_groups(sm24(r.v[k]), (keep >> (8 * k)) & 0xFF, st.sm);
+    } else {  // the segment's end: element by element
       EncOut o{st.sm, BitWriter(), nullptr};
       for (int i = 0; i < 32; ++i)
         if ((keep >> i) & 1) emit_sm<FP32>(w[i], false, o);
@@ -1178,7 +1336,24 @@ struct Lanes<FP32> {
       in.sm += 96;
       return kOk;
     }
-    alignas(32) uint8_t e[32];  // omitted zeros or the segment's end: element by element
+    const int64_t need = 3 * int64_t(pop(keep));
+    if (in.sm_end - in.sm < need) return kErrCounts;
+    if (in.end - in.sm >= need + kGroupSlack) {  // omitted zeros
+      const __m256i man = _mm256_set1_epi32(0x7FFFFF), sgn = _mm256_set1_epi32(0x800000);
+      for (int q = 0; q < 4; ++q) {
+        const __m256i s = get_groups(&in.sm, (keep >> (8 * q)) & 0xFF);
+        const __m256i w = _mm256_or_si256(
+            _mm256_or_si256(_mm256_and_si256(s, man), _mm256_slli_epi32(_mm256_and_si256(s, sgn), 8)),
+            _mm256_slli_epi32(_mm256_cvtepu8_epi32(quarter8(e8, q)), 23));
+        _mm256_storeu_si256(
+            reinterpret_cast<__m256i*>(out + 8 * q),
+            _mm256_or_si256(_mm256_andnot_si256(_mm256_cvtepi8_epi32(quarter8(zero, q)), w),
+                            _mm256_and_si256(_mm256_cvtepi8_epi32(quarter8(neg, q)),
+                                             _mm256_set1_epi32(int(FP32::kSign)))));
+      }
+      return kOk;
+    }
+    alignas(32) uint8_t e[32];  // the payload's end: element by element
     _mm256_store_si256(reinterpret_cast<__m256i*>(e), e8);
     const uint32_t negm = movemask(neg);
     for (int i = 0; i < 32; ++i) {
@@ -1192,9 +1367,35 @@ struct Lanes<FP32> {
   }
 };
 
+#if ZC_VBMI2
+// The lanes of 32 words that are -0.0, as a bit mask (AVX-512 compares).
+template <class T>
+ZC_AVX2 static inline uint32_t neg_zero_mask(const typename T::W* w) {
+  if constexpr (T::kF32) {
+    const __m256i s = _mm256_set1_epi32(int(T::kSign));
+    uint32_t m = 0;
+    for (int k = 0; k < 4; ++k)
+      m |= uint32_t(_mm256_cmpeq_epi32_mask(
+               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * k)), s))
+           << (8 * k);
+    return m;
+  } else {
+    const __m256i s = _mm256_set1_epi16(int16_t(T::kSign));
+    return uint32_t(_mm256_cmpeq_epi16_mask(
+               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)), s)) |
+           uint32_t(_mm256_cmpeq_epi16_mask(
+               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16)), s))
+               << 16;
+  }
+}
+#endif
+
 // 0xFF bytes on the lanes of 32 words that are -0.0 (only the sign bit set).
 template <class T>
 ZC_AVX2 static inline __m256i neg_zero_lanes(const typename T::W* w) {
+#if ZC_VBMI2
+  return _mm256_movm_epi8(neg_zero_mask<T>(w));
+#else
   if constexpr (T::kF32) {
     const __m256i s = _mm256_set1_epi32(int(T::kSign));
     __m256i z[4];
@@ -1205,9 +1406,9 @@ ZC_AVX2 static inline __m256i neg_zero_lanes(const typename T::W* w) {
     const __m256i s = _mm256_set1_epi16(int16_t(T::kSign));
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16));
-    return _mm256_permute4x64_epi64(
-        _mm256_packs_epi16(_mm256_cmpeq_epi16(a, s), _mm256_cmpeq_epi16(b, s)), 0xD8);
+    return eq_lanes16(a, b, s);
   }
+#endif
 }
 
 // Escaped lanes whose exponent byte exceeds the dtype's (fp16: > 31).
@@ -1278,9 +1479,15 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec) {
   // e0 - nz bounds the -0.0 count: the exact count only when that bound
   // reaches the threshold (a second look at the chunk, in cache).
   const int shift = codec == kFixed3 ? kFixedZeroShift : kDenseZeroShift;
+  // The -0.0 lanes of each block, kept for the code counts below (zn implies
+  // they were counted).
+  uint32_t nbuf[kChunkElems / 32];
   uint64_t nneg = 0;
   if ((int64_t(e0 - nz) << shift) >= n) {
-    for (int b = 0; b < nb; ++b) nneg += pop(movemask(neg_zero_lanes<T>(w + 32 * b)));
+    for (int b = 0; b < nb; ++b) {
+      nbuf[b] = movemask(neg_zero_lanes<T>(w + 32 * b));
+      nneg += pop(nbuf[b]);
+    }
     for (int i = 32 * nb; i < n; ++i) nneg += w[i] == T::kSign;
   }
   const bool zp = (int64_t(nz) << shift) >= n, zn = (int64_t(nneg) << shift) >= n;
@@ -1299,7 +1506,7 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec) {
       const __m256i d = _mm256_sub_epi8(e8, vlo);
       uint32_t out = ~movemask(_mm256_cmpeq_epi8(_mm256_min_epu8(d, vw), d));
       if (zp) out &= ~movemask(_mm256_load_si256(reinterpret_cast<const __m256i*>(zbuf + 32 * b)));
-      if (zn) out &= ~movemask(neg_zero_lanes<T>(w + 32 * b));
+      if (zn) out &= ~nbuf[b];
       nesc += pop(out);
     }
     for (int i = 32 * nb; i < n; ++i)
@@ -1315,7 +1522,7 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec) {
       const __m256i r =
           rank(_mm256_load_si256(reinterpret_cast<const __m256i*>(ebuf + 32 * b)),
                _mm256_load_si256(reinterpret_cast<const __m256i*>(zbuf + 32 * b)),
-               zn ? neg_zero_lanes<T>(w + 32 * b) : none);
+               zn ? mask_bytes(nbuf[b]) : none);
       c3 += pop(gt(r, 2));
       c4 += pop(gt(r, 3));
       c5 += pop(gt(r, 4));
@@ -1412,6 +1619,7 @@ ZC_AVX2 static void write_dense(const typename T::W* w, int n, const Entry& en, 
   EncSt st{sm, sm + seg.sm, FastBitWriter(rem, rem + seg.rem)};
   const DenseRanker rank(en.base, en.phase, zp, zn);
   const __m256i three = _mm256_set1_epi8(3);
+  const bool esc_every_block = int64_t(en.n_esc) * kEscEveryBlock >= n / 32;
   int64_t start[5], len[5];
   dense_tier_segments(en, n, start, len);
   FastBitWriter f1(codes + start[1], codes + start[1] + len[1]),
@@ -1440,8 +1648,8 @@ ZC_AVX2 static void write_dense(const typename T::W* w, int n, const Entry& en, 
     // tier 4 digit: rank - 8 (11 = ESC)
     const uint64_t l4 = _pext_u32(q0, q3), h4 = _pext_u32(q1, q3);
     f4.put64(_pdep_u64(l4, kEven) | _pdep_u64(h4, kOdd), 2 * pop(q3));
-    // ESC is rare in dense (few Gaussian blocks have one): a branch beats compaction.
-    if (const uint32_t escm = q3 & q1 & q0) esc = put_compact(e8, escm, esc, esc_end);
+    const uint32_t escm = q3 & q1 & q0;  // see kEscEveryBlock
+    if (esc_every_block || escm) esc = put_compact(e8, escm, esc, esc_end);
     L::emit(raw, w + 32 * b, ~movemask(rank.coded(zero, neg)), low16, st);  // no sm for a zero symbol
   }
   BitWriter tw[5] = {BitWriter(codes + 8 * nb), f1.to_scalar(), f2.to_scalar(), f3.to_scalar(),
@@ -1516,6 +1724,7 @@ ZC_AVX2 static int decode_dense(const Entry& en, int n, const uint8_t* codes, De
       f3(codes + start[3], in.end), f4(codes + start[4], in.end), rr(in.rem.p, in.end);
   int left[4] = {en.n_open[0], en.n_open[1], en.n_open[2], en.n_open[3]};
   uint32_t bad = 0;
+  const bool esc_every_block = int64_t(en.n_esc) * kEscEveryBlock >= n / 32;
   const int nb = n / 32;
   for (int b = 0; b < nb; ++b) {
     prefetch_ahead(in.sm);
@@ -1555,7 +1764,8 @@ ZC_AVX2 static int decode_dense(const Entry& en, int n, const uint8_t* codes, De
     const __m256i zero = _mm256_or_si256(_mm256_cmpeq_epi8(r, rpos), neg);
     const uint32_t zm = movemask(zero);
     __m256i e8 = _mm256_shuffle_epi8(lut_e, r);
-    if (const uint32_t escm = m4 & l4 & h4) {  // rare in dense: a branch beats expansion
+    const uint32_t escm = m4 & l4 & h4;
+    if (esc_every_block || escm) {  // see kEscEveryBlock
       __m256i ex;
       if (int err = take_esc<T>(in, escm, &ex)) return err;
       e8 = _mm256_or_si256(_mm256_andnot_si256(mask_bytes(escm), e8), ex);
@@ -1615,18 +1825,100 @@ ZC_AVX2 static uint32_t run_sum(const typename T::W* w, int n) {
   return uint32_t(_mm_cvtsi128_si32(a)) + run_sum_generic<T>(w, i, n);
 }
 
-}  // namespace avx2
+}  // namespace avx2 / avx512
+#undef ZC_AVX2
+#undef ZC_VBMI2
 #endif
 
-// 0: generic, 1: AVX2 + BMI2 (not on AMD before Zen 3, whose pdep/pext are microcoded).
+#ifdef ZIPCCL_HAVE_VBMI2_KERNELS
+// The VBMI2 build's kernels, defined (as avx512::*'s) in codec_vbmi2.cpp's
+// translation unit.
+namespace vbmi2 {
+template <class T>
+Entry analyze(const typename T::W* w, int n, int codec);
+template <class T, bool NEG>
+void write_fixed3(const typename T::W* w, int n, const Entry& en, uint8_t* codes, uint8_t* sm,
+                  uint8_t* rem, uint8_t* esc, const uint8_t* next, int64_t next_nbytes);
+template <class T, bool NEG>
+void write_dense(const typename T::W* w, int n, const Entry& en, uint8_t* codes, uint8_t* sm,
+                 uint8_t* rem, uint8_t* esc);
+template <class T, bool NEG>
+int decode_fixed3(const Entry& en, int n, const uint8_t* codes, DecIn& in, typename T::W* out,
+                  const uint8_t* next, int64_t next_nbytes);
+template <class T, bool NEG>
+int decode_dense(const Entry& en, int n, const uint8_t* codes, DecIn& in, typename T::W* out);
+template <class T>
+uint32_t run_sum(const typename T::W* w, int n);
+
+#ifdef ZIPCCL_VBMI2_PASS
+template <class T>
+Entry analyze(const typename T::W* w, int n, int codec) {
+  return avx512::analyze<T>(w, n, codec);
+}
+template <class T, bool NEG>
+void write_fixed3(const typename T::W* w, int n, const Entry& en, uint8_t* codes, uint8_t* sm,
+                  uint8_t* rem, uint8_t* esc, const uint8_t* next, int64_t next_nbytes) {
+  avx512::write_fixed3<T, NEG>(w, n, en, codes, sm, rem, esc, next, next_nbytes);
+}
+template <class T, bool NEG>
+void write_dense(const typename T::W* w, int n, const Entry& en, uint8_t* codes, uint8_t* sm,
+                 uint8_t* rem, uint8_t* esc) {
+  avx512::write_dense<T, NEG>(w, n, en, codes, sm, rem, esc);
+}
+template <class T, bool NEG>
+int decode_fixed3(const Entry& en, int n, const uint8_t* codes, DecIn& in, typename T::W* out,
+                  const uint8_t* next, int64_t next_nbytes) {
+  return avx512::decode_fixed3<T, NEG>(en, n, codes, in, out, next, next_nbytes);
+}
+template <class T, bool NEG>
+int decode_dense(const Entry& en, int n, const uint8_t* codes, DecIn& in, typename T::W* out) {
+  return avx512::decode_dense<T, NEG>(en, n, codes, in, out);
+}
+template <class T>
+uint32_t run_sum(const typename T::W* w, int n) {
+  return avx512::run_sum<T>(w, n);
+}
+#define ZC_VBMI2_NEG(T, NEG)                                                                     \
+  template void write_fixed3<T, NEG>(const T::W*, int, const Entry&, uint8_t*, uint8_t*,         \
+                                     uint8_t*, uint8_t*, const uint8_t*, int64_t);               \
+  template void write_dense<T, NEG>(const T::W*, int, const Entry&, uint8_t*, uint8_t*,          \
+                                    uint8_t*, uint8_t*);                                         \
+  template int decode_fixed3<T, NEG>(const Entry&, int, const uint8_t*, DecIn&, T::W*,           \
+                                     const uint8_t*, int64_t);                                   \
+  template int decode_dense<T, NEG>(const Entry&, int, const uint8_t*, DecIn&, T::W*);
+#define ZC_VBMI2_DTYPE(T)                                                                        \
+  template Entry analyze<T>(const T::W*, int, int);                                              \
+  template uint32_t run_sum<T>(const T::W*, int);                                                \
+  ZC_VBMI2_NEG(T, false)                                                                         \
+  ZC_VBMI2_NEG(T, true)
+ZC_VBMI2_DTYPE(BF16)
+ZC_VBMI2_DTYPE(FP16)
+ZC_VBMI2_DTYPE(FP32)
+#endif  // ZIPCCL_VBMI2_PASS
+}  // namespace vbmi2
+#endif  // ZIPCCL_HAVE_VBMI2_KERNELS
+
+#ifdef ZIPCCL_VBMI2_PASS
+}  // namespace zipccl
+#else  // the rest: codec.cpp's own translation unit only
+
+// 0: generic, 1: AVX2 + BMI2 (not on AMD before Zen 3, whose pdep/pext are
+// microcoded), 2: that and AVX-512 BW/VL/VBMI2 (with the OS saving the
+// AVX-512 state, which __builtin_cpu_supports checks).
 static int best_isa() {
+  int best = 0;
 #ifdef ZIPCCL_HAVE_AVX2_KERNELS
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2") &&
       !__builtin_cpu_is("znver1") && !__builtin_cpu_is("znver2"))
-    return 1;
+    best = 1;
 #endif
-  return 0;
+#ifdef ZIPCCL_HAVE_VBMI2_KERNELS
+  if (best == 1 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi2"))
+    best = 2;
+#endif
+  return best;
 }
 
 // --------------------------------------------------------------------------
@@ -1634,6 +1926,9 @@ static int best_isa() {
 // --------------------------------------------------------------------------
 template <class T>
 static inline Entry analyze_dispatch(const typename T::W* w, int n, int codec, int isa) {
+#ifdef ZIPCCL_HAVE_VBMI2_KERNELS
+  if (isa >= 2) return vbmi2::analyze<T>(w, n, codec);
+#endif
 #ifdef ZIPCCL_HAVE_AVX2_KERNELS
   if (isa >= 1) return avx2::analyze<T>(w, n, codec);
 #endif
@@ -1645,6 +1940,18 @@ template <class T>
 static inline void write_dispatch(const typename T::W* w, int n, int codec, const Entry& en,
                                   uint8_t* codes, uint8_t* sm, uint8_t* rem, uint8_t* esc,
                                   const uint8_t* next, int64_t next_nbytes, int isa) {
+#ifdef ZIPCCL_HAVE_VBMI2_KERNELS
+  if (isa >= 2 && en.mode == kModeCoded) {
+    const bool neg = en.flags & kFlagZneg;
+    if (codec == kFixed3)
+      (neg ? vbmi2::write_fixed3<T, true> : vbmi2::write_fixed3<T, false>)(
+          w, n, en, codes, sm, rem, esc, next, next_nbytes);
+    else
+      (neg ? vbmi2::write_dense<T, true> : vbmi2::write_dense<T, false>)(w, n, en, codes, sm,
+                                                                           rem, esc);
+    return;
+  }
+#endif
 #ifdef ZIPCCL_HAVE_AVX2_KERNELS
   if (isa >= 1 && en.mode == kModeCoded) {
     const bool neg = en.flags & kFlagZneg;
@@ -1665,6 +1972,16 @@ template <class T>
 static inline int decode_dispatch(int codec, const Entry& en, int n, const uint8_t* codes,
                                   DecIn& in, typename T::W* out, const uint8_t* next,
                                   int64_t next_nbytes, int isa) {
+#ifdef ZIPCCL_HAVE_VBMI2_KERNELS
+  if (isa >= 2) {
+    const bool neg = en.flags & kFlagZneg;
+    if (codec == kFixed3)
+      return (neg ? vbmi2::decode_fixed3<T, true> : vbmi2::decode_fixed3<T, false>)(
+          en, n, codes, in, out, next, next_nbytes);
+    return (neg ? vbmi2::decode_dense<T, true> : vbmi2::decode_dense<T, false>)(en, n, codes,
+                                                                                  in, out);
+  }
+#endif
 #ifdef ZIPCCL_HAVE_AVX2_KERNELS
   if (isa >= 1) {
     const bool neg = en.flags & kFlagZneg;
@@ -1681,6 +1998,9 @@ static inline int decode_dispatch(int codec, const Entry& en, int n, const uint8
 
 template <class T>
 static inline uint32_t sum_dispatch(const typename T::W* w, int n, int isa) {
+#ifdef ZIPCCL_HAVE_VBMI2_KERNELS
+  if (isa >= 2) return vbmi2::run_sum<T>(w, n);
+#endif
 #ifdef ZIPCCL_HAVE_AVX2_KERNELS
   if (isa >= 1) return avx2::run_sum<T>(w, n);
 #endif
@@ -1965,7 +2285,7 @@ static inline bool args_ok(int64_t codec, int64_t nthreads, int64_t isa) {
 
 extern "C" {
 
-// The best kernel set this CPU runs: 0 generic, 1 AVX2 + BMI2.
+// The best kernel set this CPU runs: 0 generic, 1 AVX2 + BMI2, 2 AVX-512 VBMI2.
 int64_t zipccl_best_isa() { return zipccl::best_isa(); }
 
 // Encode pass 1. Fills entries (nchunks x 16 B), offsets (nchunks int64:
@@ -2084,3 +2404,4 @@ int64_t zipccl_constants(int64_t* out, int64_t cap) {
 }
 
 }  // extern "C"
+#endif  // !ZIPCCL_VBMI2_PASS
