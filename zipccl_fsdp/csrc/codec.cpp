@@ -1299,6 +1299,24 @@ struct Lanes<FP32> {
       st.sm = o.sm;
     }
   }
+  // fp32 words of quarter q from its sign+mantissa groups s (3 bytes each,
+  // widened to a lane: sign at bit 23) and the exponents e8.
+  ZC_AVX2 static inline __m256i fp32_words(__m256i s, __m256i e8, int q) {
+    const __m256i man = _mm256_set1_epi32(0x7FFFFF), sgn = _mm256_set1_epi32(0x800000);
+    return _mm256_or_si256(
+        _mm256_or_si256(_mm256_and_si256(s, man), _mm256_slli_epi32(_mm256_and_si256(s, sgn), 8)),
+        _mm256_slli_epi32(_mm256_cvtepu8_epi32(quarter8(e8, q)), 23));
+  }
+  // Stores quarter q's words w with its omitted zeros written in: +0.0, or
+  // -0.0 where neg is set.
+  ZC_AVX2 static inline void store_with_zeros(uint32_t* out, int q, __m256i w, __m256i zero,
+                                              __m256i neg) {
+    _mm256_storeu_si256(
+        reinterpret_cast<__m256i*>(out + 8 * q),
+        _mm256_or_si256(_mm256_andnot_si256(_mm256_cvtepi8_epi32(quarter8(zero, q)), w),
+                        _mm256_and_si256(_mm256_cvtepi8_epi32(quarter8(neg, q)),
+                                         _mm256_set1_epi32(int(FP32::kSign)))));
+  }
   ZC_AVX2 static inline int assemble(__m256i e8, __m256i zero, __m256i neg, uint32_t keep,
                                      bool low16, DecIn& in, FastBitReader&, uint32_t* out) {
     if (low16) {
@@ -1312,11 +1330,7 @@ struct Lanes<FP32> {
             _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(s, m80), 24),
                             _mm256_slli_epi32(e, 23)),
             _mm256_slli_epi32(_mm256_and_si256(s, m7f), 16));
-        _mm256_storeu_si256(
-            reinterpret_cast<__m256i*>(out + 8 * q),
-            _mm256_or_si256(_mm256_andnot_si256(_mm256_cvtepi8_epi32(quarter8(zero, q)), w),
-                            _mm256_and_si256(_mm256_cvtepi8_epi32(quarter8(neg, q)),
-                                             _mm256_set1_epi32(int(FP32::kSign)))));
+        store_with_zeros(out, q, w, zero, neg);
       }
       return kOk;
     }
@@ -1324,14 +1338,10 @@ struct Lanes<FP32> {
       const __m256i split = _mm256_setr_epi32(0, 1, 2, 2, 3, 4, 5, 5);
       const __m256i widen = _mm256_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1,
                                              0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1);
-      const __m256i man = _mm256_set1_epi32(0x7FFFFF), sgn = _mm256_set1_epi32(0x800000);
       for (int q = 0; q < 4; ++q) {
         const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in.sm + 24 * q));
         const __m256i s = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(raw, split), widen);
-        const __m256i w = _mm256_or_si256(
-            _mm256_or_si256(_mm256_and_si256(s, man), _mm256_slli_epi32(_mm256_and_si256(s, sgn), 8)),
-            _mm256_slli_epi32(_mm256_cvtepu8_epi32(quarter8(e8, q)), 23));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 8 * q), w);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 8 * q), fp32_words(s, e8, q));
       }
       in.sm += 96;
       return kOk;
@@ -1339,17 +1349,9 @@ struct Lanes<FP32> {
     const int64_t need = 3 * int64_t(pop(keep));
     if (in.sm_end - in.sm < need) return kErrCounts;
     if (in.end - in.sm >= need + kGroupSlack) {  // omitted zeros
-      const __m256i man = _mm256_set1_epi32(0x7FFFFF), sgn = _mm256_set1_epi32(0x800000);
       for (int q = 0; q < 4; ++q) {
         const __m256i s = get_groups(&in.sm, (keep >> (8 * q)) & 0xFF);
-        const __m256i w = _mm256_or_si256(
-            _mm256_or_si256(_mm256_and_si256(s, man), _mm256_slli_epi32(_mm256_and_si256(s, sgn), 8)),
-            _mm256_slli_epi32(_mm256_cvtepu8_epi32(quarter8(e8, q)), 23));
-        _mm256_storeu_si256(
-            reinterpret_cast<__m256i*>(out + 8 * q),
-            _mm256_or_si256(_mm256_andnot_si256(_mm256_cvtepi8_epi32(quarter8(zero, q)), w),
-                            _mm256_and_si256(_mm256_cvtepi8_epi32(quarter8(neg, q)),
-                                             _mm256_set1_epi32(int(FP32::kSign)))));
+        store_with_zeros(out, q, fp32_words(s, e8, q), zero, neg);
       }
       return kOk;
     }
