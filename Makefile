@@ -49,25 +49,31 @@ $(TRITON_NEWEST_DIR)/.installed: | $(STAMP)
 	$(PIP) install -q --no-deps --upgrade --target $(TRITON_NEWEST_DIR) triton==$(TRITON_NEWEST)
 	touch $@
 
-# The kernel tests under the newest triton run beside the suite, not before
-# it: they keep one core busy in triton's interpreter while the suite's
-# multi-rank tests leave cores idle, waiting on each other. Their output goes
-# to a log (under its own pytest temporary folder), printed when the suite ends;
-# either run failing fails the target.
-NEWEST_LOG := $(VENV)/kernel-tests-triton-$(TRITON_NEWEST).log
-NEWEST_PYTEST = PYTHONPATH=$(TRITON_NEWEST_DIR) $(BIN)/python -m pytest -q -ra \
-	-p no:cacheprovider --basetemp=$(VENV)/pytest-triton-$(TRITON_NEWEST) $(KERNEL_TESTS)
+# The kernel tests (triton's interpreter, one core busy) run beside the rest
+# of the suite, whose multi-rank tests leave cores idle waiting on each
+# other: under the venv's triton, then under the newest. Their output goes to
+# logs (each run under its own pytest temporary folder), printed when the
+# suite ends; any of the three runs failing fails the target.
+KERNEL_LOG := $(VENV)/kernel-tests-triton
+KERNEL_PYTEST = $(BIN)/python -m pytest -q -ra -p no:cacheprovider $(KERNEL_TESTS)
+NEWEST_PYTEST = PYTHONPATH=$(TRITON_NEWEST_DIR) $(KERNEL_PYTEST) \
+	--basetemp=$(VENV)/pytest-triton-$(TRITON_NEWEST)
 
 test: $(STAMP) $(TRITON_NEWEST_DIR)/.installed
 	@$(MAKE) --no-print-directory check-triton-newest
-	@echo "make test: the whole suite, and beside it the kernel tests under triton" \
-	  "$(TRITON_NEWEST) (log: $(NEWEST_LOG)); about 20 minutes on 2 cores"
-	@( $(NEWEST_PYTEST) > $(NEWEST_LOG) 2>&1; echo $$? > $(NEWEST_LOG).rc ) & \
-	$(BIN)/python -m pytest -q -ra tests; suite=$$?; wait; \
-	echo "== kernel tests under triton $(TRITON_NEWEST) =="; tail -n 25 $(NEWEST_LOG); \
-	newest=$$(cat $(NEWEST_LOG).rc); \
-	echo "make test: suite exit $$suite, kernel tests under triton $(TRITON_NEWEST) exit $$newest"; \
-	test $$suite -eq 0 && test $$newest -eq 0
+	@echo "make test: the suite, and beside it the kernel tests under the venv's triton," \
+	  "then under triton $(TRITON_NEWEST) (logs: $(KERNEL_LOG)-*.log); about 20 minutes on 2 cores"
+	@( $(KERNEL_PYTEST) --basetemp=$(VENV)/pytest-triton-venv > $(KERNEL_LOG)-venv.log 2>&1; \
+	   echo $$? > $(KERNEL_LOG)-venv.rc; \
+	   $(NEWEST_PYTEST) > $(KERNEL_LOG)-$(TRITON_NEWEST).log 2>&1; \
+	   echo $$? > $(KERNEL_LOG)-$(TRITON_NEWEST).rc ) & \
+	$(BIN)/python -m pytest -q -ra tests $(KERNEL_TESTS:%=--ignore=%); suite=$$?; wait; \
+	for v in venv $(TRITON_NEWEST); do \
+	  echo "== kernel tests under triton $$v =="; tail -n 25 $(KERNEL_LOG)-$$v.log; done; \
+	venv=$$(cat $(KERNEL_LOG)-venv.rc); newest=$$(cat $(KERNEL_LOG)-$(TRITON_NEWEST).rc); \
+	echo "make test: suite exit $$suite, kernel tests exit $$venv (venv's triton)" \
+	  "and $$newest (triton $(TRITON_NEWEST))"; \
+	test $$suite -eq 0 && test $$venv -eq 0 && test $$newest -eq 0
 
 check-triton-newest: $(TRITON_NEWEST_DIR)/.installed
 	PYTHONPATH=$(TRITON_NEWEST_DIR) $(BIN)/python -c \
