@@ -65,7 +65,6 @@ def task_disagreeing_measurements():
         Cal.measure_link_local, Cal.measure_codec_local, Cal.measure_ab_local = saved
 
 
-
 def test_decisions_agree_when_measurements_differ(pool2):
     (alone0, plans0, links0, c0), (alone1, plans1, links1, c1) = \
         pool2.run(task_disagreeing_measurements)

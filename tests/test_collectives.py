@@ -658,7 +658,6 @@ def task_pipelined_all_to_all():
     return st.snapshot()["all_to_all"]
 
 
-
 def test_pipelined_all_gather_bitwise(pool2):
     for s in pool2.run(task_pipelined_all_gather):
         # every call but the empty ones (n = 0 is never encoded) went in pieces

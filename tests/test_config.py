@@ -19,7 +19,6 @@ def test_config_validates_policy_fields():
     assert a.protocol_fields() != b.protocol_fields()
 
 
-
 def test_config_validation():
     with pytest.raises(ValueError, match="codec"):
         ZipCCLConfig(codec="zstd")
@@ -33,7 +32,6 @@ def test_config_validation():
         ZipCCLConfig(compress_all_gather=1)
 
 
-
 def test_configs_hold_settings_only():
     import dataclasses
 
@@ -44,7 +42,6 @@ def test_configs_hold_settings_only():
         assert value is None or type(value) in (str, int, float, bool), (f.name, value)
     assert set(vars(DEFAULT_CONFIG)) == {f.name for f in dataclasses.fields(DEFAULT_CONFIG)}
     assert DEFAULT_CONFIG == ZipCCLConfig() and hash(DEFAULT_CONFIG) == hash(ZipCCLConfig())
-
 
 
 def test_codec_names_are_the_build_codec_set():

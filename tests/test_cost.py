@@ -9,7 +9,7 @@ from zipccl_fsdp import cost as M
 
 def test_cost_model_pipelines_large_messages_on_slow_links():
     slow = M.LinkSpeed(150e-6, 62e6)          # the 1 Gbit namespace: 62 MB/s per rank
-    fast = M.LinkSpeed(150e-6, 3.7e9)         # an unthrottled loopback, as measured once
+    fast = M.LinkSpeed(150e-6, 3.7e9)         # about an unthrottled loopback
     codec = {"dense": M.CodecSpeed(1.0e9, 1.5e9, 50e-6)}
     f = {"dense": 0.67}
     big = (M.gather(2, 32 << 20),)

@@ -65,7 +65,6 @@ def task_decisions_given_in_config():
     return out
 
 
-
 def task_measured_loopback():
     """Measured for real: the loopback between two local processes is faster
     than the CPU codec, so the adaptive policy sends everything raw."""
@@ -121,8 +120,6 @@ def test_policy_decisions_from_config(pool2):
     assert any(k[1] != "raw" and k[2] > 1 for k in slow["decisions"])
 
 
-
-
 def test_measured_loopback_goes_raw(pool2):
     for s, link_bps, codec_bps, ar in pool2.run(task_measured_loopback):
         assert s["compressed_calls"] == 0 and s["raw_fallback_calls"] == 1, (s, link_bps,
@@ -169,7 +166,6 @@ def test_outlook_says_whether_a_call_would_measure_first():
         assert P.outlook(measured, st, None, bf16, cpu, False) == "", measured
     assert P.outlook(ZipCCLConfig(policy="never"), st, None, bf16, cpu, False) == ""
     # After the measuring call: tests/test_ddp.py (the DDP hook runs it itself).
-
 
 
 def test_only_the_policy_module_reads_the_policy_setting():

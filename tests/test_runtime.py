@@ -36,7 +36,6 @@ def test_runtime_state_goes_with_its_config():
     assert len(rt.states()) <= 2
 
 
-
 def task_hooks_keep_their_own_state():
     """Two hooks with equal configs, and the free functions with a third: each
     owner checks the agreement, decides and opens its lanes on its own."""
