@@ -104,9 +104,9 @@ class _Damage:
 # Cases run on every rank: each returns (ok, outcome)
 # --------------------------------------------------------------------------
 def r1_ddp_failed_backward():
-    import test_hook_failures as T
+    from hook_failure_cases import backward_after_damage
 
-    r = T.backward_after_damage()
+    r = backward_after_damage()
     ok = (r["caught"] == "CorruptPayloadError" and r["elapsed"] < WITHIN_S and r["idle"]
           and r["probe"] == [3.0] * 4)
     return ok, (f"{r['caught']} {r['elapsed']:.1f}s, worker idle: {r['idle']}, "

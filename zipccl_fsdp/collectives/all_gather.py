@@ -92,12 +92,14 @@ def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
         unit = input_tensor.nbytes
         if output_tensor.nbytes == lane.world * unit:
             return lane.send(unit, async_op, output_tensor, input_tensor)
-    setup = dispatch.enter("all_gather", WHERE, input_tensor, dispatch.nbytes(input_tensor),
-                           group, config, stats, _checked, output_tensor, input_tensor)
-    if setup is None:
+    call = dispatch.begin(group, config, stats)
+    if call is None:
         return None
-    call, unit, coded = setup
     cfg, st, group, world, rank = call
+    with dispatch.refusing(call, "all_gather", input_tensor, dispatch.nbytes(input_tensor)):
+        unit = _checked(world, rank, output_tensor, input_tensor)
+        coded = dispatch.coded(call, WHERE, input_tensor, output_tensor, input_tensor)
+    dispatch.agree(call, "all_gather", input_tensor)
     plan = dispatch.plan(cfg, "all_gather", group, world, input_tensor,
                          (cost.gather(world, unit),), coded and world > 1, unit, st)
     if not plan.compress and world > 1 and not (coded and cfg.verify):

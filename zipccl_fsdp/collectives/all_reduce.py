@@ -145,12 +145,15 @@ def _whole(flat: torch.Tensor, world: int) -> torch.Tensor:
 
 def _all_reduce(tensor, op, group, async_op: bool, config: ZipCCLConfig | None,
                 stats: CommStats | None):
-    setup = dispatch.enter("all_reduce", WHERE, tensor, dispatch.nbytes(tensor), group, config,
-                           stats, _checked, tensor, op, per_rank=True, raw_rows=_raw_rows)
-    if setup is None:
+    call = dispatch.begin(group, config, stats)
+    if call is None:
         return None
-    call, parsed, coded = setup
     cfg, st, group, world, rank = call
+    with dispatch.refusing(call, "all_reduce", tensor, dispatch.nbytes(tensor), per_rank=True,
+                           raw_rows=_raw_rows):
+        parsed = _checked(world, rank, tensor, op)
+        coded = dispatch.coded(call, WHERE, tensor, tensor)
+    dispatch.agree(call, "all_reduce", tensor)
     numel = tensor.numel()
     itemsize = tensor.element_size()
     if not coded:

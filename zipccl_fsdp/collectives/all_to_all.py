@@ -85,12 +85,14 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
             if split is not _lanes.MISS:
                 return lane.send(split.raw, async_op, output, input, split.out_rows,
                                  split.in_rows)
-    setup = dispatch.enter("all_to_all", WHERE, input, 0, group, config, stats, _checked, output,
-                           input, output_split_sizes, input_split_sizes, plan_of=_refusal_plan)
-    if setup is None:
+    call = dispatch.begin(group, config, stats)
+    if call is None:
         return None
-    call, split, coded = setup
     cfg, st, group, world, rank = call
+    with dispatch.refusing(call, "all_to_all", input, 0, plan_of=_refusal_plan):
+        split = _checked(world, rank, output, input, output_split_sizes, input_split_sizes)
+        coded = dispatch.coded(call, WHERE, input, output, input)
+    dispatch.agree(call, "all_to_all", input)
     in_counts, out_counts, raw = split.in_counts, split.out_counts, split.raw
     itemsize = input.element_size()
     if overlaps(input, output):

@@ -1,9 +1,11 @@
 """How a collective's call is dispatched: the steps every collective shares
 from its entry to its return.
 
-A call enters (``enter``: its group, config and stats, its argument checks,
-the refusal its peers see when they fail, the config's agreement), asks the
-policy for a plan (``plan``), and then goes raw to torch (``announce`` its
+A call begins (``begin``: its group, config and stats), runs its own
+argument checks inside ``refusing`` (a check that fails is refused to the
+peers before it is raised; ``coded`` says whether the dtype is coded), has
+the config's agreement checked (``agree``), asks the policy for a plan
+(``plan``), and then goes raw to torch (``announce`` its
 size row when its sizes chose it, then ``to_torch``), opens a raw lane
 (``open_lane``), or runs one of the schedule's movements (``pipeline.py``,
 with ``verified`` and ``observer``) and counts its outcome
@@ -33,8 +35,9 @@ from ..config import DEFAULT_CONFIG, ZipCCLConfig
 from ..cost import agreed_raw as _agreed_raw
 from ..stats import MODULE_STATS, CommStats
 
-__all__ = ["CODED_DTYPES", "stats", "reset_stats", "VERIFIED_RAW", "Setup", "begin", "enter",
-           "bad", "parse_op", "check_tensor", "check_pair", "check_world_times", "nbytes",
+__all__ = ["CODED_DTYPES", "stats", "reset_stats", "VERIFIED_RAW", "Setup", "begin",
+           "refusing", "coded", "agree", "bad", "parse_op", "check_tensor", "check_pair",
+           "check_world_times", "nbytes",
            "group_info", "capturing", "compresses", "plan", "announce", "decided", "verified",
            "observer", "open_lane", "opens_lane", "scheduled_done", "completed_work",
            "no_grad_if_needed", "to_torch", "torch_all_gather", "torch_reduce_scatter"]
@@ -260,16 +263,6 @@ def completed_work(async_op: bool, result: torch.Tensor) -> dist.Work | None:
     return torch._C._distributed_c10d._create_work_from_future(fut)
 
 
-def _ensure_consistent(cfg: ZipCCLConfig, group: dist.ProcessGroup, world: int, t: torch.Tensor,
-                       st: CommStats, kind: str) -> None:
-    """Once per (config, group): all ranks must agree on the protocol fields
-    (``protocol.check_agreement``: raises ZipCCLConfigError naming field and
-    ranks). Not while a CUDA graph is captured (it reads the answers on the
-    host); a captured step has run uncaptured first, which checked it."""
-    if not capturing(t):
-        protocol.check_agreement(cfg, group, world, t.device, st, kind)
-
-
 def capturing(t: object) -> bool:
     """Whether ``t`` is a CUDA tensor whose stream is being captured into a
     CUDA graph. A compressed call reads sizes on the host and the policy
@@ -289,10 +282,10 @@ class Setup(NamedTuple):
 
 
 PlanOf = Callable[[Setup, torch.Tensor], _policy.Plan]
-"""A collective's own way to plan a call that it refuses (``enter``'s ``plan_of``)."""
+"""A collective's own way to plan a call that it refuses (``refusing``'s ``plan_of``)."""
 
 RawRows = Union[bool, Callable[[Setup, torch.Tensor], bool]]
-"""Whether a raw call sends size rows (``enter``'s ``raw_rows``)."""
+"""Whether a raw call sends size rows (``refusing``'s ``raw_rows``)."""
 
 
 def begin(group: dist.ProcessGroup | None, config: ZipCCLConfig | None,
@@ -306,41 +299,53 @@ def begin(group: dist.ProcessGroup | None, config: ZipCCLConfig | None,
     return Setup(config or DEFAULT_CONFIG, stats or _STATS, *info)
 
 
-def enter(kind: str, where: str, t: torch.Tensor, unit: int, group: dist.ProcessGroup | None,
-          config: ZipCCLConfig | None, stats: CommStats | None, check: Callable[..., Any],
-          *args: Any, per_rank: bool = False, plan_of: PlanOf | None = None,
-          raw_rows: RawRows = False) -> tuple[Setup, Any, bool] | None:
-    """Where every public collective's general path begins: ``(call, what
-    check returned, whether the codec handles t's dtype)``, or None when this
-    rank is not in ``group``.
+class refusing:
+    """``with dispatch.refusing(call, kind, t, unit):`` around a public
+    collective's own argument checks (and ``coded``): a ``TypeError`` or
+    ``ValueError`` raised inside is refused to the peers before it goes on
+    (``_refuse``, which predicts the call's first exchange from ``unit``,
+    the bytes of one unit of encoding, or of the whole tensor when
+    ``per_rank``: a chunk is then a world's share of it; ``raw_rows`` and
+    ``plan_of``: see ``_refuse``). The collective runs its checks itself, so
+    the call reads in one direction: collective, then dispatch."""
 
-    ``check(world, rank, *args)`` is the collective's own argument checks (the
-    function its raw lane runs too, ``_lanes.checked``, where its narrow test
-    does not decide); ``t`` the tensor whose
-    dtype is coded. A check that fails is refused to the peers before it is
-    raised (``_refuse``, which predicts the call's first exchange from
-    ``unit``, the bytes of one unit of encoding, or of the whole tensor when
-    ``per_rank``: a chunk is then a world's share of it; ``raw_rows``: see
-    ``_refuse``). Then the agreement
-    check, once per (config, group)."""
-    call = begin(group, config, stats)
-    if call is None:
+    __slots__ = ("call", "kind", "t", "unit", "plan_of", "raw_rows")
+
+    def __init__(self, call: Setup, kind: str, t: torch.Tensor, unit: int, *,
+                 per_rank: bool = False, plan_of: PlanOf | None = None,
+                 raw_rows: RawRows = False) -> None:
+        self.call, self.kind, self.t, self.plan_of, self.raw_rows = call, kind, t, plan_of, raw_rows
+        self.unit = -(-unit // call.world) if per_rank else unit
+
+    def __enter__(self) -> None:
         return None
-    try:
-        checked = check(call.world, call.rank, *args)
-        # A tensor whose elements are not in memory of its own (a wrapper
-        # subclass: FSDP2's all-gather extensions, float8) goes to torch, which
-        # dispatches it. Whether a call's tensors are such is part of the call,
-        # like its dtype: the same on every rank (FSDP2's parameters are of one
-        # type on every rank), so every rank decides alike.
-        coded = (all(_codec.in_memory(a) for a in args if isinstance(a, torch.Tensor))
-                 and _coded(t.dtype, call.cfg, where))
-    except (TypeError, ValueError) as err:
-        _refuse(call, kind, t, -(-unit // call.world) if per_rank else unit, err, plan_of,
-                raw_rows)
-        raise
-    _ensure_consistent(call.cfg, call.group, call.world, t, call.st, kind)
-    return call, checked, coded
+
+    def __exit__(self, cls, err, tb) -> bool:
+        if cls is not None and issubclass(cls, (TypeError, ValueError)):
+            _refuse(self.call, self.kind, self.t, self.unit, err, self.plan_of, self.raw_rows)
+        return False
+
+
+def coded(call: Setup, where: str, t: torch.Tensor, *tensors: torch.Tensor) -> bool:
+    """Whether the call codes: ``t``'s dtype is one the codec handles (else
+    raw, or ``TypeError`` when the config says so) and each of ``tensors``
+    holds its elements in memory of its own. A tensor that does not (a
+    wrapper subclass: FSDP2's all-gather extensions, float8) goes to torch,
+    which dispatches it. Whether a call's tensors are such is part of the
+    call, like its dtype: the same on every rank (FSDP2's parameters are of
+    one type on every rank), so every rank decides alike. Run it inside
+    ``refusing``."""
+    return (all(_codec.in_memory(a) for a in tensors)
+            and _coded(t.dtype, call.cfg, where))
+
+
+def agree(call: Setup, kind: str, t: torch.Tensor) -> None:
+    """After the checks pass: the agreement check, once per (config, group)
+    (``protocol.check_agreement``: raises ZipCCLConfigError naming field and
+    ranks). Not while a CUDA graph is captured (it reads the answers on the
+    host); a captured step has run uncaptured first, which checked it."""
+    if not capturing(t):
+        protocol.check_agreement(call.cfg, call.group, call.world, t.device, call.st, kind)
 
 
 def nbytes(t: object) -> int:

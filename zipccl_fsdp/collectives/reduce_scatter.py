@@ -63,12 +63,14 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor,
         >>> out = torch.empty(grads.numel() // world, dtype=grads.dtype)
         >>> reduce_scatter_single(out, grads, op=ReduceOp.AVG)
     """
-    setup = dispatch.enter("reduce_scatter", WHERE, input, dispatch.nbytes(output), group, config,
-                           stats, _checked, output, input, op, raw_rows=True)
-    if setup is None:
+    call = dispatch.begin(group, config, stats)
+    if call is None:
         return None
-    call, parsed, coded = setup
     cfg, st, group, world, rank = call
+    with dispatch.refusing(call, "reduce_scatter", input, dispatch.nbytes(output), raw_rows=True):
+        parsed = _checked(world, rank, output, input, op)
+        coded = dispatch.coded(call, WHERE, input, output, input)
+    dispatch.agree(call, "reduce_scatter", input)
     n = output.numel()
     unit = n * input.element_size()
     if not coded:
