@@ -1,5 +1,5 @@
-"""Every failure path of issue 20 and a few more, each bounded in time: a table
-of case, outcome and seconds.
+"""The failure paths of the collectives and the DDP hook, each bounded in
+time: a table of case, outcome and seconds.
 
 Each case runs on 2 gloo ranks (a pool of processes with a short process-group
 timeout, respawned after any case that did not pass on every rank, since a
@@ -10,8 +10,8 @@ API: ``zipccl_fsdp.all_reduce``, ``all_to_all_single``, ``reduce_scatter_single`
 the torch.distributed sends the collectives make. A case that gives no result
 within its wall limit is reported as a hang and its processes are killed.
 
-``pass`` means the behaviour the issue asks for: an exact result, or the named
-error on every rank within 10 s.
+``pass`` means what README promises under "Errors": an exact result, or
+the named error on every rank within 10 s.
 
 Usage::
 
