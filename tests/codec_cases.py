@@ -95,6 +95,20 @@ def case(name: str, n: int, dtype, seed: int = 0) -> torch.Tensor:
                         (2, torch.randn(4096, generator=g).bfloat16().float())):
             x[4096 * k:4096 * (k + 1)] = part[:max(0, min(4096, n - 4096 * k))]
         return x.to(dtype)
+    if name == "zero_runs":
+        # Whole chunks of +0.0 (ZERO chunks, as an embedding gradient's unused
+        # rows make) beside chunks that are +0.0 but for one -0.0, one NaN or
+        # one subnormal (not ZERO), and an all-+0.0 ragged tail.
+        x = torch.randn(n, generator=g).to(dtype)
+        odd = from_bits(signed([special_words(dtype)[k] for k in (7, 0, 8)], itemsize), dtype)
+        for c in range(0, -(-n // 4096)):
+            part = x[4096 * c:4096 * (c + 1)]
+            if c % 4 == 0 or c == (n - 1) // 4096:
+                part.zero_()
+            elif c % 4 == 1:
+                part.zero_()
+                part[(37 * c) % part.numel()] = odd[c % 3]
+        return x
     raise KeyError(name)
 
 
@@ -111,4 +125,4 @@ def mantissa_tail(n: int, g: torch.Generator, sigma: float = 1e-3) -> torch.Tens
 
 CASES = ("gauss", "tiny_sigma", "special", "random_bits", "zero_heavy", "all_zero",
          "bf16_casts", "subnormal", "masked_mul", "neg_zero_heavy", "mantissa_tail",
-         "tail_mixed")
+         "tail_mixed", "zero_runs")

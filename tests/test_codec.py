@@ -269,11 +269,12 @@ def test_forged_header_is_refused_before_allocating(backend):
         p = _forge(numel, 3, 2 ** 21, body)
         with pytest.raises(z.CorruptPayloadError):
             z.decode(p, backend=backend)
-    # The least body the numel needs is checked even when the table fits.
+    # A payload that holds its table but not the body the table asks for
+    # (its entries, all zero, say RAW) is refused by the table's checks.
     numel = 1 << 20
     nch = numel // 4096
     small = align_up(64 + 8, 16) + align_up(20 * nch, 16) + 16 * nch
-    with pytest.raises(z.CorruptPayloadError, match="too short"):
+    with pytest.raises(z.CorruptPayloadError, match="offset|body"):
         z.decode(_forge(numel, 3, small, 16 * nch), backend=backend)
 
 
@@ -424,3 +425,48 @@ def test_lowbyte_where_the_format_forbids_it_is_refused(backend):
         q[h.table_offset + 1] |= F.FLAG_LOWBYTE | flag
         with pytest.raises(z.CorruptPayloadError, match="chunk table entry 0"):
             z.decode(q, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("codec", CODED)
+def test_zero_chunks_are_exactly_the_all_positive_zero_ones(backend, dtype, codec):
+    """A chunk is ZERO exactly when every element is +0.0 (the ragged last
+    chunk too); a chunk of +0.0 but for one -0.0, NaN or subnormal is not.
+    ZERO chunks have no segment and an entry of zeros, and decode to +0.0."""
+    x = case("zero_runs", 8 * 4096 + 1003, dtype, seed=5)
+    p = z.encode(x, codec=codec, backend=backend)
+    h = F.parse_header(p)
+    table, offsets = F.read_table(p, h)
+    w = torch.nn.functional.pad(bits(x), (0, -x.numel() % 4096), value=1).view(-1, 4096)
+    w[-1, 1003:] = 0
+    zero = (w == 0).all(1)
+    assert zero.tolist() == [True, False, False, False, True, False, False, False, True]
+    assert torch.equal(table.mode == F.MODE_ZERO, zero)
+    assert not bool((table.mode == F.MODE_RAW).any())
+    fields = torch.stack([table.flags, table.base, table.phase, table.n_zero, table.n_esc], 1)
+    assert int(fields[zero].abs().sum()) == 0 and int(table.n_open[zero].abs().sum()) == 0
+    ends = torch.cat([offsets[1:], torch.tensor([h.body_nbytes // F.ALIGN])])
+    assert torch.equal((ends - offsets)[zero], torch.zeros(3, dtype=torch.int64))
+    assert torch.equal(bits(z.decode(p, backend=backend)), bits(x))
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+def test_zero_chunk_entries_that_break_the_format_are_refused(backend):
+    """A ZERO entry carries its mode and zeros; mode 3 does not exist; a
+    CODED chunk relabelled ZERO leaves a segment the offsets no longer fit."""
+    x = case("zero_runs", 3 * 4096, torch.bfloat16, seed=6)
+    p = z.encode(x, codec="dense", backend="torch")
+    h = F.parse_header(p)
+    assert p[h.table_offset:h.table_offset + 3 * F.CHUNK_ENTRY_NBYTES:F.CHUNK_ENTRY_NBYTES].tolist() \
+        == [F.MODE_ZERO, F.MODE_CODED, F.MODE_ZERO]
+    for at, value in ((1, F.FLAG_ZPOS), (2, 127), (4, 1), (0, 3)):
+        q = p.clone()
+        q[h.table_offset + at] = value
+        with pytest.raises(z.CorruptPayloadError, match="chunk table entry 0"):
+            z.decode(q, backend=backend)
+    q = p.clone()
+    q[h.table_offset + F.CHUNK_ENTRY_NBYTES:h.table_offset + 2 * F.CHUNK_ENTRY_NBYTES] = 0
+    q[h.table_offset + F.CHUNK_ENTRY_NBYTES] = F.MODE_ZERO
+    with pytest.raises(z.CorruptPayloadError, match="body|offset"):
+        z.decode(q, backend=backend)

@@ -113,3 +113,18 @@ def test_mantissa_tail_fp32(gen):
     assert float(((x.view(torch.int32) & 0xFF) == 0).float().mean()) >= 0.98
     assert ratio(x, "dense") >= 1.19
     assert ratio(x, "fixed3") >= 1.16
+
+
+def test_zero_row_runs_fp32():
+    """An embedding-gradient shard as the captures show it: 1024 rows of 128,
+    a row per token id, the batch's ids (Zipf-like over the first 200) the
+    only nonzero rows, each a sum of bf16 terms in fp32; 80% of the rows are
+    +0.0, most of them in one run, so whole chunks are zero (ZERO chunks)."""
+    g = torch.Generator().manual_seed(1234)
+    ids = torch.multinomial(1.0 / torch.arange(1, 201, dtype=torch.float64), 2048,
+                            replacement=True, generator=g)
+    x = torch.zeros(1024, 128)
+    x.index_add_(0, ids, torch.randn(2048, 128, generator=g).bfloat16().float())
+    assert 0.78 < float((x == 0).all(1).float().mean()) < 0.85
+    assert ratio(x, "dense") >= 8.0
+    assert ratio(x, "fixed3") >= 7.8

@@ -235,11 +235,14 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
         flags |= torch.where(lowbyte, F.FLAG_LOWBYTE, 0)
     table = F.ChunkTable(torch.full_like(n, F.MODE_CODED), flags, base, phase, nz, n_esc, n_open)
     _, seg = F.segment_layout(codec, info, n, table, n_low)
-    coded = seg < F.align16(n * info.itemsize)
-    raw_chunk = ~coded
-    # Chunks that do not shrink are stored raw; their table entries are zero.
+    # Chunks of +0.0 alone are ZERO, chunks that do not shrink are stored raw;
+    # the table entries of both are their mode and zeros.
+    zero_chunk = npos == n
+    coded = (seg < F.align16(n * info.itemsize)) & ~zero_chunk
+    raw_chunk = ~coded & ~zero_chunk
     z0 = torch.zeros_like(n)
-    table = F.ChunkTable(torch.where(coded, F.MODE_CODED, F.MODE_RAW),
+    mode = torch.where(coded, F.MODE_CODED, torch.where(zero_chunk, F.MODE_ZERO, F.MODE_RAW))
+    table = F.ChunkTable(mode,
                          torch.where(coded, flags, z0), torch.where(coded, base, z0),
                          torch.where(coded, phase, z0), torch.where(coded, nz, z0),
                          torch.where(coded, n_esc, z0), torch.where(coded[:, None], n_open, 0))
@@ -257,7 +260,7 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
         sm_val = sm & 0xFF
     value = torch.where(raw_chunk[:, None], W, sm_val)
     nbytes = torch.where(raw_chunk, info.itemsize, smb)
-    elem_keep = valid & ~(coded[:, None] & omitted)
+    elem_keep = valid & ~zero_chunk[:, None] & ~(coded[:, None] & omitted)
     byte_idx = torch.arange(4, device=dev)
     byte_keep = (elem_keep[..., None] & (byte_idx < nbytes[:, None, None])).view(nch, 4 * C)
     vbytes = value.contiguous().view(torch.uint8).view(nch, 4 * C)
@@ -389,7 +392,7 @@ def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor) -> torch.
         smb = torch.where(low16, 1, torch.where(lowbyte, 2, 3))
     else:
         smb = torch.ones_like(n)
-    nbytes = torch.where(coded, smb, info.itemsize)
+    nbytes = torch.where(coded, smb, info.itemsize)  # ZERO chunks: sm_len 0, words 0
     elem_keep = valid & ~is_zero
     elem_rank = torch.cumsum(elem_keep, 1) - 1
     sm_rows = _gather_rows(payload, at[:, 1], sm_len, C * info.itemsize)

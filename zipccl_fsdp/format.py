@@ -17,7 +17,10 @@ refused before any field is used. Every padding byte is zero, so a tensor has
 exactly one payload per codec (backends compare bytes).
 
 Chunks. The tensor is cut into chunks of ``chunk_elems`` elements (4096; the
-last may be shorter); each is coded on its own and stored CODED or RAW.
+last may be shorter); each is coded on its own and stored CODED, RAW or
+ZERO. A chunk whose every element is +0.0 (word 0) is ZERO: its segment is
+empty (0 bytes) and it decodes to +0.0 (the all-zero rows of an embedding
+gradient make whole chunks of them). Any other chunk is CODED or RAW.
 
 Body (chunk-major). Chunk c's segment starts at ``body_offset + 16 *
 offset[c]`` and is self-contained::
@@ -35,7 +38,8 @@ reads entry c and offset c can decode chunk c with no scan over other chunks;
 units (``offset[0] = 0``) and ``body_nbytes`` their total, both checked by
 every decoder (a bitmap that disagrees with the offsets is refused like any
 other length fault). A RAW chunk's segment is its element bytes (in the
-``sm`` position), padded to 16.
+``sm`` position), padded to 16. A RAW or ZERO chunk's table entry is its mode
+and zeros.
 
 Element fields. A float word splits into an exponent field ``e`` (8 bits for
 bf16/fp32, 5 for fp16) and the sign+mantissa field ``sm`` (the other bits,
@@ -142,6 +146,7 @@ CODEC_NAMES = {v: k for k, v in CODEC_IDS.items()}
 # Chunk modes and flags.
 MODE_RAW = 0
 MODE_CODED = 1
+MODE_ZERO = 2  # every element +0.0: no segment
 FLAG_LOW16 = 1  # fp32 chunk whose low 16 bits are all zero
 FLAG_ZPOS = 2  # +0.0 has its own code and ships no sm
 FLAG_ZNEG = 4  # -0.0 has its own code and ships no sm
@@ -335,24 +340,14 @@ def nchunks_for(numel: int, chunk_elems: int = CHUNK_ELEMS) -> int:
     return -(-numel // chunk_elems)
 
 
-def min_body_nbytes(codec: str, numel: int, chunk_elems: int) -> int:
-    """The smallest body any valid table allows: every element costs at least
-    the 2-bit tier-0 digit (dense) or its 3-bit code (fixed3), per chunk
-    rounded up to ALIGN. Checked before a decoder allocates anything."""
-    if codec == "raw" or numel == 0:
-        return 0
-    bits = FIXED_BITS if codec == "fixed3" else TIER_BITS[0]
-    full, last = divmod(numel, chunk_elems)
-    per = align16((chunk_elems * bits + 7) // 8)
-    return full * per + (align16((last * bits + 7) // 8) if last else 0)
-
-
 def parse_header(payload: torch.Tensor) -> Header:
     """Read and validate the header; raises CorruptPayloadError for anything off.
 
-    The payload's length is checked against the table, offsets and the least
-    body the header's numel needs, so a forged header cannot make a decoder
-    allocate more than a small multiple of the payload's own size."""
+    The payload's length is checked against the table and offsets the
+    header's numel needs (20 bytes a chunk: a ZERO chunk has no body), so a
+    forged header cannot make a decoder allocate more than CHUNK_ELEMS x
+    itemsize / 20 times the payload's own size (820 for fp32), what a tensor
+    of zeros codes to."""
     if not isinstance(payload, torch.Tensor):
         raise TypeError(f"payload must be a torch.Tensor, got {type(payload).__name__}")
     if payload.dtype != torch.uint8 or payload.dim() != 1:
@@ -404,9 +399,6 @@ def parse_header(payload: torch.Tensor) -> Header:
             raise CorruptPayloadError(f"nchunks {nchunks} disagrees with numel {numel}")
         if body % ALIGN or body > align16(numel * info.itemsize) + ALIGN * nchunks:
             raise CorruptPayloadError(f"body of {body} bytes is not what numel {numel} allows")
-        if body < min_body_nbytes(codec, numel, chunk_elems):
-            raise CorruptPayloadError(f"body of {body} bytes is too short to hold "
-                                      f"{numel} elements")
     header = Header(codec, info.dtype, tuple(shape), numel, chunk_elems, nchunks, body, flags)
     if header.total_nbytes != n:
         raise CorruptPayloadError(f"payload has {n} bytes, header says {header.total_nbytes}")
@@ -583,6 +575,7 @@ def segment_nbytes(codec: str, info: DTypeInfo, n: torch.Tensor, table: ChunkTab
     (``low_counts``; the low length of a LOWBYTE chunk), None for a table
     without LOWBYTE (low is then empty everywhere)."""
     coded = table.mode == MODE_CODED
+    raw = table.mode == MODE_RAW
     kept = n - table.n_zero
     if codec == "fixed3":
         codes = packed_nbytes(n, FIXED_BITS)
@@ -600,7 +593,7 @@ def segment_nbytes(codec: str, info: DTypeInfo, n: torch.Tensor, table: ChunkTab
         smb = torch.ones_like(n)
         rem = packed_nbytes(kept, REM_BITS) if info.dtype == torch.float16 else zero
         low = zero
-    sm = torch.where(coded, kept * smb, n * info.itemsize)
+    sm = torch.where(coded, kept * smb, torch.where(raw, n * info.itemsize, zero))
     return (torch.where(coded, codes, zero), sm, torch.where(coded, rem, zero),
             torch.where(coded, table.n_esc, zero), low)
 
@@ -662,16 +655,15 @@ def segment_offsets(seg_nbytes: torch.Tensor) -> torch.Tensor:
 
 def validate_table(codec: str, info: DTypeInfo, n: torch.Tensor, table: ChunkTable) -> None:
     """Reject table entries no encoder writes; bounds every later index."""
-    bad = (table.mode > MODE_CODED) | (table.phase > 3) | (table.base > info.emax)
+    bad = (table.mode > MODE_ZERO) | (table.phase > 3) | (table.base > info.emax)
     bad |= (table.flags & ~CHUNK_FLAGS) != 0
     if info.dtype != torch.float32:
         bad |= (table.flags & (FLAG_LOW16 | FLAG_LOWBYTE)) != 0
     bad |= (table.flags & (FLAG_LOW16 | FLAG_LOWBYTE)) == (FLAG_LOW16 | FLAG_LOWBYTE)
     bad |= (table.n_zero > n) | (table.n_esc > n)
-    raw = table.mode == MODE_RAW
     fields = torch.cat([table.base[:, None], table.phase[:, None], table.flags[:, None],
                         table.n_zero[:, None], table.n_esc[:, None], table.n_open], 1)
-    bad |= raw & (fields != 0).any(1)
+    bad |= (table.mode != MODE_CODED) & (fields != 0).any(1)
     if codec == "fixed3":
         bad |= (table.n_open != 0).any(1)
         bad |= ((table.flags & (FLAG_ZPOS | FLAG_ZNEG)) == 0) & (table.n_zero != 0)

@@ -58,7 +58,7 @@ namespace zipccl {
 // --------------------------------------------------------------------------
 constexpr int kChunkElems = 4096;
 constexpr int kEntryBytes = 16, kOffsetBytes = 4, kAlign = 16;
-constexpr int kModeRaw = 0, kModeCoded = 1;
+constexpr int kModeRaw = 0, kModeCoded = 1, kModeZero = 2;
 constexpr int kFlagLow16 = 1, kFlagZpos = 2, kFlagZneg = 4, kFlagLowbyte = 8;
 constexpr int kFixedZeroShift = 6, kDenseZeroShift = 5;
 constexpr int kFixedBits = 3, kFixedEsc = 7, kRemBits = 3;
@@ -138,7 +138,7 @@ static inline bool lowbyte_wins(int64_t n, int64_t kept, int64_t n_low) {
 // n_low: the set bits of a LOWBYTE chunk's bitmap (its low length).
 template <class T>
 static inline Seg segment_nbytes(int codec, const Entry& en, int64_t n, int64_t n_low = 0) {
-  if (en.mode != kModeCoded) return {0, n * T::kItem, 0, 0, 0};
+  if (en.mode != kModeCoded) return {0, en.mode == kModeRaw ? n * T::kItem : 0, 0, 0, 0};
   int64_t codes;
   if (codec == kFixed3) {
     codes = packed_nbytes(n, kFixedBits);
@@ -411,6 +411,11 @@ static Entry analyze_chunk(const typename T::W* w, int n, int codec, int* n_low)
     if (T::kF32) low8 += (x & 0xFFu) != 0;
   }
   Entry en{};
+  if (int64_t(npos) == n) {  // every element +0.0: a ZERO chunk, its entry zeros
+    *n_low = 0;
+    en.mode = kModeZero;
+    return en;
+  }
   en.mode = kModeCoded;
   set_locator(en, S, K);
   if (T::kF32 && low == 0) en.flags |= kFlagLow16;
@@ -462,8 +467,8 @@ static inline void dense_tier_segments(const Entry& en, int n, int64_t start[5],
 template <class T>
 static void write_chunk(const typename T::W* w, int n, int codec, const Entry& en,
                         uint8_t* codes, uint8_t* sm, uint8_t* rem, uint8_t* esc) {
-  if (en.mode != kModeCoded) {
-    std::memcpy(sm, w, size_t(n) * T::kItem);
+  if (en.mode != kModeCoded) {  // RAW: the words; ZERO: nothing
+    if (en.mode == kModeRaw) std::memcpy(sm, w, size_t(n) * T::kItem);
     return;
   }
   const bool zp = en.flags & kFlagZpos, zn = en.flags & kFlagZneg;
@@ -1534,6 +1539,11 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec, int* n_lo
   }
   const bool zp = (int64_t(nz) << shift) >= n, zn = (int64_t(nneg) << shift) >= n;
   Entry en{};
+  if (int64_t(nz) == n) {  // every element +0.0: a ZERO chunk, its entry zeros
+    *n_low = 0;
+    en.mode = kModeZero;
+    return en;
+  }
   en.mode = kModeCoded;
   set_locator(en, S, K);
   if (T::kF32 && low == 0) en.flags |= kFlagLow16;
@@ -2359,12 +2369,12 @@ static void sums_impl(const typename T::W* w, int64_t numel, uint8_t* sums, int 
 // path); tests/test_cpp_codec.py checks that both refuse the same tables.
 template <class T>
 static bool entry_ok(int codec, const Entry& en, int64_t n) {
-  if (en.mode > kModeCoded || en.phase > 3 || en.base > T::kEmax) return false;
+  if (en.mode > kModeZero || en.phase > 3 || en.base > T::kEmax) return false;
   if (en.flags & ~(kFlagLow16 | kFlagZpos | kFlagZneg | kFlagLowbyte)) return false;
   if (!T::kF32 && (en.flags & (kFlagLow16 | kFlagLowbyte))) return false;
   if ((en.flags & (kFlagLow16 | kFlagLowbyte)) == (kFlagLow16 | kFlagLowbyte)) return false;
   if (en.n_zero > n || en.n_esc > n) return false;
-  if (en.mode == kModeRaw)
+  if (en.mode != kModeCoded)  // RAW and ZERO: the mode and zeros
     return !(en.base | en.phase | en.flags | en.n_zero | en.n_esc | en.n_open[0] | en.n_open[1] |
              en.n_open[2] | en.n_open[3]);
   if (codec == kFixed3) {
@@ -2451,7 +2461,10 @@ static int64_t decode_impl(const uint8_t* p, int64_t total, int codec, int64_t n
               pad_ok(seg + l.esc, s.esc) && pad_ok(seg + l.low, s.low))) {
           err = kErrPadding;
         } else if (en.mode != kModeCoded) {
-          std::memcpy(out + c * C, seg, size_t(n) * T::kItem);
+          if (en.mode == kModeRaw)
+            std::memcpy(out + c * C, seg, size_t(n) * T::kItem);
+          else  // ZERO
+            std::memset(out + c * C, 0, size_t(n) * T::kItem);
           err = kOk;
         } else {
           DecIn in{seg + l.sm, seg + l.sm + s.sm, BitReader(seg + l.rem, s.rem), seg + l.esc,
@@ -2633,7 +2646,7 @@ int64_t zipccl_constants(int64_t* out, int64_t cap) {
   using namespace zipccl;
   std::vector<int64_t> v = {kChunkElems, kEntryBytes, kOffsetBytes, kAlign, kFixedZeroShift,
                             kDenseZeroShift, kFixedBits, kFixedEsc, kRemBits, kDenseSlots,
-                            kZeroSymbol, kNegZeroSymbol, kModeRaw, kModeCoded, kFlagLow16,
+                            kZeroSymbol, kNegZeroSymbol, kModeRaw, kModeCoded, kModeZero, kFlagLow16,
                             kFlagZpos, kFlagZneg, kFlagLowbyte, kRaw, kFixed3, kDense};
   for (int b : kTierBits) v.push_back(b);
   for (int s : kTierSymbols) v.push_back(s);
