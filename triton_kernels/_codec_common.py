@@ -22,7 +22,7 @@ from zipccl_fsdp import format as F
 
 assert F.FIXED_BITS == 3 and F.FIXED_ESC == 7 and F.REM_BITS == 3 and F.ALIGN == 16
 assert F.CHUNK_ENTRY_NBYTES == 16 and F.OFFSET_NBYTES == 4
-assert (F.MODE_RAW, F.MODE_CODED) == (0, 1)
+assert (F.MODE_RAW, F.MODE_CODED, F.MODE_ZERO) == (0, 1, 2)
 assert (F.FLAG_LOW16, F.FLAG_ZPOS, F.FLAG_ZNEG) == (1, 2, 4)
 assert all(-8 <= d <= 7 for lo in F.FIXED_LO_BY_ZEROS for d in lo)
 assert F.HEADER_NBYTES == 64 and F.MAX_NDIM == 16
@@ -63,6 +63,13 @@ def tile_shape(chunk_elems: int, num_warps: int) -> tuple:
     """(CP, T) of the chunk tile for chunks of ``chunk_elems`` elements."""
     cp = max(8, triton.next_power_of_2(chunk_elems))
     return cp, min(32 * num_warps, cp // 8)
+
+
+@triton.jit
+def store_zero_words(dst, n, CP: tl.constexpr, T: tl.constexpr):
+    """A ZERO chunk (format.py): its n elements, +0.0 (word 0), at dst."""
+    i = tl.arange(0, T)[:, None] * (CP // T) + tl.arange(0, CP // T)[None, :]
+    tl.store(dst + i, tl.zeros([T, CP // T], dst.dtype.element_ty), mask=i < n)
 
 
 @triton.jit

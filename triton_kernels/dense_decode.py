@@ -39,7 +39,7 @@ import triton.language as tl
 from zipccl_fsdp import format as F
 
 from .dense_encode import _or, layout
-from ._codec_common import load_words24, low_bit_index, ttile
+from ._codec_common import load_words24, low_bit_index, store_zero_words, ttile
 
 # Error bits: the decoders' shared word (_codec_common.py).
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING,  # noqa: E402
@@ -707,20 +707,21 @@ def dense_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off, 
     o2 = (e2 >> 16) & 0xFFFF
     o3 = e3 & 0xFFFF
     o4 = (e3 >> 16) & 0xFFFF
-    # format.validate_table: mode > 1, flags outside 7 (LOW16 too for 16-bit
-    # dtypes), base > EMAX and phase > 3 are bits of the entry's first word;
-    # nesc <= n follows from the chain n >= o1 >= .. >= o4 >= nesc.
-    E0_BAD: tl.constexpr = (0xFC00F8FE | (0x100 if ITEMSIZE != 4 else 0)
+    # format.validate_table: mode > 3, flags outside 7 (LOW16 too for 16-bit
+    # dtypes), base > EMAX and phase > 3 are bits of the entry's first word
+    # (mode 3 is tested apart); nesc <= n follows from the chain n >= o1 >=
+    # .. >= o4 >= nesc.
+    E0_BAD: tl.constexpr = (0xFC00F8FC | (0x100 if ITEMSIZE != 4 else 0)
                             | ((0xFF & ~EMAX) << 16)) - (1 << 32)  # (as an int32)
     bad = (e0 & E0_BAD) != 0
     # (The fields are 16-bit: no difference overflows, one sign test for all.)
     bad = bad | (((n - nz) | (n - o1) | (o1 - o2) | (o2 - o3) | (o3 - o4) | (o4 - nesc)) < 0)
-    bad = bad | ((mode == 0) & ((e0 | e1 | e2 | e3) != 0))
+    bad = bad | (mode == 3) | ((mode != 1) & (((e0 >> 8) | e1 | e2 | e3) != 0))  # RAW, ZERO
     coded = mode == 1
     low16 = flags & 1
     codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = layout(
         n, coded, low16, nz, nesc, o1, o2, o3, o4, ITEMSIZE, IS_FP16)
-    units = (seg >> 4).to(tl.int64)
+    units = tl.where(mode == 2, 0, seg >> 4).to(tl.int64)  # ZERO: no segment
     # format.validate_offsets, chained: offset[0] = 0, offset[c + 1] = offset[c] + units.
     bad_off = (nxt != off + units) | (off + units > body_units)  # the segment inside the body
     bad_off = bad_off | ((c == 0) & (off != 0))
@@ -733,6 +734,8 @@ def dense_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off, 
     if (err & (ERR_TABLE | ERR_OFFSETS)) == 0:
         if mode == 0:
             err = err | _decode_raw(src, dst, n, seg, ITEMSIZE, CP, T)
+        elif mode == 2:
+            store_zero_words(dst, n, CP, T)
         elif G == 4:
             if n == CP:
                 if (nz | (flags & 6)) == 0:

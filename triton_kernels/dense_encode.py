@@ -51,7 +51,7 @@ import triton.language as tl
 from zipccl_fsdp import format as F
 
 from ._codec_common import low_bit_index, popc32, store_words, store_words24, ttile, words24
-from ._lookback import chunk_offset, finish_payload, ticket
+from ._lookback import chunk_offset, finish_payload, place_zero_chunk, ticket
 
 # The shape of the format this kernel is written for (fails loudly if it changes).
 assert F.TIER_BITS == (2, 1, 1, 2, 2) and F.TIER_START == (0, 3, 4, 5, 8)
@@ -551,15 +551,20 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     zp = ((npos << 5) >= n).to(tl.int32)
     zn = ((nneg << 5) >= n).to(tl.int32)
 
-    # --- ranks (format.dense_symbol_table; see _check_symbol_rule) ---
-    lut4, ekw = _chunk_lut(base, phase, zp, zn)
-    idx4 = tl.where(is_pos, 48, tl.where(is_neg, 44, _exp_index4(e, base)))
-    sh = ((lut4 >> idx4.to(tl.int64)) & 60).to(tl.int64)  # 4 x the rank
-    # Escape (bit 0) and kept (bit KS) flags of the rank from the chunk's word.
-    ek = ((ekw >> sh) & EK_FLAGS).to(tl.int32)
-    _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offsets_off, body_off,
-                    c, start, n, w, wp, sm8p, e, sh, ek, vi, base, phase, low16, zp, zn,
-                    ITEMSIZE, EXP_BITS, MAN_BITS, C, T, FULL, False)
+    if npos == n:  # every element +0.0: a ZERO chunk, no segment (format.py)
+        end = place_zero_chunk(out_ptr, status_ptr, c, table_off, offsets_off)
+        if c == nch - 1:
+            finish_payload(total_ptr, out_ptr, end, offsets_off, nch)
+    else:
+        # --- ranks (format.dense_symbol_table; see _check_symbol_rule) ---
+        lut4, ekw = _chunk_lut(base, phase, zp, zn)
+        idx4 = tl.where(is_pos, 48, tl.where(is_neg, 44, _exp_index4(e, base)))
+        sh = ((lut4 >> idx4.to(tl.int64)) & 60).to(tl.int64)  # 4 x the rank
+        # Escape (bit 0) and kept (bit KS) flags of the rank from the chunk's word.
+        ek = ((ekw >> sh) & EK_FLAGS).to(tl.int32)
+        _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offsets_off,
+                        body_off, c, start, n, w, wp, sm8p, e, sh, ek, vi, base, phase, low16, zp,
+                        zn, ITEMSIZE, EXP_BITS, MAN_BITS, C, T, FULL, False)
 
 
 @triton.jit

@@ -38,7 +38,7 @@ import triton.language as tl
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING, ERR_TABLE,
                             align16, fixed3_layout, fixed_window, load_rows3, load_words,
                             load_words24, low_bit_index, pad_nonzero, store_rows,
-                            ttile, unpack_bytes)
+                            store_zero_words, ttile, unpack_bytes)
 from .fixed3_encode import L2, escape_masks, popc_mask
 from .fixed3_general import decode_chunk_general, padding_error
 
@@ -79,15 +79,16 @@ def fixed3_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off,
     phase = (e0 >> 24) & 0xFF
     nz = e1 & 0xFFFF
     nesc = (e1 >> 16) & 0xFFFF
-    bad = (mode > 1) | (phase > 3) | (base > EMAX) | ((flags & ~7) != 0)
+    bad = (mode > 2) | (phase > 3) | (base > EMAX) | ((flags & ~7) != 0)
     if ITEMSIZE != 4:
         bad = bad | ((flags & 1) != 0)
     bad = bad | (nz > n) | (nesc > n) | (opens != 0) | (((flags & 6) == 0) & (nz != 0))
     coded = mode == 1
-    bad = bad | ((mode == 0) & ((flags | base | phase | nz | nesc) != 0))
+    bad = bad | ((mode != 1) & ((flags | base | phase | nz | nesc) != 0))  # RAW, ZERO
     low16 = flags & 1
     codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = fixed3_layout(
         n, coded, low16, nz, nesc, ITEMSIZE, IS_FP16)
+    seg = tl.where(mode == 2, 0, seg)  # ZERO: no segment
     offs = p_ptr.to(tl.pointer_type(tl.int32)) + (offsets_off >> 2)
     off = tl.load(offs + c).to(tl.int64) & 0xFFFFFFFF
     is_last = c == nch - 1
@@ -102,6 +103,8 @@ def fixed3_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off,
             decode_raw_words(src, dst, n, lim, ITEMSIZE, CP, T)
             nb = n * ITEMSIZE
             err = tl.where(pad_nonzero(src, nb, align16(nb), lim), ERR_PADDING, 0)
+        elif mode == 2:
+            store_zero_words(dst, n, CP, T)
         elif (flags & 6) == 0:
             if G <= 8:  # (a thread's escapes fit one 64-bit mask)
                 lo, _ = fixed_window(base, phase, 0, EMAX)

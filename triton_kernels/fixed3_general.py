@@ -27,7 +27,7 @@ import triton.language as tl
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_PADDING, FIXED_ZERO_SHIFT, align16,
                             fixed3_layout, fixed_window, load_rows3, pads_nonzero, row_mask,
                             store_rows3, zero_pad)
-from ._lookback import chunk_offset
+from ._lookback import chunk_offset, place_zero_chunk
 
 
 @triton.jit
@@ -166,28 +166,32 @@ def encode_chunk_general(x_ptr, out_ptr, status_ptr, c, start, n, table_off,
     z = zp + zn
     lo, width = fixed_window(base, phase, z, EMAX)
 
-    # --- each thread's kept and escaped counts; their exclusive scan ---
-    ke_t = tl.zeros([T], tl.int32)  # kept, escaped << 16
-    for g in range(G):  # offline: chunk rows
-        i, valid, w, e = _row(x_ptr, start, n, g, G, T, ITEMSIZE, EXP_BITS, MAN_BITS)
-        acc, kf, ef = _row_codes(w, e, n, g, lo, width, zp, zn, MAN_BITS + EXP_BITS, G, T)
-        ke_t += _excl3(kf)[1] | (_excl3(ef)[1] << 16)
-    before = tl.cumsum(ke_t, axis=0) - ke_t
-    n_esc = (tl.sum(ke_t, axis=0) >> 16) & 0xFFFF
-
-    dst, coded, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, end = place_chunk(
-        out_ptr, status_ptr, c, n, table_off, offsets_off, body_off, low16, zp, zn, base, phase,
-        nz, n_esc, ITEMSIZE, IS_FP16)
-    if coded:
-        _write_coded(x_ptr, start, n, dst, lo, width, zp, zn, low16, before, codes_nb, sm_nb,
-                     a_sm, a_rem, a_esc, esc_nb, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
+    end = tl.zeros([], tl.int64)
+    if npos == n:  # every element +0.0: a ZERO chunk, no segment (format.py)
+        end = place_zero_chunk(out_ptr, status_ptr, c, table_off, offsets_off)
     else:
+        # --- each thread's kept and escaped counts; their exclusive scan ---
+        ke_t = tl.zeros([T], tl.int32)  # kept, escaped << 16
         for g in range(G):  # offline: chunk rows
-            i = tl.arange(0, T)[:, None] * (8 * G) + (tl.arange(0, 8)[None, :] + 8 * g)
-            w = tl.load(x_ptr + start + i, mask=i < n, other=0)
-            tl.store(dst.to(x_ptr.dtype) + i, w, mask=i < n)
-        nb = n * ITEMSIZE
-        zero_pad(dst, nb, align16(nb))
+            i, valid, w, e = _row(x_ptr, start, n, g, G, T, ITEMSIZE, EXP_BITS, MAN_BITS)
+            acc, kf, ef = _row_codes(w, e, n, g, lo, width, zp, zn, MAN_BITS + EXP_BITS, G, T)
+            ke_t += _excl3(kf)[1] | (_excl3(ef)[1] << 16)
+        before = tl.cumsum(ke_t, axis=0) - ke_t
+        n_esc = (tl.sum(ke_t, axis=0) >> 16) & 0xFFFF
+
+        dst, coded, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, end = place_chunk(
+            out_ptr, status_ptr, c, n, table_off, offsets_off, body_off, low16, zp, zn, base,
+            phase, nz, n_esc, ITEMSIZE, IS_FP16)
+        if coded:
+            _write_coded(x_ptr, start, n, dst, lo, width, zp, zn, low16, before, codes_nb, sm_nb,
+                         a_sm, a_rem, a_esc, esc_nb, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
+        else:
+            for g in range(G):  # offline: chunk rows
+                i = tl.arange(0, T)[:, None] * (8 * G) + (tl.arange(0, 8)[None, :] + 8 * g)
+                w = tl.load(x_ptr + start + i, mask=i < n, other=0)
+                tl.store(dst.to(x_ptr.dtype) + i, w, mask=i < n)
+            nb = n * ITEMSIZE
+            zero_pad(dst, nb, align16(nb))
     return end
 
 
