@@ -23,7 +23,7 @@ if not available():
 
 import zipccl_fsdp as z  # noqa: E402
 from zipccl_fsdp import format as F  # noqa: E402
-from codec_cases import INT_VIEW, bits, from_bits, signed, special_words  # noqa: E402
+from codec_cases import INT_VIEW, bits, case, from_bits, signed, special_words  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -857,3 +857,27 @@ def test_decode_kernel_by_codec_and_chunks_a_program(device, decode_plans, monke
         _triton_decode(p, out, tuning)
         assert torch.equal(bits(out), bits(x))
     assert launched == [("both", 2), ("both", 2), ("both", 2), ("dense", 2)], launched
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("codec", ["fixed3", "dense"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_zero_chunks_equal_torch(device, dtype, codec):
+    """Whole chunks of +0.0 (ZERO, no segment) beside chunks of +0.0 but for
+    one -0.0, NaN or subnormal, a ragged all-zero tail; the same bytes as
+    the torch backend, and ZERO entries that break the format are refused
+    with torch's errors."""
+    for n in (1, 7, C + 1, 3 * C + 5, 8 * C + 1003):
+        _check_against_torch(case("zero_runs", n, dtype, seed=n).to(device), codec)
+    x = case("zero_runs", 3 * C, dtype, seed=6).to(device)
+    p = z.encode(x, codec=codec, backend="torch")
+    h = F.parse_header(p.cpu())
+    assert [int(p[h.table_offset + 16 * c]) for c in range(3)] == [2, 1, 2]
+    for at, value in ((0, 3), (1, 2), (2, 127), (4, 1)):
+        b = p.clone()
+        b[h.table_offset + at] = value
+        _raises_like_torch(b, x, "chunk table entry 0")
+    b = p.clone()
+    b[h.table_offset + 16:h.table_offset + 32] = 0
+    b[h.table_offset + 16] = 2  # chunk 1, CODED, relabelled ZERO
+    _raises_like_torch(b, x, None)
