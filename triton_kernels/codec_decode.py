@@ -1,4 +1,4 @@
-"""Decode (format v2): one kernel, no host read before it when the caller
+"""Decode (format v3): one kernel, no host read before it when the caller
 holds the output.
 
 ``decode_into(payload, out)`` (every collective's call: ``out`` given)

@@ -1293,15 +1293,14 @@ struct Lanes<FP32> {
     return _mm256_set_m128i(b, a);
 #endif
   }
-  // A bit for each word whose low byte is not zero (in no particular order:
-  // callers count them). Byte 0 of each 32-bit lane of v[k] is moved to
-  // byte k of the lane by shifts and blends.
-  ZC_AVX2 static inline uint32_t low8_nonzero(const Raw& r) {
+  // The low bytes of the 32 words, in no particular order (callers count
+  // the zero ones): byte 0 of each 32-bit lane of v[k] moved to byte k of
+  // the lane by shifts and blends.
+  ZC_AVX2 static inline __m256i low8_bytes(const Raw& r) {
     const __m256i a = _mm256_blend_epi16(r.v[0], _mm256_slli_epi32(r.v[2], 16), 0xAA);
     const __m256i b = _mm256_blend_epi16(_mm256_slli_epi32(r.v[1], 8),
                                          _mm256_slli_epi32(r.v[3], 24), 0xAA);
-    const __m256i x = _mm256_blendv_epi8(a, b, _mm256_set1_epi32(int(0xFF00FF00u)));
-    return ~movemask(_mm256_cmpeq_epi8(x, _mm256_setzero_si256()));
+    return _mm256_blendv_epi8(a, b, _mm256_set1_epi32(int(0xFF00FF00u)));
   }
   ZC_AVX2 static inline __m256i low16_bits(const Raw& r) {
     const __m256i m = _mm256_set1_epi32(0xFFFF);
@@ -1480,6 +1479,9 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec, int* n_lo
   alignas(32) uint8_t zbuf[kChunkElems];
   const int nb = n / 32;
   __m256i sacc = _mm256_setzero_si256(), lowacc = _mm256_setzero_si256();
+  // fp32: per byte lane, the words whose low byte is 0 (at most
+  // kChunkElems / 32 = 128 a lane), summed after the loop.
+  __m256i low0acc = _mm256_setzero_si256();
   uint64_t K = 0, nz = 0, e0 = 0, low8 = 0;
   // Exponent-0 lanes (zeros of both signs, subnormals), counted per byte lane
   // (at most kChunkElems / 32 = 128 a lane): a bound on the -0.0 count that
@@ -1494,7 +1496,7 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec, int* n_lo
 
     if constexpr (T::kF32) {
       lowacc = _mm256_or_si256(lowacc, L::low16_bits(raw));
-      low8 += pop(L::low8_nonzero(raw));
+      low0acc = _mm256_sub_epi8(low0acc, _mm256_cmpeq_epi8(L::low8_bytes(raw), z));
     }
     const __m256i ez = _mm256_cmpeq_epi8(e8, z);
     e0acc = _mm256_sub_epi8(e0acc, ez);
@@ -1511,6 +1513,10 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec, int* n_lo
   _mm256_store_si256(reinterpret_cast<__m256i*>(s4), _mm256_sad_epu8(e0acc, z));
   e0 = s4[0] + s4[1] + s4[2] + s4[3];
   uint32_t low = _mm256_testz_si256(lowacc, lowacc) ? 0 : 1;
+  if constexpr (T::kF32) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s4), _mm256_sad_epu8(low0acc, z));
+    low8 = 32 * uint64_t(nb) - (s4[0] + s4[1] + s4[2] + s4[3]);
+  }
   for (int i = 32 * nb; i < n; ++i) {
     const uint32_t x = w[i], e = T::exp(x);
     const bool normal = (e - 1u) < (T::kEmax - 1u);
