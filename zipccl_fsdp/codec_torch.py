@@ -405,7 +405,8 @@ def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor) -> torch.
         byte = torch.gather(sm_rows, 1, idx).to(torch.int64)
         word = word | torch.where(has, byte << (8 * b), 0)
     if info.dtype == torch.float32:
-        sm = torch.where(low16[:, None], word << 16, torch.where(lowbyte[:, None], word << 8, word))
+        sm = torch.where(low16[:, None], word << 16,
+                         torch.where(lowbyte[:, None], word << 8, word))
     elif info.dtype == torch.float16:
         rem_rows = _gather_rows(payload, at[:, 2], rem_len, C * F.REM_BITS // 8)
         rem = unpack_bits(rem_rows, F.REM_BITS, C).to(torch.int64)

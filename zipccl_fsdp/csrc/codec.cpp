@@ -2265,7 +2265,8 @@ static int64_t plan_impl(const typename T::W* w, int64_t numel, int codec, Entry
     const int n = chunk_len(numel, C, c);
     int n_low;
     ent[c] = analyze_dispatch<T>(w + c * C, n, codec, isa, &n_low);
-    off[c] = segment_layout<T>(codec, ent[c], n, nullptr, n_low).size;  // the scan below makes it an offset
+    // (the scan below makes it an offset)
+    off[c] = segment_layout<T>(codec, ent[c], n, nullptr, n_low).size;
   }
   int64_t at = 0;
   for (int64_t c = 0; c < nch; ++c) {
