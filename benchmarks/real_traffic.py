@@ -17,15 +17,18 @@ kept aside: ZipNN's ``compress`` rewrites its input buffer in place (it moves
 the sign bit), so it gets a fresh copy of the message each call.
 
 The bound: an order-0 entropy bound for codes that, like zipccl's, model the
-exponent and ship sign and mantissa raw. Per message, every element is one
-symbol: its exponent field, or "+0.0" or "-0.0" (zeros are symbols of their
-own and ship no sign or mantissa). Bits = sum over elements of -log2 p(symbol)
-(p: the symbol's frequency in the message) + the sign+mantissa bits of every
-nonzero element: 8 for bf16, 11 for fp16, 24 for fp32, and 8 for fp32
-elements of a 4096-element chunk whose words all have zero low 16 bits (bf16
-casts: the 16 zero bits cost nothing, as zipccl's LOW16 chunks). The bound
-ratio is raw bits / those bits. A compressor that models mantissas or runs
-(zstd, ZipNN) can beat it; zipccl's codes cannot.
+exponent and ship sign and mantissa raw but for the format's two structures.
+Per message, every element outside a 4096-element chunk of +0.0 alone (a
+ZERO chunk: it costs nothing) is one symbol: its exponent field, or "+0.0"
+or "-0.0" (zeros are symbols of their own and ship no sign or mantissa).
+Bits = sum over those elements of -log2 p(symbol) (p: the symbol's frequency
+among them) + the sign+mantissa bits of every nonzero element: 8 for bf16,
+11 for fp16; for fp32, 8 in a chunk whose words all have zero low 16 bits
+(bf16 casts: the 16 zero bits cost nothing, as zipccl's LOW16 chunks), else
+16 bits plus the low byte at its chunk's order-0 entropy of "zero or not"
+and 8 bits when it is not zero (LOWBYTE's bitmap and bytes, at best). The
+bound ratio is raw bits / those bits. A compressor that models mantissas or
+runs (zstd, ZipNN) can beat it; zipccl's codes cannot.
 
 Usage::
 
@@ -64,20 +67,26 @@ MAX_TIMED_REPS = 64  # ... or this many times (a group of scalars is per-call ov
 def bound_bits(x: torch.Tensor) -> float:
     """The bound's bits for one message (see the module docstring)."""
     info = F.dtype_info(x.dtype)
+    C = F.CHUNK_ELEMS
     w = x.reshape(-1).view(INT[x.element_size()]).to(torch.int64) & ((1 << (8 * x.element_size())) - 1)
-    e = (w >> info.man_bits) & info.emax
-    sym = torch.where(w == 0, info.emax + 1, torch.where(w == info.sign_word, info.emax + 2, e))
-    counts = torch.bincount(sym, minlength=info.emax + 3).double()
-    p = counts[counts > 0] / w.numel()
+    rows = torch.nn.functional.pad(w, (0, -w.numel() % C), value=-1).view(-1, C)  # -1: padding
+    valid = rows >= 0
+    live = valid & ~((rows == 0) | ~valid).all(1, keepdim=True)  # outside ZERO chunks
+    e = (rows >> info.man_bits) & info.emax
+    sym = torch.where(rows == 0, info.emax + 1, torch.where(rows == info.sign_word, info.emax + 2, e))
+    counts = torch.bincount(sym[live], minlength=info.emax + 3).double()
+    p = counts[counts > 0] / max(int(live.sum()), 1)
     bits = float(-(counts[counts > 0] * torch.log2(p)).sum())
-    nonzero = (w != 0) & (w != info.sign_word)
-    smb = torch.full_like(w, SM_BITS[x.dtype])
-    if x.dtype == torch.float32:
-        C = F.CHUNK_ELEMS
-        pad = -w.numel() % C
-        low = torch.nn.functional.pad(w & 0xFFFF, (0, pad)).view(-1, C).eq(0).all(1)
-        smb = torch.where(low.repeat_interleave(C)[:w.numel()], 8, smb)
-    return bits + float((smb * nonzero).sum())
+    nonzero = live & (rows != 0) & (rows != info.sign_word)
+    kept = nonzero.sum(1).double()
+    if x.dtype != torch.float32:
+        return bits + SM_BITS[x.dtype] * float(kept.sum())
+    low16 = (((rows & 0xFFFF) == 0) | ~valid).all(1)
+    nzlow = (nonzero & ((rows & 0xFF) != 0)).sum(1).double()
+    q = (nzlow / kept.clamp(min=1)).clamp(1e-12, 1 - 1e-12)
+    h = -(q * q.log2() + (1 - q) * (1 - q).log2())  # bits a kept element's low byte: zero or not
+    sm = torch.where(low16, 8 * kept, 16 * kept + kept * h + 8 * nzlow)
+    return bits + float(sm.sum())
 
 
 class Method:

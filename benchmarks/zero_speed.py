@@ -48,11 +48,14 @@ FRACTIONS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
 
 
 def data(kind: str, numel: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
-    """``gauss``, ``masked<P>`` (x * mask, P% zeros of both signs) or ``pos<P>`` (+0.0 only)."""
+    """``gauss``, ``masked<P>`` (x * mask, P% zeros of both signs), ``pos<P>``
+    (+0.0 only) or ``tail`` (sums of 3 bf16 values: fp32 mantissa tails, LOWBYTE chunks)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(numel, generator=g).to(dtype)
     if kind == "gauss":
         return x
+    if kind == "tail":
+        return sum(torch.randn(numel, generator=g).bfloat16().float() for _ in range(3)).to(dtype)
     frac = int(kind.lstrip("maskedpos")) / 100
     keep = torch.rand(numel, generator=g) >= frac
     if kind.startswith("masked"):

@@ -77,8 +77,52 @@ def case(name: str, n: int, dtype, seed: int = 0) -> torch.Tensor:
     if name == "subnormal":
         tiny = torch.finfo(dtype).tiny
         return (torch.randn(n, generator=g, dtype=torch.float64) * tiny).to(dtype)
+    if name == "mantissa_tail":
+        # fp32 sums of 2-4 bf16 values (mantissas end in many zero bits:
+        # LOWBYTE chunks), with specials, subnormals and x * mask zeros.
+        x = mantissa_tail(n, g)
+        x = x * (torch.rand(n, generator=g) >= 0.1).float()
+        words = signed(special_words(torch.float32) + [0x00000100, 0x80000300], 4)
+        if n:
+            x[torch.randint(0, n, (min(n, 32),), generator=g)] = from_bits(
+                words, torch.float32).repeat(3)[:min(n, 32)]
+        return x.to(dtype)
+    if name == "tail_mixed":
+        # Chunks of mantissa tails (LOWBYTE), Gaussian fp32 (not), bf16 casts
+        # (LOW16) and tails again, in one tensor.
+        x = mantissa_tail(n, g)
+        for k, part in ((1, torch.randn(4096, generator=g)),
+                        (2, torch.randn(4096, generator=g).bfloat16().float())):
+            x[4096 * k:4096 * (k + 1)] = part[:max(0, min(4096, n - 4096 * k))]
+        return x.to(dtype)
+    if name == "zero_runs":
+        # Whole chunks of +0.0 (ZERO chunks, as an embedding gradient's unused
+        # rows make) beside chunks that are +0.0 but for one -0.0, one NaN or
+        # one subnormal (not ZERO), and an all-+0.0 ragged tail.
+        x = torch.randn(n, generator=g).to(dtype)
+        odd = from_bits(signed([special_words(dtype)[k] for k in (7, 0, 8)], itemsize), dtype)
+        for c in range(0, -(-n // 4096)):
+            part = x[4096 * c:4096 * (c + 1)]
+            if c % 4 == 0 or c == (n - 1) // 4096:
+                part.zero_()
+            elif c % 4 == 1:
+                part.zero_()
+                part[(37 * c) % part.numel()] = odd[c % 3]
+        return x
     raise KeyError(name)
 
 
+def mantissa_tail(n: int, g: torch.Generator, sigma: float = 1e-3) -> torch.Tensor:
+    """fp32 sums of 2 to 4 bf16 values (an fp32 gradient accumulated from bf16
+    partial ones): not bf16 casts, but most low mantissa bytes are zero."""
+    terms = torch.randint(2, 5, (n,), generator=g)
+    acc = torch.zeros(n)
+    for t in range(4):
+        part = (torch.randn(n, generator=g) * sigma).bfloat16().float()
+        acc += torch.where(terms > t, part, 0.0)
+    return acc
+
+
 CASES = ("gauss", "tiny_sigma", "special", "random_bits", "zero_heavy", "all_zero",
-         "bf16_casts", "subnormal", "masked_mul", "neg_zero_heavy")
+         "bf16_casts", "subnormal", "masked_mul", "neg_zero_heavy", "mantissa_tail",
+         "tail_mixed", "zero_runs")

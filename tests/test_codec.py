@@ -67,14 +67,14 @@ def test_bad_arguments_name_what_is_wrong():
 def test_golden_header_bytes():
     x = torch.tensor([[1.0, -2.0, 0.0]], dtype=torch.bfloat16)
     p = z.encode(x, codec="raw", backend="torch")
-    fields = (b"ZCCL" + bytes([2, 0, 1, 2]) + struct.pack("<QIIQ", 3, 0, 0, 6) + bytes(24)
+    fields = (b"ZCCL" + bytes([3, 0, 1, 2]) + struct.pack("<QIIQ", 3, 0, 0, 6) + bytes(24)
               + struct.pack("<I", 0))
     dims = struct.pack("<2Q", 1, 3)
     head = fields + struct.pack("<I", zlib.crc32(fields + dims)) + dims  # 80 B: 16-aligned
     assert bytes(p.tolist()) == head + bytes(x.view(torch.uint8).flatten().tolist())
     # A coded payload, every byte: header, entry, offset, padding, one segment.
     q = z.encode(torch.ones(10, dtype=torch.float32), codec="fixed3", backend="torch")
-    fields = (b"ZCCL" + bytes([2, 1, 3, 1]) + struct.pack("<QIIQ", 10, 4096, 1, 32) + bytes(24)
+    fields = (b"ZCCL" + bytes([3, 1, 3, 1]) + struct.pack("<QIIQ", 10, 4096, 1, 32) + bytes(24)
               + struct.pack("<I", 0))
     dims = struct.pack("<Q", 10)
     head = fields + struct.pack("<I", zlib.crc32(fields + dims)) + dims + bytes(8)
@@ -85,6 +85,21 @@ def test_golden_header_bytes():
     assert bytes(q.tolist()) == head + entry + offsets + segment
     h = F.parse_header(q)
     assert (h.table_offset, h.offsets_offset, h.body_offset, h.body_nbytes) == (80, 96, 112, 32)
+    # LOWBYTE: 64 fp32 words 1.0 + 2**-15 (low sm byte 0), the first + 2**-23 too.
+    w = torch.full((64,), 0x3F800100, dtype=torch.int32)
+    w[0] = 0x3F800101
+    r = z.encode(w.view(torch.float32), codec="fixed3", backend="torch")
+    fields = (b"ZCCL" + bytes([3, 1, 3, 1]) + struct.pack("<QIIQ", 64, 4096, 1, 192) + bytes(24)
+              + struct.pack("<I", 0))
+    dims = struct.pack("<Q", 64)
+    head = fields + struct.pack("<I", zlib.crc32(fields + dims)) + dims + bytes(8)
+    entry = bytes([F.MODE_CODED, F.FLAG_LOWBYTE, 127, 0]) + bytes(12)
+    codes = (sum(4 << (3 * i) for i in range(64))).to_bytes(24, "little") + bytes(8)
+    sm = bytes([1, 0]) * 64  # sm bits 8..23: the mantissa's bit 8
+    bitmap = bytes([1]) + bytes(7) + bytes(8)  # only element 0 has a low byte
+    low = bytes([1]) + bytes(15)
+    assert bytes(r.tolist()) == head + entry + offsets + codes + sm + bitmap + low
+    assert torch.equal(bits(z.decode(r, backend="torch")), w)
 
 
 def _edit_header(p, offset, value, fix_crc=True):
@@ -102,7 +117,7 @@ def _edit_header(p, offset, value, fix_crc=True):
 def test_corrupt_headers_are_refused():
     p = z.encode(torch.randn(5000).bfloat16(), codec="dense", backend="torch")
     for offset, value, fix, msg in [
-        (4, 1, True, "format version 1; this build reads version 2"),
+        (4, 2, True, "format version 2; this build reads version 3"),
         (40, 1, True, "reserved header bytes"),
         (0, ord("X"), True, "bad magic"),
         (5, 9, True, "unknown codec id"),
@@ -228,15 +243,15 @@ def test_the_hot_path_at_2_24_plus_5_elements():
 
 def test_v1_payload_is_refused_naming_both_versions():
     p = z.encode(torch.randn(100).bfloat16(), codec="dense", backend="torch")
-    v1 = _edit_header(p, 4, 1)
-    with pytest.raises(z.CorruptPayloadError, match="version 1.*version 2"):
-        z.decode(v1, backend="torch")
+    for old in (1, 2):
+        with pytest.raises(z.CorruptPayloadError, match=f"version {old}.*version 3"):
+            z.decode(_edit_header(p, 4, old), backend="torch")
 
 
 def _forge(numel, dtype_code, nbytes, body):
     """A header with a valid CRC, numel consistent with its shape and nchunks."""
     nch = -(-numel // 4096)
-    fields = (b"ZCCL" + bytes([2, 2, dtype_code, 1]) + struct.pack("<QIIQ", numel, 4096, nch, body)
+    fields = (b"ZCCL" + bytes([3, 2, dtype_code, 1]) + struct.pack("<QIIQ", numel, 4096, nch, body)
               + bytes(24) + struct.pack("<I", 0))
     dims = struct.pack("<Q", numel)
     head = fields + struct.pack("<I", zlib.crc32(fields + dims)) + dims
@@ -254,11 +269,12 @@ def test_forged_header_is_refused_before_allocating(backend):
         p = _forge(numel, 3, 2 ** 21, body)
         with pytest.raises(z.CorruptPayloadError):
             z.decode(p, backend=backend)
-    # The least body the numel needs is checked even when the table fits.
+    # A payload that holds its table but not the body the table asks for
+    # (its entries, all zero, say RAW) is refused by the table's checks.
     numel = 1 << 20
     nch = numel // 4096
     small = align_up(64 + 8, 16) + align_up(20 * nch, 16) + 16 * nch
-    with pytest.raises(z.CorruptPayloadError, match="too short"):
+    with pytest.raises(z.CorruptPayloadError, match="offset|body"):
         z.decode(_forge(numel, 3, small, 16 * nch), backend=backend)
 
 
@@ -332,3 +348,125 @@ def test_room_keeps_the_bytes_and_gives_a_buffer_of_its_own(backend, codec, veri
         z.encode(torch.zeros(4), room=-1)
     with pytest.raises(ValueError, match="room must be an int"):
         z.encode(torch.zeros(4), room=1.5)
+
+
+def _lowbyte_rule(x):
+    """Per chunk of an fp32 tensor, whether format.py's LOWBYTE rule holds for
+    the torch encoder's choice of zero codes (``table``'s n_zero)."""
+    w = bits(x)
+    pad = -w.numel() % 4096
+    valid = torch.nn.functional.pad(torch.ones_like(w, dtype=torch.bool), (0, pad)).view(-1, 4096)
+    w = torch.nn.functional.pad(w, (0, pad)).view(-1, 4096)
+    low16 = (((w & 0xFFFF) == 0) | ~valid).all(1)
+    n_low = (valid & ((w & 0xFF) != 0)).sum(1)
+    return low16, n_low
+
+
+@pytest.mark.parametrize("codec", CODED)
+@pytest.mark.parametrize("name", ["mantissa_tail", "tail_mixed", "gauss", "bf16_casts"])
+def test_lowbyte_is_set_exactly_by_its_rule(codec, name):
+    """LOWBYTE is set on exactly the fp32 chunks whose padded segment it makes
+    smaller (format.lowbyte_wins), never with LOW16; mantissa tails take it,
+    Gaussian fp32 and bf16 casts do not; and the payload round-trips."""
+    x = case(name, 4 * 4096 + 5, torch.float32, seed=3)
+    p = z.encode(x, codec=codec, backend="torch")
+    table, _ = F.read_table(p, F.parse_header(p))
+    low16, n_low = _lowbyte_rule(x)
+    n = F.chunk_lengths(x.numel(), table.mode.numel(), 4096, "cpu")
+    coded = table.mode == F.MODE_CODED
+    want = coded & ~low16 & F.lowbyte_wins(n, n - table.n_zero, n_low)
+    got = (table.flags & F.FLAG_LOWBYTE) != 0
+    assert torch.equal(got, want), (name, got, want)
+    if name == "mantissa_tail":
+        assert bool(got[:-1].all())
+    elif name == "tail_mixed":
+        assert got.tolist() == [True, False, False, True, False]
+        assert bool(low16[2])
+    else:
+        assert not bool(got.any())
+    assert torch.equal(bits(z.decode(p, backend="torch")), bits(x))
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+@pytest.mark.parametrize("codec", CODED)
+def test_a_bitmap_that_disagrees_with_the_offsets_is_refused(backend, codec):
+    """Set 16 more bits in chunk 0's bitmap: its low stream would be 16 bytes
+    longer than the offsets say; in the last chunk's (1003 elements), a bit
+    past its end is padding."""
+    x = case("mantissa_tail", 3 * 4096 + 1003, torch.float32, seed=4)
+    p = z.encode(x, codec=codec, backend="torch")
+    h = F.parse_header(p)
+    table, offsets = F.read_table(p, h)
+    assert bool(((table.flags & F.FLAG_LOWBYTE) != 0).all())
+    start = F.stream_starts(h, table, offsets)[:, 2].tolist()
+    bm = p[start[0]:start[0] + 512]
+    unset = [i for i in range(4096) if not (int(bm[i // 8]) >> (i % 8)) & 1][:16]
+    q = p.clone()
+    for i in unset:
+        q[start[0] + i // 8] |= 1 << (i % 8)
+    with pytest.raises(z.CorruptPayloadError, match="segment offset of chunk 1"):
+        z.decode(q, backend=backend)
+    q = p.clone()
+    q[start[3] + 1003 // 8] |= 0x80
+    with pytest.raises(z.CorruptPayloadError, match="padding after a sub-stream of chunk 3"):
+        z.decode(q, backend=backend)
+    assert torch.equal(bits(z.decode(p, backend=backend)), bits(x))
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+def test_lowbyte_where_the_format_forbids_it_is_refused(backend):
+    """LOWBYTE only in CODED fp32 chunks without LOW16."""
+    for x, flag in ((case("gauss", 4096, torch.bfloat16), 0),
+                    (case("bf16_casts", 4096, torch.float32), 0),
+                    (case("mantissa_tail", 4096, torch.float32), F.FLAG_LOW16)):
+        p = z.encode(x, codec="fixed3", backend="torch")
+        h = F.parse_header(p)
+        q = p.clone()
+        q[h.table_offset + 1] |= F.FLAG_LOWBYTE | flag
+        with pytest.raises(z.CorruptPayloadError, match="chunk table entry 0"):
+            z.decode(q, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("codec", CODED)
+def test_zero_chunks_are_exactly_the_all_positive_zero_ones(backend, dtype, codec):
+    """A chunk is ZERO exactly when every element is +0.0 (the ragged last
+    chunk too); a chunk of +0.0 but for one -0.0, NaN or subnormal is not.
+    ZERO chunks have no segment and an entry of zeros, and decode to +0.0."""
+    x = case("zero_runs", 8 * 4096 + 1003, dtype, seed=5)
+    p = z.encode(x, codec=codec, backend=backend)
+    h = F.parse_header(p)
+    table, offsets = F.read_table(p, h)
+    w = torch.nn.functional.pad(bits(x), (0, -x.numel() % 4096), value=1).view(-1, 4096)
+    w[-1, 1003:] = 0
+    zero = (w == 0).all(1)
+    assert zero.tolist() == [True, False, False, False, True, False, False, False, True]
+    assert torch.equal(table.mode == F.MODE_ZERO, zero)
+    assert not bool((table.mode == F.MODE_RAW).any())
+    fields = torch.stack([table.flags, table.base, table.phase, table.n_zero, table.n_esc], 1)
+    assert int(fields[zero].abs().sum()) == 0 and int(table.n_open[zero].abs().sum()) == 0
+    ends = torch.cat([offsets[1:], torch.tensor([h.body_nbytes // F.ALIGN])])
+    assert torch.equal((ends - offsets)[zero], torch.zeros(3, dtype=torch.int64))
+    assert torch.equal(bits(z.decode(p, backend=backend)), bits(x))
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+def test_zero_chunk_entries_that_break_the_format_are_refused(backend):
+    """A ZERO entry carries its mode and zeros; mode 3 does not exist; a
+    CODED chunk relabelled ZERO leaves a segment the offsets no longer fit."""
+    x = case("zero_runs", 3 * 4096, torch.bfloat16, seed=6)
+    p = z.encode(x, codec="dense", backend="torch")
+    h = F.parse_header(p)
+    assert p[h.table_offset:h.table_offset + 3 * F.CHUNK_ENTRY_NBYTES:F.CHUNK_ENTRY_NBYTES].tolist() \
+        == [F.MODE_ZERO, F.MODE_CODED, F.MODE_ZERO]
+    for at, value in ((1, F.FLAG_ZPOS), (2, 127), (4, 1), (0, 3)):
+        q = p.clone()
+        q[h.table_offset + at] = value
+        with pytest.raises(z.CorruptPayloadError, match="chunk table entry 0"):
+            z.decode(q, backend=backend)
+    q = p.clone()
+    q[h.table_offset + F.CHUNK_ENTRY_NBYTES:h.table_offset + 2 * F.CHUNK_ENTRY_NBYTES] = 0
+    q[h.table_offset + F.CHUNK_ENTRY_NBYTES] = F.MODE_ZERO
+    with pytest.raises(z.CorruptPayloadError, match="body|offset"):
+        z.decode(q, backend=backend)

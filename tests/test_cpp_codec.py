@@ -434,13 +434,16 @@ def test_table_checks_match_validate_table():
         for c in range(nch):
             nc = int(n[c])
             if rand(9) == 0:  # anything the 16 bytes can say
-                rows.append([pick(0, 1, 2), pick(0, 1, 2, 3, 4), pick(0, info.emax, rand(255)),
+                rows.append([pick(0, 1, 2), pick(0, 1, 2, 3, 4, 8, 9, 12),
+                             pick(0, info.emax, rand(255)),
                              pick(0, 3, rand(255)), rand(70), rand(70)] + [rand(70) for _ in range(4)])
             elif rand(4) == 0:
                 rows.append([0] * 10)  # RAW
             else:  # an entry an encoder could write, with counts the codes may contradict
                 zflags = pick(0, F.FLAG_ZPOS, F.FLAG_ZNEG, F.FLAG_ZPOS | F.FLAG_ZNEG)
                 low16 = F.FLAG_LOW16 if dtype == torch.float32 and rand(1) else 0
+                if dtype == torch.float32 and not low16 and rand(1):
+                    low16 = F.FLAG_LOWBYTE  # (its bitmap zeroed below, or not)
                 chain = sorted((rand(nc) for _ in range(5)), reverse=True)
                 opens, n_esc = (chain[:4], chain[4]) if codec_name == "dense" else ([0] * 4, rand(nc))
                 n_zero = rand(nc) if (zflags or codec_name == "dense") else 0
@@ -454,11 +457,13 @@ def test_table_checks_match_validate_table():
         body = torch.randint(0, 256, (int(seg.sum()),), generator=g, dtype=torch.uint8)
         offsets = F.segment_offsets(seg)
         for c in range(nch):  # zero padding: this test is about the table
-            for k in range(4):
+            for k in range(5):
                 ln = int(lens[k][c])
                 if ln >= 0:
                     at = 16 * int(offsets[c]) + int(starts[c, k])
                     body[at + ln:at + F.align16(ln)] = 0
+                    if k == 2 and dtype == torch.float32 and rand(2):
+                        body[at:at + ln] = 0  # a LOWBYTE bitmap without bits: low is empty
         gap = torch.zeros(h.body_offset - h.offsets_offset - 4 * nch, dtype=torch.uint8)
         p = torch.cat([torch.frombuffer(bytearray(h.pack()), dtype=torch.uint8), table.to_bytes(),
                        F.offsets_to_bytes(offsets), gap, body])

@@ -51,11 +51,32 @@ def test_layout_is_aligned_and_offsets_are_a_prefix_sum():
                      torch.tensor([1, 0, 3]), torch.tensor([0, 0, 5]), torch.tensor([17, 0, 2]),
                      torch.zeros(3, 4, dtype=torch.int64))
     starts, size = F.segment_layout("fixed3", F.DTYPES[torch.bfloat16], n, t)
-    assert starts.tolist() == [[0, 1536, 1536 + 4096, 1536 + 4096], [0, 0, 8192, 8192],
-                               [0, 32, 32 + 80, 32 + 80]]
+    assert starts.tolist() == [[0, 1536, 1536 + 4096, 1536 + 4096, 1536 + 4096 + 32],
+                               [0, 0, 8192, 8192, 8192], [0, 32, 32 + 80, 32 + 80, 32 + 80 + 16]]
     assert size.tolist() == [1536 + 4096 + 32, 8192, 32 + 80 + 16]
     assert F.segment_offsets(size).tolist() == [0, (1536 + 4096 + 32) // 16,
                                                 (1536 + 4096 + 32 + 8192) // 16]
+
+
+def test_lowbyte_layout_and_rule():
+    """fp32 LOWBYTE: sm 2 bytes a kept element, the bitmap (a bit an element)
+    in rem, low (its set bits' bytes) after esc; the rule is strict."""
+    n = torch.tensor([4096, 1003])
+    t = F.ChunkTable(torch.tensor([1, 1]), torch.tensor([F.FLAG_LOWBYTE, F.FLAG_LOWBYTE | 2]),
+                     torch.tensor([120, 120]), torch.tensor([1, 3]), torch.tensor([0, 100]),
+                     torch.tensor([17, 2]), torch.zeros(2, 4, dtype=torch.int64))
+    n_low = torch.tensor([40, 0])
+    lens = F.segment_nbytes("fixed3", F.DTYPES[torch.float32], n, t, n_low)
+    assert [v.tolist() for v in lens] == [[1536, 377], [8192, 2 * 903], [512, 126], [17, 2],
+                                          [40, 0]]
+    starts, size = F.segment_layout("fixed3", F.DTYPES[torch.float32], n, t, n_low)
+    assert starts.tolist() == [[0, 1536, 1536 + 8192, 1536 + 8192 + 512, 1536 + 8192 + 512 + 32],
+                               [0, 384, 384 + 1808, 384 + 1808 + 128, 384 + 1808 + 128 + 16]]
+    assert size.tolist() == [1536 + 8192 + 512 + 32 + 48, 384 + 1808 + 128 + 16]
+    # align16(2k) + align16(ceil(n / 8)) + align16(m) < align16(3k)
+    assert F.lowbyte_wins(64, 64, 1) and not F.lowbyte_wins(64, 64, 40)
+    assert not F.lowbyte_wins(7, 7, 0) and not F.lowbyte_wins(4096, 0, 0)
+    assert F.lowbyte_wins(4096, 4096, 3568) and not F.lowbyte_wins(4096, 4096, 3569)
 
 
 def test_chunk_table_bytes_round_trip():

@@ -23,7 +23,7 @@ if not available():
 
 import zipccl_fsdp as z  # noqa: E402
 from zipccl_fsdp import format as F  # noqa: E402
-from codec_cases import INT_VIEW, bits, from_bits, signed, special_words  # noqa: E402
+from codec_cases import INT_VIEW, bits, case, from_bits, signed, special_words  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -857,3 +857,71 @@ def test_decode_kernel_by_codec_and_chunks_a_program(device, decode_plans, monke
         _triton_decode(p, out, tuning)
         assert torch.equal(bits(out), bits(x))
     assert launched == [("both", 2), ("both", 2), ("both", 2), ("dense", 2)], launched
+
+
+def _tails(device, seed=2):
+    """fp32 chunks: mantissa tails (LOWBYTE, which the hot paths hand to the
+    general ones), Gaussian, bf16 casts (LOW16), tails with x * mask zeros
+    and specials, and a ragged tail chunk of 1003 elements."""
+    x = case("tail_mixed", 4 * C + 1003, torch.float32, seed=seed)
+    x[3 * C:] = case("mantissa_tail", C + 1003, torch.float32, seed=seed + 1)
+    return x.to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("codec", CODED)
+def test_fp32_mantissa_tails_take_lowbyte(device, codec):
+    x = _tails(device)
+    p = z.encode(x.cpu(), codec=codec, backend="torch")
+    table, _ = F.read_table(p, F.parse_header(p))
+    assert ((table.flags & F.FLAG_LOWBYTE) != 0).tolist() == [True, False, False, True, True]
+    zero_flags = F.FLAG_ZPOS | F.FLAG_ZNEG
+    assert int(table.flags[0]) & zero_flags == 0 and int(table.flags[3]) & zero_flags != 0
+    _check_against_torch(x, codec)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("codec", CODED)
+def test_a_lowbyte_bitmap_that_disagrees_is_refused(device, codec):
+    """16 more bits in chunk 0's bitmap (its low stream would outgrow the
+    offsets), and a bitmap bit past the ragged last chunk's end."""
+    x = _tails(device)
+    p = z.encode(x, codec=codec, backend="torch")
+    h = F.parse_header(p)
+    table, offsets = F.read_table(p, h)
+    start = F.stream_starts(h, table, offsets)[:, 2].tolist()
+    bm = p[start[0]:start[0] + C // 8].cpu()
+    unset = [i for i in range(C) if not (int(bm[i // 8]) >> (i % 8)) & 1][:16]
+    q = p.clone()
+    for i in unset:
+        q[start[0] + i // 8] |= 1 << (i % 8)
+    with pytest.raises(z.CorruptPayloadError, match="segment offset of chunk 1"):
+        z.decode(q, backend="triton")
+    q = p.clone()
+    q[start[4] + 1003 // 8] |= 0x80
+    with pytest.raises(z.CorruptPayloadError, match="padding after a sub-stream of chunk 4"):
+        z.decode(q, backend="triton")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("codec", ["fixed3", "dense"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_zero_chunks_equal_torch(device, dtype, codec):
+    """Whole chunks of +0.0 (ZERO, no segment) beside chunks of +0.0 but for
+    one -0.0, NaN or subnormal, a ragged all-zero tail; the same bytes as
+    the torch backend, and ZERO entries that break the format are refused
+    with torch's errors."""
+    for n in (1, 7, C + 1, 3 * C + 5, 8 * C + 1003):
+        _check_against_torch(case("zero_runs", n, dtype, seed=n).to(device), codec)
+    x = case("zero_runs", 3 * C, dtype, seed=6).to(device)
+    p = z.encode(x, codec=codec, backend="torch")
+    h = F.parse_header(p.cpu())
+    assert [int(p[h.table_offset + 16 * c]) for c in range(3)] == [2, 1, 2]
+    for at, value in ((0, 3), (1, 2), (2, 127), (4, 1)):
+        b = p.clone()
+        b[h.table_offset + at] = value
+        _raises_like_torch(b, x, "chunk table entry 0")
+    b = p.clone()
+    b[h.table_offset + 16:h.table_offset + 32] = 0
+    b[h.table_offset + 16] = 2  # chunk 1, CODED, relabelled ZERO
+    _raises_like_torch(b, x, None)

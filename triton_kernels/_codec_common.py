@@ -1,4 +1,4 @@
-"""Pieces the format v2 kernels share: the chunk tile, segment layout, zero
+"""Pieces the format v3 kernels share: the chunk tile, segment layout, zero
 padding, the fixed3 window, word-wide stream loads and stores.
 
 The chunk tile. A program handles one chunk of up to ``CP`` elements (a
@@ -22,8 +22,8 @@ from zipccl_fsdp import format as F
 
 assert F.FIXED_BITS == 3 and F.FIXED_ESC == 7 and F.REM_BITS == 3 and F.ALIGN == 16
 assert F.CHUNK_ENTRY_NBYTES == 16 and F.OFFSET_NBYTES == 4
-assert (F.MODE_RAW, F.MODE_CODED) == (0, 1)
-assert (F.FLAG_LOW16, F.FLAG_ZPOS, F.FLAG_ZNEG) == (1, 2, 4)
+assert (F.MODE_RAW, F.MODE_CODED, F.MODE_ZERO) == (0, 1, 2)
+assert (F.FLAG_LOW16, F.FLAG_ZPOS, F.FLAG_ZNEG, F.FLAG_LOWBYTE) == (1, 2, 4, 8)
 assert all(-8 <= d <= 7 for lo in F.FIXED_LO_BY_ZEROS for d in lo)
 assert F.HEADER_NBYTES == 64 and F.MAX_NDIM == 16
 
@@ -66,6 +66,13 @@ def tile_shape(chunk_elems: int, num_warps: int) -> tuple:
 
 
 @triton.jit
+def store_zero_words(dst, n, CP: tl.constexpr, T: tl.constexpr):
+    """A ZERO chunk (format.py): its n elements, +0.0 (word 0), at dst."""
+    i = tl.arange(0, T)[:, None] * (CP // T) + tl.arange(0, CP // T)[None, :]
+    tl.store(dst + i, tl.zeros([T, CP // T], dst.dtype.element_ty), mask=i < n)
+
+
+@triton.jit
 def align16(x):
     return (x + 15) & -16
 
@@ -88,26 +95,62 @@ def pad_nonzero(ptr, start, end, limit):
 
 
 @triton.jit
-def fixed3_layout(n, coded, low16, nz, nesc, ITEMSIZE: tl.constexpr, IS_FP16: tl.constexpr):
+def fixed3_layout(n, coded, low16, lowbyte, nz, nesc, n_low, ITEMSIZE: tl.constexpr,
+                  IS_FP16: tl.constexpr):
     """format.segment_layout of one fixed3 chunk: sub-stream lengths (codes,
     sm, rem, esc), the starts of sm, rem, esc inside the segment and the
-    padded segment size, int32 bytes."""
+    padded segment size, int32 bytes. With LOWBYTE (fp32), rem is the
+    bitmap and the low stream of ``n_low`` bytes starts at a_esc +
+    align16(esc), the segment's last."""
     kept = n - nz
     if ITEMSIZE == 4:
-        smb = 3 - 2 * low16
+        smb = 3 - 2 * low16 - lowbyte
     else:
         smb = 1
     codes = tl.where(coded, (3 * n + 7) >> 3, 0)
     sm = tl.where(coded, kept * smb, n * ITEMSIZE)
+    low = 0 * n
     if IS_FP16:
         rem = tl.where(coded, (3 * kept + 7) >> 3, 0)
+    elif ITEMSIZE == 4:
+        rem = tl.where(coded & (lowbyte != 0), (n + 7) >> 3, 0)
+        low = tl.where(coded & (lowbyte != 0), n_low, 0)
     else:
         rem = 0 * n
     esc = tl.where(coded, nesc, 0)
     a_sm = align16(codes)
     a_rem = a_sm + align16(sm)
     a_esc = a_rem + align16(rem)
-    return codes, sm, rem, esc, a_sm, a_rem, a_esc, a_esc + align16(esc)
+    return codes, sm, rem, esc, a_sm, a_rem, a_esc, a_esc + align16(esc) + align16(low)
+
+
+@triton.jit
+def lowbyte_wins(n, kept, n_low):
+    """format.lowbyte_wins: LOWBYTE makes the padded segment smaller."""
+    return align16(2 * kept) + align16((n + 7) >> 3) + align16(n_low) < align16(3 * kept)
+
+
+@triton.jit(noinline=True)
+def bitmap_count(body, at, n, body_nbytes, CP: tl.constexpr):
+    """A LOWBYTE chunk's bitmap (ceil(n / 8) bytes from body byte ``at``,
+    none read at or past the body's end): its set bits below n (the low
+    stream's length), and whether a bit from n on is set (padding). Read
+    before the chunk's offset is checked: the offset checks then hold only
+    for the true offsets (offset 0 is fixed, each next one follows)."""
+    k = tl.arange(0, CP // 8)
+    pos = at + k
+    b = tl.load(body + pos, mask=(8 * k < n) & (pos < body_nbytes), other=0).to(tl.int32)
+    keep = 0xFF >> tl.minimum(tl.maximum(8 * k + 8 - n, 0), 8)
+    return tl.sum(popc32(b & keep), axis=0), tl.max(b & ~keep, axis=0) != 0
+
+
+@triton.jit
+def bitmap_row(bitmap, r, n, nbytes):
+    """The LOWBYTE bitmap byte of each row r (elements 8 r .. 8 r + 7), its
+    bits from n on cleared (bitmap_count checks they are 0); 0 at or past
+    ``nbytes``."""
+    b = tl.load(bitmap + r, mask=(8 * r < n) & (r < nbytes), other=0).to(tl.int32)
+    return b & (0xFF >> tl.minimum(tl.maximum(8 * r + 8 - n, 0), 8))
 
 
 @triton.jit

@@ -74,6 +74,23 @@ def chunk_offset(status_ptr, c, nunits):
     return acc
 
 
+@triton.jit
+def place_zero_chunk(out_ptr, status_ptr, c, table_off, offsets_off):
+    """A ZERO chunk's place (format.py: every element +0.0): no segment, so
+    it publishes 0 units (its offset is the next chunk's too), ``offsets[c]``
+    and its entry, the mode and zeros. Returns the offset, which is where
+    the body ends after it (16-byte units)."""
+    off = chunk_offset(status_ptr, c, tl.zeros([], tl.int64))
+    words = out_ptr.to(tl.pointer_type(tl.int32))
+    tl.store(words + (offsets_off >> 2) + c, off.to(tl.int32))
+    ent = words + (table_off >> 2) + 4 * c.to(tl.int64)
+    tl.store(ent, 2)  # format.MODE_ZERO
+    tl.store(ent + 1, 0)
+    tl.store(ent + 2, 0)
+    tl.store(ent + 3, 0)
+    return off
+
+
 # The words after the body-length word (``total_ptr`` of ``store_total``), as
 # the encode launcher fills them once per plan: the header template, then how
 # many of its words the header takes, then the CRC's change per body-length

@@ -1,4 +1,4 @@
-"""Decode (format v2): one kernel, no host read before it when the caller
+"""Decode (format v3): one kernel, no host read before it when the caller
 holds the output.
 
 ``decode_into(payload, out)`` (every collective's call: ``out`` given)
@@ -91,6 +91,7 @@ class Tuning:
 
 TUNING = Tuning()
 MAGIC_U32 = tl.constexpr(int.from_bytes(F.MAGIC, "little"))
+VERSION = tl.constexpr(F.VERSION)
 CRC_POLY = tl.constexpr(0xEDB88320)  # zlib's CRC-32, reflected
 assert F.CODEC_IDS == {"raw": 0, "fixed3": 1, "dense": 2}
 _KERNEL_OF_CODEC = (None, "fixed3", "dense", None)  # by codec id (RAW: any kernel)
@@ -164,7 +165,7 @@ def decode_kernel(p_ptr, out_ptr, err_ptr, pay_nbytes, numel, nch, C, nsums, bod
     reserved = tl.load(w64 + 4, mask=m, other=0) | tl.load(w64 + 5, mask=m, other=0) | tl.load(
         w64 + 6, mask=m, other=0)
     bad = ~m | (tl.load(w32, mask=m, other=0) != MAGIC_U32)
-    bad = bad | ((word1 & 0xFF) != 2) | (codec > 2) | (ndim > 16)
+    bad = bad | ((word1 & 0xFF) != VERSION) | (codec > 2) | (ndim > 16)
     bad = bad | (((word1 >> 16) & 0xFF) != DTYPE_CODE) | (tl.load(w64 + 1, mask=m, other=0) != numel)
     bad = bad | (reserved != 0) | ((flags & ~1) != 0)
     is_raw = codec == 0

@@ -1,4 +1,4 @@
-"""Encode (format v2): ``encode(x, codec) -> payload``, byte-identical to
+"""Encode (format v3): ``encode(x, codec) -> payload``, byte-identical to
 codec_torch.encode, in one kernel per call and one host sync.
 
 The codec's kernel (fixed3_encode.py, dense_encode.py) runs one program per

@@ -1,4 +1,4 @@
-"""dense decode (format v2): one kernel, one program per chunk, no scan over chunks.
+"""dense decode (format v3): one kernel, one program per chunk, no scan over chunks.
 
 Program c reads its chunk-table entry and ``offsets[c]`` (format.py,
 "Body"), checks both (the entry by format.validate_table's rules; the
@@ -26,7 +26,9 @@ its rank), RAW chunks, and chunks that are not a full ``[T, 4, 8]`` tile:
 the ragged last one, and payloads whose chunk size is not 4096 (the format
 allows 8..65535, a multiple of 8; such a chunk is decoded in sub-blocks of
 up to 4096 elements, each tier's stream position, the escape and the kept
-rank carried from one to the next).
+rank carried from one to the next); and fp32 LOWBYTE chunks, decoded that
+way too, their low bytes then ORed into the words (``_patch_low``), after
+the bitmap's set bits were counted to check the offsets.
 
 Layout: the ``[T, G, 8]`` tile of dense_encode.py (thread t holds elements
 t * 8G .. t * 8G + 8G - 1).
@@ -38,8 +40,9 @@ import triton.language as tl
 
 from zipccl_fsdp import format as F
 
-from .dense_encode import _or, layout
-from ._codec_common import load_words24, low_bit_index, ttile
+from .dense_encode import _or, layout, row_excl
+from ._codec_common import (bitmap_count, bitmap_row, load_words24, low_bit_index, popc32,
+                            store_zero_words, ttile)
 
 # Error bits: the decoders' shared word (_codec_common.py).
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING,  # noqa: E402
@@ -259,8 +262,9 @@ def _decode_raw(src, dst, n, seg, ITEMSIZE: tl.constexpr, C: tl.constexpr, T: tl
 
 
 @triton.jit
-def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nkept, rem_nb, esc_nb,
-                  p1, p2, p3, p4, ebase, kbase, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+def _decode_block(src, dst, k0, n, base, lut, kx, low16, lowbyte, a_sm, a_rem, a_esc, nkept,
+                  rem_nb, esc_nb, p1, p2, p3, p4, ebase, kbase, ITEMSIZE: tl.constexpr,
+                  EXP_BITS: tl.constexpr,
                   MAN_BITS: tl.constexpr, G: tl.constexpr, T: tl.constexpr,
                   FULL: tl.constexpr, HOT: tl.constexpr = False):
     """Decode elements k0 .. k0 + 8GT - 1 (those below n) of a CODED chunk
@@ -371,8 +375,8 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
         sm = _load_sm_rows(src + 16 * (a_sm >> 4), src + 16 * (a_rem >> 4), low16, ITEMSIZE,
                            EXP_BITS, G, T)
     else:
-        sm = _gather_sm(src, a_sm, a_rem, a_esc, low16, nkept, kbase, incl, tot, tbk, kin, krank,
-                        pre, rpre, ITEMSIZE, EXP_BITS, G, T, FULL)
+        sm = _gather_sm(src, a_sm, a_rem, a_esc, low16, lowbyte, nkept, kbase, incl, tot, tbk,
+                        kin, krank, pre, rpre, ITEMSIZE, EXP_BITS, G, T, FULL)
     if not FULL:
         if IS_FP16:
             sm = tl.where(zero != 0, (15 - nib) << 15, sm)
@@ -405,8 +409,8 @@ def _decode_block(src, dst, k0, n, base, lut, kx, low16, a_sm, a_rem, a_esc, nke
 
 
 @triton.jit
-def _gather_sm(src, a_sm, a_rem, a_esc, low16, nkept, kbase, incl, tot, tbk, kin, krank, pre,
-               rpre, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, G: tl.constexpr,
+def _gather_sm(src, a_sm, a_rem, a_esc, low16, lowbyte, nkept, kbase, incl, tot, tbk, kin, krank,
+               pre, rpre, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, G: tl.constexpr,
                T: tl.constexpr, FULL: tl.constexpr):
     """The kept elements' sm values (fp16: with their rem bits), each read
     at its rank among the kept (FULL: the per-thread pointer ``tbk`` and
@@ -415,7 +419,7 @@ def _gather_sm(src, a_sm, a_rem, a_esc, low16, nkept, kbase, incl, tot, tbk, kin
     segment, whose value the caller replaces."""
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     if ITEMSIZE == 4:
-        smb = 3 - 2 * low16
+        smb = 3 - 2 * low16 - lowbyte
     else:
         smb = 1
     if FULL:
@@ -429,13 +433,14 @@ def _gather_sm(src, a_sm, a_rem, a_esc, low16, nkept, kbase, incl, tot, tbk, kin
         # Three unmasked byte loads; with LOW16 (one sm byte, the word's bits
         # 16..23) they start two bytes early, so the third reads it and the
         # first two read bytes before it, still inside the segment (its codes
-        # come first), whose bits the mask drops.
+        # come first), whose bits the mask drops; with LOWBYTE (two, bits
+        # 8..23) one byte early.
         word = tl.zeros(kr.shape, tl.int32)
-        at = sm_src - 2 * low16 + kr * smb
+        at = sm_src - 2 * low16 - lowbyte + kr * smb
         for b in tl.static_range(3):
             byte = tl.load(at + b)
             word = word | ((byte.to(tl.int32) & 0xFF) << (8 * b))
-        sm = word & (0xFFFFFF - 0xFFFF * low16)
+        sm = word & (0xFFFFFF - 0xFFFF * low16 - 0xFF * lowbyte)
     else:
         sm = tl.load(sm_src + kr).to(tl.int32) & 0xFF  # (a zero's: replaced by the caller)
         if IS_FP16:
@@ -550,11 +555,11 @@ def _patch_escapes(src, dst, a_esc, esc_nb, first, cnt, esc_lo, esc_hi, EXP_BITS
 
 
 @triton.jit
-def _chunk_layout(n, flags, nz, nesc, o1, o2, o3, o4, ITEMSIZE: tl.constexpr,
+def _chunk_layout(n, flags, nz, nesc, n_low, o1, o2, o3, o4, ITEMSIZE: tl.constexpr,
                   IS_FP16: tl.constexpr):
     """Byte starts of the four tier streams inside the codes, and layout()'s fields."""
     codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = layout(
-        n, True, flags & 1, nz, nesc, o1, o2, o3, o4, ITEMSIZE, IS_FP16)
+        n, True, flags & 1, (flags >> 3) & 1, nz, nesc, n_low, o1, o2, o3, o4, ITEMSIZE, IS_FP16)
     b1 = (2 * n + 7) >> 3
     b2 = b1 + ((o1 + 7) >> 3)
     b3 = b2 + ((o2 + 7) >> 3)
@@ -598,7 +603,7 @@ def _decode_full(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
     G: tl.constexpr = CP // (8 * T)
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     b1, b2, b3, b4, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = _chunk_layout(
-        n, flags, nz, nesc, o1, o2, o3, o4, ITEMSIZE, IS_FP16)
+        n, flags, nz, nesc, 0, o1, o2, o3, o4, ITEMSIZE, IS_FP16)
     zp = (flags >> 1) & 1
     zn = (flags >> 2) & 1
     if HOT:
@@ -610,7 +615,7 @@ def _decode_full(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
         kx = _kept_esc_word(zp, zn, 31 if ITEMSIZE == 4 else 15)
         kept = n - nz
     ev, e1, e2, e3, e4, incl = _decode_block(
-        src, dst, 0, n, base, lut, kx, flags & 1, a_sm, a_rem, a_esc, n - nz, rem_nb, esc_nb,
+        src, dst, 0, n, base, lut, kx, flags & 1, 0, a_sm, a_rem, a_esc, n - nz, rem_nb, esc_nb,
         8 * b1, 8 * b2, 8 * b3, 8 * b4, 0, 0, ITEMSIZE, EXP_BITS, MAN_BITS, G, T, True, HOT)
     # The thread holding the last element checks the chunk's totals.
     last = tl.arange(0, T) == T - 1
@@ -635,19 +640,21 @@ def _decode_zeros(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
 
 
 @triton.jit(noinline=True)
-def _decode_general(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
+def _decode_general(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4, n_low,
                     ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
                     CP: tl.constexpr, T: tl.constexpr):
-    """Cold code: a CODED chunk that is not a full [T, 4, 8] tile, in
-    sub-blocks of up to 32 T elements; returns ERR_* bits."""
+    """Cold code: a CODED chunk that is not a full [T, 4, 8] tile, or one
+    with LOWBYTE (``n_low``: its bitmap's set bits, counted by the caller),
+    in sub-blocks of up to 32 T elements; returns ERR_* bits."""
     G: tl.constexpr = CP // (8 * T)
     GS: tl.constexpr = 4 if G >= 4 else G
     NSUB: tl.constexpr = G // GS
     SUB: tl.constexpr = 8 * GS * T
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     b1, b2, b3, b4, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = _chunk_layout(
-        n, flags, nz, nesc, o1, o2, o3, o4, ITEMSIZE, IS_FP16)
+        n, flags, nz, nesc, n_low, o1, o2, o3, o4, ITEMSIZE, IS_FP16)
     lut = _sym_table((flags >> 1) & 1, (flags >> 2) & 1, phase, False)
+    lowbyte = (flags >> 3) & 1
     p1 = 8 * b1
     p2 = 8 * b2
     p3 = 8 * b3
@@ -658,8 +665,9 @@ def _decode_general(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
     for k in range(NSUB):
         if k * SUB < n:
             ev, e1, e2, e3, e4, incl = _decode_block(
-                src, dst, k * SUB, n, base, lut, 0, flags & 1, a_sm, a_rem, a_esc, n - nz, rem_nb,
-                esc_nb, p1, p2, p3, p4, ebase, kbase, ITEMSIZE, EXP_BITS, MAN_BITS, GS, T, False)
+                src, dst, k * SUB, n, base, lut, 0, flags & 1, lowbyte, a_sm, a_rem, a_esc,
+                n - nz, rem_nb, esc_nb, p1, p2, p3, p4, ebase, kbase, ITEMSIZE, EXP_BITS,
+                MAN_BITS, GS, T, False)
             err = err | tl.reduce(ev, 0, _or)
             p1 = tl.max(e1, 0)
             p2 = tl.max(e2, 0)
@@ -672,8 +680,37 @@ def _decode_general(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
         p4 != 8 * b4 + 2 * o4)
     err = err | tl.where(tiers, ERR_TIERS, 0)
     err = err | tl.where((ebase != nesc) | (kbase != n - nz), ERR_COUNTS, 0)
-    pad = _pads_bad(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg)
+    a_low = a_esc + ((esc_nb + 15) & -16)
+    pad = _pads_bad(src, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, a_low)
+    if ITEMSIZE == 4:
+        if lowbyte != 0:
+            pad = pad | _pad_bad(src, a_low + n_low, seg)
+            _patch_low(src + a_rem, src + a_low, dst, n, n_low, rem_nb, CP, T)
     return err | tl.where(pad != 0, ERR_PADDING, 0)
+
+
+@triton.jit
+def _patch_low(bitmap, low, dst, n, n_low, rem_nb, CP: tl.constexpr, T: tl.constexpr):
+    """LOWBYTE: the next byte of ``low`` ORed into each decoded word (read
+    back from dst) whose bitmap bit is set, a thread's G rows of 8 at a
+    time: the rows' set bits counted, one scan over the threads."""
+    G: tl.constexpr = CP // (8 * T)
+    t = tl.arange(0, T)[:, None]
+    rows = t * G + tl.arange(0, G)[None, :]  # [T, G]
+    bm = bitmap_row(bitmap, rows, n, rem_nb)
+    cnt = popc32(bm)
+    rpre, ttot = row_excl(cnt, G)
+    lex = tl.cumsum(ttot, axis=0) - ttot
+    q = tl.arange(0, 8)[None, None, :]
+    has = ((bm[:, :, None] >> q) & 1) != 0
+    lrank = (lex[:, None] + rpre)[:, :, None] + popc32(bm[:, :, None] & ((1 << q) - 1))
+    i = rows[:, :, None] * 8 + q
+    # The words' stores came from other threads of the program: a barrier
+    # orders them before the read back.
+    tl.debug_barrier()
+    byte = tl.load(low + lrank, mask=has & (lrank < n_low), other=0).to(tl.int32)
+    old = tl.load(dst + i, mask=has, other=0, volatile=True)
+    tl.store(dst + i, old | byte, mask=has)
 
 
 @triton.jit
@@ -707,20 +744,45 @@ def dense_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off, 
     o2 = (e2 >> 16) & 0xFFFF
     o3 = e3 & 0xFFFF
     o4 = (e3 >> 16) & 0xFFFF
-    # format.validate_table: mode > 1, flags outside 7 (LOW16 too for 16-bit
-    # dtypes), base > EMAX and phase > 3 are bits of the entry's first word;
-    # nesc <= n follows from the chain n >= o1 >= .. >= o4 >= nesc.
-    E0_BAD: tl.constexpr = (0xFC00F8FE | (0x100 if ITEMSIZE != 4 else 0)
+    # format.validate_table: mode > 3, flags outside 15 (LOW16 and LOWBYTE too
+    # for 16-bit dtypes), base > EMAX and phase > 3 are bits of the entry's
+    # first word (mode 3 is tested apart); nesc <= n follows from the chain
+    # n >= o1 >= .. >= o4 >= nesc.
+    E0_BAD: tl.constexpr = (0xFC00F0FC | (0x900 if ITEMSIZE != 4 else 0)
                             | ((0xFF & ~EMAX) << 16)) - (1 << 32)  # (as an int32)
-    bad = (e0 & E0_BAD) != 0
+    bad = ((e0 & E0_BAD) != 0) | ((flags & 9) == 9)  # (LOW16 and LOWBYTE)
     # (The fields are 16-bit: no difference overflows, one sign test for all.)
     bad = bad | (((n - nz) | (n - o1) | (o1 - o2) | (o2 - o3) | (o3 - o4) | (o4 - nesc)) < 0)
-    bad = bad | ((mode == 0) & ((e0 | e1 | e2 | e3) != 0))
+    bad = bad | (mode == 3) | ((mode != 1) & (((e0 >> 8) | e1 | e2 | e3) != 0))  # RAW, ZERO
     coded = mode == 1
-    low16 = flags & 1
+    if ITEMSIZE == 4:
+        if ((flags & 8) != 0) & ~bad:
+            err = _decode_lowbyte(p_ptr, dst, c, n, off, nxt, body_off, body_nbytes, flags, base,
+                                  phase, nz, nesc, o1, o2, o3, o4, ITEMSIZE, EXP_BITS, MAN_BITS,
+                                  CP, T)
+        else:
+            err = _decode_other(p_ptr, dst, c, n, off, nxt, body_off, body_units, bad, mode,
+                                coded, flags, base, phase, nz, nesc, o1, o2, o3, o4, ITEMSIZE,
+                                EXP_BITS, MAN_BITS, CP, T)
+    else:
+        err = _decode_other(p_ptr, dst, c, n, off, nxt, body_off, body_units, bad, mode, coded,
+                            flags, base, phase, nz, nesc, o1, o2, o3, o4, ITEMSIZE, EXP_BITS,
+                            MAN_BITS, CP, T)
+    return err
+
+
+@triton.jit
+def _decode_other(p_ptr, dst, c, n, off, nxt, body_off, body_units, bad, mode, coded, flags, base,
+                  phase, nz, nesc, o1, o2, o3, o4, ITEMSIZE: tl.constexpr,
+                  EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr, CP: tl.constexpr,
+                  T: tl.constexpr):
+    """A chunk without LOWBYTE (or with a bad entry): its offsets checked,
+    then decoded by the path its kind takes."""
+    G: tl.constexpr = CP // (8 * T)
+    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = layout(
-        n, coded, low16, nz, nesc, o1, o2, o3, o4, ITEMSIZE, IS_FP16)
-    units = (seg >> 4).to(tl.int64)
+        n, coded, flags & 1, 0, nz, nesc, 0, o1, o2, o3, o4, ITEMSIZE, IS_FP16)
+    units = tl.where(mode == 2, 0, seg >> 4).to(tl.int64)  # ZERO: no segment
     # format.validate_offsets, chained: offset[0] = 0, offset[c + 1] = offset[c] + units.
     bad_off = (nxt != off + units) | (off + units > body_units)  # the segment inside the body
     bad_off = bad_off | ((c == 0) & (off != 0))
@@ -733,6 +795,8 @@ def dense_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off, 
     if (err & (ERR_TABLE | ERR_OFFSETS)) == 0:
         if mode == 0:
             err = err | _decode_raw(src, dst, n, seg, ITEMSIZE, CP, T)
+        elif mode == 2:
+            store_zero_words(dst, n, CP, T)
         elif G == 4:
             if n == CP:
                 if (nz | (flags & 6)) == 0:
@@ -743,8 +807,29 @@ def dense_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off, 
                                               o3, o4, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
             else:
                 err = err | _decode_general(src, dst, n, flags, base, phase, nz, nesc, o1, o2,
-                                            o3, o4, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
+                                            o3, o4, 0, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
         else:
             err = err | _decode_general(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3,
-                                        o4, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
+                                        o4, 0, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
+    return err
+
+
+@triton.jit(noinline=True)
+def _decode_lowbyte(p_ptr, dst, c, n, off, nxt, body_off, body_nbytes, flags, base, phase, nz,
+                    nesc, o1, o2, o3, o4, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                    MAN_BITS: tl.constexpr, CP: tl.constexpr, T: tl.constexpr):
+    """A CODED fp32 LOWBYTE chunk whose entry is valid (cold code): the low
+    stream, the segment's last, is the bitmap's set bits (read inside the
+    body; the offset checks then hold only for the true offsets), its bits
+    from n on padding; then _decode_general."""
+    codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = layout(
+        n, True, 0, 1, nz, nesc, 0, o1, o2, o3, o4, ITEMSIZE, False)
+    n_low, bad_bits = bitmap_count(p_ptr + body_off, 16 * off + a_rem, n, body_nbytes, CP)
+    units = ((seg + ((n_low + 15) & -16)) >> 4).to(tl.int64)
+    bad_off = (nxt != off + units) | (off + units > (body_nbytes >> 4)) | ((c == 0) & (off != 0))
+    err = tl.where(bad_off, ERR_OFFSETS, tl.where(bad_bits, ERR_PADDING, 0))
+    if err == 0:
+        src = p_ptr + ((body_off >> 4) << 4) + 16 * off
+        err = _decode_general(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4, n_low,
+                              ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
     return err

@@ -1,4 +1,4 @@
-"""dense encode (format v2): one kernel, one program per chunk.
+"""dense encode (format v3): one kernel, one program per chunk.
 
 A program takes its chunk id from an atomic ticket (so the look-back below
 only ever waits on programs that have started), loads its chunk once (the
@@ -7,7 +7,8 @@ its padded segment size in 16-byte units, gets its segment offset from the
 decoupled look-back (``_lookback.chunk_offset``), writes ``offsets[c]`` and
 then its whole segment, padding included (format.py, "Body").
 
-Hot path (``_encode_full``): a full chunk without exact zeros, which is
+Hot path (``_encode_full``): a full chunk without exact zeros (and, fp32,
+not taking LOWBYTE: it counts the nonzero low bytes to know), which is
 what Gaussian data (FSDP parameters and gradients) gives. Every element is
 kept, so its sm byte(s) and fp16 rem bits sit at its own index in their
 streams and are stored as words, thread by thread; its rank depends on its
@@ -50,14 +51,15 @@ import triton.language as tl
 
 from zipccl_fsdp import format as F
 
-from ._codec_common import low_bit_index, popc32, store_words, store_words24, ttile, words24
-from ._lookback import chunk_offset, finish_payload, ticket
+from ._codec_common import (low_bit_index, lowbyte_wins, popc32, store_words, store_words24,
+                            ttile, words24)
+from ._lookback import chunk_offset, finish_payload, place_zero_chunk, ticket
 
 # The shape of the format this kernel is written for (fails loudly if it changes).
 assert F.TIER_BITS == (2, 1, 1, 2, 2) and F.TIER_START == (0, 3, 4, 5, 8)
 assert F.DENSE_SLOTS == 11 and F.DENSE_ESC == 11 and F.REM_BITS == 3
 assert F.DENSE_ZERO_FIRST_SHIFT == 5 and F.ALIGN == 16
-assert (F.FLAG_LOW16, F.FLAG_ZPOS, F.FLAG_ZNEG) == (1, 2, 4)
+assert (F.FLAG_LOW16, F.FLAG_ZPOS, F.FLAG_ZNEG, F.FLAG_LOWBYTE) == (1, 2, 4, 8)
 assert (F.MODE_RAW, F.MODE_CODED) == (0, 1) and F.CHUNK_ENTRY_NBYTES == 16
 assert all(len(o) == F.DENSE_SLOTS - 1 for o in F.DENSE_ORDER)
 assert all(-8 <= d <= 7 for o in F.DENSE_ORDER for d in o), "offsets must fit a nibble"
@@ -217,29 +219,34 @@ def thread_excl(f, W4: tl.constexpr):
 
 
 @triton.jit
-def layout(n, coded, low16, nz, nesc, o1, o2, o3, o4, ITEMSIZE: tl.constexpr,
+def layout(n, coded, low16, lowbyte, nz, nesc, n_low, o1, o2, o3, o4, ITEMSIZE: tl.constexpr,
            IS_FP16: tl.constexpr):
     """format.segment_layout of one chunk: sub-stream lengths (codes, sm,
     rem, esc), the starts of sm, rem, esc inside the segment, and the
-    padded segment size, all int32 bytes."""
+    padded segment size, all int32 bytes. With LOWBYTE (fp32) rem is the
+    bitmap and the low stream (``n_low`` bytes) ends the segment, from
+    a_esc + align16(esc)."""
     len0 = (2 * n + 7) >> 3
     codes = len0 + ((o1 + 7) >> 3) + ((o2 + 7) >> 3) + ((2 * o3 + 7) >> 3) + ((2 * o4 + 7) >> 3)
     kept = n - nz
+    low = 0 * n
     if ITEMSIZE == 4:
-        smb = 3 - 2 * low16
+        smb = 3 - 2 * low16 - lowbyte
+        rem = tl.where(coded & (lowbyte != 0), (n + 7) >> 3, 0)
+        low = tl.where(coded & (lowbyte != 0), n_low, 0)
     else:
         smb = 1
+        if IS_FP16:
+            rem = tl.where(coded, (3 * kept + 7) >> 3, 0)
+        else:
+            rem = 0 * n
     sm = tl.where(coded, kept * smb, n * ITEMSIZE)
-    if IS_FP16:
-        rem = tl.where(coded, (3 * kept + 7) >> 3, 0)
-    else:
-        rem = 0 * n
     codes = tl.where(coded, codes, 0)
     esc = tl.where(coded, nesc, 0)
     a_sm = (codes + 15) & -16
     a_rem = a_sm + ((sm + 15) & -16)
     a_esc = a_rem + ((rem + 15) & -16)
-    seg = a_esc + ((esc + 15) & -16)
+    seg = a_esc + ((esc + 15) & -16) + ((low + 15) & -16)
     return codes, sm, rem, esc, a_sm, a_rem, a_esc, seg
 
 
@@ -551,15 +558,29 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
     zp = ((npos << 5) >= n).to(tl.int32)
     zn = ((nneg << 5) >= n).to(tl.int32)
 
-    # --- ranks (format.dense_symbol_table; see _check_symbol_rule) ---
-    lut4, ekw = _chunk_lut(base, phase, zp, zn)
-    idx4 = tl.where(is_pos, 48, tl.where(is_neg, 44, _exp_index4(e, base)))
-    sh = ((lut4 >> idx4.to(tl.int64)) & 60).to(tl.int64)  # 4 x the rank
-    # Escape (bit 0) and kept (bit KS) flags of the rank from the chunk's word.
-    ek = ((ekw >> sh) & EK_FLAGS).to(tl.int32)
-    _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offsets_off, body_off,
-                    c, start, n, w, wp, sm8p, e, sh, ek, vi, base, phase, low16, zp, zn,
-                    ITEMSIZE, EXP_BITS, MAN_BITS, C, T, FULL, False)
+    if npos == n:  # every element +0.0: a ZERO chunk, no segment (format.py)
+        end = place_zero_chunk(out_ptr, status_ptr, c, table_off, offsets_off)
+        if c == nch - 1:
+            finish_payload(total_ptr, out_ptr, end, offsets_off, nch)
+    else:
+        # --- ranks (format.dense_symbol_table; see _check_symbol_rule) ---
+        lut4, ekw = _chunk_lut(base, phase, zp, zn)
+        idx4 = tl.where(is_pos, 48, tl.where(is_neg, 44, _exp_index4(e, base)))
+        sh = ((lut4 >> idx4.to(tl.int64)) & 60).to(tl.int64)  # 4 x the rank
+        # Escape (bit 0) and kept (bit KS) flags of the rank from the chunk's word.
+        ek = ((ekw >> sh) & EK_FLAGS).to(tl.int32)
+        # LOWBYTE (format.py): the elements whose low byte is not zero (the
+        # padding's is) and the kept ones (those that ship sm), then the rule.
+        n_low = 0 * n
+        lowbyte = 0 * n
+        if ITEMSIZE == 4:
+            nk = (((w & 0xFF) != 0).to(tl.int32) << 16) | ((ek >> KS) * vi)
+            nk = tl.sum(tl.sum(_rsum(nk, W4), axis=1), axis=0)
+            n_low = nk >> 16
+            lowbyte = ((low16 == 0) & lowbyte_wins(n, nk & 0xFFFF, n_low)).to(tl.int32)
+        _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offsets_off,
+                        body_off, c, start, n, w, wp, sm8p, e, sh, ek, vi, base, phase, low16,
+                        lowbyte, n_low, zp, zn, ITEMSIZE, EXP_BITS, MAN_BITS, C, T, FULL, False)
 
 
 @triton.jit
@@ -576,16 +597,19 @@ def _low16(w, ITEMSIZE: tl.constexpr, W4: tl.constexpr):
 
 @triton.jit
 def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offsets_off, body_off,
-                    c, start, n, w, wp, sm8p, e, sh, ek, vi, base, phase, low16, zp, zn,
-                    ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
-                    C: tl.constexpr, T: tl.constexpr, FULL: tl.constexpr, HOT: tl.constexpr):
+                    c, start, n, w, wp, sm8p, e, sh, ek, vi, base, phase, low16, lowbyte, n_low,
+                    zp, zn, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                    MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr,
+                    FULL: tl.constexpr, HOT: tl.constexpr):
     """Chunk c's tier streams, table entry, offset and segment, from its
     elements' ranks (``sh``: 4 x the rank) and escape (bit 0) and kept (bit
     KS) flags ``ek``. HOT (a full chunk with every element kept and no
     zero flag, _encode_full): ``ek`` holds the escape flags alone, and an
     element's sm byte(s) and rem bits are at its index in their streams,
     so they are stored as words, thread by thread; otherwise each kept
-    element's are scattered to its rank among the kept."""
+    element's are scattered to its rank among the kept, and with LOWBYTE
+    (never HOT) a row's bitmap byte is stored at its row index and each
+    nonzero low byte at its rank among them (``n_low`` in all)."""
     G: tl.constexpr = C // (8 * T)
     # 16-byte granules per thread that cover a coded segment past tier 0
     # (smaller than the raw one).
@@ -664,7 +688,7 @@ def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offse
 
     # --- raw or coded, the segment's size and offset ---
     codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg_c = layout(
-        n, True, low16, nz, n_esc, n1, n2, n3, n4, ITEMSIZE, IS_FP16)
+        n, True, low16, lowbyte, nz, n_esc, n_low, n1, n2, n3, n4, ITEMSIZE, IS_FP16)
     raw_seg = (n * ITEMSIZE + 15) & -16
     coded = seg_c < raw_seg
     units = (tl.where(coded, seg_c, raw_seg) >> 4).to(tl.int64)
@@ -673,7 +697,7 @@ def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offse
     if not FINISH_LAST:
         if c == nch - 1:
             finish_payload(total_ptr, out_ptr, off + units, offsets_off, nch)
-    flags = low16 | (zp << 1) | (zn << 2)
+    flags = low16 | (zp << 1) | (zn << 2) | (lowbyte << 3)
     ent = out_ptr.to(tl.pointer_type(tl.int32)) + (table_off >> 2) + 4 * c.to(tl.int64)
     ci = coded.to(tl.int32)
     tl.store(ent, ci * (1 | (flags << 8) | (base << 16) | (phase << 24)))
@@ -733,8 +757,9 @@ def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offse
         if seg_c < raw_seg:
             _store_sm_rows(dst + 16 * (a_sm >> 4), smv, sm8p, low16, ITEMSIZE, G, T)
     elif ITEMSIZE == 4:
-        smb = 3 - 2 * low16
-        smv = smv >> (16 * low16)  # LOW16: the top byte only (one shift, no select)
+        smb = 3 - 2 * low16 - lowbyte
+        # LOW16: the top byte only, LOWBYTE: the top two (one shift, no select)
+        smv = smv >> (16 * low16 + 8 * lowbyte)
         if seg_c < raw_seg:
             sm_at = _bt(sm_dst + (kex >> KS) * smb, W4) + (kpre >> KS) * smb
             tl.store(sm_at, (smv & 0xFF).to(tl.uint8), mask=keep != 0)
@@ -742,8 +767,12 @@ def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offse
             # ``not low16`` per element was kept as 32 predicates packed in a
             # register (two LOP3s an element to pack, more to unpack).
             if low16 == 0:
-                for b in tl.static_range(1, 3):
-                    tl.store(sm_at + b, ((smv >> (8 * b)) & 0xFF).to(tl.uint8), mask=keep != 0)
+                tl.store(sm_at + 1, ((smv >> 8) & 0xFF).to(tl.uint8), mask=keep != 0)
+                if lowbyte == 0:
+                    tl.store(sm_at + 2, ((smv >> 16) & 0xFF).to(tl.uint8), mask=keep != 0)
+                else:
+                    _store_low(dst + a_rem, dst + a_esc + ((esc_nb + 15) & -16), w, vi, n, W4,
+                               G, T)
     else:
         if FULL:
             sm8 = tl.reshape(tl.join(sm8p, sm8p >> 16), (T, G, 8))
@@ -798,6 +827,20 @@ def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offse
     if FINISH_LAST:
         if c == nch - 1:
             finish_payload(total_ptr, out_ptr, off + units, offsets_off, nch)
+
+
+@triton.jit
+def _store_low(bitmap, low, w, vi, n, W4: tl.constexpr, G: tl.constexpr, T: tl.constexpr):
+    """LOWBYTE's streams of an fp32 chunk (the element tile ``w``, ``vi``
+    its elements below n): each row's bitmap byte at its row index (bit q:
+    element q's low byte is not zero), and those bytes at their rank among
+    them (like the escapes: in-thread ranks and one scan)."""
+    lb = ((w & 0xFF) != 0).to(tl.int32) * vi
+    rows = tl.arange(0, T)[:, None] * G + tl.arange(0, G)[None, :]
+    tl.store(bitmap + rows, _rsum(lb << _qidx(W4), W4).to(tl.uint8), mask=8 * rows < n)
+    lpre, ltot, _ = thread_excl(lb, W4)
+    lex = tl.cumsum(ltot, axis=0) - ltot
+    tl.store(_bt(low + lex, W4) + lpre, (w & 0xFF).to(tl.uint8), mask=lb != 0)
 
 
 @triton.jit
@@ -919,14 +962,27 @@ def _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, o
     ts = tl.sum(_rsum(v, W4), axis=1)
     t64 = (ts & 0x1FFF).to(tl.int64) | (((ts >> 13) & 63).to(tl.int64) << 21) | (
         (ts >= (1 << 19)).to(tl.int64) << 34)
+    if ITEMSIZE == 4:
+        # fp32: and the rows of 8 whose low bytes are all nonzero (their least
+        # is not 0), bits 42.. of the sum: 8 of them bound LOWBYTE's count of
+        # nonzero low bytes from below (a hot chunk holds no zero; Gaussian
+        # data has about 16 low bytes 0 a chunk, which cost the bound 128).
+        rmin = tl.min(tl.min(w & 0xFF, axis=3), axis=2)  # [T, G]
+        t64 = t64 | (tl.sum((rmin != 0).to(tl.int32), axis=1).to(tl.int64) << 42)
     tot = tl.sum(t64, axis=0)
-    if tot < (1 << 34):
+    low16 = _low16(w, ITEMSIZE, W4)
+    hot = tot < (1 << 34)
+    if ITEMSIZE == 4:
+        # A chunk that may take LOWBYTE is _encode_general's: one whose lower
+        # bound of nonzero low bytes already fails the rule (it holds for
+        # fewer bytes only; every element is kept: n - n_zero = C) stays.
+        hot = ((tot & (255 << 34)) == 0) & ((low16 != 0) | ~lowbyte_wins(C, C, 8 * (tot >> 42)))
+    if hot:
         s_sum = (tot & 0x1FFFFF).to(tl.int32)
-        k_norm = (tot >> 21).to(tl.int32)
+        k_norm = ((tot >> 21) & 0x1FFF).to(tl.int32)
         qq = tl.where(k_norm > 0, (4 * s_sum) // tl.maximum(k_norm, 1), 0)
         base = qq >> 2
         phase = qq & 3
-        low16 = _low16(w, ITEMSIZE, W4)
         idx4 = _exp_index4(e, base)
         sh = ((_hot_lut(phase) >> idx4.to(tl.int64)) & 60).to(tl.int64)  # 4 x the rank
         # Escapes: exponent index 10 (offsets outside -6..3), a thread's as
@@ -934,7 +990,7 @@ def _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, o
         esc = tl.sum(_rsum(((idx4 + 24) >> 6) << _kidx(G, W4), W4), axis=1)
         _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offsets_off,
                         body_off, c, start, C + 0 * c, w, wp, sm8p, e, sh, esc, 1, base, phase,
-                        low16, 0, 0, ITEMSIZE, EXP_BITS, MAN_BITS, C, T, True, True)
+                        low16, 0, 0, 0, 0, ITEMSIZE, EXP_BITS, MAN_BITS, C, T, True, True)
     else:
         _encode_general(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off,
                         offsets_off, body_off, c, ITEMSIZE, EXP_BITS, MAN_BITS, C, T)

@@ -1,4 +1,4 @@
-"""fixed3 decode (format v2) of one chunk, called by codec_decode.decode_kernel
+"""fixed3 decode (format v3) of one chunk, called by codec_decode.decode_kernel
 (one program per chunk, or a few in turn, in the thread-major ``[T, G, 8]``
 tile of _codec_common.py).
 
@@ -23,8 +23,9 @@ at most 64 elements a thread:
 - the decoded escape count against the entry, escapes naming an exponent
   the dtype has, and every padding byte zero.
 
-A chunk with flagged zeros, and every chunk of a wider tile, is decoded by
-fixed3_general.decode_chunk_general; a RAW chunk by decode_raw_words: both
+A chunk with flagged zeros or LOWBYTE (whose low length, the bitmap's set
+bits, is counted before the offsets are checked), and every chunk of a
+wider tile, is decoded by fixed3_general.decode_chunk_general; a RAW chunk by decode_raw_words: both
 noinline, off the hot path.
 
 Error bits (``ERR_*`` of _codec_common.py) are returned to the caller, which
@@ -36,9 +37,9 @@ import triton
 import triton.language as tl
 
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING, ERR_TABLE,
-                            align16, fixed3_layout, fixed_window, load_rows3, load_words,
-                            load_words24, low_bit_index, pad_nonzero, store_rows,
-                            ttile, unpack_bytes)
+                            align16, bitmap_count, fixed3_layout, fixed_window, load_rows3,
+                            load_words, load_words24, low_bit_index, pad_nonzero, store_rows,
+                            store_zero_words, ttile, unpack_bytes)
 from .fixed3_encode import L2, escape_masks, popc_mask
 from .fixed3_general import decode_chunk_general, padding_error
 
@@ -79,15 +80,42 @@ def fixed3_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off,
     phase = (e0 >> 24) & 0xFF
     nz = e1 & 0xFFFF
     nesc = (e1 >> 16) & 0xFFFF
-    bad = (mode > 1) | (phase > 3) | (base > EMAX) | ((flags & ~7) != 0)
+    bad = (mode > 2) | (phase > 3) | (base > EMAX) | ((flags & ~15) != 0) | ((flags & 9) == 9)
     if ITEMSIZE != 4:
-        bad = bad | ((flags & 1) != 0)
+        bad = bad | ((flags & 9) != 0)
     bad = bad | (nz > n) | (nesc > n) | (opens != 0) | (((flags & 6) == 0) & (nz != 0))
     coded = mode == 1
-    bad = bad | ((mode == 0) & ((flags | base | phase | nz | nesc) != 0))
+    bad = bad | ((mode != 1) & ((flags | base | phase | nz | nesc) != 0))  # RAW, ZERO
     low16 = flags & 1
+    if ITEMSIZE == 4:
+        if ((flags & 8) != 0) & ~bad:
+            err = _decode_lowbyte(p_ptr, dst, c, n, nch, offsets_off, body_off, body_nbytes,
+                                  flags, base, phase, nz, nesc, ITEMSIZE, EXP_BITS, MAN_BITS, CP,
+                                  T)
+        else:
+            err = _decode_other(p_ptr, dst, c, n, nch, offsets_off, body_off, body_nbytes, bad,
+                                mode, flags, base, phase, nz, nesc, coded, low16, ITEMSIZE,
+                                EXP_BITS, MAN_BITS, CP, T)
+    else:
+        err = _decode_other(p_ptr, dst, c, n, nch, offsets_off, body_off, body_nbytes, bad, mode,
+                            flags, base, phase, nz, nesc, coded, low16, ITEMSIZE, EXP_BITS,
+                            MAN_BITS, CP, T)
+    return err
+
+
+@triton.jit
+def _decode_other(p_ptr, dst, c, n, nch, offsets_off, body_off, body_nbytes, bad, mode, flags,
+                  base, phase, nz, nesc, coded, low16, ITEMSIZE: tl.constexpr,
+                  EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr, CP: tl.constexpr,
+                  T: tl.constexpr):
+    """A chunk without LOWBYTE (or with a bad entry): its offsets checked,
+    then decoded by the hot path, the general one or decode_raw_words."""
+    G: tl.constexpr = CP // (8 * T)
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = fixed3_layout(
-        n, coded, low16, nz, nesc, ITEMSIZE, IS_FP16)
+        n, coded, low16, 0, nz, nesc, 0, ITEMSIZE, IS_FP16)
+    seg = tl.where(mode == 2, 0, seg)  # ZERO: no segment
     offs = p_ptr.to(tl.pointer_type(tl.int32)) + (offsets_off >> 2)
     off = tl.load(offs + c).to(tl.int64) & 0xFFFFFFFF
     is_last = c == nch - 1
@@ -102,18 +130,47 @@ def fixed3_decode_chunk(p_ptr, dst, c, n, nch, table_off, offsets_off, body_off,
             decode_raw_words(src, dst, n, lim, ITEMSIZE, CP, T)
             nb = n * ITEMSIZE
             err = tl.where(pad_nonzero(src, nb, align16(nb), lim), ERR_PADDING, 0)
+        elif mode == 2:
+            store_zero_words(dst, n, CP, T)
         elif (flags & 6) == 0:
             if G <= 8:  # (a thread's escapes fit one 64-bit mask)
                 lo, _ = fixed_window(base, phase, 0, EMAX)
                 err = _decode_hot(src, dst, n, lim, lo, low16, codes_nb, sm_nb, rem_nb, esc_nb,
                                   a_sm, a_rem, a_esc, seg, ITEMSIZE, EXP_BITS, MAN_BITS, G, T)
             else:
-                err = decode_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc,
+                err = decode_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc, 0,
                                            ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
         else:
-            err = decode_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc, ITEMSIZE,
-                                       EXP_BITS, MAN_BITS, CP, T)
+            err = decode_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc, 0,
+                                       ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
     return err
+
+
+@triton.jit(noinline=True)
+def _decode_lowbyte(p_ptr, dst, c, n, nch, offsets_off, body_off, body_nbytes, flags, base,
+                    phase, nz, nesc, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                    MAN_BITS: tl.constexpr, CP: tl.constexpr, T: tl.constexpr):
+    """A CODED fp32 LOWBYTE chunk whose entry is valid: the low stream, the
+    segment's last, is the bitmap's set bits (read inside the body; the
+    offset checks then hold only for the true offsets), its bits from n on
+    padding; then decode_chunk_general (cold code)."""
+    codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = fixed3_layout(
+        n, True, 0, 1, nz, nesc, 0, ITEMSIZE, False)
+    offs = p_ptr.to(tl.pointer_type(tl.int32)) + (offsets_off >> 2)
+    off = tl.load(offs + c).to(tl.int64) & 0xFFFFFFFF
+    n_low, bad_bits = bitmap_count(p_ptr + body_off, 16 * off + a_rem, n, body_nbytes, CP)
+    seg = seg + align16(n_low)
+    is_last = c == nch - 1
+    nxt = tl.load(offs + c + 1, mask=~is_last, other=0).to(tl.int64) & 0xFFFFFFFF
+    nxt = tl.where(is_last, body_nbytes >> 4, nxt)
+    bad_off = (off + (seg >> 4) != nxt) | ((c == 0) & (off != 0))
+    err = tl.where(bad_off, ERR_OFFSETS, tl.where(bad_bits, ERR_PADDING, 0))
+    if err == 0:
+        src = p_ptr + 16 * ((body_off >> 4) + off)
+        err = decode_chunk_general(src, dst, n, body_nbytes - 16 * off, flags, base, phase, nz,
+                                   nesc, n_low, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
+    return err
+
 
 
 @triton.jit

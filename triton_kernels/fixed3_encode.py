@@ -1,4 +1,4 @@
-"""fixed3 encode (format v2): one kernel, one program per chunk.
+"""fixed3 encode (format v3): one kernel, one program per chunk.
 
 A program takes its chunk id from an atomic ticket (``_lookback.ticket``:
 every chunk it may wait on belongs to a program that has started) and
@@ -30,8 +30,9 @@ registers:
   chunk, after its writes, the body length and the header
   (``_lookback.finish_payload``).
 
-Every other chunk (zeros to flag, a chunk stored RAW) and tiles of more
-than 64 elements a thread are encoded by
+Every other chunk (zeros to flag, a chunk stored RAW, an fp32 chunk that
+takes LOWBYTE: the hot path counts its nonzero low bytes to know) and tiles
+of more than 64 elements a thread are encoded by
 fixed3_general.encode_chunk_general, a noinline function: off the hot
 path, reading the chunk again; the hot path hands it the statistics and
 the counts of +0.0 and -0.0 it needs.
@@ -46,8 +47,8 @@ import triton
 import triton.language as tl
 
 from ._codec_common import (FIXED_ZERO_SHIFT, align16, cols_or, esc_bits, fixed_window,
-                            low_bit_index, pack_bytes, popc32, row_mask, store_rows3,
-                            store_words, store_words24, ttile, zero_pad)
+                            low_bit_index, lowbyte_wins, pack_bytes, popc32, row_mask,
+                            store_rows3, store_words, store_words24, ttile, zero_pad)
 from ._lookback import finish_payload, ticket
 from .fixed3_general import encode_chunk_general, is_coded, place_chunk
 
@@ -130,10 +131,10 @@ def _encode_pairs(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table
         r = tl.arange(0, T)[:, None] * G + tl.arange(0, G)[None, :]  # row index, [T, G]
         acc = _pair_rows3(c2) & row_mask(n, r)  # a row's eight codes; 0 past n
         emask, esc_t, e_at, n_esc, kmax = escape_counts(acc, T, G)
-        if is_coded(n, 0, 0, n_esc, 2, IS_FP16):
+        if is_coded(n, 0, 0, 0, n_esc, 0, 2, IS_FP16):
             dst, coded, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, end = place_chunk(
-                out_ptr, status_ptr, c, n, table_off, offsets_off, body_off, 0, 0, 0, base,
-                phase, 0, n_esc, 2, IS_FP16)
+                out_ptr, status_ptr, c, n, table_off, offsets_off, body_off, 0, 0, 0, 0, base,
+                phase, 0, n_esc, 0, 2, IS_FP16)
             a_sm = 16 * (a_sm >> 4)  # products: their divisibility is known (wide stores)
             a_rem = 16 * (a_rem >> 4)
             a_esc = 16 * (a_esc >> 4)
@@ -188,10 +189,24 @@ def _encode_words(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table
     flags = (e * L2 + (EMAX + (1 << 16))) & 0x1000100
     sf = tl.sum(tl.sum(flags, axis=2), axis=1)
     low = (tl.reduce(tl.reduce(w, 2, _or), 1, _or) & 0xFFFF) != 0  # not a bf16 cast
-    hot, base, phase, lo, not16 = _statistics(tl.sum(tl.sum(e, axis=2), axis=1),
-                                              (sf >> 8) & 0xFF, sf >> 24, low.to(tl.int32), n,
-                                              EMAX, CP)
-    low16 = (not16 == 0).to(tl.int32)
+    # The half rows (4 elements) whose low bytes are all nonzero (their least
+    # is not 0; the padding's are 0): 4 of them bound LOWBYTE's count of
+    # nonzero low bytes from below (a zero, or another word whose low byte
+    # is 0, costs the bound 4 at most: the 63 a hot chunk may hold, 252).
+    halves = tl.sum(tl.sum((tl.min(tl.reshape(w & 0xFF, (T, G, 2, 4)), axis=3) != 0).to(
+        tl.int32), axis=2), axis=1)
+    # x = 2 halves + (threads holding a word that is not a bf16 cast),
+    # summed over the threads: LOW16 when 0.
+    hot, base, phase, lo, x = _statistics(tl.sum(tl.sum(e, axis=2), axis=1),
+                                          (sf >> 8) & 0xFF, sf >> 24,
+                                          2 * halves + low.to(tl.int32), n, EMAX, CP)
+    low16 = (x == 0).to(tl.int32)
+    # A chunk that may take LOWBYTE (format.py) is fixed3_general's: one
+    # whose lower bound, 4 (x - tv) / 2 with tv the threads that hold any of
+    # its n elements (the others count no half row and are no such thread),
+    # already fails the rule (it holds for fewer bytes only) stays.
+    tv = tl.minimum((n + 8 * G - 1) // (8 * G), T)
+    hot = hot & ((low16 != 0) | ~lowbyte_wins(n, n, 4 * ((x - tv) >> 1)))
     done = n < 0  # (False)
     end = tl.zeros([], tl.int64)  # the chunk's segment end, when taken
     if hot:
@@ -200,10 +215,10 @@ def _encode_words(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table
         q = tl.arange(0, 8)[None, None, :]
         acc = tl.sum(code << (3 * q), axis=2) & row_mask(n, r)
         emask, esc_t, e_at, n_esc, kmax = escape_counts(acc, T, G)
-        if is_coded(n, low16, 0, n_esc, 4, False):
+        if is_coded(n, low16, 0, 0, n_esc, 0, 4, False):
             dst, coded, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, end = place_chunk(
-                out_ptr, status_ptr, c, n, table_off, offsets_off, body_off, low16, 0, 0, base,
-                phase, 0, n_esc, 4, False)
+                out_ptr, status_ptr, c, n, table_off, offsets_off, body_off, low16, 0, 0, 0, base,
+                phase, 0, n_esc, 0, 4, False)
             a_sm = 16 * (a_sm >> 4)
             a_rem = 16 * (a_rem >> 4)
             a_esc = 16 * (a_esc >> 4)
@@ -238,7 +253,7 @@ def _or(a, b):
 def _statistics(s_t, nz_t, mx_t, x_t, n, EMAX: tl.constexpr, CP: tl.constexpr):
     """From each thread's exponent sum, count of exponents not 0, count of
     exponents EMAX (the padding: exponent 1) and a count of the caller's
-    (x_t, at most 4095 in all), one reduction over the threads: whether the
+    (x_t, less than 2**16 in all), one reduction over the threads: whether the
     chunk can take the hot path (too few exponents 0 for a zero sign to be
     flagged: format.py flags a sign that is at least 1/64 of the chunk),
     format.py's locator (q = floor(4 S / K) over the K normals, exponent

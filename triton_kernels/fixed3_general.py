@@ -1,10 +1,12 @@
-"""fixed3 (format v2) for any chunk, element by element: the cold path of
+"""fixed3 (format v3) for any chunk, element by element: the cold path of
 fixed3_encode.py and fixed3_decode.py.
 
 The hot kernels code the chunks Gaussian data makes (too few exponent
 fields 0 for a zero sign to be flagged) with the whole chunk in registers.
 Every other chunk comes here: zeros of either sign flagged and their
-sign+mantissa omitted, RAW chunks, and tiles the hot path does not take. These functions are ``noinline``,
+sign+mantissa omitted, RAW chunks, fp32 LOWBYTE chunks (a row's bitmap byte
+at its row index, the nonzero low bytes ranked like the escapes), and tiles
+the hot path does not take. These functions are ``noinline``,
 so their code is not on the hot kernels' path (tools/offline.py
 counts them apart), and they take scalars only: each reads what it needs
 again (the chunk from L1/L2: the input is read from memory once).
@@ -25,9 +27,9 @@ import triton
 import triton.language as tl
 
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_PADDING, FIXED_ZERO_SHIFT, align16,
-                            fixed3_layout, fixed_window, load_rows3, pads_nonzero, row_mask,
-                            store_rows3, zero_pad)
-from ._lookback import chunk_offset
+                            bitmap_row, fixed3_layout, fixed_window, load_rows3, lowbyte_wins,
+                            pad_nonzero, pads_nonzero, popc32, row_mask, store_rows3, zero_pad)
+from ._lookback import chunk_offset, place_zero_chunk
 
 
 @triton.jit
@@ -103,15 +105,16 @@ def codes_of(w, e, lo, width, zp, zn, SIGN_SHIFT: tl.constexpr):
 
 
 @triton.jit
-def is_coded(n, low16, nz, n_esc, ITEMSIZE: tl.constexpr, IS_FP16: tl.constexpr):
+def is_coded(n, low16, lowbyte, nz, n_esc, n_low, ITEMSIZE: tl.constexpr, IS_FP16: tl.constexpr):
     """Whether a chunk with these fields is stored CODED: its padded segment
     smaller than its padded raw bytes (format.py)."""
-    return fixed3_layout(n, True, low16, nz, n_esc, ITEMSIZE, IS_FP16)[7] < align16(n * ITEMSIZE)
+    return fixed3_layout(n, True, low16, lowbyte, nz, n_esc, n_low, ITEMSIZE,
+                         IS_FP16)[7] < align16(n * ITEMSIZE)
 
 
 @triton.jit
 def place_chunk(out_ptr, status_ptr, c, n, table_off, offsets_off, body_off,
-                low16, zp, zn, base, phase, nz, n_esc, ITEMSIZE: tl.constexpr,
+                low16, lowbyte, zp, zn, base, phase, nz, n_esc, n_low, ITEMSIZE: tl.constexpr,
                 IS_FP16: tl.constexpr):
     """A chunk's place in the payload once its fields are known: RAW or
     CODED (coded only when the padded segment is smaller than the padded
@@ -122,14 +125,14 @@ def place_chunk(out_ptr, status_ptr, c, n, table_off, offsets_off, body_off,
     from the body's start: for the last chunk the body length, which the
     kernel's ``finish_payload`` stores after the chunk's writes)."""
     codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg_c = fixed3_layout(
-        n, True, low16, nz, n_esc, ITEMSIZE, IS_FP16)
+        n, True, low16, lowbyte, nz, n_esc, n_low, ITEMSIZE, IS_FP16)
     raw_seg = align16(n * ITEMSIZE)
     coded = seg_c < raw_seg
     units = tl.where(coded, seg_c, raw_seg) >> 4
     off = chunk_offset(status_ptr, c, units)
     tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + (offsets_off >> 2) + c, off.to(tl.int32))
     ci = coded.to(tl.int32)
-    flags = low16 | (zp << 1) | (zn << 2)
+    flags = low16 | (zp << 1) | (zn << 2) | (lowbyte << 3)
     ent = out_ptr.to(tl.pointer_type(tl.int32)) + (table_off >> 2) + 4 * c.to(tl.int64)
     tl.store(ent, ci * (1 | (flags << 8) | (base << 16) | (phase << 24)))
     tl.store(ent + 1, ci * (nz | (n_esc << 16)))
@@ -147,8 +150,9 @@ def encode_chunk_general(x_ptr, out_ptr, status_ptr, c, start, n, table_off,
     """Encode chunk c (``n`` elements from ``start``) completely: its fields
     (the locator, the +0.0 and -0.0 counts (low and high 16 bits of
     ``zeros``) and LOW16 given when ``known``, else chunk_statistics'),
-    each thread's kept and escaped counts (a walk), its place
-    (place_chunk), its segment (a walk)."""
+    each thread's kept and escaped counts and (fp32) its elements whose low
+    byte is not zero, whence LOWBYTE (a walk), its place (place_chunk), its
+    segment (a walk)."""
     G: tl.constexpr = CP // (8 * T)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
@@ -166,28 +170,43 @@ def encode_chunk_general(x_ptr, out_ptr, status_ptr, c, start, n, table_off,
     z = zp + zn
     lo, width = fixed_window(base, phase, z, EMAX)
 
-    # --- each thread's kept and escaped counts; their exclusive scan ---
-    ke_t = tl.zeros([T], tl.int32)  # kept, escaped << 16
-    for g in range(G):  # offline: chunk rows
-        i, valid, w, e = _row(x_ptr, start, n, g, G, T, ITEMSIZE, EXP_BITS, MAN_BITS)
-        acc, kf, ef = _row_codes(w, e, n, g, lo, width, zp, zn, MAN_BITS + EXP_BITS, G, T)
-        ke_t += _excl3(kf)[1] | (_excl3(ef)[1] << 16)
-    before = tl.cumsum(ke_t, axis=0) - ke_t
-    n_esc = (tl.sum(ke_t, axis=0) >> 16) & 0xFFFF
-
-    dst, coded, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, end = place_chunk(
-        out_ptr, status_ptr, c, n, table_off, offsets_off, body_off, low16, zp, zn, base, phase,
-        nz, n_esc, ITEMSIZE, IS_FP16)
-    if coded:
-        _write_coded(x_ptr, start, n, dst, lo, width, zp, zn, low16, before, codes_nb, sm_nb,
-                     a_sm, a_rem, a_esc, esc_nb, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
+    end = tl.zeros([], tl.int64)
+    if npos == n:  # every element +0.0: a ZERO chunk, no segment (format.py)
+        end = place_zero_chunk(out_ptr, status_ptr, c, table_off, offsets_off)
     else:
+        # --- each thread's kept, escaped and (fp32) nonzero low byte counts;
+        # their exclusive scans ---
+        ke_t = tl.zeros([T], tl.int32)  # kept, escaped << 16
+        lb_t = tl.zeros([T], tl.int32)  # elements whose low byte is not zero
         for g in range(G):  # offline: chunk rows
-            i = tl.arange(0, T)[:, None] * (8 * G) + (tl.arange(0, 8)[None, :] + 8 * g)
-            w = tl.load(x_ptr + start + i, mask=i < n, other=0)
-            tl.store(dst.to(x_ptr.dtype) + i, w, mask=i < n)
-        nb = n * ITEMSIZE
-        zero_pad(dst, nb, align16(nb))
+            i, valid, w, e = _row(x_ptr, start, n, g, G, T, ITEMSIZE, EXP_BITS, MAN_BITS)
+            acc, kf, ef = _row_codes(w, e, n, g, lo, width, zp, zn, MAN_BITS + EXP_BITS, G, T)
+            ke_t += _excl3(kf)[1] | (_excl3(ef)[1] << 16)
+            if ITEMSIZE == 4:
+                lb_t += tl.sum(((w & 0xFF) != 0).to(tl.int32), axis=1)
+        before = tl.cumsum(ke_t, axis=0) - ke_t
+        n_esc = (tl.sum(ke_t, axis=0) >> 16) & 0xFFFF
+        lb_before = tl.cumsum(lb_t, axis=0) - lb_t
+        n_low = tl.sum(lb_t, axis=0)
+        lowbyte = tl.zeros([], tl.int32)
+        if ITEMSIZE == 4:
+            lowbyte = ((low16 == 0) & lowbyte_wins(n, n - nz, n_low)).to(tl.int32)
+        n_low = n_low * lowbyte
+
+        dst, coded, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, end = place_chunk(
+            out_ptr, status_ptr, c, n, table_off, offsets_off, body_off, low16, lowbyte, zp, zn,
+            base, phase, nz, n_esc, n_low, ITEMSIZE, IS_FP16)
+        if coded:
+            _write_coded(x_ptr, start, n, dst, lo, width, zp, zn, low16, lowbyte, before,
+                         lb_before, n_low, codes_nb, sm_nb, a_sm, a_rem, a_esc, esc_nb, ITEMSIZE,
+                         EXP_BITS, MAN_BITS, CP, T)
+        else:
+            for g in range(G):  # offline: chunk rows
+                i = tl.arange(0, T)[:, None] * (8 * G) + (tl.arange(0, 8)[None, :] + 8 * g)
+                w = tl.load(x_ptr + start + i, mask=i < n, other=0)
+                tl.store(dst.to(x_ptr.dtype) + i, w, mask=i < n)
+            nb = n * ITEMSIZE
+            zero_pad(dst, nb, align16(nb))
     return end
 
 
@@ -225,15 +244,18 @@ def chunk_statistics(x_ptr, start, n, ITEMSIZE: tl.constexpr, EXP_BITS: tl.const
 
 
 @triton.jit
-def _write_coded(x_ptr, start, n, dst, lo, width, zp, zn, low16, before, codes_nb, sm_nb, a_sm,
-                 a_rem, a_esc, esc_nb, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
-                 MAN_BITS: tl.constexpr, CP: tl.constexpr, T: tl.constexpr):
+def _write_coded(x_ptr, start, n, dst, lo, width, zp, zn, low16, lowbyte, before, lb_before,
+                 n_low, codes_nb, sm_nb, a_sm, a_rem, a_esc, esc_nb, ITEMSIZE: tl.constexpr,
+                 EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr, CP: tl.constexpr,
+                 T: tl.constexpr):
     """A coded chunk's segment: codes in rows of 8 (3 bytes a row), each
     kept element's sm at its rank among the kept (smb bytes), fp16's rem
     bits at 3 x that rank (a row's run OR-ed into the zeroed stream), each
-    escape's exponent byte at its rank among the escapes; every padding
-    byte zero. ``before``: each thread's kept (low 16 bits) and escaped
-    (high) elements before it."""
+    escape's exponent byte at its rank among the escapes; with LOWBYTE, a
+    row's bitmap byte at its row index and each nonzero low byte at its rank
+    among them (like an escape); every padding byte zero. ``before``: each
+    thread's kept (low 16 bits) and escaped (high) elements before it;
+    ``lb_before``: its nonzero low bytes before it."""
     G: tl.constexpr = CP // (8 * T)
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     q = tl.arange(0, 8)[None, :]
@@ -250,9 +272,11 @@ def _write_coded(x_ptr, start, n, dst, lo, width, zp, zn, low16, before, codes_n
         tl.debug_barrier()
     smb = 1
     if ITEMSIZE == 4:
-        smb = 3 - 2 * low16
+        smb = 3 - 2 * low16 - lowbyte
     kr = before & 0xFFFF  # the thread's next kept rank
     er = (before >> 16) & 0xFFFF  # and escape rank
+    lr = lb_before  # and nonzero low byte rank (LOWBYTE)
+    low_dst = dst + a_esc + align16(esc_nb)
     for g in range(G):  # offline: chunk rows
         i, valid, w, e = _row(x_ptr, start, n, g, G, T, ITEMSIZE, EXP_BITS, MAN_BITS)
         acc, kf, ef = _row_codes(w, e, n, g, lo, width, zp, zn, MAN_BITS + EXP_BITS, G, T)
@@ -264,7 +288,15 @@ def _write_coded(x_ptr, start, n, dst, lo, width, zp, zn, low16, before, codes_n
         krank = kr[:, None] + kin
         sm = ((w >> EXP_BITS) & (1 << MAN_BITS)) | (w & ((1 << MAN_BITS) - 1))
         if ITEMSIZE == 4:
-            sm = sm >> (16 * low16)
+            sm = sm >> (16 * low16 + 8 * lowbyte)
+            if lowbyte != 0:
+                lb = (valid & ((w & 0xFF) != 0)).to(tl.int32)
+                r = tl.arange(0, T) * G + g
+                tl.store(rem_dst + r, tl.sum(lb << q, axis=1).to(tl.uint8), mask=8 * r < n)
+                lpre, lc = _excl3(tl.sum(lb << (3 * q), axis=1))
+                tl.store(low_dst + lr[:, None] + ((lpre[:, None] >> (3 * q)) & 7),
+                         (w & 0xFF).to(tl.uint8), mask=lb != 0)
+                lr += lc
         for j in tl.static_range(3 if ITEMSIZE == 4 else 1):
             # (bytes 1 and 2 only without LOW16; as a product: a scalar
             # condition combined into a tile's mask is not a mask to every
@@ -290,20 +322,26 @@ def _write_coded(x_ptr, start, n, dst, lo, width, zp, zn, low16, before, codes_n
     zero_pad(dst, codes_nb, a_sm)
     zero_pad(sm_dst, sm_nb, a_rem - a_sm)
     zero_pad(esc_dst, esc_nb, align16(esc_nb))
+    if ITEMSIZE == 4:
+        if lowbyte != 0:
+            zero_pad(rem_dst, (n + 7) >> 3, a_esc - a_rem)
+            zero_pad(low_dst, n_low, align16(n_low))
 
 
 @triton.jit(noinline=True)
-def decode_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc,
+def decode_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc, n_low,
                          ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
                          CP: tl.constexpr, T: tl.constexpr):
     """Decode a CODED chunk whose entry and offsets are checked (its segment
     at ``src``, ``lim`` body bytes from there; every load is masked to its
     sub-stream and to the body), in two walks: each thread's kept and
-    escaped counts, then each element from its code, its sm at its rank
-    among the kept, fp16's rem bits at 3 x that rank, an escape's exponent
-    at its rank among the escapes. Returns the error bits: decoded escape
-    and zero counts against the entry, escapes naming no exponent of the
-    dtype, padding bytes not zero."""
+    escaped counts (and with LOWBYTE its bitmap's set bits), then each
+    element from its code, its sm at its rank among the kept, fp16's rem
+    bits at 3 x that rank, an escape's exponent at its rank among the
+    escapes, and with LOWBYTE the low byte at its rank among the set bits
+    (``n_low`` of them, counted by the caller) ORed in. Returns the error
+    bits: decoded escape and zero counts against the entry, escapes naming
+    no exponent of the dtype, padding bytes not zero."""
     G: tl.constexpr = CP // (8 * T)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     SIGN_SHIFT: tl.constexpr = MAN_BITS + EXP_BITS
@@ -314,33 +352,41 @@ def decode_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc,
     low16 = flags & 1
     zp = (flags >> 1) & 1
     zn = (flags >> 2) & 1
+    lowbyte = (flags >> 3) & 1
     z = zp + zn
     cneg = zp  # -0.0's code when ZNEG is set (+0.0, when flagged, is 0)
     lo, width = fixed_window(base, phase, z, EMAX)
     codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = fixed3_layout(
-        n, True, low16, nz, nesc, ITEMSIZE, IS_FP16)
+        n, True, low16, lowbyte, nz, nesc, n_low, ITEMSIZE, IS_FP16)
     lim = tl.minimum(tl.maximum(lim, 0), 1 << 30).to(tl.int32)
     codes_l = tl.minimum(codes_nb, lim)
     sm_l = tl.minimum(sm_nb, lim - a_sm)
     rem_l = tl.minimum(rem_nb, lim - a_rem)
     esc_l = tl.minimum(esc_nb, lim - a_esc)
+    a_low = a_esc + align16(esc_nb)
+    low_l = tl.minimum(n_low * lowbyte, lim - a_low)
     smb = 1
     if ITEMSIZE == 4:
-        smb = 3 - 2 * low16
+        smb = 3 - 2 * low16 - lowbyte
     # --- each thread's kept and escaped counts, checked against the entry ---
     # (From the rows' code words: a flag a 3-bit field, counted by a
     # multiply; a scan along a row of the [T, 8] tile would cross lanes.)
     ke_t = tl.zeros([T], tl.int32)  # kept, escaped << 16
+    lb_t = tl.zeros([T], tl.int32)  # set bitmap bits (LOWBYTE)
     for g in range(G):  # offline: chunk rows
         r = t * G + g
         kf, ef = _row_flags(load_rows3(src, r, codes_l), z, n, r)
         ke_t += _excl3(kf)[1] | (_excl3(ef)[1] << 16)
+        if ITEMSIZE == 4:
+            if lowbyte != 0:
+                lb_t += popc32(bitmap_row(src + a_rem, r, n, rem_l))
     before = tl.cumsum(ke_t, axis=0) - ke_t
     tot = tl.sum(ke_t, axis=0)
     err = tl.where((((tot >> 16) & 0xFFFF) != nesc) | (n - (tot & 0xFFFF) != nz), ERR_COUNTS, 0)
     # --- the elements ---
     kr = before & 0xFFFF
     er = (before >> 16) & 0xFFFF
+    lr = tl.cumsum(lb_t, axis=0) - lb_t
     bad_e = tl.zeros([T, 8], tl.int32)
     for g in range(G):  # offline: chunk rows
         r = t * G + g
@@ -365,7 +411,7 @@ def decode_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc,
             live = kept & (at < sm_l * (smb > j).to(tl.int32))  # (see _write_coded)
             sm = sm | (tl.load(src + a_sm + at, mask=live, other=0).to(tl.int32) << (8 * j))
         if ITEMSIZE == 4:
-            sm = sm << (16 * low16)
+            sm = sm << (16 * low16 + 8 * lowbyte)
         if IS_FP16:
             bit = 3 * krank
             at = bit >> 3
@@ -376,18 +422,34 @@ def decode_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc,
         word = (((sm >> MAN_BITS) & 1) << SIGN_SHIFT) | (e << MAN_BITS) | (
             sm & ((1 << MAN_BITS) - 1))
         word = tl.where(zero, tl.where(code == cneg, SIGNW, 0), word)
+        if ITEMSIZE == 4:
+            if lowbyte != 0:
+                # The row's bitmap byte; a set bit ORs in the next low byte.
+                bm = bitmap_row(src + a_rem, r, n, rem_l)
+                has = ((bm[:, None] >> q) & 1) != 0
+                lrank = lr[:, None] + popc32(bm[:, None] & ((1 << q) - 1))
+                word = word | tl.load(src + a_low + lrank, mask=has & (lrank < low_l),
+                                      other=0).to(tl.int32)
+                lr += popc32(bm)
         tl.store(dst + i, word.to(dst.dtype.element_ty), mask=valid)
         kr += kc
         er += ec
     if EXP_BITS < 8:  # (an escape's byte may name no exponent)
         err = err | tl.where(tl.max(tl.max(bad_e, axis=1), axis=0) > EMAX, ERR_EXPONENT, 0)
-    return err | padding_error(src, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc, esc_nb, seg, lim)
+    err = err | padding_error(src, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc, esc_nb, a_low,
+                              lim)
+    if ITEMSIZE == 4:
+        if lowbyte != 0:
+            err = err | tl.where(pad_nonzero(src, a_low + n_low, seg, lim), ERR_PADDING, 0)
+    return err
+
 
 
 @triton.jit
 def padding_error(src, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc, esc_nb, seg, lim):
-    """ERR_PADDING when a padding byte of a coded segment's four
-    sub-streams is not zero (bytes at or past ``lim`` not read)."""
+    """ERR_PADDING when a padding byte of a coded segment's first four
+    sub-streams is not zero (bytes at or past ``lim`` not read); ``seg``:
+    where esc's padding ends (the segment's end without LOWBYTE)."""
     padbad = pads_nonzero(src, codes_nb, a_sm, a_sm + sm_nb, a_rem, a_rem + rem_nb, a_esc,
                           a_esc + esc_nb, seg, lim)
     return tl.where(padbad, ERR_PADDING, 0)

@@ -150,8 +150,9 @@ def _expected_constants() -> list:
     flat = [F.CHUNK_ELEMS, F.CHUNK_ENTRY_NBYTES, F.OFFSET_NBYTES, F.ALIGN,
             F.FIXED_ZERO_SLOT_SHIFT, F.DENSE_ZERO_FIRST_SHIFT, F.FIXED_BITS, F.FIXED_ESC,
             F.REM_BITS, F.DENSE_SLOTS, F.ZERO_SYMBOL, F.NEG_ZERO_SYMBOL, F.MODE_RAW,
-            F.MODE_CODED, F.FLAG_LOW16, F.FLAG_ZPOS, F.FLAG_ZNEG, F.CODEC_IDS["raw"],
-            F.CODEC_IDS["fixed3"], F.CODEC_IDS["dense"], *F.TIER_BITS, *F.TIER_SYMBOLS]
+            F.MODE_CODED, F.MODE_ZERO, F.FLAG_LOW16, F.FLAG_ZPOS, F.FLAG_ZNEG, F.FLAG_LOWBYTE,
+            F.CODEC_IDS["raw"], F.CODEC_IDS["fixed3"], F.CODEC_IDS["dense"], *F.TIER_BITS,
+            *F.TIER_SYMBOLS]
     for row in F.DENSE_ORDER:
         flat += row
     for row in F.FIXED_LO_BY_ZEROS:

@@ -227,31 +227,40 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
 
     n_esc = esc.sum(1, dtype=torch.int64)
     nz = omitted.sum(1, dtype=torch.int64)
+    # LOWBYTE (format.py): elements whose low byte is not zero (no zero's is).
+    nz_low = valid & ((W & 0xFF) != 0)
+    n_low = nz_low.sum(1, dtype=torch.int64)
+    if info.dtype == torch.float32:
+        lowbyte = ~low16 & F.lowbyte_wins(n, n - nz, n_low)
+        flags |= torch.where(lowbyte, F.FLAG_LOWBYTE, 0)
     table = F.ChunkTable(torch.full_like(n, F.MODE_CODED), flags, base, phase, nz, n_esc, n_open)
-    _, seg = F.segment_layout(codec, info, n, table)
-    coded = seg < F.align16(n * info.itemsize)
-    raw_chunk = ~coded
-    # Chunks that do not shrink are stored raw; their table entries are zero.
+    _, seg = F.segment_layout(codec, info, n, table, n_low)
+    # Chunks of +0.0 alone are ZERO, chunks that do not shrink are stored raw;
+    # the table entries of both are their mode and zeros.
+    zero_chunk = npos == n
+    coded = (seg < F.align16(n * info.itemsize)) & ~zero_chunk
+    raw_chunk = ~coded & ~zero_chunk
     z0 = torch.zeros_like(n)
-    table = F.ChunkTable(torch.where(coded, F.MODE_CODED, F.MODE_RAW),
+    mode = torch.where(coded, F.MODE_CODED, torch.where(zero_chunk, F.MODE_ZERO, F.MODE_RAW))
+    table = F.ChunkTable(mode,
                          torch.where(coded, flags, z0), torch.where(coded, base, z0),
                          torch.where(coded, phase, z0), torch.where(coded, nz, z0),
                          torch.where(coded, n_esc, z0), torch.where(coded[:, None], n_open, 0))
-    lengths = F.segment_nbytes(codec, info, n, table)
-    starts, seg = F.segment_layout(codec, info, n, table)
+    lengths = F.segment_nbytes(codec, info, n, table, n_low)
+    starts, seg = F.segment_layout(codec, info, n, table, n_low)
     offsets = F.segment_offsets(seg)
 
     # sm: coded chunks ship the kept elements' sm bytes; raw chunks their words.
-    smb = torch.where(low16, 1, 3) if info.dtype == torch.float32 else torch.ones_like(n)
     if info.dtype == torch.float32:
-        sm_val = torch.where(low16[:, None], sm >> 16, sm)
-    elif info.dtype == torch.float16:
-        sm_val = sm & 0xFF
+        lowbyte = coded & lowbyte
+        smb = torch.where(low16, 1, torch.where(lowbyte, 2, 3))
+        sm_val = torch.where(low16[:, None], sm >> 16, torch.where(lowbyte[:, None], sm >> 8, sm))
     else:
-        sm_val = sm
+        smb = torch.ones_like(n)
+        sm_val = sm & 0xFF
     value = torch.where(raw_chunk[:, None], W, sm_val)
     nbytes = torch.where(raw_chunk, info.itemsize, smb)
-    elem_keep = valid & ~(coded[:, None] & omitted)
+    elem_keep = valid & ~zero_chunk[:, None] & ~(coded[:, None] & omitted)
     byte_idx = torch.arange(4, device=dev)
     byte_keep = (elem_keep[..., None] & (byte_idx < nbytes[:, None, None])).view(nch, 4 * C)
     vbytes = value.contiguous().view(torch.uint8).view(nch, 4 * C)
@@ -259,14 +268,20 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
 
     coded_col = coded[:, None]
     codes_rows = torch.where(coded_col, codes_rows, 0)
+    low_rows = codes_rows[:, :0].to(torch.uint8)
     if info.dtype == torch.float16:
         keep_rem = elem_keep & coded_col
         rem_rows = pack_bits(_front(torch.where(keep_rem, sm >> 8, 0), keep_rem), F.REM_BITS)
+    elif info.dtype == torch.float32 and bool(lowbyte.any()):
+        # rem: the bitmap of nonzero low bytes; low: those bytes in order.
+        take = nz_low & lowbyte[:, None]
+        rem_rows = pack_bits(take.to(torch.int32), 1)
+        low_rows = _front(torch.where(take, W & 0xFF, 0).to(torch.uint8), take)
     else:
         rem_rows = codes_rows[:, :0]
     esc_rows = _front(torch.where(esc & coded_col, e, 0).to(torch.uint8), esc & coded_col)
     body = _assemble_body([codes_rows.to(torch.uint8), sm_rows, rem_rows.to(torch.uint8),
-                           esc_rows], starts, lengths)
+                           esc_rows, low_rows], starts, lengths)
 
     header.body_nbytes = int(body.numel())
     head = header.to_tensor(dev)
@@ -296,11 +311,12 @@ def check_table(payload: torch.Tensor, header: F.Header):
     table, offsets = F.read_table(payload, header)
     n = F.chunk_lengths(header.numel, nch, header.chunk_elems, payload.device)
     F.validate_table(header.codec, info, n, table)
-    starts, seg = F.segment_layout(header.codec, info, n, table)
+    n_low, bad_bits = F.low_counts(payload, header, table, offsets)
+    starts, seg = F.segment_layout(header.codec, info, n, table, n_low)
     F.validate_offsets(offsets, seg, header.body_nbytes)
-    lengths = F.segment_nbytes(header.codec, info, n, table)
+    lengths = F.segment_nbytes(header.codec, info, n, table, n_low)
     starts = header.body_offset + F.ALIGN * offsets[:, None] + starts
-    F.check_padding(payload, header, lengths, starts)
+    F.check_padding(payload, header, lengths, starts, bad_bits)
     return table, n, lengths, starts
 
 
@@ -316,10 +332,11 @@ def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor) -> torch.
     if numel == 0:
         return out
     table, n, lengths, at = check_table(payload, header)
-    codes_len, sm_len, rem_len, esc_len = lengths
+    codes_len, sm_len, rem_len, esc_len, low_len = lengths
     coded = table.mode == F.MODE_CODED
     valid = (torch.arange(C, device=dev)[None, :] < n[:, None])
     low16 = (table.flags & F.FLAG_LOW16) != 0
+    lowbyte = coded & ((table.flags & F.FLAG_LOWBYTE) != 0)
     base, phase = table.base, table.phase
     zp = (table.flags & F.FLAG_ZPOS) != 0
     zn = (table.flags & F.FLAG_ZNEG) != 0
@@ -371,8 +388,11 @@ def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor) -> torch.
         raise CorruptPayloadError("a code decodes to an exponent outside the dtype")
 
     # sm bytes: kept elements of coded chunks, smb bytes each; raw chunks: words.
-    smb = torch.where(low16, 1, 3) if info.dtype == torch.float32 else torch.ones_like(n)
-    nbytes = torch.where(coded, smb, info.itemsize)
+    if info.dtype == torch.float32:
+        smb = torch.where(low16, 1, torch.where(lowbyte, 2, 3))
+    else:
+        smb = torch.ones_like(n)
+    nbytes = torch.where(coded, smb, info.itemsize)  # ZERO chunks: sm_len 0, words 0
     elem_keep = valid & ~is_zero
     elem_rank = torch.cumsum(elem_keep, 1) - 1
     sm_rows = _gather_rows(payload, at[:, 1], sm_len, C * info.itemsize)
@@ -385,7 +405,8 @@ def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor) -> torch.
         byte = torch.gather(sm_rows, 1, idx).to(torch.int64)
         word = word | torch.where(has, byte << (8 * b), 0)
     if info.dtype == torch.float32:
-        sm = torch.where(low16[:, None], word << 16, word)
+        sm = torch.where(low16[:, None], word << 16,
+                         torch.where(lowbyte[:, None], word << 8, word))
     elif info.dtype == torch.float16:
         rem_rows = _gather_rows(payload, at[:, 2], rem_len, C * F.REM_BITS // 8)
         rem = unpack_bits(rem_rows, F.REM_BITS, C).to(torch.int64)
@@ -395,6 +416,14 @@ def decode(payload: torch.Tensor, header: F.Header, out: torch.Tensor) -> torch.
         sm = word
     words = torch.where(coded[:, None], _join(e.clamp(0, info.emax), sm & ((2 << info.man_bits) - 1), info), word)
     words = torch.where(is_zero, torch.where(neg_zero, info.sign_word, 0), words)
+    if info.dtype == torch.float32 and bool(lowbyte.any()):
+        # Element i's bitmap bit; a set bit ORs the next byte of low into the word.
+        width = (C + 7) // 8
+        bit = unpack_bits(_gather_rows(payload, at[:, 2], rem_len, width), 1, 8 * width)[:, :C]
+        bit = (bit != 0) & lowbyte[:, None] & valid
+        low_rows = _gather_rows(payload, at[:, 4], low_len, C)
+        byte = torch.gather(low_rows, 1, (torch.cumsum(bit, 1) - 1).clamp(min=0))
+        words = words | torch.where(bit, byte.to(torch.int64), 0)
     flat = words.reshape(-1)[:numel]
     if info.itemsize == 2:
         flat = torch.where(flat >= 0x8000, flat - 0x10000, flat)

@@ -1,4 +1,4 @@
-"""The zipccl payload format (version 2), defined here and nowhere else.
+"""The zipccl payload format (version 3), defined here and nowhere else.
 
 A payload is one 1-D uint8 tensor. All integers are little-endian; every
 offset named below is from the payload's first byte, and ``align16(x)`` is
@@ -17,22 +17,29 @@ refused before any field is used. Every padding byte is zero, so a tensor has
 exactly one payload per codec (backends compare bytes).
 
 Chunks. The tensor is cut into chunks of ``chunk_elems`` elements (4096; the
-last may be shorter); each is coded on its own and stored CODED or RAW.
+last may be shorter); each is coded on its own and stored CODED, RAW or
+ZERO. A chunk whose every element is +0.0 (word 0) is ZERO: its segment is
+empty (0 bytes) and it decodes to +0.0 (the all-zero rows of an embedding
+gradient make whole chunks of them). Any other chunk is CODED or RAW.
 
 Body (chunk-major). Chunk c's segment starts at ``body_offset + 16 *
 offset[c]`` and is self-contained::
 
-    codes | pad | sm | pad | rem | pad | esc | pad
+    codes | pad | sm | pad | rem | pad | esc | pad | low | pad
 
 each sub-stream starting at a multiple of 16 bytes from the segment start (so
 16 B aligned in the payload) and the segment ending at a multiple of 16. The
-sub-stream lengths follow from the chunk's table entry alone
-(``segment_nbytes``; ``segment_layout`` gives the starts), so a decoder that
+starts of all five and the lengths of the first four follow from the chunk's
+table entry alone (``segment_nbytes``; ``segment_layout`` gives the starts);
+``low`` is empty but in LOWBYTE chunks, where its length is the number of set
+bits of the chunk's bitmap (``low_counts``, see "LOWBYTE"). So a decoder that
 reads entry c and offset c can decode chunk c with no scan over other chunks;
 ``offset`` is the exclusive prefix sum of the padded segment sizes in 16-byte
 units (``offset[0] = 0``) and ``body_nbytes`` their total, both checked by
-every decoder. A RAW chunk's segment is its element bytes (in the ``sm``
-position), padded to 16.
+every decoder (a bitmap that disagrees with the offsets is refused like any
+other length fault). A RAW chunk's segment is its element bytes (in the
+``sm`` position), padded to 16. A RAW or ZERO chunk's table entry is its mode
+and zeros.
 
 Element fields. A float word splits into an exponent field ``e`` (8 bits for
 bf16/fp32, 5 for fp16) and the sign+mantissa field ``sm`` (the other bits,
@@ -40,6 +47,29 @@ sign on top). ``sm`` is shipped raw: 1 byte for bf16, 3 for fp32, and for fp16
 its low 8 bits as a byte plus its top 3 bits in the 3-bit ``rem`` stream. An
 fp32 chunk whose low 16 bits are all zero (exact bf16 casts, as FSDP2's fp32
 reduce-scatter input) sets LOW16 and ships 1 byte of ``sm`` per element.
+
+LOWBYTE (fp32 mantissa tails). fp32 values that are not bf16 casts but sums
+of a few of them (an fp32 gradient accumulated from bf16 terms) end their
+mantissas in many zero bits, so the low byte (bits 0..7 of the word, the low
+byte of ``sm``) of most elements is zero. In a CODED fp32 chunk of ``n``
+elements without LOW16, with ``k = n - n_zero`` kept elements (those that
+ship ``sm``) and ``m`` elements whose low byte is not zero (a zero has none,
+so all ``m`` are kept), the encoder sets LOWBYTE exactly when::
+
+    align16(2 k) + align16(ceil(n / 8)) + align16(m) < align16(3 k)
+
+(the padded segment shrinks; codes and esc are the same either way). With
+LOWBYTE, ``sm`` holds 2 bytes per kept element, bits 8..23 of its 24-bit
+``sm`` (sign and the top 15 mantissa bits), little-endian; ``rem`` (fp32 has
+no other use for it) holds the bitmap, ceil(n / 8) bytes, bit i of byte j for
+element 8 j + i of the chunk (a row of 8 elements a byte, as the codes are
+rows of 8), set when its low byte is not zero, its bits from n on zero
+(padding, checked); ``low`` holds those nonzero low bytes in element order
+(like esc), so its length is the bitmap's number of set bits. A decoder ORs
+the next byte of ``low`` into bits 0..7 of each element whose bit is set,
+whatever its code (an encoder sets no bit on a zero, and writes no zero byte
+in ``low``; decoders do not check either). LOWBYTE is legal only in CODED
+fp32 chunks without LOW16.
 
 Zeros. ``+0.0`` (word 0) and ``-0.0`` (only the sign bit set) each have a
 chunk flag, ZPOS and ZNEG. A flagged zero sign gets a code of its own and no
@@ -70,8 +100,9 @@ quarter-exponent ``phase``.
   Decoding a tier is one vectorized step (prefix sum of the open mask), so the code is parallel.
 
 ESC elements ship their exponent field as one byte in ``esc``. A chunk is
-stored CODED only when its padded coded segment is smaller than its padded raw
-segment, so no chunk grows beyond its raw bytes rounded up to 16.
+stored CODED only when its padded coded segment (with LOWBYTE when the rule
+above sets it) is smaller than its padded raw segment, so no chunk grows
+beyond its raw bytes rounded up to 16.
 
 Integrity (``verify``): with the header flag CHECKSUM, ``sums`` holds, for
 each run of CHUNK_ELEMS elements of the *original* tensor, the u32
@@ -99,7 +130,7 @@ from ._layout import staged, to_device
 from .errors import CorruptPayloadError
 
 MAGIC = b"ZCCL"
-VERSION = 2
+VERSION = 3
 HEADER_NBYTES = 64
 CHUNK_ENTRY_NBYTES = 16
 OFFSET_NBYTES = 4  # one u32 per chunk: segment start in ALIGN-byte units from body_offset
@@ -115,10 +146,12 @@ CODEC_NAMES = {v: k for k, v in CODEC_IDS.items()}
 # Chunk modes and flags.
 MODE_RAW = 0
 MODE_CODED = 1
+MODE_ZERO = 2  # every element +0.0: no segment
 FLAG_LOW16 = 1  # fp32 chunk whose low 16 bits are all zero
 FLAG_ZPOS = 2  # +0.0 has its own code and ships no sm
 FLAG_ZNEG = 4  # -0.0 has its own code and ships no sm
-CHUNK_FLAGS = FLAG_LOW16 | FLAG_ZPOS | FLAG_ZNEG
+FLAG_LOWBYTE = 8  # fp32 chunk whose nonzero low sm bytes ship apart (see "LOWBYTE")
+CHUNK_FLAGS = FLAG_LOW16 | FLAG_ZPOS | FLAG_ZNEG | FLAG_LOWBYTE
 
 # Thresholds, as integer comparisons every backend evaluates identically
 # (per zero sign: count << SHIFT >= chunk length).
@@ -307,24 +340,14 @@ def nchunks_for(numel: int, chunk_elems: int = CHUNK_ELEMS) -> int:
     return -(-numel // chunk_elems)
 
 
-def min_body_nbytes(codec: str, numel: int, chunk_elems: int) -> int:
-    """The smallest body any valid table allows: every element costs at least
-    the 2-bit tier-0 digit (dense) or its 3-bit code (fixed3), per chunk
-    rounded up to ALIGN. Checked before a decoder allocates anything."""
-    if codec == "raw" or numel == 0:
-        return 0
-    bits = FIXED_BITS if codec == "fixed3" else TIER_BITS[0]
-    full, last = divmod(numel, chunk_elems)
-    per = align16((chunk_elems * bits + 7) // 8)
-    return full * per + (align16((last * bits + 7) // 8) if last else 0)
-
-
 def parse_header(payload: torch.Tensor) -> Header:
     """Read and validate the header; raises CorruptPayloadError for anything off.
 
-    The payload's length is checked against the table, offsets and the least
-    body the header's numel needs, so a forged header cannot make a decoder
-    allocate more than a small multiple of the payload's own size."""
+    The payload's length is checked against the table and offsets the
+    header's numel needs (20 bytes a chunk: a ZERO chunk has no body), so a
+    forged header cannot make a decoder allocate more than CHUNK_ELEMS x
+    itemsize / 20 times the payload's own size (820 for fp32), what a tensor
+    of zeros codes to."""
     if not isinstance(payload, torch.Tensor):
         raise TypeError(f"payload must be a torch.Tensor, got {type(payload).__name__}")
     if payload.dtype != torch.uint8 or payload.dim() != 1:
@@ -376,9 +399,6 @@ def parse_header(payload: torch.Tensor) -> Header:
             raise CorruptPayloadError(f"nchunks {nchunks} disagrees with numel {numel}")
         if body % ALIGN or body > align16(numel * info.itemsize) + ALIGN * nchunks:
             raise CorruptPayloadError(f"body of {body} bytes is not what numel {numel} allows")
-        if body < min_body_nbytes(codec, numel, chunk_elems):
-            raise CorruptPayloadError(f"body of {body} bytes is too short to hold "
-                                      f"{numel} elements")
     header = Header(codec, info.dtype, tuple(shape), numel, chunk_elems, nchunks, body, flags)
     if header.total_nbytes != n:
         raise CorruptPayloadError(f"payload has {n} bytes, header says {header.total_nbytes}")
@@ -540,9 +560,22 @@ def packed_nbytes(count: torch.Tensor, bits: int) -> torch.Tensor:
     return (count * bits + 7) >> 3
 
 
-def segment_nbytes(codec: str, info: DTypeInfo, n: torch.Tensor, table: ChunkTable):
-    """Unpadded bytes of each chunk's sub-streams (codes, sm, rem, esc), each (nchunks,)."""
+def lowbyte_wins(n, kept, n_low):
+    """The LOWBYTE rule (see "LOWBYTE"): whether shipping the nonzero low
+    bytes apart makes the padded segment of a chunk of ``n`` elements,
+    ``kept`` of them shipping sm and ``n_low`` with a nonzero low byte,
+    strictly smaller than 3 sm bytes each. Ints or int tensors."""
+    return align16(2 * kept) + align16((n + 7) // 8) + align16(n_low) < align16(3 * kept)
+
+
+def segment_nbytes(codec: str, info: DTypeInfo, n: torch.Tensor, table: ChunkTable,
+                   n_low: torch.Tensor | None = None):
+    """Unpadded bytes of each chunk's sub-streams (codes, sm, rem, esc, low),
+    each (nchunks,). ``n_low``: each chunk's count of set bitmap bits
+    (``low_counts``; the low length of a LOWBYTE chunk), None for a table
+    without LOWBYTE (low is then empty everywhere)."""
     coded = table.mode == MODE_CODED
+    raw = table.mode == MODE_RAW
     kept = n - table.n_zero
     if codec == "fixed3":
         codes = packed_nbytes(n, FIXED_BITS)
@@ -550,26 +583,68 @@ def segment_nbytes(codec: str, info: DTypeInfo, n: torch.Tensor, table: ChunkTab
         counts = torch.cat([n[:, None], table.n_open], 1)
         bits = torch.tensor(TIER_BITS, device=n.device)
         codes = packed_nbytes(counts, bits).sum(1)
+    zero = torch.zeros_like(n)
+    lowbyte = coded & ((table.flags & FLAG_LOWBYTE) != 0)
     if info.dtype == torch.float32:
-        smb = torch.where((table.flags & FLAG_LOW16) != 0, 1, 3)
+        smb = torch.where((table.flags & FLAG_LOW16) != 0, 1, torch.where(lowbyte, 2, 3))
+        rem = torch.where(lowbyte, (n + 7) // 8, zero)
+        low = zero if n_low is None else torch.where(lowbyte, n_low, zero)
     else:
         smb = torch.ones_like(n)
-    sm = torch.where(coded, kept * smb, n * info.itemsize)
-    zero = torch.zeros_like(n)
-    rem = packed_nbytes(kept, REM_BITS) if info.dtype == torch.float16 else zero
+        rem = packed_nbytes(kept, REM_BITS) if info.dtype == torch.float16 else zero
+        low = zero
+    sm = torch.where(coded, kept * smb, torch.where(raw, n * info.itemsize, zero))
     return (torch.where(coded, codes, zero), sm, torch.where(coded, rem, zero),
-            torch.where(coded, table.n_esc, zero))
+            torch.where(coded, table.n_esc, zero), low)
 
 
-def segment_layout(codec: str, info: DTypeInfo, n: torch.Tensor, table: ChunkTable):
-    """Per chunk: the starts of codes, sm, rem, esc inside its segment, as an
-    (nchunks, 4) tensor, and the padded segment size (nchunks,), in bytes."""
-    codes, sm, rem, esc = segment_nbytes(codec, info, n, table)
+def segment_layout(codec: str, info: DTypeInfo, n: torch.Tensor, table: ChunkTable,
+                   n_low: torch.Tensor | None = None):
+    """Per chunk: the starts of codes, sm, rem, esc, low inside its segment,
+    as an (nchunks, 5) tensor, and the padded segment size (nchunks,), in
+    bytes. The starts need the table alone; the size of a LOWBYTE chunk its
+    ``n_low`` too (segment_nbytes)."""
+    codes, sm, rem, esc, low = segment_nbytes(codec, info, n, table, n_low)
     a_codes = align16(codes)
     a_sm = a_codes + align16(sm)
     a_rem = a_sm + align16(rem)
-    starts = torch.stack([torch.zeros_like(codes), a_codes, a_sm, a_rem], 1)
-    return starts, a_rem + align16(esc)
+    a_low = a_rem + align16(esc)
+    starts = torch.stack([torch.zeros_like(codes), a_codes, a_sm, a_rem, a_low], 1)
+    return starts, a_low + align16(low)
+
+
+def low_counts(payload: torch.Tensor, header: Header, table: ChunkTable,
+               offsets: torch.Tensor) -> tuple:
+    """Per chunk, from its bitmap (LOWBYTE chunks; 0 elsewhere): the number
+    of set bits below its length n (its low length), and whether a bit from
+    n on is set (bad padding). The offsets are not trusted
+    yet: reads past the payload read 0, and a decoder then checks the offsets
+    against the sizes these counts imply (validate_offsets), which only the
+    true offsets pass (offset 0 is fixed, and each next one follows)."""
+    info = DTYPES[header.dtype]
+    dev = payload.device
+    nch = header.nchunks
+    n_low = torch.zeros(nch, dtype=torch.int64, device=dev)
+    bad = torch.zeros(nch, dtype=torch.bool, device=dev)
+    lowbyte = (table.mode == MODE_CODED) & ((table.flags & FLAG_LOWBYTE) != 0)
+    if info.dtype != torch.float32 or not bool(lowbyte.any()):
+        return n_low, bad
+    rows = lowbyte.nonzero()[:, 0]
+    n = chunk_lengths(header.numel, nch, header.chunk_elems, dev)
+    starts, _ = segment_layout(header.codec, info, n, table)
+    n = n[rows]
+    at = header.body_offset + ALIGN * offsets[rows] + starts[rows, 2]
+    width = (header.chunk_elems + 7) // 8
+    cols = torch.arange(width, device=dev)
+    inside = cols[None, :] < ((n + 7) // 8)[:, None]
+    idx = at[:, None] + cols[None, :]
+    inside &= (idx >= 0) & (idx < payload.numel())
+    byte = torch.where(inside, payload[torch.where(inside, idx, 0)].to(torch.int64), 0)
+    bit = (byte[:, :, None] >> torch.arange(8, device=dev)) & 1  # (rows, width, 8)
+    below = (8 * cols[:, None] + torch.arange(8, device=dev))[None] < n[:, None, None]
+    n_low[rows] = (bit * below).sum((1, 2))
+    bad[rows] = ((bit != 0) & ~below).any(2).any(1)
+    return n_low, bad
 
 
 def segment_offsets(seg_nbytes: torch.Tensor) -> torch.Tensor:
@@ -580,15 +655,15 @@ def segment_offsets(seg_nbytes: torch.Tensor) -> torch.Tensor:
 
 def validate_table(codec: str, info: DTypeInfo, n: torch.Tensor, table: ChunkTable) -> None:
     """Reject table entries no encoder writes; bounds every later index."""
-    bad = (table.mode > MODE_CODED) | (table.phase > 3) | (table.base > info.emax)
+    bad = (table.mode > MODE_ZERO) | (table.phase > 3) | (table.base > info.emax)
     bad |= (table.flags & ~CHUNK_FLAGS) != 0
     if info.dtype != torch.float32:
-        bad |= (table.flags & FLAG_LOW16) != 0
+        bad |= (table.flags & (FLAG_LOW16 | FLAG_LOWBYTE)) != 0
+    bad |= (table.flags & (FLAG_LOW16 | FLAG_LOWBYTE)) == (FLAG_LOW16 | FLAG_LOWBYTE)
     bad |= (table.n_zero > n) | (table.n_esc > n)
-    raw = table.mode == MODE_RAW
     fields = torch.cat([table.base[:, None], table.phase[:, None], table.flags[:, None],
                         table.n_zero[:, None], table.n_esc[:, None], table.n_open], 1)
-    bad |= raw & (fields != 0).any(1)
+    bad |= (table.mode != MODE_CODED) & (fields != 0).any(1)
     if codec == "fixed3":
         bad |= (table.n_open != 0).any(1)
         bad |= ((table.flags & (FLAG_ZPOS | FLAG_ZNEG)) == 0) & (table.n_zero != 0)
@@ -613,29 +688,36 @@ def validate_offsets(offsets: torch.Tensor, seg_nbytes: torch.Tensor, body_nbyte
         raise CorruptPayloadError(f"body of {body_nbytes} bytes, the chunk table says {total}")
 
 
-def check_padding(payload: torch.Tensor, header: Header, lengths, starts: torch.Tensor) -> None:
+def check_padding(payload: torch.Tensor, header: Header, lengths, starts: torch.Tensor,
+                  bad_bits: torch.Tensor | None = None) -> None:
     """Every padding byte must be zero (one payload per tensor; a damaged pad
     byte is caught like any other): the gap before the body, and after each
     sub-stream of every chunk. ``lengths``: segment_nbytes; ``starts``: the
-    (nchunks, 4) absolute sub-stream starts (stream_starts)."""
+    (nchunks, 5) absolute sub-stream starts (stream_starts); ``bad_bits``:
+    low_counts' chunks with a bitmap bit set past the chunk's end (padding
+    bits, refused as padding)."""
     gap = payload[header.offsets_offset + OFFSET_NBYTES * header.nchunks:header.body_offset]
     if bool((gap != 0).any()):
         raise CorruptPayloadError("padding after the segment offsets is not zero")
     if not header.nchunks:
         return
-    ln = torch.stack(list(lengths), 1)  # (nchunks, 4)
+    ln = torch.stack(list(lengths), 1)  # (nchunks, 5)
     cols = torch.arange(ALIGN - 1, device=payload.device)
     inside = cols[None, None, :] < (align16(ln) - ln)[..., None]
     idx = torch.where(inside, (starts + ln)[..., None] + cols, 0)
-    bad = (inside & (payload[idx] != 0)).any(2).any(1).nonzero()
+    bad = (inside & (payload[idx] != 0)).any(2).any(1)
+    if bad_bits is not None:
+        bad |= bad_bits
+    bad = bad.nonzero()
     if bad.numel():
         raise CorruptPayloadError(f"padding after a sub-stream of chunk {int(bad[0, 0])} "
                                   f"is not zero")
 
 
 def stream_starts(header: Header, table: ChunkTable, offsets: torch.Tensor) -> torch.Tensor:
-    """(nchunks, 4) absolute payload byte offsets of each chunk's codes, sm,
-    rem and esc sub-streams, as a decoder locates them (entry + offset, no scan)."""
+    """(nchunks, 5) absolute payload byte offsets of each chunk's codes, sm,
+    rem, esc and low sub-streams, as a decoder locates them (entry + offset,
+    no scan)."""
     info = DTYPES[header.dtype]
     n = chunk_lengths(header.numel, header.nchunks, header.chunk_elems, offsets.device)
     starts, _ = segment_layout(header.codec, info, n, table)

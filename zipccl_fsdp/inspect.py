@@ -32,13 +32,15 @@ def _inspect_payload(path: str) -> int:
     raw = h.numel * F.DTYPES[h.dtype].itemsize
     print(f"  {payload.numel()} bytes for {raw} raw bytes: ratio {raw / max(payload.numel(), 1):.3f}")
     if h.codec != "raw" and h.nchunks:
-        t, _ = F.read_table(payload, h)
-        coded = int((t.mode == F.MODE_CODED).sum())
-        print(f"  {h.nchunks} chunks of {h.chunk_elems}: {coded} coded, {h.nchunks - coded} raw")
+        t, offsets = F.read_table(payload, h)
+        coded, zero = int((t.mode == F.MODE_CODED).sum()), int((t.mode == F.MODE_ZERO).sum())
+        print(f"  {h.nchunks} chunks of {h.chunk_elems}: {coded} coded, {zero} zero, "
+              f"{h.nchunks - coded - zero} raw")
         n = F.chunk_lengths(h.numel, h.nchunks, h.chunk_elems, payload.device)
-        lens = [int(s.sum()) for s in F.segment_nbytes(h.codec, F.DTYPES[h.dtype], n, t)]
+        n_low, _ = F.low_counts(payload, h, t, offsets)
+        lens = [int(s.sum()) for s in F.segment_nbytes(h.codec, F.DTYPES[h.dtype], n, t, n_low)]
         print(f"  body {h.body_nbytes} B: codes {lens[0]} B, sm {lens[1]} B, rem {lens[2]} B, "
-              f"esc {lens[3]} B, padding {h.body_nbytes - sum(lens)} B")
+              f"esc {lens[3]} B, low {lens[4]} B, padding {h.body_nbytes - sum(lens)} B")
     return 0
 
 

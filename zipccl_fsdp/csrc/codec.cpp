@@ -7,8 +7,8 @@
 //          hence its padded segment size; a prefix sum over the nchunks sizes
 //          gives every segment's offset in the chunk-major body;
 //   pass 2 reads the chunk again and writes its segment (codes | sm | rem |
-//          esc, each 16-byte aligned, padding zeroed) straight into the
-//          payload Python allocated from pass 1's body size.
+//          esc | low, each 16-byte aligned, padding zeroed) straight into
+//          the payload Python allocated from pass 1's body size.
 // Decode checks every entry and offset against the table (no trust in the
 // offsets, but no scan needed to find a chunk either) and decodes every chunk
 // straight into `out` in one parallel pass.
@@ -58,8 +58,8 @@ namespace zipccl {
 // --------------------------------------------------------------------------
 constexpr int kChunkElems = 4096;
 constexpr int kEntryBytes = 16, kOffsetBytes = 4, kAlign = 16;
-constexpr int kModeRaw = 0, kModeCoded = 1;
-constexpr int kFlagLow16 = 1, kFlagZpos = 2, kFlagZneg = 4;
+constexpr int kModeRaw = 0, kModeCoded = 1, kModeZero = 2;
+constexpr int kFlagLow16 = 1, kFlagZpos = 2, kFlagZneg = 4, kFlagLowbyte = 8;
 constexpr int kFixedZeroShift = 6, kDenseZeroShift = 5;
 constexpr int kFixedBits = 3, kFixedEsc = 7, kRemBits = 3;
 constexpr int kTierBits[5] = {2, 1, 1, 2, 2};
@@ -99,7 +99,7 @@ struct Entry {
 static_assert(sizeof(Entry) == kEntryBytes, "chunk entry must be 16 bytes");
 
 struct Seg {
-  int64_t codes, sm, rem, esc;
+  int64_t codes, sm, rem, esc, low;
 };
 
 static inline int64_t packed_nbytes(int64_t count, int bits) { return (count * bits + 7) >> 3; }
@@ -126,9 +126,19 @@ using BF16 = DT<uint16_t, 8, 7, 1>;
 using FP16 = DT<uint16_t, 5, 10, 2>;
 using FP32 = DT<uint32_t, 8, 23, 3>;
 
+static inline int64_t align16(int64_t x) { return (x + 15) & ~int64_t(15); }
+
+// format.lowbyte_wins: LOWBYTE makes the padded segment of a chunk of n
+// elements, kept of them shipping sm and n_low with a nonzero low byte,
+// strictly smaller.
+static inline bool lowbyte_wins(int64_t n, int64_t kept, int64_t n_low) {
+  return align16(2 * kept) + align16((n + 7) / 8) + align16(n_low) < align16(3 * kept);
+}
+
+// n_low: the set bits of a LOWBYTE chunk's bitmap (its low length).
 template <class T>
-static inline Seg segment_nbytes(int codec, const Entry& en, int64_t n) {
-  if (en.mode != kModeCoded) return {0, n * T::kItem, 0, 0};
+static inline Seg segment_nbytes(int codec, const Entry& en, int64_t n, int64_t n_low = 0) {
+  if (en.mode != kModeCoded) return {0, en.mode == kModeRaw ? n * T::kItem : 0, 0, 0, 0};
   int64_t codes;
   if (codec == kFixed3) {
     codes = packed_nbytes(n, kFixedBits);
@@ -137,8 +147,9 @@ static inline Seg segment_nbytes(int codec, const Entry& en, int64_t n) {
     for (int t = 1; t < 5; ++t) codes += packed_nbytes(en.n_open[t - 1], kTierBits[t]);
   }
   const int64_t kept = n - en.n_zero;
+  if (T::kF32 && (en.flags & kFlagLowbyte)) return {codes, 2 * kept, (n + 7) / 8, en.n_esc, n_low};
   const int64_t smb = T::kF32 ? ((en.flags & kFlagLow16) ? 1 : 3) : 1;
-  return {codes, kept * smb, T::kF16 ? packed_nbytes(kept, kRemBits) : 0, en.n_esc};
+  return {codes, kept * smb, T::kF16 ? packed_nbytes(kept, kRemBits) : 0, en.n_esc, 0};
 }
 
 // Lowest exponent of the fixed3 window and its width.
@@ -281,13 +292,24 @@ static inline void set_locator(Entry& en, uint64_t S, uint64_t K) {
   en.phase = uint8_t(q & 3);
 }
 
-// Mode RAW with every field zero when coding would not shrink the chunk's
-// padded segment (format.py: CODED only when smaller than the padded raw bytes).
+// The chunk's LOWBYTE flag by format.py's rule, from its count of elements
+// with a nonzero low byte (fp32, not LOW16), then mode RAW with
+// every field zero when coding would not shrink the chunk's padded segment
+// (format.py: CODED only when smaller than the padded raw bytes). *n_low:
+// the chunk's low length.
 template <class T>
-static inline Entry raw_if_larger(const Entry& en, int codec, int n) {
-  const Seg s = segment_nbytes<T>(codec, en, n);
-  const auto a = [](int64_t x) { return (x + kAlign - 1) & ~int64_t(kAlign - 1); };
-  return a(s.codes) + a(s.sm) + a(s.rem) + a(s.esc) >= a(int64_t(n) * T::kItem) ? Entry{} : en;
+static inline Entry lowbyte_or_raw(Entry en, int codec, int n, int64_t low8, int* n_low) {
+  *n_low = 0;
+  if (T::kF32 && !(en.flags & kFlagLow16) && lowbyte_wins(n, n - en.n_zero, low8)) {
+    en.flags |= kFlagLowbyte;
+    *n_low = int(low8);
+  }
+  const Seg s = segment_nbytes<T>(codec, en, n, *n_low);
+  if (align16(s.codes) + align16(s.sm) + align16(s.rem) + align16(s.esc) + align16(s.low) <
+      align16(int64_t(n) * T::kItem))
+    return en;
+  *n_low = 0;
+  return Entry{};
 }
 
 template <class T>
@@ -374,9 +396,9 @@ static inline void dense_encode_range(const typename T::W* w, int i0, int n, int
 }
 
 template <class T>
-static Entry analyze_chunk(const typename T::W* w, int n, int codec) {
+static Entry analyze_chunk(const typename T::W* w, int n, int codec, int* n_low) {
   uint64_t S = 0;
-  uint32_t K = 0, npos = 0, nneg = 0, low = 0;
+  uint32_t K = 0, npos = 0, nneg = 0, low = 0, low8 = 0;
   for (int i = 0; i < n; ++i) {
     const uint32_t x = w[i];
     const uint32_t e = T::exp(x);
@@ -386,8 +408,14 @@ static Entry analyze_chunk(const typename T::W* w, int n, int codec) {
     npos += x == 0;
     nneg += x == T::kSign;
     if (T::kF32) low |= x & 0xFFFFu;
+    if (T::kF32) low8 += (x & 0xFFu) != 0;
   }
   Entry en{};
+  if (int64_t(npos) == n) {  // every element +0.0: a ZERO chunk, its entry zeros
+    *n_low = 0;
+    en.mode = kModeZero;
+    return en;
+  }
   en.mode = kModeCoded;
   set_locator(en, S, K);
   if (T::kF32 && low == 0) en.flags |= kFlagLow16;
@@ -422,7 +450,7 @@ static Entry analyze_chunk(const typename T::W* w, int n, int codec) {
     en.n_esc = uint16_t(cnt[4]);
     for (int t = 0; t < 4; ++t) en.n_open[t] = uint16_t(cnt[t]);
   }
-  return raw_if_larger<T>(en, codec, n);
+  return lowbyte_or_raw<T>(en, codec, n, low8, n_low);
 }
 
 // Segment starts of the dense tiers inside a chunk's codes segment.
@@ -439,8 +467,8 @@ static inline void dense_tier_segments(const Entry& en, int n, int64_t start[5],
 template <class T>
 static void write_chunk(const typename T::W* w, int n, int codec, const Entry& en,
                         uint8_t* codes, uint8_t* sm, uint8_t* rem, uint8_t* esc) {
-  if (en.mode != kModeCoded) {
-    std::memcpy(sm, w, size_t(n) * T::kItem);
+  if (en.mode != kModeCoded) {  // RAW: the words; ZERO: nothing
+    if (en.mode == kModeRaw) std::memcpy(sm, w, size_t(n) * T::kItem);
     return;
   }
   const bool zp = en.flags & kFlagZpos, zn = en.flags & kFlagZneg;
@@ -476,6 +504,9 @@ struct DecIn {
   const uint8_t* esc_end;
   const uint8_t* end;  // end of the payload: bound of the AVX2 kernels' sloppy loads
   int n_zero = 0;
+  // Bound of their sloppy loads from sm: the payload's end, or the end of
+  // the buffer a LOWBYTE chunk's sm groups are merged into.
+  const uint8_t* sm_lim = nullptr;
 };
 
 template <class T>
@@ -1008,7 +1039,7 @@ ZC_AVX2 static inline bool take_sm(DecIn& in, uint32_t keep, __m256i* s8) {
   const int k = pop(keep);
   if (in.sm_end - in.sm < k) return false;
   *s8 = keep == ~0u ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in.sm))
-                    : get_expand(in.sm, keep, in.end);
+                    : get_expand(in.sm, keep, in.sm_lim);
   in.sm += k;
   return true;
 }
@@ -1262,6 +1293,15 @@ struct Lanes<FP32> {
     return _mm256_set_m128i(b, a);
 #endif
   }
+  // The low bytes of the 32 words, in no particular order (callers count
+  // the zero ones): byte 0 of each 32-bit lane of v[k] moved to byte k of
+  // the lane by shifts and blends.
+  ZC_AVX2 static inline __m256i low8_bytes(const Raw& r) {
+    const __m256i a = _mm256_blend_epi16(r.v[0], _mm256_slli_epi32(r.v[2], 16), 0xAA);
+    const __m256i b = _mm256_blend_epi16(_mm256_slli_epi32(r.v[1], 8),
+                                         _mm256_slli_epi32(r.v[3], 24), 0xAA);
+    return _mm256_blendv_epi8(a, b, _mm256_set1_epi32(int(0xFF00FF00u)));
+  }
   ZC_AVX2 static inline __m256i low16_bits(const Raw& r) {
     const __m256i m = _mm256_set1_epi32(0xFFFF);
     return _mm256_and_si256(_mm256_or_si256(_mm256_or_si256(r.v[0], r.v[1]),
@@ -1334,7 +1374,7 @@ struct Lanes<FP32> {
       }
       return kOk;
     }
-    if (keep == ~0u && in.sm_end - in.sm >= 96 && in.end - in.sm >= 104) {
+    if (keep == ~0u && in.sm_end - in.sm >= 96 && in.sm_lim - in.sm >= 104) {
       const __m256i split = _mm256_setr_epi32(0, 1, 2, 2, 3, 4, 5, 5);
       const __m256i widen = _mm256_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1,
                                              0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1);
@@ -1348,7 +1388,7 @@ struct Lanes<FP32> {
     }
     const int64_t need = 3 * int64_t(pop(keep));
     if (in.sm_end - in.sm < need) return kErrCounts;
-    if (in.end - in.sm >= need + kGroupSlack) {  // omitted zeros
+    if (in.sm_lim - in.sm >= need + kGroupSlack) {  // omitted zeros
       for (int q = 0; q < 4; ++q) {
         const __m256i s = get_groups(&in.sm, (keep >> (8 * q)) & 0xFF);
         store_with_zeros(out, q, fp32_words(s, e8, q), zero, neg);
@@ -1433,13 +1473,16 @@ ZC_AVX2 static inline int take_esc(DecIn& in, uint32_t m, __m256i* e8) {
 
 // ---- encode pass 1 ----
 template <class T>
-ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec) {
+ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec, int* n_low) {
   using L = Lanes<T>;
   alignas(32) uint8_t ebuf[kChunkElems];
   alignas(32) uint8_t zbuf[kChunkElems];
   const int nb = n / 32;
   __m256i sacc = _mm256_setzero_si256(), lowacc = _mm256_setzero_si256();
-  uint64_t K = 0, nz = 0, e0 = 0;
+  // fp32: per byte lane, the words whose low byte is 0 (at most
+  // kChunkElems / 32 = 128 a lane), summed after the loop.
+  __m256i low0acc = _mm256_setzero_si256();
+  uint64_t K = 0, nz = 0, e0 = 0, low8 = 0;
   // Exponent-0 lanes (zeros of both signs, subnormals), counted per byte lane
   // (at most kChunkElems / 32 = 128 a lane): a bound on the -0.0 count that
   // costs one subtract per block.
@@ -1451,7 +1494,10 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec) {
     prefetch_ahead(w + 32 * b);
     L::fields(w + 32 * b, &e8, &zero, T::kF32 ? &raw : nullptr);
 
-    if constexpr (T::kF32) lowacc = _mm256_or_si256(lowacc, L::low16_bits(raw));
+    if constexpr (T::kF32) {
+      lowacc = _mm256_or_si256(lowacc, L::low16_bits(raw));
+      low0acc = _mm256_sub_epi8(low0acc, _mm256_cmpeq_epi8(L::low8_bytes(raw), z));
+    }
     const __m256i ez = _mm256_cmpeq_epi8(e8, z);
     e0acc = _mm256_sub_epi8(e0acc, ez);
     const __m256i special = _mm256_or_si256(ez, _mm256_cmpeq_epi8(e8, emax));
@@ -1467,6 +1513,10 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec) {
   _mm256_store_si256(reinterpret_cast<__m256i*>(s4), _mm256_sad_epu8(e0acc, z));
   e0 = s4[0] + s4[1] + s4[2] + s4[3];
   uint32_t low = _mm256_testz_si256(lowacc, lowacc) ? 0 : 1;
+  if constexpr (T::kF32) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s4), _mm256_sad_epu8(low0acc, z));
+    low8 = 32 * uint64_t(nb) - (s4[0] + s4[1] + s4[2] + s4[3]);
+  }
   for (int i = 32 * nb; i < n; ++i) {
     const uint32_t x = w[i], e = T::exp(x);
     const bool normal = (e - 1u) < (T::kEmax - 1u);
@@ -1475,6 +1525,7 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec) {
     nz += x == 0;
     e0 += e == 0;
     if (T::kF32) low |= x & 0xFFFFu;
+    if (T::kF32) low8 += (x & 0xFFu) != 0;
     ebuf[i] = uint8_t(e);
     zbuf[i] = x == 0 ? 0xFF : 0;
   }
@@ -1494,6 +1545,11 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec) {
   }
   const bool zp = (int64_t(nz) << shift) >= n, zn = (int64_t(nneg) << shift) >= n;
   Entry en{};
+  if (int64_t(nz) == n) {  // every element +0.0: a ZERO chunk, its entry zeros
+    *n_low = 0;
+    en.mode = kModeZero;
+    return en;
+  }
   en.mode = kModeCoded;
   set_locator(en, S, K);
   if (T::kF32 && low == 0) en.flags |= kFlagLow16;
@@ -1548,7 +1604,7 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec) {
     en.n_open[2] = uint16_t(c5);
     en.n_open[3] = uint16_t(c8);
   }
-  return raw_if_larger<T>(en, codec, n);
+  return lowbyte_or_raw<T>(en, codec, n, low8, n_low);
 }
 
 // ---- encode pass 2 ----
@@ -1827,6 +1883,81 @@ ZC_AVX2 static uint32_t run_sum(const typename T::W* w, int n) {
   return uint32_t(_mm_cvtsi128_si32(a)) + run_sum_generic<T>(w, i, n);
 }
 
+// ---- LOWBYTE's streams (the generic lowbyte_split and lowbyte_hi, 8 groups
+// and 32 words a step; the group buffer has 64 bytes of room past its data
+// for the sloppy loads and stores) ----
+ZC_AVX2 static int64_t lowbyte_split(const uint8_t* g, int64_t k, const uint32_t* w, int64_t n,
+                                     uint8_t* hi, uint8_t* bm, uint8_t* low) {
+  // hi: bytes 1, 2 of 8 groups (24 bytes, 12 a lane) to 16 bytes.
+  const __m256i split = _mm256_setr_epi32(0, 1, 2, 2, 3, 4, 5, 5);
+  const __m256i pick = _mm256_setr_epi8(1, 2, 4, 5, 7, 8, 10, 11, -1, -1, -1, -1, -1, -1, -1, -1,
+                                        1, 2, 4, 5, 7, 8, 10, 11, -1, -1, -1, -1, -1, -1, -1, -1);
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 3 * i));
+    const __m256i x = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(raw, split), pick);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + 2 * i),
+                     _mm256_castsi256_si128(_mm256_permute4x64_epi64(x, 0x08)));
+  }
+  for (; i < k; ++i) {
+    hi[2 * i] = g[3 * i + 1];
+    hi[2 * i + 1] = g[3 * i + 2];
+  }
+  // The bitmap, 4 bytes a step, and the nonzero low bytes compacted into a
+  // buffer (compact32 stores past its data), copied to low at the end.
+  alignas(32) uint8_t buf[kChunkElems + 32];
+  uint8_t* lp = buf;
+  const __m256i ff = _mm256_set1_epi32(0xFF), zz = _mm256_setzero_si256();
+  int64_t j = 0;
+  for (; j + 32 <= n; j += 32) {
+    __m256i v[4];
+    uint32_t zm = 0;
+    for (int q = 0; q < 4; ++q) {
+      v[q] = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + j + 8 * q)),
+                              ff);
+      zm |= uint32_t(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(v[q], zz))))
+            << (8 * q);
+    }
+    const uint32_t m = ~zm;
+    std::memcpy(bm + j / 8, &m, 4);
+    if (m) lp = compact32(Lanes<FP32>::pack32(v, false), m, lp);
+  }
+  for (; j < n; j += 8) {
+    const int64_t e = std::min<int64_t>(8, n - j);
+    uint32_t bits = 0;
+    for (int64_t q = 0; q < e; ++q) {
+      const uint8_t b = uint8_t(w[j + q]);
+      if (b) {
+        bits |= 1u << q;
+        *lp++ = b;
+      }
+    }
+    bm[j / 8] = uint8_t(bits);
+  }
+  const int64_t n_low = lp - buf;
+  std::memcpy(low, buf, size_t(n_low));
+  std::memset(low + n_low, 0, size_t(align16(n_low) - n_low));
+  return n_low;
+}
+
+ZC_AVX2 static void lowbyte_hi(const uint8_t* hi, int64_t k, uint8_t* g) {
+  // 16 bytes of hi (8 groups) spread to 24, a zero byte before each pair.
+  const __m256i spread = _mm256_setr_epi8(-1, 0, 1, -1, 2, 3, -1, 4, 5, -1, 6, 7, -1, 8, 9, -1,
+                                          10, 11, -1, 12, 13, -1, 14, 15, -1, -1, -1, -1, -1, -1,
+                                          -1, -1);
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    const __m256i x = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi + 2 * i)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(g + 3 * i), _mm256_shuffle_epi8(x, spread));
+  }
+  for (; i < k; ++i) {
+    g[3 * i] = 0;
+    g[3 * i + 1] = hi[2 * i];
+    g[3 * i + 2] = hi[2 * i + 1];
+  }
+}
+
 }  // namespace avx2 / avx512
 #undef ZC_AVX2
 #undef ZC_VBMI2
@@ -1837,7 +1968,7 @@ ZC_AVX2 static uint32_t run_sum(const typename T::W* w, int n) {
 // translation unit.
 namespace vbmi2 {
 template <class T>
-Entry analyze(const typename T::W* w, int n, int codec);
+Entry analyze(const typename T::W* w, int n, int codec, int* n_low);
 template <class T, bool NEG>
 void write_fixed3(const typename T::W* w, int n, const Entry& en, uint8_t* codes, uint8_t* sm,
                   uint8_t* rem, uint8_t* esc, const uint8_t* next, int64_t next_nbytes);
@@ -1854,8 +1985,8 @@ uint32_t run_sum(const typename T::W* w, int n);
 
 #ifdef ZIPCCL_VBMI2_PASS
 template <class T>
-Entry analyze(const typename T::W* w, int n, int codec) {
-  return avx512::analyze<T>(w, n, codec);
+Entry analyze(const typename T::W* w, int n, int codec, int* n_low) {
+  return avx512::analyze<T>(w, n, codec, n_low);
 }
 template <class T, bool NEG>
 void write_fixed3(const typename T::W* w, int n, const Entry& en, uint8_t* codes, uint8_t* sm,
@@ -1889,7 +2020,7 @@ uint32_t run_sum(const typename T::W* w, int n) {
                                      const uint8_t*, int64_t);                                   \
   template int decode_dense<T, NEG>(const Entry&, int, const uint8_t*, DecIn&, T::W*);
 #define ZC_VBMI2_DTYPE(T)                                                                        \
-  template Entry analyze<T>(const T::W*, int, int);                                              \
+  template Entry analyze<T>(const T::W*, int, int, int*);                                        \
   template uint32_t run_sum<T>(const T::W*, int);                                                \
   ZC_VBMI2_NEG(T, false)                                                                         \
   ZC_VBMI2_NEG(T, true)
@@ -1927,15 +2058,16 @@ static int best_isa() {
 // Per-chunk dispatch and the passes over chunks
 // --------------------------------------------------------------------------
 template <class T>
-static inline Entry analyze_dispatch(const typename T::W* w, int n, int codec, int isa) {
+static inline Entry analyze_dispatch(const typename T::W* w, int n, int codec, int isa,
+                                     int* n_low) {
 #ifdef ZIPCCL_HAVE_VBMI2_KERNELS
-  if (isa >= 2) return vbmi2::analyze<T>(w, n, codec);
+  if (isa >= 2) return vbmi2::analyze<T>(w, n, codec, n_low);
 #endif
 #ifdef ZIPCCL_HAVE_AVX2_KERNELS
-  if (isa >= 1) return avx2::analyze<T>(w, n, codec);
+  if (isa >= 1) return avx2::analyze<T>(w, n, codec, n_low);
 #endif
   (void)isa;
-  return analyze_chunk<T>(w, n, codec);
+  return analyze_chunk<T>(w, n, codec, n_low);
 }
 
 template <class T>
@@ -2031,23 +2163,94 @@ static inline int chunk_len(int64_t numel, int64_t C, int64_t c) {
   return int(std::min<int64_t>(C, numel - c * C));
 }
 
-static inline int64_t align16(int64_t x) { return (x + kAlign - 1) & ~int64_t(kAlign - 1); }
-
 // A chunk's sub-stream starts inside its segment (codes at 0) and the padded
 // segment size (format.segment_layout).
 struct Layout {
-  int64_t sm, rem, esc, size;
+  int64_t sm, rem, esc, low, size;
 };
 template <class T>
-static inline Layout segment_layout(int codec, const Entry& en, int64_t n, Seg* lens) {
-  const Seg s = segment_nbytes<T>(codec, en, n);
+static inline Layout segment_layout(int codec, const Entry& en, int64_t n, Seg* lens,
+                                    int64_t n_low = 0) {
+  const Seg s = segment_nbytes<T>(codec, en, n, n_low);
   if (lens) *lens = s;
   Layout l;
   l.sm = align16(s.codes);
   l.rem = l.sm + align16(s.sm);
   l.esc = l.rem + align16(s.rem);
-  l.size = l.esc + align16(s.esc);
+  l.low = l.esc + align16(s.esc);
+  l.size = l.low + align16(s.low);
   return l;
+}
+
+// LOWBYTE chunks (format.py, "LOWBYTE") are coded by every kernel set as
+// chunks of 3-byte sm groups, written to (encode) or read from (decode) a
+// buffer: the kernels stay those of the other chunks. lowbyte_split makes the
+// chunk's sm (bytes 1, 2 of each group), bitmap and low streams of the groups
+// and the words; lowbyte_hi and lowbyte_patch go back.
+//
+// The groups g of k kept elements to hi; the bitmap bm of the n words w (bit
+// i: w[i]'s low byte is not zero) and those bytes in order to low, whose
+// padding is zeroed. Returns low's length.
+static int64_t lowbyte_split(const uint8_t* g, int64_t k, const uint32_t* w, int64_t n,
+                             uint8_t* hi, uint8_t* bm, uint8_t* low) {
+  for (int64_t i = 0; i < k; ++i) {
+    hi[2 * i] = g[3 * i + 1];
+    hi[2 * i + 1] = g[3 * i + 2];
+  }
+  uint8_t* const low0 = low;
+  for (int64_t i0 = 0; i0 < n; i0 += 8) {
+    const int64_t m = std::min<int64_t>(8, n - i0);
+    uint32_t bits = 0;
+    for (int64_t j = 0; j < m; ++j) {
+      const uint8_t b = uint8_t(w[i0 + j]);
+      if (b) {
+        bits |= 1u << j;
+        *low++ = b;
+      }
+    }
+    bm[i0 >> 3] = uint8_t(bits);
+  }
+  const int64_t n_low = low - low0;
+  std::memset(low, 0, size_t(align16(n_low) - n_low));
+  return n_low;
+}
+
+// The k groups of a LOWBYTE chunk's sm stream hi, low bytes 0, into g.
+static void lowbyte_hi(const uint8_t* hi, int64_t k, uint8_t* g) {
+  for (int64_t i = 0; i < k; ++i) {
+    g[3 * i] = 0;
+    g[3 * i + 1] = hi[2 * i];
+    g[3 * i + 2] = hi[2 * i + 1];
+  }
+}
+
+// The next byte of low ORed into each of the n decoded words whose bitmap
+// bit is set (low holds exactly the set bits below n: checked by the caller).
+static void lowbyte_patch(const uint8_t* bm, const uint8_t* low, int64_t n, uint32_t* out) {
+  for (int64_t i0 = 0; i0 < n; i0 += 64) {
+    uint64_t bits = 0;
+    std::memcpy(&bits, bm + i0 / 8, size_t(std::min<int64_t>(8, (n - i0 + 7) / 8)));
+    for (; bits; bits &= bits - 1) out[i0 + __builtin_ctzll(bits)] |= *low++;
+  }
+}
+
+// Of a LOWBYTE chunk's bitmap of n bits (ceil(n / 8) bytes): its set bits
+// below n, and in *bad whether a padding bit (n on) is set.
+static int64_t bitmap_count(const uint8_t* bm, int64_t n, bool* bad) {
+  int64_t c = 0, i = 0;
+  for (; i + 64 <= n; i += 64) {
+    uint64_t v;
+    std::memcpy(&v, bm + i / 8, 8);
+    c += __builtin_popcountll(v);
+  }
+  for (; i + 8 <= n; i += 8) c += __builtin_popcount(bm[i / 8]);
+  *bad = false;
+  if (i < n) {
+    const uint32_t last = bm[i / 8], keep = (1u << (n - i)) - 1;
+    c += __builtin_popcount(last & keep);
+    *bad = (last & ~keep) != 0;
+  }
+  return c;
 }
 
 // Encode pass 1: every chunk's entry, then each segment's byte offset in the
@@ -2060,8 +2263,10 @@ static int64_t plan_impl(const typename T::W* w, int64_t numel, int codec, Entry
 #pragma omp parallel for schedule(dynamic, kChunksPerGrab) num_threads(nthreads) if (nch >= kMinParallelChunks)
   for (int64_t c = 0; c < nch; ++c) {
     const int n = chunk_len(numel, C, c);
-    ent[c] = analyze_dispatch<T>(w + c * C, n, codec, isa);
-    off[c] = segment_layout<T>(codec, ent[c], n, nullptr).size;  // the scan below makes it an offset
+    int n_low;
+    ent[c] = analyze_dispatch<T>(w + c * C, n, codec, isa, &n_low);
+    // (the scan below makes it an offset)
+    off[c] = segment_layout<T>(codec, ent[c], n, nullptr, n_low).size;
   }
   int64_t at = 0;
   for (int64_t c = 0; c < nch; ++c) {
@@ -2122,16 +2327,37 @@ static void write_impl(const typename T::W* w, int64_t numel, int codec, const E
     zero_last_block(seg, s.codes);
     zero_last_block(seg + l.sm, s.sm);
     zero_last_block(seg + l.rem, s.rem);
-    zero_last_block(seg + l.esc, s.esc);
+    zero_last_block(seg + l.esc, s.esc);  // (low: lowbyte_split zeroes its padding)
     // Prefetched by the encoder: only a segment this thread writes next (a
     // line that another core is writing would bounce between the two).
     const bool mine = next_is_mine(c, nch, nthreads);
-    write_dispatch<T>(w + c * C, n, codec, ent[c], seg, seg + l.sm, seg + l.rem, seg + l.esc,
-                      mine ? b + off[c + 1] : nullptr,
-                      mine ? segment_layout<T>(codec, ent[c + 1], chunk_len(numel, C, c + 1),
-                                               nullptr).size
-                           : 0,
-                      isa);
+    const uint8_t* next = mine ? b + off[c + 1] : nullptr;
+    // (A prefetch hint: a LOWBYTE chunk's size less its low stream.)
+    const int64_t next_nbytes =
+        mine ? segment_layout<T>(codec, ent[c + 1], chunk_len(numel, C, c + 1), nullptr).size : 0;
+    bool split = false;
+    if constexpr (T::kF32) {
+      if (ent[c].flags & kFlagLowbyte) {
+        // The kernels write 3-byte groups (the entry without LOWBYTE) to a
+        // buffer; lowbyte_split makes the chunk's streams of them.
+        Entry e3 = ent[c];
+        e3.flags &= ~kFlagLowbyte;
+        alignas(32) uint8_t groups[3 * kChunkElems + 64];
+        write_dispatch<T>(w + c * C, n, codec, e3, seg, groups, nullptr, seg + l.esc, next,
+                          next_nbytes, isa);
+        const int64_t k = n - e3.n_zero;
+#ifdef ZIPCCL_HAVE_AVX2_KERNELS
+        if (isa >= 1)
+          avx2::lowbyte_split(groups, k, w + c * C, n, seg + l.sm, seg + l.rem, seg + l.low);
+        else
+#endif
+          lowbyte_split(groups, k, w + c * C, n, seg + l.sm, seg + l.rem, seg + l.low);
+        split = true;
+      }
+    }
+    if (!split)
+      write_dispatch<T>(w + c * C, n, codec, ent[c], seg, seg + l.sm, seg + l.rem, seg + l.esc,
+                        next, next_nbytes, isa);
   }
 }
 
@@ -2150,11 +2376,12 @@ static void sums_impl(const typename T::W* w, int64_t numel, uint8_t* sums, int 
 // path); tests/test_cpp_codec.py checks that both refuse the same tables.
 template <class T>
 static bool entry_ok(int codec, const Entry& en, int64_t n) {
-  if (en.mode > kModeCoded || en.phase > 3 || en.base > T::kEmax) return false;
-  if (en.flags & ~(kFlagLow16 | kFlagZpos | kFlagZneg)) return false;
-  if (!T::kF32 && (en.flags & kFlagLow16)) return false;
+  if (en.mode > kModeZero || en.phase > 3 || en.base > T::kEmax) return false;
+  if (en.flags & ~(kFlagLow16 | kFlagZpos | kFlagZneg | kFlagLowbyte)) return false;
+  if (!T::kF32 && (en.flags & (kFlagLow16 | kFlagLowbyte))) return false;
+  if ((en.flags & (kFlagLow16 | kFlagLowbyte)) == (kFlagLow16 | kFlagLowbyte)) return false;
   if (en.n_zero > n || en.n_esc > n) return false;
-  if (en.mode == kModeRaw)
+  if (en.mode != kModeCoded)  // RAW and ZERO: the mode and zeros
     return !(en.base | en.phase | en.flags | en.n_zero | en.n_esc | en.n_open[0] | en.n_open[1] |
              en.n_open[2] | en.n_open[3]);
   if (codec == kFixed3) {
@@ -2216,10 +2443,18 @@ static int64_t decode_impl(const uint8_t* p, int64_t total, int codec, int64_t n
       tag = (c << 8) | kErrTable;
     } else {
       Seg s;
-      const Layout l = segment_layout<T>(codec, en, n, &s);
+      Layout l = segment_layout<T>(codec, en, n, &s);
       uint32_t o[2];
       std::memcpy(o, offs + kOffsetBytes * c, c + 1 < nch ? 8 : 4);
       const int64_t at = int64_t(o[0]) * kAlign;
+      const bool lowbyte = T::kF32 && en.mode == kModeCoded && (en.flags & kFlagLowbyte);
+      bool bad_bits = false;
+      if (lowbyte && at + l.size <= body_nbytes) {
+        // The low length is the bitmap's count (read inside the body; the
+        // offset checks below then hold only for the true offsets).
+        const int64_t n_low = bitmap_count(b + at + l.rem, n, &bad_bits);
+        l = segment_layout<T>(codec, en, n, &s, n_low);
+      }
       if ((c == 0 && at != 0) || at + l.size > body_nbytes ||
           (c + 1 < nch && int64_t(o[1]) * kAlign != at + l.size)) {
         tag = (c << 8) | kErrOffsets;
@@ -2228,22 +2463,51 @@ static int64_t decode_impl(const uint8_t* p, int64_t total, int codec, int64_t n
       } else {
         const uint8_t* seg = b + at;
         int err;
-        if (!(pad_ok(seg, s.codes) && pad_ok(seg + l.sm, s.sm) && pad_ok(seg + l.rem, s.rem) &&
-              pad_ok(seg + l.esc, s.esc))) {
+        if (bad_bits ||
+            !(pad_ok(seg, s.codes) && pad_ok(seg + l.sm, s.sm) && pad_ok(seg + l.rem, s.rem) &&
+              pad_ok(seg + l.esc, s.esc) && pad_ok(seg + l.low, s.low))) {
           err = kErrPadding;
         } else if (en.mode != kModeCoded) {
-          std::memcpy(out + c * C, seg, size_t(n) * T::kItem);
+          if (en.mode == kModeRaw)
+            std::memcpy(out + c * C, seg, size_t(n) * T::kItem);
+          else  // ZERO
+            std::memset(out + c * C, 0, size_t(n) * T::kItem);
           err = kOk;
         } else {
           DecIn in{seg + l.sm, seg + l.sm + s.sm, BitReader(seg + l.rem, s.rem), seg + l.esc,
                    seg + l.esc + s.esc, p + total};
-          prefetch_head(seg, seg + l.sm, s.codes, s.sm);
+          in.sm_lim = p + total;
           // The next segment's size is taken as this one's (its entry is not
           // checked yet; a prefetch reads nothing the program sees).
           const bool mine = next_is_mine(c, nch, nthreads);
-          err = decode_dispatch<T>(codec, en, n, seg, in, out + c * C,
-                                   mine ? b + int64_t(o[1]) * kAlign : nullptr,
-                                   mine ? l.size : 0, isa);
+          const uint8_t* next = mine ? b + int64_t(o[1]) * kAlign : nullptr;
+          const int64_t next_nbytes = mine ? l.size : 0;
+          if (lowbyte) {
+            // The kernels decode the chunk without LOWBYTE from 3-byte groups
+            // of low byte 0; then the low bytes are ORed in.
+            static thread_local std::vector<uint8_t> groups;
+            const int64_t k = n - en.n_zero;
+            if (groups.size() < size_t(3 * k + 64)) groups.resize(size_t(3 * k + 64));
+#ifdef ZIPCCL_HAVE_AVX2_KERNELS
+            if (isa >= 1)
+              avx2::lowbyte_hi(seg + l.sm, k, groups.data());
+            else
+#endif
+              lowbyte_hi(seg + l.sm, k, groups.data());
+            Entry e3 = en;
+            e3.flags &= ~kFlagLowbyte;
+            in.sm = groups.data();
+            in.sm_end = in.sm + 3 * k;
+            in.sm_lim = in.sm + 3 * k + 64;
+            in.rem = BitReader(seg + l.rem, 0);
+            prefetch_head(seg, in.sm, s.codes, 3 * k);
+            err = decode_dispatch<T>(codec, e3, n, seg, in, out + c * C, next, next_nbytes, isa);
+            if (!err)
+              lowbyte_patch(seg + l.rem, seg + l.low, n, reinterpret_cast<uint32_t*>(out + c * C));
+          } else {
+            prefetch_head(seg, seg + l.sm, s.codes, s.sm);
+            err = decode_dispatch<T>(codec, en, n, seg, in, out + c * C, next, next_nbytes, isa);
+          }
         }
         if (err)
           tag = kDataFault | (c << 8) | err;
@@ -2389,8 +2653,8 @@ int64_t zipccl_constants(int64_t* out, int64_t cap) {
   using namespace zipccl;
   std::vector<int64_t> v = {kChunkElems, kEntryBytes, kOffsetBytes, kAlign, kFixedZeroShift,
                             kDenseZeroShift, kFixedBits, kFixedEsc, kRemBits, kDenseSlots,
-                            kZeroSymbol, kNegZeroSymbol, kModeRaw, kModeCoded, kFlagLow16,
-                            kFlagZpos, kFlagZneg, kRaw, kFixed3, kDense};
+                            kZeroSymbol, kNegZeroSymbol, kModeRaw, kModeCoded, kModeZero, kFlagLow16,
+                            kFlagZpos, kFlagZneg, kFlagLowbyte, kRaw, kFixed3, kDense};
   for (int b : kTierBits) v.push_back(b);
   for (int s : kTierSymbols) v.push_back(s);
   for (auto& row : kDenseOrder)
