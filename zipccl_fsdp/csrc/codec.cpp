@@ -331,6 +331,21 @@ struct EncOut {
   uint8_t* esc;
 };
 
+// LOWBYTE's bitmap byte of m <= 8 fp32 words w (bit q: the low byte of w[q]
+// is not zero) at *bm, and those low bytes, in order, at lp; returns their end.
+static inline uint8_t* low_row(const uint32_t* w, int64_t m, uint8_t* bm, uint8_t* lp) {
+  uint32_t bits = 0;
+  for (int64_t q = 0; q < m; ++q) {
+    const uint8_t b = uint8_t(w[q]);
+    if (b) {
+      bits |= 1u << q;
+      *lp++ = b;
+    }
+  }
+  *bm = uint8_t(bits);
+  return lp;
+}
+
 template <class T>
 static inline void emit_sm(uint32_t x, bool low16, EncOut& o) {
   const uint32_t v = T::sm(x);
@@ -1922,18 +1937,7 @@ ZC_AVX2 static int64_t lowbyte_split(const uint8_t* g, int64_t k, const uint32_t
     std::memcpy(bm + j / 8, &m, 4);
     if (m) lp = compact32(Lanes<FP32>::pack32(v, false), m, lp);
   }
-  for (; j < n; j += 8) {
-    const int64_t e = std::min<int64_t>(8, n - j);
-    uint32_t bits = 0;
-    for (int64_t q = 0; q < e; ++q) {
-      const uint8_t b = uint8_t(w[j + q]);
-      if (b) {
-        bits |= 1u << q;
-        *lp++ = b;
-      }
-    }
-    bm[j / 8] = uint8_t(bits);
-  }
+  for (; j < n; j += 8) lp = low_row(w + j, std::min<int64_t>(8, n - j), bm + j / 8, lp);
   const int64_t n_low = lp - buf;
   std::memcpy(low, buf, size_t(n_low));
   std::memset(low + n_low, 0, size_t(align16(n_low) - n_low));
@@ -2198,18 +2202,8 @@ static int64_t lowbyte_split(const uint8_t* g, int64_t k, const uint32_t* w, int
     hi[2 * i + 1] = g[3 * i + 2];
   }
   uint8_t* const low0 = low;
-  for (int64_t i0 = 0; i0 < n; i0 += 8) {
-    const int64_t m = std::min<int64_t>(8, n - i0);
-    uint32_t bits = 0;
-    for (int64_t j = 0; j < m; ++j) {
-      const uint8_t b = uint8_t(w[i0 + j]);
-      if (b) {
-        bits |= 1u << j;
-        *low++ = b;
-      }
-    }
-    bm[i0 >> 3] = uint8_t(bits);
-  }
+  for (int64_t i0 = 0; i0 < n; i0 += 8)
+    low = low_row(w + i0, std::min<int64_t>(8, n - i0), bm + (i0 >> 3), low);
   const int64_t n_low = low - low0;
   std::memset(low, 0, size_t(align16(n_low) - n_low));
   return n_low;
