@@ -911,7 +911,7 @@ def test_zero_chunks_equal_torch(device, dtype, codec):
     one -0.0, NaN or subnormal, a ragged all-zero tail; the same bytes as
     the torch backend, and ZERO entries that break the format are refused
     with torch's errors."""
-    for n in (1, 7, C + 1, 3 * C + 5, 8 * C + 1003):
+    for n in (7, C + 1, 3 * C + 5):  # 3 C + 5: ZERO, one-odd, Gaussian, a ZERO ragged tail
         _check_against_torch(case("zero_runs", n, dtype, seed=n).to(device), codec)
     x = case("zero_runs", 3 * C, dtype, seed=6).to(device)
     p = z.encode(x, codec=codec, backend="torch")
