@@ -522,6 +522,7 @@ struct DecIn {
   // Bound of their sloppy loads from sm: the payload's end, or the end of
   // the buffer a LOWBYTE chunk's sm groups are merged into.
   const uint8_t* sm_lim = nullptr;
+  bool omits = false;  // the chunk codes a zero sign without sm (see load_all)
 };
 
 template <class T>
@@ -1046,26 +1047,40 @@ struct EncSt {
   uint8_t* sm;
   const uint8_t* sm_end;
   FastBitWriter rem;
+  bool omits;  // the chunk codes a zero sign without sm, so keep may drop lanes
 };
+
+// Whether a block takes the straight store of all its sm bytes: every lane
+// kept. With VBMI2 a chunk that omits zeros compresses every block instead
+// (a compress of every lane is that store): in a chunk with a few zeros, a
+// test of keep is a branch that mispredicts.
+ZC_AVX2 static inline bool store_all(uint32_t keep, const EncSt& st) {
+  return !(ZC_VBMI2 && st.omits) && keep == ~0u;
+}
 
 // Next 32 sm bytes for the lanes in keep (zeros elsewhere); false if the
 // segment holds fewer than popcount(keep).
+// store_all's twin: whether a block's sm bytes are one straight load.
+ZC_AVX2 static inline bool load_all(uint32_t keep, const DecIn& in) {
+  return !(ZC_VBMI2 && in.omits) && keep == ~0u;
+}
+
 ZC_AVX2 static inline bool take_sm(DecIn& in, uint32_t keep, __m256i* s8) {
   const int k = pop(keep);
   if (in.sm_end - in.sm < k) return false;
-  *s8 = keep == ~0u ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in.sm))
+  *s8 = load_all(keep, in) ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in.sm))
                     : get_expand(in.sm, keep, in.sm_lim);
   in.sm += k;
   return true;
 }
 
-ZC_AVX2 static inline uint8_t* put_sm_bytes(__m256i v, uint32_t keep, uint8_t* dst,
-                                            const uint8_t* end) {
-  if (keep == ~0u && end - dst >= 32) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), v);
-    return dst + 32;
+ZC_AVX2 static inline void put_sm_bytes(__m256i v, uint32_t keep, EncSt& st) {
+  if (store_all(keep, st) && st.sm_end - st.sm >= 32) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(st.sm), v);
+    st.sm += 32;
+  } else {
+    st.sm = put_compact(v, keep, st.sm, st.sm_end);
   }
-  return put_compact(v, keep, dst, end);
 }
 
 // Bytes of two vectors of 16-bit lanes (< 256), in element order.
@@ -1132,7 +1147,7 @@ struct Lanes<BF16> {
     }
   }
   ZC_AVX2 static inline void emit(const Raw& r, const uint16_t*, uint32_t keep, bool, EncSt& st) {
-    st.sm = put_sm_bytes(r.sm8, keep, st.sm, st.sm_end);
+    put_sm_bytes(r.sm8, keep, st);
   }
   // A zero lane's word is its sm byte (0, or 0x80 on -0.0 lanes) with exponent 0.
   ZC_AVX2 static inline int assemble(__m256i e8, __m256i zero, __m256i neg, uint32_t keep, bool,
@@ -1175,7 +1190,7 @@ struct Lanes<FP16> {
     }
   }
   ZC_AVX2 static inline void emit(const Raw& r, const uint16_t*, uint32_t keep, bool, EncSt& st) {
-    st.sm = put_sm_bytes(r.sm8, keep, st.sm, st.sm_end);
+    put_sm_bytes(r.sm8, keep, st);
     alignas(16) uint8_t buf[16];
     store_pack3(buf, r.rem8);
     uint64_t lo, hi;
@@ -1183,7 +1198,7 @@ struct Lanes<FP16> {
     std::memcpy(&hi, buf + 6, 8);
     lo &= 0xFFFFFFFFFFFFull;
     hi &= 0xFFFFFFFFFFFFull;
-    if (keep == ~0u) {
+    if (store_all(keep, st)) {
       st.rem.put(lo, 48);
       st.rem.put(hi, 48);
     } else {  // drop the 3-bit fields of omitted zeros
@@ -1330,8 +1345,8 @@ struct Lanes<FP32> {
       for (int k = 0; k < 4; ++k)
         s[k] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(r.v[k], 24), m80),
                                _mm256_and_si256(_mm256_srli_epi32(r.v[k], 16), m7f));
-      st.sm = put_sm_bytes(pack32(s, false), keep, st.sm, st.sm_end);
-    } else if (keep == ~0u && st.sm_end - st.sm >= 104) {  // 3 bytes, 24 per 8 elements
+      put_sm_bytes(pack32(s, false), keep, st);
+    } else if (store_all(keep, st) && st.sm_end - st.sm >= 104) {  // 3 bytes, 24 per 8 elements
       const __m256i drop = _mm256_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1,
                                             0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
       const __m256i join = _mm256_setr_epi32(0, 1, 2, 4, 5, 6, 7, 7);
@@ -1389,7 +1404,7 @@ struct Lanes<FP32> {
       }
       return kOk;
     }
-    if (keep == ~0u && in.sm_end - in.sm >= 96 && in.sm_lim - in.sm >= 104) {
+    if (load_all(keep, in) && in.sm_end - in.sm >= 96 && in.sm_lim - in.sm >= 104) {
       const __m256i split = _mm256_setr_epi32(0, 1, 2, 2, 3, 4, 5, 5);
       const __m256i widen = _mm256_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1,
                                              0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1);
@@ -1643,7 +1658,7 @@ ZC_AVX2 static void write_fixed3(const typename T::W* w, int n, const Entry& en,
   alignas(32) uint8_t escbuf[kChunkElems + 32];
   uint8_t* const esc_out = esc;
   esc = escbuf;
-  EncSt st{sm, sm + seg.sm, FastBitWriter(rem, rem + seg.rem)};
+  EncSt st{sm, sm + seg.sm, FastBitWriter(rem, rem + seg.rem), zp || NEG};
   int lo, width;
   fixed_window<T>(en.base, en.phase, zc.z, &lo, &width);
   const __m256i vlo = _mm256_set1_epi8(char(lo)), vw = _mm256_set1_epi8(char(width - 1));
@@ -1689,7 +1704,7 @@ ZC_AVX2 static void write_dense(const typename T::W* w, int n, const Entry& en, 
   const bool zp = en.flags & kFlagZpos, zn = en.flags & kFlagZneg, low16 = en.flags & kFlagLow16;
   const Seg seg = segment_nbytes<T>(kDense, en, n);
   const uint8_t* const esc_end = esc + seg.esc;
-  EncSt st{sm, sm + seg.sm, FastBitWriter(rem, rem + seg.rem)};
+  EncSt st{sm, sm + seg.sm, FastBitWriter(rem, rem + seg.rem), zp || zn};
   const DenseRanker rank(en.base, en.phase, zp, zn);
   const __m256i three = _mm256_set1_epi8(3);
   const bool esc_every_block = int64_t(en.n_esc) * kEscEveryBlock >= n / 32;
@@ -1748,6 +1763,7 @@ ZC_AVX2 static int decode_fixed3(const Entry& en, int n, const uint8_t* codes, D
   const __m256i z = _mm256_setzero_si256();
   const __m256i vz = _mm256_set1_epi8(char(zc.z)), vneg = _mm256_set1_epi8(char(zc.cneg));
   FastBitReader rr(in.rem.p, in.end);
+  in.omits = zp || NEG;
   const int nb = n / 32;
   for (int b = 0; b < nb; ++b) {
     prefetch_next<T>(next, next_nbytes, b);
@@ -1777,6 +1793,7 @@ ZC_AVX2 static int decode_dense(const Entry& en, int n, const uint8_t* codes, De
   using L = Lanes<T>;
   const bool zp = en.flags & kFlagZpos, zn = en.flags & kFlagZneg, low16 = en.flags & kFlagLow16;
   const int8_t* sym = kLuts.sym[zp][zn][en.phase];
+  in.omits = zp || zn;
   // Per rank: the exponent byte, and 0x80 where base + symbol leaves [0, emax].
   alignas(32) uint8_t te[32], tb[32];
   for (int r = 0; r < 16; ++r) {
