@@ -1513,11 +1513,17 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec, int* n_lo
   // kChunkElems / 32 = 128 a lane), summed after the loop.
   __m256i low0acc = _mm256_setzero_si256();
   uint64_t K = 0, nz = 0, e0 = 0, low8 = 0;
-  // Exponent-0 lanes (zeros of both signs, subnormals), counted per byte lane
-  // (at most kChunkElems / 32 = 128 a lane): a bound on the -0.0 count that
-  // costs one subtract per block.
+  // AVX2: exponent-0 lanes (zeros of both signs, subnormals), counted per
+  // byte lane (at most kChunkElems / 32 = 128 a lane): a bound on the -0.0
+  // count that costs one subtract per block.
   __m256i e0acc = _mm256_setzero_si256();
   const __m256i z = _mm256_setzero_si256(), emax = _mm256_set1_epi8(char(T::kEmax));
+  // The -0.0 lanes of each block, kept for the code counts below (zn implies
+  // they were counted). AVX-512 counts them here, compares into mask
+  // registers: less than a second look at a chunk that has them, and no
+  // slower on one that has none.
+  uint32_t nbuf[kChunkElems / 32];
+  uint64_t nneg = 0;
   for (int b = 0; b < nb; ++b) {
     __m256i e8, zero;
     typename L::Raw raw;
@@ -1529,7 +1535,12 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec, int* n_lo
       low0acc = _mm256_sub_epi8(low0acc, _mm256_cmpeq_epi8(L::low8_bytes(raw), z));
     }
     const __m256i ez = _mm256_cmpeq_epi8(e8, z);
+#if ZC_VBMI2
+    nbuf[b] = neg_zero_mask<T>(w + 32 * b);
+    nneg += pop(nbuf[b]);
+#else
     e0acc = _mm256_sub_epi8(e0acc, ez);
+#endif
     const __m256i special = _mm256_or_si256(ez, _mm256_cmpeq_epi8(e8, emax));
     sacc = _mm256_add_epi64(sacc, _mm256_sad_epu8(_mm256_andnot_si256(special, e8), z));
     K += 32 - pop(movemask(special));
@@ -1559,14 +1570,12 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec, int* n_lo
     ebuf[i] = uint8_t(e);
     zbuf[i] = x == 0 ? 0xFF : 0;
   }
-  // e0 - nz bounds the -0.0 count: the exact count only when that bound
-  // reaches the threshold (a second look at the chunk, in cache).
+  // AVX2: e0 - nz bounds the -0.0 count; the exact count only when that
+  // bound reaches the threshold (a second look at the chunk, in cache).
   const int shift = codec == kFixed3 ? kFixedZeroShift : kDenseZeroShift;
-  // The -0.0 lanes of each block, kept for the code counts below (zn implies
-  // they were counted).
-  uint32_t nbuf[kChunkElems / 32];
-  uint64_t nneg = 0;
-  if ((int64_t(e0 - nz) << shift) >= n) {
+  if (ZC_VBMI2) {
+    for (int i = 32 * nb; i < n; ++i) nneg += w[i] == T::kSign;
+  } else if ((int64_t(e0 - nz) << shift) >= n) {
     for (int b = 0; b < nb; ++b) {
       nbuf[b] = movemask(neg_zero_lanes<T>(w + 32 * b));
       nneg += pop(nbuf[b]);
