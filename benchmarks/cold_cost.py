@@ -11,18 +11,23 @@ call alone), so that what a chunk off the hot path costs can be read:
 - fixed3: a chunk with zeros to flag, a RAW chunk (encode
   ``encode_chunk_general``; decode ``decode_chunk_general``, RAW
   ``decode_raw_words``);
-- dense: a full chunk with zeros (encode ``_encode_general``, decode
-  ``_decode_zeros``), the ragged last chunk, a RAW chunk.
+- dense: a full chunk with zeros (encode ``_encode_zeros``, decode
+  ``_decode_zeros``), an fp32 chunk that may take LOWBYTE (encode
+  ``_encode_general``), the ragged last chunk, a RAW chunk.
 
 A cold chunk also pays what the kernel did before the call (encode: the
-load and the statistics; decode: the header and the chunk's entry).
+load and the statistics; decode: the header and the chunk's entry): the
+``before_call`` column, the kernel's longest path from its entry to the
+call.
 
     python benchmarks/cold_cost.py                 # every dtype and codec
     python benchmarks/cold_cost.py --dtype fp16 --codec fixed3
+    python benchmarks/cold_cost.py --codec dense --json out.json  # tests/test_triton_offline.py
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -37,19 +42,72 @@ import torch  # noqa: E402
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 COLD = {("fixed3", "encode"): ("encode_chunk_general",),
         ("fixed3", "decode"): ("decode_chunk_general", "decode_raw_words"),
-        ("dense", "encode"): ("_encode_general", "_encode_tail", "_write_raw"),
+        ("dense", "encode"): ("_encode_zeros", "_encode_general", "_encode_tail", "_write_raw"),
         ("dense", "decode"): ("_decode_zeros", "_decode_general", "_decode_raw")}
+
+
+def before_call(launch, compiled, function: str) -> float:
+    """Instructions per element of a chunk a thread handles on the kernel's
+    longest path from its entry to its call of the noinline function whose
+    name contains ``function`` (the kernel's work a chunk that takes that
+    cold path pays before it), read from the SASS as ``offline.parse_hot_path``
+    reads it; a back edge on the way is counted once. 0 when the kernel
+    does not call it itself."""
+    import re
+
+    import offline
+    sass = offline._sass(compiled)
+    body = sass.split("\n$", 1)[0]  # the kernel, up to its first noinline function
+    callee = re.compile(rf"CALL\S*\s+`\(\$\S*?\$_?{re.escape(function)}__")
+    labels, ops = {}, []
+    for line in body.splitlines():
+        m = offline._LABEL.match(line.strip())
+        if m:
+            labels[m.group(1)] = len(ops)
+        elif offline._INSTR.search(line):
+            ops.append(line)
+    calls = [i for i, line in enumerate(ops) if callee.search(line)]
+    if not calls:
+        return 0.0
+    # best[i]: the most instructions on a way from the entry to instruction i
+    best = [float("-inf")] * len(ops)
+    best[0] = 1
+    for i, line in enumerate(ops):
+        if best[i] == float("-inf"):
+            continue
+        m = offline._INSTR.search(line)
+        op, guarded = m.group(3), bool(m.group(2))
+        b = offline._BRANCH.search(line)
+        nxt = []
+        if op.startswith("BRA") and op != "BRA.DIV" and b and b.group(2) in labels:
+            t = labels[b.group(2)]
+            cond = guarded or bool(b.group(1) and b.group(1).lstrip("!") not in ("PT", "UPT")
+                                   and "P" in b.group(1))
+            if t > i:
+                nxt.append(t)
+            if cond or t <= i:
+                nxt.append(i + 1)
+        elif not (op.split(".")[0] in ("EXIT", "RET") and not guarded):
+            nxt.append(i + 1)
+        for j in nxt:
+            if j < len(ops):
+                best[j] = max(best[j], best[i] + (op != "NOP"))
+    return max(best[i] for i in calls) / (offline._per_thread(launch) / launch.trip_count)
 
 
 def cold_costs(dtype, codec: str) -> list[tuple]:
     """(kernel, function, instructions per element of a chunk on its longest
-    path) for the codec's cold functions."""
+    path, the kernel's before its call) for the codec's cold functions."""
     import offline
     out = []
     for launch in offline.codec_launches(dtype, codec):
         compiled = offline.compile_launch(launch)
         for name in COLD[codec, launch.name.split(":")[0]]:
-            out.append((launch.name, name, offline.cold_cost(launch, compiled, name)))
+            try:
+                cost = offline.cold_cost(launch, compiled, name)
+            except StopIteration:  # not in this dtype's kernel (fp32 LOWBYTE's alone)
+                continue
+            out.append((launch.name, name, cost, before_call(launch, compiled, name)))
     return out
 
 
@@ -59,15 +117,25 @@ def main() -> None:
                    help="repeatable; default all")
     p.add_argument("--codec", choices=["fixed3", "dense"], action="append",
                    help="repeatable; default both")
+    p.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     args = p.parse_args()
-    print("| dtype | codec | kernel | cold function | instr_per_elem |\n|---|---|---|---|---|")
+    rows = []
+    print("| dtype | codec | kernel | cold function | instr_per_elem | before_call |\n"
+          "|---|---|---|---|---|---|")
     for dname in args.dtype or list(DTYPES):
         for codec in args.codec or ["fixed3", "dense"]:
-            for kernel, name, per_elem in cold_costs(DTYPES[dname], codec):
-                print(f"| {dname} | {codec} | {kernel} | {name} | {per_elem:.1f} |", flush=True)
+            for kernel, name, per_elem, before in cold_costs(DTYPES[dname], codec):
+                rows.append(dict(dtype=dname, codec=codec, kernel=kernel, function=name,
+                                 instr_per_elem=per_elem, before_call=before))
+                print(f"| {dname} | {codec} | {kernel} | {name} | {per_elem:.1f} | {before:.1f} |",
+                      flush=True)
     print("\ninstr_per_elem: SASS instructions per element of a chunk a thread handles on the "
-          "function's longest path (loops at their trips); the kernel's own work before the "
-          "call is kernel_cost.py's.")
+          "function's longest path (loops at their trips); before_call: the kernel's "
+          "longest path from its entry to its call of the function (0: another cold "
+          "function calls it), which a chunk that takes it pays too.")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -489,10 +489,11 @@ def hot_and_cold(dtype, seed: int = 21) -> torch.Tensor:
     2: many escapes: thread 0's 32 elements, thread 5's first 31, every
        third element of thread 9 (the largest finite value, +-inf): hot,
        32 rounds;
-    3: Gaussian with one +0.0 (no flag, n_zero 1): cold encode and decode;
+    3: Gaussian with one +0.0 (no flag, n_zero 1): cold encode (the zero
+       path, escapes in rounds) and decode;
     4: Gaussian with one -0.0 (no flag: coded by its exponent, n_zero 0):
-       cold encode, hot decode;
-    5: 300 -0.0 and no +0.0 (ZNEG): cold encode and decode;
+       cold encode (the zero path), hot decode;
+    5: 300 -0.0 and no +0.0 (ZNEG): cold encode (the zero path) and decode;
     6: fp32: bf16 casts (LOW16); 16-bit: Gaussian of spread 0.02 (fp16:
        subnormals); no zero: hot;
     7: random bit patterns without zeros: hot encode, RAW;
@@ -530,7 +531,8 @@ def test_hot_and_cold_chunks_take_their_paths(dtype, monkeypatch):
     functions are called for the chunks meant for them and no other."""
     from zipccl_fsdp.triton_kernels import dense_decode as DD
     from zipccl_fsdp.triton_kernels import dense_encode as DE
-    enc = _count_calls(monkeypatch, DE, ["_encode_general", "_encode_tail", "_escape_rounds"])
+    enc = _count_calls(monkeypatch, DE, ["_encode_zeros", "_encode_general", "_encode_tail",
+                                         "_escape_rounds"])
     dec = _count_calls(monkeypatch, DD, ["_decode_zeros", "_decode_general", "_decode_raw",
                                          "_patch_escapes"])
     x = hot_and_cold(dtype).to(DEV)
@@ -546,7 +548,7 @@ def test_hot_and_cold_chunks_take_their_paths(dtype, monkeypatch):
     low16 = ((table.flags & F.FLAG_LOW16) != 0).tolist()
     assert low16[6] == (dtype == torch.float32)
     if not HAS_CUDA:
-        assert enc == {"_encode_general": 3, "_encode_tail": 1, "_escape_rounds": 5}, enc
+        assert enc == {"_encode_zeros": 3, "_encode_tail": 1, "_escape_rounds": 8}, enc
         want = {"_decode_zeros": 2, "_decode_raw": 1 if tail_coded else 2, "_patch_escapes": 6}
         if tail_coded:
             want["_decode_general"] = 1

@@ -430,3 +430,81 @@ def test_counter_reads_every_arch():
             assert any(line in escape for line in st["path_loops"]), (arch, op, st)
             assert 0.9 * ref <= st["per_element"] <= min(bound, 1.1 * ref), (arch, op, st, ref)
             assert st["spills"] == 0, (arch, op, st)
+
+
+_DENSE_ARCHS = """
+import json, sys, torch
+sys.path.insert(0, "tools")
+import offline
+out = {}
+for arch in (80, 100):
+    for name, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16),
+                        ("fp32", torch.float32)):
+        for launch in offline.codec_launches(dtype, "dense"):
+            st = offline.sass_stats(launch, offline.compile_launch(launch, arch))
+            out[f"{arch} {name} {launch.name}"] = st.spills
+print(json.dumps(out))
+"""
+
+
+def test_dense_kernels_do_not_spill_on_sm80_or_sm100():
+    """dense's kernels, every dtype, compiled for sm_80 and sm_100 (sm_90's
+    are test_every_kernel_compiles_without_spills'): no local-memory store
+    or load, the noinline functions (zero chunks, the ragged tail, RAW)
+    included."""
+    if not os.path.exists(offline._bin("ptxas")):
+        pytest.skip("this triton has no bundled ptxas")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _DENSE_ARCHS], env=env, cwd=ROOT, timeout=1200,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(got) == 2 * 3 * 2
+    assert {k: v for k, v in got.items() if v} == {}
+
+
+@pytest.fixture(scope="module")
+def cold(tmp_path_factory):
+    """benchmarks/cold_cost.py's rows for dense (sm_90): each cold function's
+    longest path and the kernel's before its call."""
+    if not os.path.exists(offline._bin("ptxas")):
+        pytest.skip("this triton has no bundled ptxas")
+    out = tmp_path_factory.mktemp("cold_cost") / "cold.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "cold_cost.py"),
+                        "--codec", "dense", "--json", str(out)], env=env, cwd=ROOT, timeout=1200,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def _zero_chunk(cold, dtype, op):
+    """A full chunk with zeros: the kernel's path up to the call and the
+    zero function's (dense_encode._encode_zeros, dense_decode._decode_zeros)."""
+    fn = {"encode": "_encode_zeros", "decode": "_decode_zeros"}[op]
+    r = next(r for r in cold if (r["dtype"], r["function"]) == (dtype, fn))
+    assert r["before_call"] > 0, r  # the kernel calls it
+    return r["before_call"] + r["instr_per_elem"]
+
+
+_NOT_YET = pytest.mark.xfail(strict=True, reason="fp16 dense encode's zero chunk counts 1.42x "
+                             "the hot path (its rem bits and sm bytes at their rank among the "
+                             "kept), fp32's 1.46x (three sm bytes an element)")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", pytest.param("fp16", marks=_NOT_YET),
+                                   pytest.param("fp32", marks=_NOT_YET)])
+def test_dense_encode_zero_chunk_within_1_3x_of_the_hot_path(rows, cold, dtype):
+    """A full chunk with zeros of either sign (x * mask data) costs dense
+    encode no more than 1.3x a Gaussian chunk's hot path: the kernel's work
+    before the call plus _encode_zeros' longest path."""
+    hot = _kernel(rows, dtype, "dense", "encode: encode")["instr_per_elem"]
+    assert _zero_chunk(cold, dtype, "encode") <= 1.3 * hot, (dtype, hot)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_dense_decode_zero_chunk_within_1_3x_of_the_hot_path(rows, cold, dtype):
+    """The same for decode: the kernel's work before _decode_zeros and its
+    longest path, no more than 1.3x the hot path's."""
+    hot = _kernel(rows, dtype, "dense", "decode: decode")["instr_per_elem"]
+    assert _zero_chunk(cold, dtype, "decode") <= 1.3 * hot, (dtype, hot)

@@ -14,10 +14,12 @@ kept, so its sm byte(s) and fp16 rem bits sit at its own index in their
 streams and are stored as words, thread by thread; its rank depends on its
 exponent alone; and its escapes (about one a thread in eight) are written
 in rounds, one of each thread's a round (``_escape_rounds``). Cold
-(noinline): a full chunk with zeros (``_encode_general``: each kept
-element's sm bytes at its rank among the kept, every escape scattered at
-its rank; it reads the chunk again, from cache), the ragged last chunk (the
-same code with masks) and the raw copy of a chunk that does not shrink.
+(noinline): a full chunk with zeros (``_encode_zeros``: it reads the chunk
+again, from cache, and takes the kernel's analysis; its escapes in rounds
+too, each kept element's sm bytes and fp16 rem bits at its rank among the
+kept), an fp32 chunk that may take LOWBYTE (``_encode_general``: every
+escape scattered at its rank as well), the ragged last chunk (the same code
+with masks) and the raw copy of a chunk that does not shrink.
 
 Layout. The chunk is a ``[T, G, 8]`` tile: T = 32 * num_warps threads, and
 thread t holds the 8 * G consecutive elements ``t * 8G + g * 8 + q`` (its G
@@ -580,7 +582,8 @@ def _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, 
             lowbyte = ((low16 == 0) & lowbyte_wins(n, nk & 0xFFFF, n_low)).to(tl.int32)
         _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offsets_off,
                         body_off, c, start, n, w, wp, sm8p, e, sh, ek, vi, base, phase, low16,
-                        lowbyte, n_low, zp, zn, ITEMSIZE, EXP_BITS, MAN_BITS, C, T, FULL, False)
+                        lowbyte, n_low, zp, zn, ITEMSIZE, EXP_BITS, MAN_BITS, C, T, FULL, False,
+                        False)
 
 
 @triton.jit
@@ -600,14 +603,16 @@ def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offse
                     c, start, n, w, wp, sm8p, e, sh, ek, vi, base, phase, low16, lowbyte, n_low,
                     zp, zn, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
                     MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr,
-                    FULL: tl.constexpr, HOT: tl.constexpr):
+                    FULL: tl.constexpr, HOT: tl.constexpr, ROUNDS: tl.constexpr):
     """Chunk c's tier streams, table entry, offset and segment, from its
     elements' ranks (``sh``: 4 x the rank) and escape (bit 0) and kept (bit
     KS) flags ``ek``. HOT (a full chunk with every element kept and no
     zero flag, _encode_full): ``ek`` holds the escape flags alone, and an
     element's sm byte(s) and rem bits are at its index in their streams,
     so they are stored as words, thread by thread; otherwise each kept
-    element's are scattered to its rank among the kept, and with LOWBYTE
+    element's are scattered to its rank among the kept. ROUNDS (HOT, and
+    _encode_zeros' full chunks without LOWBYTE): the escapes are written in
+    rounds (_escape_rounds), else scattered to their rank; and with LOWBYTE
     (never HOT) a row's bitmap byte is stored at its row index and each
     nonzero low byte at its rank among them (``n_low`` in all)."""
     G: tl.constexpr = C // (8 * T)
@@ -666,6 +671,15 @@ def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offse
         # Escapes (low half) and kept elements (high half): in-thread ranks.
         esc = ek & 1
         kpre, ktot, krpre = thread_excl(ek, W4)
+        if ROUNDS:  # the escapes written in rounds: a thread's as a mask
+            emask = tl.sum(_rsum(esc << _kidx(G, W4), W4), axis=1)
+            # The sm stores' mask: the elements up to the thread's last kept
+            # one (fewer kept before it than in all). An element without sm
+            # bytes before it stores at the next kept element's rank, which
+            # that element, later in the thread's order of stores to one
+            # address, overwrites: one compare an element instead of the
+            # kept flags kept as predicates up to the stores.
+            upto = kpre < _bt(ktot & ~EM, W4)
     L1 = ttot & 0xFF
     L2 = (ttot >> 8) & 0xFF
     L3 = (ttot >> 16) & 0xFF
@@ -741,10 +755,11 @@ def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offse
             zero_pad(dst, len0, tl.minimum(z0, a_sm))
         store_words(dst + z0, tl.zeros([T, 4 * SG], tl.int32), seg_c - z0, T, 4 * SG)
         tl.debug_barrier()
-    # esc: the escaped elements' exponent bytes, in order; for fp16 and fp32
-    # before sm (fewer values live across fp32's sm branch), for bf16 after
-    # it, whichever counted fewer instructions (``benchmarks/kernel_cost.py``).
-    ESC_FIRST: tl.constexpr = not (ITEMSIZE == 2 and MAN_BITS == 7) and not HOT
+    # esc: the escaped elements' exponent bytes, in order; scattered, for
+    # fp16 and fp32 before sm (fewer values live across fp32's sm branch),
+    # for bf16 after it, whichever counted fewer instructions
+    # (``benchmarks/kernel_cost.py``); in rounds after it.
+    ESC_FIRST: tl.constexpr = not (ITEMSIZE == 2 and MAN_BITS == 7) and not ROUNDS
     if ESC_FIRST:
         if seg_c < raw_seg:
             _store_esc(dst + a_esc, kex, kpre, e, esc, W4)
@@ -756,6 +771,19 @@ def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offse
     if HOT:
         if seg_c < raw_seg:
             _store_sm_rows(dst + 16 * (a_sm >> 4), smv, sm8p, low16, ITEMSIZE, G, T)
+    elif ROUNDS and ITEMSIZE == 4:
+        # (no LOWBYTE) an element's bytes from one address, at constant
+        # offsets: LOW16's top byte, else all three
+        kr = kpre >> KS
+        if seg_c < raw_seg:
+            if low16 != 0:
+                tl.store(_bt(sm_dst + (kex >> KS), W4) + kr, (smv >> 16).to(tl.uint8),
+                         mask=upto)
+            else:
+                at = _bt(sm_dst + 3 * (kex >> KS), W4) + 3 * kr
+                tl.store(at, smv.to(tl.uint8), mask=upto)
+                tl.store(at + 1, (smv >> 8).to(tl.uint8), mask=upto)
+                tl.store(at + 2, (smv >> 16).to(tl.uint8), mask=upto)
     elif ITEMSIZE == 4:
         smb = 3 - 2 * low16 - lowbyte
         # LOW16: the top byte only, LOWBYTE: the top two (one shift, no select)
@@ -779,12 +807,20 @@ def _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offse
         else:
             sm8 = smv
         if seg_c < raw_seg:
-            tl.store((sm_dst + (kex >> KS))[:, None, None] + (kpre >> KS),
-                     sm8.to(tl.uint8), mask=keep != 0)
+            if ROUNDS:
+                tl.store((sm_dst + (kex >> KS))[:, None, None] + (kpre >> KS),
+                         sm8.to(tl.uint8), mask=upto)
+            else:
+                tl.store((sm_dst + (kex >> KS))[:, None, None] + (kpre >> KS),
+                         sm8.to(tl.uint8), mask=keep != 0)
     if HOT:
         if seg_c < raw_seg:
             _escape_rounds(x_ptr + start, dst + a_esc + kex, ek, ktot, c, EXP_BITS, MAN_BITS,
                            G, T)
+    elif ROUNDS:
+        if seg_c < raw_seg:
+            _escape_rounds(x_ptr + start, dst + a_esc + (kex & EM), emask, ktot & EM, c,
+                           EXP_BITS, MAN_BITS, G, T)
     elif not ESC_FIRST:
         if seg_c < raw_seg:
             _store_esc(dst + a_esc, kex, kpre, e, esc, W4)
@@ -920,10 +956,66 @@ def _store_rem_rows(at, wp, G: tl.constexpr, T: tl.constexpr):
 def _encode_general(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
                     body_off, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
                     MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr):
-    """A full chunk the hot path does not take: one with an exact zero of
-    either sign. Cold code: it reads the chunk again (from cache)."""
+    """A full fp32 chunk that may take LOWBYTE (the kernel's lower bound of
+    its nonzero low bytes, or _encode_zeros' count, passes the rule). Cold
+    code: it reads the chunk again (from cache)."""
     _encode_chunk(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
                   body_off, c, ITEMSIZE, EXP_BITS, MAN_BITS, C, T, True)
+
+
+@triton.jit(noinline=True)
+def _encode_zeros(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
+                  body_off, c, qq, nzero, low16, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                  MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr):
+    """A full chunk with ``nzero`` exact zeros of either sign (x * mask data:
+    dropout, ReLU backward, routing masks), its locator ``qq`` (4 x base +
+    phase) and ``low16`` from the kernel's analysis. Cold code: it reads the
+    chunk again (from cache) and counts the zeros by sign. Its escapes are
+    written in rounds as the hot path's (a flagged zero is no escape); each
+    kept element's sm bytes and fp16 rem bits go to its rank among the kept.
+    An fp32 chunk that takes LOWBYTE is _encode_general's, a ZERO chunk
+    (every element +0.0) gets no segment."""
+    G: tl.constexpr = C // (8 * T)
+    W4: tl.constexpr = ITEMSIZE == 4  # the [T, G, 2, 4] tile (_rsum)
+    start = c.to(tl.int64) * C
+    w, wp, sm8p, e = _load_full(x_ptr, start, c, ITEMSIZE, EXP_BITS, MAN_BITS, G, T)
+    if ITEMSIZE == 4:
+        zero = (w << 1) == 0
+    else:
+        zero = (w << 17) == 0  # (w sign-extended)
+    base = qq >> 2
+    phase = qq & 3
+    # The rank-table index (4 x): -0.0 at 11, +0.0 at 12 (_chunk_lut), so
+    # that -0.0 is counted from it: in bits 0..15; fp32: the nonzero low
+    # bytes from bit 16.
+    idx4 = tl.where(zero, 48 + 4 * (w >> 31), _exp_index4(e, base))
+    v = (idx4 == 44).to(tl.int32)
+    if ITEMSIZE == 4:
+        v = v | (((w & 0xFF) != 0).to(tl.int32) << 16)
+    vs = tl.sum(tl.sum(_rsum(v, W4), axis=1), axis=0)
+    nneg = vs & 0xFFFF
+    npos = nzero - nneg
+    zp = ((npos << 5) >= C).to(tl.int32)
+    zn = ((nneg << 5) >= C).to(tl.int32)
+    lowbyte = 0 * c
+    if ITEMSIZE == 4:  # the flagged zeros are the elements without sm bytes
+        lowbyte = ((low16 == 0) & lowbyte_wins(C, C - zp * npos - zn * nneg, vs >> 16)).to(
+            tl.int32)
+    if npos == C:  # every element +0.0: a ZERO chunk, no segment (format.py)
+        end = place_zero_chunk(out_ptr, status_ptr, c, table_off, offsets_off)
+        if c == nch - 1:
+            finish_payload(total_ptr, out_ptr, end, offsets_off, nch)
+    elif lowbyte != 0:
+        _encode_general(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off,
+                        offsets_off, body_off, c, ITEMSIZE, EXP_BITS, MAN_BITS, C, T)
+    else:
+        lut4, ekw = _chunk_lut(base, phase, zp, zn)
+        sh = ((lut4 >> idx4.to(tl.int64)) & 60).to(tl.int64)  # 4 x the rank
+        ek = ((ekw >> sh) & EK_FLAGS).to(tl.int32)
+        _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offsets_off,
+                        body_off, c, start, C + 0 * c, w, wp, sm8p, e, sh, ek, 1, base, phase,
+                        low16, 0, 0, zp, zn, ITEMSIZE, EXP_BITS, MAN_BITS, C, T, True, False,
+                        True)
 
 
 @triton.jit(noinline=True)
@@ -940,7 +1032,8 @@ def _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, o
                  body_off, c, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
                  MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr):
     """A full chunk: the hot path when it holds no exact zero of either sign
-    (Gaussian data), else the cold _encode_general. Without zeros every
+    (Gaussian data), else the cold _encode_zeros (fp32: or _encode_general
+    for a chunk that may take LOWBYTE). Without zeros every
     element is kept (has its sm bytes), neither zero flag is set (their
     thresholds count zeros), and an element's rank depends on its exponent
     alone (subnormals, infinities and NaNs are escapes)."""
@@ -957,30 +1050,32 @@ def _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, o
         zero = (w << 17) == 0  # (w sign-extended)
     # The locator's sums and the zeros: in-thread fields of one int32 (sum
     # e < 2^13, counts <= 32), then one int64 sum over the threads (the
-    # threads that hold a zero at bit 34).
+    # zeros from bit 34).
     v = tl.where(normal, e + (1 << 13), tl.where(zero, 1 << 19, 0))
     ts = tl.sum(_rsum(v, W4), axis=1)
     t64 = (ts & 0x1FFF).to(tl.int64) | (((ts >> 13) & 63).to(tl.int64) << 21) | (
-        (ts >= (1 << 19)).to(tl.int64) << 34)
+        ((ts >> 19) & 63).to(tl.int64) << 34)
     if ITEMSIZE == 4:
         # fp32: and the rows of 8 whose low bytes are all nonzero (their least
-        # is not 0), bits 42.. of the sum: 8 of them bound LOWBYTE's count of
+        # is not 0), bits 48.. of the sum: 8 of them bound LOWBYTE's count of
         # nonzero low bytes from below (a hot chunk holds no zero; Gaussian
         # data has about 16 low bytes 0 a chunk, which cost the bound 128).
         rmin = tl.min(tl.min(w & 0xFF, axis=3), axis=2)  # [T, G]
-        t64 = t64 | (tl.sum((rmin != 0).to(tl.int32), axis=1).to(tl.int64) << 42)
+        t64 = t64 | (tl.sum((rmin != 0).to(tl.int32), axis=1).to(tl.int64) << 48)
     tot = tl.sum(t64, axis=0)
     low16 = _low16(w, ITEMSIZE, W4)
-    hot = tot < (1 << 34)
+    nzero = ((tot >> 34) & 0x1FFF).to(tl.int32)
+    hot = nzero == 0
     if ITEMSIZE == 4:
         # A chunk that may take LOWBYTE is _encode_general's: one whose lower
         # bound of nonzero low bytes already fails the rule (it holds for
         # fewer bytes only; every element is kept: n - n_zero = C) stays.
-        hot = ((tot & (255 << 34)) == 0) & ((low16 != 0) | ~lowbyte_wins(C, C, 8 * (tot >> 42)))
+        maybe_low = (low16 == 0) & lowbyte_wins(C, C, 8 * (tot >> 48))
+        hot = hot & ~maybe_low
+    s_sum = (tot & 0x1FFFFF).to(tl.int32)
+    k_norm = ((tot >> 21) & 0x1FFF).to(tl.int32)
+    qq = tl.where(k_norm > 0, (4 * s_sum) // tl.maximum(k_norm, 1), 0)
     if hot:
-        s_sum = (tot & 0x1FFFFF).to(tl.int32)
-        k_norm = ((tot >> 21) & 0x1FFF).to(tl.int32)
-        qq = tl.where(k_norm > 0, (4 * s_sum) // tl.maximum(k_norm, 1), 0)
         base = qq >> 2
         phase = qq & 3
         idx4 = _exp_index4(e, base)
@@ -990,8 +1085,12 @@ def _encode_full(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, o
         esc = tl.sum(_rsum(((idx4 + 24) >> 6) << _kidx(G, W4), W4), axis=1)
         _encode_segment(x_ptr, out_ptr, status_ptr, total_ptr, nch, table_off, offsets_off,
                         body_off, c, start, C + 0 * c, w, wp, sm8p, e, sh, esc, 1, base, phase,
-                        low16, 0, 0, 0, 0, ITEMSIZE, EXP_BITS, MAN_BITS, C, T, True, True)
-    else:
+                        low16, 0, 0, 0, 0, ITEMSIZE, EXP_BITS, MAN_BITS, C, T, True, True, True)
+    elif nzero != 0:
+        _encode_zeros(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off,
+                      offsets_off, body_off, c, qq, nzero, low16, ITEMSIZE, EXP_BITS, MAN_BITS,
+                      C, T)
+    else:  # (fp32: a chunk that may take LOWBYTE)
         _encode_general(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off,
                         offsets_off, body_off, c, ITEMSIZE, EXP_BITS, MAN_BITS, C, T)
 
