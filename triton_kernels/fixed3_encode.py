@@ -169,7 +169,78 @@ def _encode_pairs(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table
         zt = tl.sum(tl.sum((pz >> 15) + (ng >> 7), axis=2), axis=1)  # 8-bit fields
         zeros = tl.sum((((zt & 0xFF) + ((zt >> 16) & 0xFF)) | (
             (((zt >> 8) & 0xFF) + (zt >> 24)) << 16)).to(tl.int32), axis=0)
+        if not IS_FP16:  # (fp16's rem stream of kept elements is fixed3_general's)
+            if (zeros & 0xFFFF) != n:  # (a ZERO chunk is fixed3_general's)
+                done, end = _encode_zero_pairs(
+                    x_ptr, out_ptr, status_ptr, c, start, n, table_off, offsets_off, body_off,
+                    pr, u, base, phase, zeros & 0xFFFF, zeros >> 16, EXP_BITS, MAN_BITS, CP, T)
     return done, base, phase, zeros, end
+
+
+@triton.jit
+def _encode_zero_pairs(x_ptr, out_ptr, status_ptr, c, start, n, table_off, offsets_off,
+                       body_off, pr, u, base, phase, npos, nneg, EXP_BITS: tl.constexpr,
+                       MAN_BITS: tl.constexpr, CP: tl.constexpr, T: tl.constexpr):  # offline: zero path
+    """The zero path of 16-bit words without a rem stream (bf16): a chunk
+    the hot path leaves (enough exponent fields 0 for a zero sign to be
+    flagged) that is not all +0.0, from the hot path's tile of pairs ``pr``,
+    exponent fields ``u``, locator and counts of +0.0 and -0.0. The codes
+    take the flagged zero codes; the sm stream holds the kept elements'
+    bytes at their ranks among the kept (an exclusive count in the row by a
+    multiply, over the thread's rows in the thread, over the threads by one
+    scan), stored a byte each. Returns whether it took the chunk (stored
+    CODED: else fixed3_general's) and the segment's end."""
+    G: tl.constexpr = CP // (8 * T)
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    SGN: tl.constexpr = 1 << MAN_BITS
+    HI: tl.constexpr = 0x8000 * L2
+    zp = ((npos << FIXED_ZERO_SHIFT) >= n).to(tl.int32)
+    zn = ((nneg << FIXED_ZERO_SHIFT) >= n).to(tl.int32)
+    nz = zp * npos + zn * nneg
+    z = zp + zn
+    lo, width = fixed_window(base, phase, z, EMAX)
+    # Codes as the hot path's, the window 7 - z wide from code z; then each
+    # zero of a flagged sign (a lane whose low 15 bits are 0) takes its code:
+    # 0 for +0.0, zp for -0.0.
+    v = (u + (((0x8000 - lo) & 0x7FFF) * L2).to(tl.uint32)) & 0x7FFF7FFF
+    out = ((v + (((0x8000 - width) * L2).to(tl.uint32))) >> 15) & L2
+    c2 = ((v + (z * L2).to(tl.uint32)) & (7 * L2)) | (out * 7)
+    sg = pr & HI
+    nzf = (pr & 0x7FFF7FFF) + 0x7FFF7FFF  # bit 15 of a lane: not a zero
+    zsel = (sg & (zn.to(tl.uint32) * HI)) | ((sg ^ HI) & (zp.to(tl.uint32) * HI))
+    zl = (((nzf ^ HI) & zsel) >> 15) & L2
+    c2 = (c2 & ((zl * 7) ^ (7 * L2))) | ((sg >> 15) & zl & (zp.to(tl.uint32) * L2))
+    r = tl.arange(0, T)[:, None] * G + tl.arange(0, G)[None, :]  # row index, [T, G]
+    acc = _pair_rows3(c2) & row_mask(n, r)
+    emask, esc_t, e_at, n_esc, kmax = escape_counts(acc, T, G)
+    done = n < 0  # (False)
+    end = tl.zeros([], tl.int64)
+    if is_coded(n, 0, 0, nz, n_esc, 0, 2, False):
+        dst, coded, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, end = place_chunk(
+            out_ptr, status_ptr, c, n, table_off, offsets_off, body_off, 0, 0, zp, zn, base,
+            phase, nz, n_esc, 0, 2, False)
+        a_sm = 16 * (a_sm >> 4)
+        a_rem = 16 * (a_rem >> 4)
+        a_esc = 16 * (a_esc >> 4)
+        store_codes(dst, acc, r, codes_nb, a_sm, T, G)
+        # Kept: a flag at 3 q of a row's word, q its element (padding lanes
+        # are kept, after every element of the chunk: no rank below n moves).
+        kf = _pair_rows3(zl ^ L2)
+        pre = (kf << 3) * 0x249249  # field q: the row's kept before element q
+        rc = ((pre >> 21) & 7) + ((kf >> 21) & 1)
+        rt = tl.sum(rc, axis=1)
+        rb = tl.cumsum(rc, axis=1) - rc + (tl.cumsum(rt, axis=0) - rt)[:, None]
+        q = tl.arange(0, 8)[None, None, :]
+        rank = rb[:, :, None] + ((pre[:, :, None] >> (3 * q)) & 7)
+        sm2 = ((pr >> EXP_BITS) & (SGN * L2)) | (pr & ((SGN - 1) * L2))
+        sm = tl.reshape(tl.join(sm2, sm2 >> 16), (T, G, 8)).to(tl.uint8)
+        kept = tl.reshape(tl.join(zl & 1, zl >> 16), (T, G, 8)) == 0
+        tl.store(dst + a_sm + rank, sm, mask=kept & (ttile(G, T) < n))
+        zero_pad(dst + a_sm, sm_nb, a_rem - a_sm)
+        store_escapes(x_ptr + start, dst + a_esc, emask, esc_t, e_at, kmax, n, esc_nb,
+                      MAN_BITS, EMAX, T, G)
+        done = n >= 0  # (True)
+    return done, end
 
 
 @triton.jit
