@@ -38,7 +38,8 @@ import triton.language as tl
 
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING, ERR_TABLE,
                             align16, bitmap_count, fixed3_layout, fixed_window, load_rows3,
-                            load_words, load_words24, low_bit_index, pad_nonzero, store_rows,
+                            load_words, load_words24, low_bit_index, pad_nonzero, row_mask,
+                            store_rows,
                             store_zero_words, ttile, unpack_bytes)
 from .fixed3_encode import L2, escape_masks, popc_mask
 from .fixed3_general import decode_chunk_general, padding_error
@@ -140,6 +141,10 @@ def _decode_other(p_ptr, dst, c, n, nch, offsets_off, body_off, body_nbytes, bad
             else:
                 err = decode_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc, 0,
                                            ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
+        elif (G <= 8) & (ITEMSIZE == 2) & (not IS_FP16) & ((flags & 9) == 0):
+            err = _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb,
+                                     rem_nb, esc_nb, a_sm, a_rem, a_esc, seg, EXP_BITS,
+                                     MAN_BITS, G, T)
         else:
             err = decode_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc, 0,
                                        ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
@@ -241,6 +246,71 @@ def _decode_hot(src, dst, n, lim, lo, low16, codes_nb, sm_nb, rem_nb, esc_nb, a_
                               lim)
     err = err | _patch_escapes(dst, src + a_esc, tl.minimum(esc_nb, lim - a_esc), emask, esc_t,
                                e_at, kmax, n, EXP_BITS, MAN_BITS, T, G)
+    return err
+
+
+@triton.jit
+def _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb, rem_nb, esc_nb,
+                       a_sm, a_rem, a_esc, seg, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
+                       G: tl.constexpr, T: tl.constexpr):  # offline: zero path
+    """The zero path of 16-bit words without a rem stream (bf16): a CODED
+    chunk with flagged zeros (ZPOS, ZNEG or both), its layout checked
+    against the body: its error bits. Each kept element (code z or more)
+    takes the sm byte at its rank among the kept (an exclusive count in the
+    row by a multiply, over the thread's rows in the thread, over the threads
+    by one scan, as fixed3_encode._encode_zero_pairs places them); a zero's
+    word is its sign alone. The decoded kept and escape counts are checked
+    against the entry before any sm byte is read (a rank then stays inside
+    the sm stream); escapes are patched as on the hot path."""
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    FIELD: tl.constexpr = EMAX << MAN_BITS
+    SGN: tl.constexpr = 1 << MAN_BITS
+    zp = (flags >> 1) & 1
+    zn = (flags >> 2) & 1
+    z = zp + zn
+    lo, _ = fixed_window(base, phase, z, EMAX)
+    lim = tl.minimum(tl.maximum(lim, 0), 1 << 30).to(tl.int32)
+    a_sm = 16 * (a_sm >> 4)
+    r = tl.arange(0, T)[:, None] * G + tl.arange(0, G)[None, :]  # row index, [T, G]
+    acc = load_codes(src, r, tl.minimum(codes_nb, lim), tl.minimum(a_sm, lim), T, G) & row_mask(
+        n, r)
+    t = tl.arange(0, T)
+    emask = escape_masks(acc, T, G)
+    esc_t = popc_mask(emask)
+    e_incl = tl.cumsum(esc_t, axis=0)
+    # Kept: a flag at 3 q of a row's word (code z or more; 0 past n).
+    one = acc | (acc >> 1)
+    kf = tl.where(z == 1, one | (acc >> 2), (acc >> 1) | (acc >> 2)) & row_mask(n, r) & 0x249249
+    pre = (kf << 3) * 0x249249  # field q: the row's kept before element q
+    rc = ((pre >> 21) & 7) + ((kf >> 21) & 1)
+    rt = tl.sum(rc, axis=1)
+    k_incl = tl.cumsum(rt, axis=0)
+    rb = tl.cumsum(rc, axis=1) - rc + (k_incl - rt)[:, None]
+    bad_t = (t == T - 1) & ((e_incl != esc_nb) | (k_incl != n - nz))
+    top = tl.max(esc_t | (bad_t.to(tl.int32) << 16), axis=0)
+    err = tl.where(top > 0xFFFF, ERR_COUNTS, 0)
+    if err == 0:
+        kmax = top & 0xFFFF
+        q = tl.arange(0, 8)[None, None, :]
+        rank = rb[:, :, None] + ((pre[:, :, None] >> (3 * q)) & 7)
+        kept = ((kf[:, :, None] >> (3 * q)) & 1) != 0
+        b = tl.load(src + a_sm + rank, mask=kept, other=0).to(tl.uint32)
+        b0, b1 = tl.split(tl.reshape(b, (T, G, 4, 2)))
+        s2 = b0 | (b1 << 16)
+        # Codes as pairs; t2 = code + 8 - z per lane: bit 3 set when kept, 7 for -0.0.
+        c2 = _code_pairs(acc)
+        t2 = c2 + ((8 - z) * L2).to(tl.uint32)
+        kl = (t2 >> 3) & L2
+        neg = ((t2 + L2) & (t2 ^ (8 * L2)) & (8 * L2)) << 12
+        e2 = c2 * SGN + ((((lo - z) & EMAX) << MAN_BITS) * L2).to(tl.uint32)
+        w2 = (s2 + (s2 & (SGN * L2)) * EMAX) | (e2 & (kl * FIELD)) | (neg & (zn.to(tl.uint32) * (
+            0x8000 * L2)))
+        word = tl.reshape(tl.join(w2, w2 >> 16), (T, G, 8)).to(tl.int16)
+        store_rows(dst, ttile(G, T), n, word, 2, G, T)
+        err = padding_error(src, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc, esc_nb, seg, lim)
+        a_esc = 16 * (a_esc >> 4)
+        err = err | _patch_escapes(dst, src + a_esc, tl.minimum(esc_nb, lim - a_esc), emask,
+                                   esc_t, e_incl - esc_t, kmax, n, EXP_BITS, MAN_BITS, T, G)
     return err
 
 
