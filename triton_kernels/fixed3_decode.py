@@ -110,10 +110,12 @@ def _decode_other(p_ptr, dst, c, n, nch, offsets_off, body_off, body_nbytes, bad
                   EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr, CP: tl.constexpr,
                   T: tl.constexpr):
     """A chunk without LOWBYTE (or with a bad entry): its offsets checked,
-    then decoded by the hot path, the general one or decode_raw_words."""
+    then decoded by the hot path, the zero path (bf16), the general one or
+    decode_raw_words."""
     G: tl.constexpr = CP // (8 * T)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
+    ZERO_PAIRS: tl.constexpr = G <= 8 and ITEMSIZE == 2 and not IS_FP16
     codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = fixed3_layout(
         n, coded, low16, 0, nz, nesc, 0, ITEMSIZE, IS_FP16)
     seg = tl.where(mode == 2, 0, seg)  # ZERO: no segment
@@ -141,7 +143,7 @@ def _decode_other(p_ptr, dst, c, n, nch, offsets_off, body_off, body_nbytes, bad
             else:
                 err = decode_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc, 0,
                                            ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
-        elif (G <= 8) & (ITEMSIZE == 2) & (not IS_FP16) & ((flags & 9) == 0):
+        elif ZERO_PAIRS:
             err = _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb,
                                      rem_nb, esc_nb, a_sm, a_rem, a_esc, seg, EXP_BITS,
                                      MAN_BITS, G, T)

@@ -146,7 +146,7 @@ def place_chunk(out_ptr, status_ptr, c, n, table_off, offsets_off, body_off,
 def encode_chunk_general(x_ptr, out_ptr, status_ptr, c, start, n, table_off,
                          offsets_off, body_off, known, base, phase, zeros, low16,
                          ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
-                         CP: tl.constexpr, T: tl.constexpr):
+                         CP: tl.constexpr, T: tl.constexpr):  # offline: zero path
     """Encode chunk c (``n`` elements from ``start``) completely: its fields
     (the locator, the +0.0 and -0.0 counts (low and high 16 bits of
     ``zeros``) and LOW16 given when ``known``, else chunk_statistics'),
@@ -331,7 +331,7 @@ def _write_coded(x_ptr, start, n, dst, lo, width, zp, zn, low16, lowbyte, before
 @triton.jit(noinline=True)
 def decode_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc, n_low,
                          ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
-                         CP: tl.constexpr, T: tl.constexpr):
+                         CP: tl.constexpr, T: tl.constexpr):  # offline: zero path
     """Decode a CODED chunk whose entry and offsets are checked (its segment
     at ``src``, ``lim`` body bytes from there; every load is masked to its
     sub-stream and to the body), in two walks: each thread's kept and
