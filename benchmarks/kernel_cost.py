@@ -149,6 +149,8 @@ def main() -> None:
     p.add_argument("--lines", metavar="KERNEL",
                    help='also print the longest path per source line of this kernel, '
                         'e.g. "encode: encode"')
+    p.add_argument("--zero-lines", action="store_true",
+                   help="with --lines: the zero path's longest path instead of the hot path's")
     p.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     p.add_argument("--summary", action="store_true",
                    help="also count host syncs (under the interpreter) and print one "
@@ -192,7 +194,8 @@ def main() -> None:
                 print("| " + " | ".join(str(fmt[c]) for c in cols) + " |", flush=True)
                 if args.lines and launch.name == args.lines:
                     profiles.append((dname, codec, launch.name,
-                                     offline.line_profile(launch, compiled)))
+                                     offline.line_profile(launch, compiled,
+                                                          zero=args.zero_lines)))
             for op, v in totals.items():
                 rows.append(dict(dtype=dname, codec=codec, kernel=f"{op} (all kernels)",
                                  instr_per_elem=round(v, 1), zero_instr=_round(zero[op]),
@@ -237,7 +240,8 @@ def main() -> None:
     for r in summaries[:1]:
         print(f"  (host syncs of {r['dtype']} {r['codec']}, by source line: {r['sync_sites']})")
     for dname, codec, name, prof in profiles:
-        print(f"\n## {dname} {codec} {name}: longest path by source line\n")
+        what = "the zero path's" if args.zero_lines else "longest path"
+        print(f"\n## {dname} {codec} {name}: {what} by source line\n")
         print("| instr/elem | line | opcodes |\n|---|---|---|")
         for where, n, ops in prof:
             print(f"| {n:.2f} | {where} | {ops} |")

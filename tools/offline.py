@@ -174,6 +174,7 @@ class _Hot:
     # instructions summed as they run (calls of zero functions with the
     # callee's); None when no path reaches it.
     zero_total: float | None = None
+    zero_on_path: list = field(default_factory=list)
 
 
 def _sass(compiled) -> str:
@@ -336,7 +337,18 @@ def parse_hot_path(sass: str, trip_count: float, loop_trips: dict | None = None,
     path_loops = [rows[max(ends)][0] for t, ends in sorted(latches.items())
                   if any(on_path[t:max(ends) + 1])]
     zero_total = through[0] if n and through[0] > none else None
-    return _Hot(rows, cost, cold, on_path, loops, path_loops, zero_total)
+    zero_on_path = [False] * n
+    i, free = (0 if zero_total is not None else None), False
+    while i is not None:  # through's choices, then best's once past the zero path
+        zero_on_path[i] = True
+        if free:
+            i = step[i]
+        elif is_zero[i]:
+            i = max(succ[i], key=lambda s: max(best[s], through[s]), default=None)
+            free = i is not None and best[i] > through[i]
+        else:
+            i = max(succ[i], key=lambda s: through[s], default=None)
+    return _Hot(rows, cost, cold, on_path, loops, path_loops, zero_total, zero_on_path)
 
 
 def function_sections(sass: str) -> dict:
@@ -404,14 +416,17 @@ def sass_stats(launch: Launch, compiled) -> SassStats:
         barriers=sum(op.startswith("BAR") for op in ops))
 
 
-def line_profile(launch: Launch, compiled, top: int = 20) -> list[tuple]:
+def line_profile(launch: Launch, compiled, top: int = 20, zero: bool = False) -> list[tuple]:
     """The longest path's instructions per element by source line, largest
-    first: (file:line, instructions per element, most frequent opcodes).
-    A jitted function's lines count where the function is written (the debug
-    info has no inlining), so one of its lines may sum several call sites."""
+    first: (file:line, instructions per element, most frequent opcodes);
+    with ``zero``, the zero path's (a call of a noinline function as the
+    call alone). A jitted function's lines count where the function is
+    written (the debug info has no inlining), so one of its lines may sum
+    several call sites."""
     hot = _hot_path(launch, _sass(compiled))
     total, ops = {}, {}
-    for (where, op), w, on in zip(hot.rows, hot.weight, hot.on_path):
+    for (where, op), w, on in zip(hot.rows, hot.weight,
+                                  hot.zero_on_path if zero else hot.on_path):
         if not on:
             continue
         op = op.split(".")[0]
@@ -513,11 +528,12 @@ def escape_trips(dtype, per_thread: int, codec: str = "fixed3", numel: int = 1 <
 def _loop_trips(dtype, per_thread: int) -> dict:
     """The trips of the kernels' tagged loops at ``per_thread`` elements a
     thread: escape loops as Gaussian data makes them (escape_trips), the
-    general paths' walks over a chunk one row of 8 a thread a trip."""
+    general paths' walks over a chunk one row of 8 a thread a trip, the
+    zero paths' one half of a thread's rows a trip."""
     trips = {}
     for tag, n in (("escape rounds", escape_trips(dtype, per_thread)),
                    ("dense escape rounds", escape_trips(dtype, per_thread, "dense")),
-                   ("chunk rows", per_thread // 8)):
+                   ("chunk rows", per_thread // 8), ("row halves", 2)):
         trips.update({line: n for line in tagged_loops(tag)})
     return trips
 
