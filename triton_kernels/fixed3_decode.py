@@ -270,7 +270,8 @@ def _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb
     as on the hot path."""
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     SGN: tl.constexpr = 1 << MAN_BITS
-    H: tl.constexpr = G // 2  # rows a trip
+    NT: tl.constexpr = 4  # trips
+    H: tl.constexpr = G // NT  # rows a trip
     zp = (flags >> 1) & 1
     zn = (flags >> 2) & 1
     z = zp + zn
@@ -291,7 +292,6 @@ def _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb
     err = tl.where(top > 0xFFFF, ERR_COUNTS, 0)
     if err == 0:
         sm = src + a_sm
-        wp = src.to(tl.pointer_type(tl.int32))
         climit = tl.minimum(a_sm, lim)
         kr = k_incl - rt - 1  # the kept before the thread, less one
         q = tl.arange(0, 8)[None, None, :]
@@ -300,16 +300,9 @@ def _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb
         negs = zn.to(tl.uint32) * (0x8000 * L2)
         one = (n >> 31) + 1  # 1 (n >= 0), but not to the compiler: it does not unroll the loop
         h = tl.zeros([], tl.int32)
-        while h < 2:  # offline: row halves
-            # The half's codes: 3 words a thread (rows H h .. H h + 3).
+        while h < NT:  # offline: row quarters
             rr = t[:, None] * G + H * h + tl.arange(0, H)[None, :]
-            at = t * (3 * G // 4) + 3 * h
-            w0 = tl.load(wp + at, mask=4 * at < climit, other=0)
-            w1 = tl.load(wp + at + 1, mask=4 * at + 4 < climit, other=0)
-            w2 = tl.load(wp + at + 2, mask=4 * at + 8 < climit, other=0)
-            ah = join4(w0 & 0xFFFFFF, ((w0 >> 24) & 0xFF) | ((w1 & 0xFFFF) << 8),
-                       ((w1 >> 16) & 0xFFFF) | ((w2 & 0xFF) << 16), (w2 >> 8) & 0xFFFFFF,
-                       T, 1) & row_mask(n, rr)
+            ah = _code_rows(src, t * G + H * h, climit, H, T) & row_mask(n, rr)
             pre, rc = _row_kept(_kept_flags(ah, z))
             rb = tl.cumsum(rc, axis=1) - rc + kr[:, None]
             # inclusive rank in the row: field q + 1 of the exclusive word, the count at q = 7
@@ -334,6 +327,28 @@ def _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb
                                    esc_t, e_incl - esc_t, top & 0xFFFF, n, EXP_BITS, MAN_BITS,
                                    T, G)
     return err
+
+
+@triton.jit
+def _code_rows(src, r0, limit, R: tl.constexpr, T: tl.constexpr):
+    """Rows r0 .. r0 + R - 1 of each thread's codes ([T, R] 24-bit words;
+    r0 a multiple of R, R = 2 or 4: 3 aligned half-words or words), the
+    stream's bytes at or past ``limit`` (even) read as 0."""
+    if R == 4:
+        at = 3 * (r0 // 4)
+        wp = src.to(tl.pointer_type(tl.int32))
+        w0 = tl.load(wp + at, mask=4 * at < limit, other=0)
+        w1 = tl.load(wp + at + 1, mask=4 * at + 4 < limit, other=0)
+        w2 = tl.load(wp + at + 2, mask=4 * at + 8 < limit, other=0)
+        return join4(w0 & 0xFFFFFF, ((w0 >> 24) & 0xFF) | ((w1 & 0xFFFF) << 8),
+                     ((w1 >> 16) & 0xFFFF) | ((w2 & 0xFF) << 16), (w2 >> 8) & 0xFFFFFF, T, 1)
+    else:
+        at = 3 * (r0 // 2)
+        hp = src.to(tl.pointer_type(tl.uint16))
+        h0 = tl.load(hp + at, mask=2 * at < limit, other=0).to(tl.int32)
+        h1 = tl.load(hp + at + 1, mask=2 * at + 2 < limit, other=0).to(tl.int32)
+        h2 = tl.load(hp + at + 2, mask=2 * at + 4 < limit, other=0).to(tl.int32)
+        return tl.reshape(tl.join(h0 | ((h1 & 0xFF) << 16), (h1 >> 8) | (h2 << 8)), (T, 2))
 
 
 @triton.jit
