@@ -529,11 +529,11 @@ def _loop_trips(dtype, per_thread: int) -> dict:
     """The trips of the kernels' tagged loops at ``per_thread`` elements a
     thread: escape loops as Gaussian data makes them (escape_trips), the
     general paths' walks over a chunk one row of 8 a thread a trip, the
-    zero paths' one quarter of a thread's rows a trip."""
+    zero paths' one half of a thread's rows a trip."""
     trips = {}
     for tag, n in (("escape rounds", escape_trips(dtype, per_thread)),
                    ("dense escape rounds", escape_trips(dtype, per_thread, "dense")),
-                   ("chunk rows", per_thread // 8), ("row quarters", 4)):
+                   ("chunk rows", per_thread // 8), ("row halves", 2)):
         trips.update({line: n for line in tagged_loops(tag)})
     return trips
 

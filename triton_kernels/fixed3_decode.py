@@ -270,7 +270,7 @@ def _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb
     as on the hot path."""
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     SGN: tl.constexpr = 1 << MAN_BITS
-    NT: tl.constexpr = 4  # trips
+    NT: tl.constexpr = 2  # trips
     H: tl.constexpr = G // NT  # rows a trip
     zp = (flags >> 1) & 1
     zn = (flags >> 2) & 1
@@ -300,7 +300,7 @@ def _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb
         negs = zn.to(tl.uint32) * (0x8000 * L2)
         one = (n >> 31) + 1  # 1 (n >= 0), but not to the compiler: it does not unroll the loop
         h = tl.zeros([], tl.int32)
-        while h < NT:  # offline: row quarters
+        while h < NT:  # offline: row halves
             rr = t[:, None] * G + H * h + tl.arange(0, H)[None, :]
             ah = _code_rows(src, t * G + H * h, climit, H, T) & row_mask(n, rr)
             pre, rc = _row_kept(_kept_flags(ah, z))
