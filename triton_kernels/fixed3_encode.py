@@ -170,26 +170,30 @@ def _encode_pairs(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table
         zeros = tl.sum((((zt & 0xFF) + ((zt >> 16) & 0xFF)) | (
             (((zt >> 8) & 0xFF) + (zt >> 24)) << 16)).to(tl.int32), axis=0)
         if not IS_FP16:  # (fp16's rem stream of kept elements is fixed3_general's)
-            if (zeros & 0xFFFF) != n:  # (a ZERO chunk is fixed3_general's)
+            # (A ZERO chunk and the ragged last chunk are fixed3_general's.)
+            if ((zeros & 0xFFFF) != n) & (n == CP):
                 done, end = _encode_zero_pairs(
                     x_ptr, out_ptr, status_ptr, c, start, n, table_off, offsets_off, body_off,
-                    pr, u, base, phase, zeros & 0xFFFF, zeros >> 16, EXP_BITS, MAN_BITS, CP, T)
+                    pr, u, pz, ng, base, phase, zeros & 0xFFFF, zeros >> 16, EXP_BITS, MAN_BITS,
+                    CP, T)
     return done, base, phase, zeros, end
 
 
 @triton.jit
 def _encode_zero_pairs(x_ptr, out_ptr, status_ptr, c, start, n, table_off, offsets_off,
-                       body_off, pr, u, base, phase, npos, nneg, EXP_BITS: tl.constexpr,
+                       body_off, pr, u, pz, ng, base, phase, npos, nneg, EXP_BITS: tl.constexpr,
                        MAN_BITS: tl.constexpr, CP: tl.constexpr, T: tl.constexpr):  # offline: zero path
-    """The zero path of 16-bit words without a rem stream (bf16): a chunk
-    the hot path leaves (enough exponent fields 0 for a zero sign to be
-    flagged) that is not all +0.0, from the hot path's tile of pairs ``pr``,
-    exponent fields ``u``, locator and counts of +0.0 and -0.0. The codes
-    take the flagged zero codes; the sm stream holds the kept elements'
-    bytes at their ranks among the kept (an exclusive count in the row by a
-    multiply, over the thread's rows in the thread, over the threads by one
-    scan), stored a byte each. Returns whether it took the chunk (stored
-    CODED: else fixed3_general's) and the segment's end."""
+    """The zero path of 16-bit words without a rem stream (bf16): a full
+    chunk the hot path leaves (enough exponent fields 0 for a zero sign to
+    be flagged) that is not all +0.0, from the hot path's tile of pairs ``pr``,
+    exponent fields ``u``, lanes of +0.0 and -0.0 (bit 15 of ``pz``,
+    ``ng``), locator and counts of +0.0 and -0.0. The codes take the flagged
+    zero codes; the sm stream holds the kept elements' bytes at their ranks
+    among the kept, stored a byte each: a byte's rank in the thread (an
+    exclusive count in the row by a multiply, bytes of two words, plus the
+    rows before it) from the thread's start (one scan over the threads).
+    Returns whether it took the chunk (stored CODED: else fixed3_general's)
+    and the segment's end."""
     G: tl.constexpr = CP // (8 * T)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     SGN: tl.constexpr = 1 << MAN_BITS
@@ -200,18 +204,15 @@ def _encode_zero_pairs(x_ptr, out_ptr, status_ptr, c, start, n, table_off, offse
     z = zp + zn
     lo, width = fixed_window(base, phase, z, EMAX)
     # Codes as the hot path's, the window 7 - z wide from code z; then each
-    # zero of a flagged sign (a lane whose low 15 bits are 0) takes its code:
-    # 0 for +0.0, zp for -0.0.
+    # zero of a flagged sign takes its code: 0 for +0.0, zp for -0.0.
     v = (u + (((0x8000 - lo) & 0x7FFF) * L2).to(tl.uint32)) & 0x7FFF7FFF
     out = ((v + (((0x8000 - width) * L2).to(tl.uint32))) >> 15) & L2
     c2 = ((v + (z * L2).to(tl.uint32)) & (7 * L2)) | (out * 7)
-    sg = pr & HI
-    nzf = (pr & 0x7FFF7FFF) + 0x7FFF7FFF  # bit 15 of a lane: not a zero
-    zsel = (sg & (zn.to(tl.uint32) * HI)) | ((sg ^ HI) & (zp.to(tl.uint32) * HI))
-    zl = (((nzf ^ HI) & zsel) >> 15) & L2
-    c2 = (c2 & ((zl * 7) ^ (7 * L2))) | ((sg >> 15) & zl & (zp.to(tl.uint32) * L2))
+    fneg = ng & (zn.to(tl.uint32) * HI)
+    zl = ((pz & (zp.to(tl.uint32) * HI)) | fneg) >> 15  # 1 in a flagged zero's lane
+    c2 = (c2 & ((L2 - zl) * 7)) | ((fneg >> 15) * zp.to(tl.uint32))
     r = tl.arange(0, T)[:, None] * G + tl.arange(0, G)[None, :]  # row index, [T, G]
-    acc = _pair_rows3(c2) & row_mask(n, r)
+    acc = _pair_rows3(c2)
     emask, esc_t, e_at, n_esc, kmax = escape_counts(acc, T, G)
     done = n < 0  # (False)
     end = tl.zeros([], tl.int64)
@@ -223,19 +224,28 @@ def _encode_zero_pairs(x_ptr, out_ptr, status_ptr, c, start, n, table_off, offse
         a_rem = 16 * (a_rem >> 4)
         a_esc = 16 * (a_esc >> 4)
         store_codes(dst, acc, r, codes_nb, a_sm, T, G)
-        # Kept: a flag at 3 q of a row's word, q its element (padding lanes
-        # are kept, after every element of the chunk: no rank below n moves).
-        kf = _pair_rows3(zl ^ L2)
-        pre = (kf << 3) * 0x249249  # field q: the row's kept before element q
-        rc = ((pre >> 21) & 7) + ((kf >> 21) & 1)
+        # Kept (not a flagged zero): a flag at 3 q of a row's word, spread to
+        # byte q of two words (elements 0..3, 4..7: bits 0, 3, 6, 9 times
+        # 0x8421 land on 0, 8, 16, 24, no two products on one bit).
+        kl = zl ^ L2
+        kf = _pair_rows3(kl)
+        k0 = ((kf & 0x249) * 0x8421) & 0x01010101
+        k1 = (((kf >> 12) & 0x249) * 0x8421) & 0x01010101
+        c0 = (k0 * 0x01010101) >> 24  # kept among elements 0..3
+        rc = c0 + ((k1 * 0x01010101) >> 24)
+        rb = tl.cumsum(rc, axis=1) - rc  # the thread's kept before the row
         rt = tl.sum(rc, axis=1)
-        rb = tl.cumsum(rc, axis=1) - rc + (tl.cumsum(rt, axis=0) - rt)[:, None]
-        q = tl.arange(0, 8)[None, None, :]
-        rank = rb[:, :, None] + ((pre[:, :, None] >> (3 * q)) & 7)
+        # Byte q: the element's rank in the thread (at most 63).
+        p0 = k0 * 0x01010100 + rb * 0x01010101
+        p1 = k1 * 0x01010100 + (rb + c0) * 0x01010101
+        k4 = tl.arange(0, 4)[None, None, None, :]
+        pp = tl.join(p0, p1)[:, :, :, None]
+        rank = tl.reshape((pp >> (8 * k4)) & 0xFF, (T, G, 8))
+        kept = tl.reshape(tl.join(kl & 1, kl >> 16), (T, G, 8)) != 0
         sm2 = ((pr >> EXP_BITS) & (SGN * L2)) | (pr & ((SGN - 1) * L2))
         sm = tl.reshape(tl.join(sm2, sm2 >> 16), (T, G, 8)).to(tl.uint8)
-        kept = tl.reshape(tl.join(zl & 1, zl >> 16), (T, G, 8)) == 0
-        tl.store(dst + a_sm + rank, sm, mask=kept & (ttile(G, T) < n))
+        at = dst + a_sm + (tl.cumsum(rt, axis=0) - rt)  # the thread's first kept byte
+        tl.store(at[:, None, None] + rank, sm, mask=kept)
         zero_pad(dst + a_sm, sm_nb, a_rem - a_sm)
         store_escapes(x_ptr + start, dst + a_esc, emask, esc_t, e_at, kmax, n, esc_nb,
                       MAN_BITS, EMAX, T, G)
@@ -415,7 +425,10 @@ def store_escapes(x, esc_dst, emask, esc_t, e_at, kmax, n, n_esc, MAN_BITS: tl.c
     tw = tl.arange(0, T) * (8 * G)
     xw = x + tw
     m = emask
-    one = (n >> 31) + 1  # 1 (n >= 0), but not to the compiler: it does not unroll the loop
+    # 1 (n_esc >= 0), but not to the compiler (a sum over the threads; n may
+    # be a constant where the caller knows the chunk is full): it does not
+    # unroll the loop.
+    one = (n_esc >> 31) + 1
     k = tl.zeros([], tl.int32)
     while k < kmax:  # offline: escape rounds
         m = _store_escape(xw, tw, esc_dst, m, e_at + k, k < esc_t, MAN_BITS, EMAX)
