@@ -528,12 +528,11 @@ def escape_trips(dtype, per_thread: int, codec: str = "fixed3", numel: int = 1 <
 def _loop_trips(dtype, per_thread: int) -> dict:
     """The trips of the kernels' tagged loops at ``per_thread`` elements a
     thread: escape loops as Gaussian data makes them (escape_trips), the
-    general paths' walks over a chunk one row of 8 a thread a trip, the
-    zero paths' one half of a thread's rows a trip."""
+    general paths' walks over a chunk one row of 8 a thread a trip."""
     trips = {}
     for tag, n in (("escape rounds", escape_trips(dtype, per_thread)),
                    ("dense escape rounds", escape_trips(dtype, per_thread, "dense")),
-                   ("chunk rows", per_thread // 8), ("row halves", 2)):
+                   ("chunk rows", per_thread // 8)):
         trips.update({line: n for line in tagged_loops(tag)})
     return trips
 

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING, ERR_TABLE,
-                            align16, bitmap_count, fixed3_layout, fixed_window, join4, load_rows3,
+                            align16, bitmap_count, fixed3_layout, fixed_window, load_rows3,
                             load_words, load_words24, low_bit_index, pad_nonzero, row_mask,
                             store_rows,
                             store_zero_words, ttile, unpack_bytes)
@@ -115,7 +115,7 @@ def _decode_other(p_ptr, dst, c, n, nch, offsets_off, body_off, body_nbytes, bad
     G: tl.constexpr = CP // (8 * T)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
-    ZERO_PAIRS: tl.constexpr = G == 8 and ITEMSIZE == 2 and not IS_FP16
+    ZERO_PAIRS: tl.constexpr = G <= 8 and ITEMSIZE == 2 and not IS_FP16
     codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = fixed3_layout(
         n, coded, low16, 0, nz, nesc, 0, ITEMSIZE, IS_FP16)
     seg = tl.where(mode == 2, 0, seg)  # ZERO: no segment
@@ -255,23 +255,19 @@ def _decode_hot(src, dst, n, lim, lo, low16, codes_nb, sm_nb, rem_nb, esc_nb, a_
 def _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb, rem_nb, esc_nb,
                        a_sm, a_rem, a_esc, seg, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
                        G: tl.constexpr, T: tl.constexpr):  # offline: zero path
-    """The zero path of 16-bit words without a rem stream (bf16, G = 8): a
-    CODED chunk with flagged zeros (ZPOS, ZNEG or both), its layout checked
+    """The zero path of 16-bit words without a rem stream (bf16): a CODED
+    chunk with flagged zeros (ZPOS, ZNEG or both), its layout checked
     against the body: its error bits. A kept element (code z or more) takes
     the sm byte at its rank among the kept (an exclusive count in the row by
     a multiply, over the thread's rows in the thread, over the threads by
-    one scan: fixed3_encode._encode_zero_pairs' ranks); a zero's word is its
-    sign alone. The kept and escape counts are checked against the entry
-    first; then each half of a thread's rows in turn (a loop: a whole tile
-    of gathered bytes and their addresses would take the registers the hot
-    path runs with) reads the sm byte at its inclusive rank less one, which
-    is the kept element's own and, for a zero, a byte of the segment (never
-    below -1, never past the stream) that it discards; escapes are patched
-    as on the hot path."""
+    one scan: fixed3_encode._encode_zero_pairs' ranks), gathered from the sm
+    stream, read whole with wide loads (tl.gather: through shared memory, an
+    element's load addressed by its rank alone); a zero's word is its sign
+    alone. The kept and escape counts are checked against the entry first;
+    escapes are patched as on the hot path."""
+    CP: tl.constexpr = 8 * G * T
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     SGN: tl.constexpr = 1 << MAN_BITS
-    NT: tl.constexpr = 2  # trips
-    H: tl.constexpr = G // NT  # rows a trip
     zp = (flags >> 1) & 1
     zn = (flags >> 2) & 1
     z = zp + zn
@@ -285,70 +281,39 @@ def _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb
     emask = escape_masks(acc, T, G)
     esc_t = popc_mask(emask)
     e_incl = tl.cumsum(esc_t, axis=0)
-    rt = tl.sum(_row_kept(_kept_flags(acc, z))[1], axis=1)
+    pre, rc = _row_kept(_kept_flags(acc, z))
+    rt = tl.sum(rc, axis=1)
     k_incl = tl.cumsum(rt, axis=0)
     bad_t = (t == T - 1) & ((e_incl != esc_nb) | (k_incl != n - nz))
     top = tl.max(esc_t | (bad_t.to(tl.int32) << 16), axis=0)
     err = tl.where(top > 0xFFFF, ERR_COUNTS, 0)
     if err == 0:
-        sm = src + a_sm
-        climit = tl.minimum(a_sm, lim)
-        kr = k_incl - rt - 1  # the kept before the thread, less one
+        # An element's rank: the kept before it in the chunk (less than CP).
+        rb = tl.cumsum(rc, axis=1) - rc + (k_incl - rt)[:, None]
         q = tl.arange(0, 8)[None, None, :]
+        rank = rb[:, :, None] + ((pre[:, :, None] >> (3 * q)) & 7)
+        # The sm stream and its zero padding (inside the body: checked).
+        j = tl.arange(0, CP)
+        sm = tl.load(src + a_sm + j, mask=j < 16 * ((a_rem - a_sm) >> 4), other=0)
+        b = tl.reshape(tl.gather(sm, tl.reshape(rank, (CP, )), 0), (T, G, 8)).to(tl.uint32)
+        b0, b1 = tl.split(tl.reshape(b, (T, G, 4, 2)))
+        s2 = b0 | (b1 << 16)
+        # t2 = code + 8 - z a lane: bit 3 set when kept, 7 for -0.0 (when flagged).
+        c2 = _code_pairs(acc)
+        t2 = c2 + ((8 - z) * L2).to(tl.uint32)
+        keep = ((t2 >> 3) & L2) * 0xFFFF
+        neg = (((t2 + L2) & (t2 ^ (8 * L2)) & (8 * L2)) << 12) & (zn.to(tl.uint32) * (
+            0x8000 * L2))
         lane = ((((lo - z) & EMAX) << MAN_BITS) * L2).to(tl.uint32)  # exponent of code 0
-        bump = ((8 - z) * L2).to(tl.uint32)
-        negs = zn.to(tl.uint32) * (0x8000 * L2)
-        one = (n >> 31) + 1  # 1 (n >= 0), but not to the compiler: it does not unroll the loop
-        h = tl.zeros([], tl.int32)
-        while h < NT:  # offline: row halves
-            rr = t[:, None] * G + H * h + tl.arange(0, H)[None, :]
-            ah = _code_rows(src, t * G + H * h, climit, H, T) & row_mask(n, rr)
-            pre, rc = _row_kept(_kept_flags(ah, z))
-            rb = tl.cumsum(rc, axis=1) - rc + kr[:, None]
-            # inclusive rank in the row: field q + 1 of the exclusive word, the count at q = 7
-            incl = tl.where(q == 7, rc[:, :, None], (pre[:, :, None] >> (3 * q + 3)) & 7)
-            b = tl.load(sm + rb[:, :, None] + incl).to(tl.uint32)
-            b0, b1 = tl.split(tl.reshape(b, (T, H, 4, 2)))
-            s2 = b0 | (b1 << 16)
-            # t2 = code + 8 - z a lane: bit 3 set when kept, 7 for -0.0 (when flagged).
-            c2 = _code_pairs(ah)
-            t2 = c2 + bump
-            keep = ((t2 >> 3) & L2) * 0xFFFF
-            neg = (((t2 + L2) & (t2 ^ (8 * L2)) & (8 * L2)) << 12) & negs
-            w = (((s2 + (s2 & (SGN * L2)) * EMAX) | (c2 * SGN + lane)) & keep) | neg
-            word = tl.reshape(tl.join(w, w >> 16), (T, H, 8)).to(tl.int16)
-            i = t[:, None, None] * (8 * G) + (8 * H) * h + tl.arange(0, H)[None, :, None] * 8 + q
-            tl.store(dst + i, word, mask=i < n)
-            kr += tl.sum(rc, axis=1)
-            h += one
+        w = (((s2 + (s2 & (SGN * L2)) * EMAX) | (c2 * SGN + lane)) & keep) | neg
+        word = tl.reshape(tl.join(w, w >> 16), (T, G, 8)).to(tl.int16)
+        store_rows(dst, ttile(G, T), n, word, 2, G, T)
         err = padding_error(src, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc, esc_nb, seg, lim)
         a_esc = 16 * (a_esc >> 4)
         err = err | _patch_escapes(dst, src + a_esc, tl.minimum(esc_nb, lim - a_esc), emask,
                                    esc_t, e_incl - esc_t, top & 0xFFFF, n, EXP_BITS, MAN_BITS,
                                    T, G)
     return err
-
-
-@triton.jit
-def _code_rows(src, r0, limit, R: tl.constexpr, T: tl.constexpr):
-    """Rows r0 .. r0 + R - 1 of each thread's codes ([T, R] 24-bit words;
-    r0 a multiple of R, R = 2 or 4: 3 aligned half-words or words), the
-    stream's bytes at or past ``limit`` (even) read as 0."""
-    if R == 4:
-        at = 3 * (r0 // 4)
-        wp = src.to(tl.pointer_type(tl.int32))
-        w0 = tl.load(wp + at, mask=4 * at < limit, other=0)
-        w1 = tl.load(wp + at + 1, mask=4 * at + 4 < limit, other=0)
-        w2 = tl.load(wp + at + 2, mask=4 * at + 8 < limit, other=0)
-        return join4(w0 & 0xFFFFFF, ((w0 >> 24) & 0xFF) | ((w1 & 0xFFFF) << 8),
-                     ((w1 >> 16) & 0xFFFF) | ((w2 & 0xFF) << 16), (w2 >> 8) & 0xFFFFFF, T, 1)
-    else:
-        at = 3 * (r0 // 2)
-        hp = src.to(tl.pointer_type(tl.uint16))
-        h0 = tl.load(hp + at, mask=2 * at < limit, other=0).to(tl.int32)
-        h1 = tl.load(hp + at + 1, mask=2 * at + 2 < limit, other=0).to(tl.int32)
-        h2 = tl.load(hp + at + 2, mask=2 * at + 4 < limit, other=0).to(tl.int32)
-        return tl.reshape(tl.join(h0 | ((h1 & 0xFF) << 16), (h1 >> 8) | (h2 << 8)), (T, 2))
 
 
 @triton.jit
