@@ -280,10 +280,11 @@ def _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb
         n, r)
     emask = escape_masks(acc, T, G)
     esc_t = popc_mask(emask)
-    e_incl = tl.cumsum(esc_t, axis=0)
     pre, rc = _row_kept(_kept_flags(acc, z))
     rt = tl.sum(rc, axis=1)
-    k_incl = tl.cumsum(rt, axis=0)
+    ek = tl.cumsum(esc_t | (rt << 16), axis=0)  # one scan: escapes, kept << 16 (each < 2**16)
+    e_incl = ek & 0xFFFF
+    k_incl = ek >> 16
     bad_t = (t == T - 1) & ((e_incl != esc_nb) | (k_incl != n - nz))
     top = tl.max(esc_t | (bad_t.to(tl.int32) << 16), axis=0)
     err = tl.where(top > 0xFFFF, ERR_COUNTS, 0)
@@ -298,14 +299,16 @@ def _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb
         b = tl.reshape(tl.gather(sm, tl.reshape(rank, (CP, )), 0), (T, G, 8)).to(tl.uint32)
         b0, b1 = tl.split(tl.reshape(b, (T, G, 4, 2)))
         s2 = b0 | (b1 << 16)
-        # t2 = code + 8 - z a lane: bit 3 set when kept, 7 for -0.0 (when flagged).
+        # Kept where code + 8 - z sets bit 3 of the lane. A zero: -0.0 when
+        # ZNEG and not ZPOS, or both and its code is 1 (zp): bit 15 of
+        # (code << 15 | all when not ZPOS) & (all when ZNEG).
         c2 = _code_pairs(acc)
-        t2 = c2 + ((8 - z) * L2).to(tl.uint32)
-        keep = ((t2 >> 3) & L2) * 0xFFFF
-        neg = (((t2 + L2) & (t2 ^ (8 * L2)) & (8 * L2)) << 12) & (zn.to(tl.uint32) * (
+        keep = (((c2 + ((8 - z) * L2).to(tl.uint32)) >> 3) & L2) * 0xFFFF
+        neg = ((c2 << 15) | ((1 - zp).to(tl.uint32) * (0x8000 * L2))) & (zn.to(tl.uint32) * (
             0x8000 * L2))
         lane = ((((lo - z) & EMAX) << MAN_BITS) * L2).to(tl.uint32)  # exponent of code 0
-        w = (((s2 + (s2 & (SGN * L2)) * EMAX) | (c2 * SGN + lane)) & keep) | neg
+        w = (((s2 + (s2 & (SGN * L2)) * EMAX) | (c2 * SGN + lane)) & keep) | (
+            neg & (keep ^ 0xFFFFFFFF))
         word = tl.reshape(tl.join(w, w >> 16), (T, G, 8)).to(tl.int16)
         store_rows(dst, ttile(G, T), n, word, 2, G, T)
         err = padding_error(src, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc, esc_nb, seg, lim)
