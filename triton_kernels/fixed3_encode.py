@@ -181,8 +181,9 @@ def _encode_pairs(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table
 
 @triton.jit
 def _encode_zero_pairs(x_ptr, out_ptr, status_ptr, c, start, n, table_off, offsets_off,
-                       body_off, pr, u, pz, ng, base, phase, npos, nneg, EXP_BITS: tl.constexpr,
-                       MAN_BITS: tl.constexpr, CP: tl.constexpr, T: tl.constexpr):  # offline: zero path
+                       body_off, pr, u, pz, ng, base, phase, npos, nneg,
+                       EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr, CP: tl.constexpr,
+                       T: tl.constexpr):  # offline: zero path
     """The zero path of 16-bit words without a rem stream (bf16): a full
     chunk the hot path leaves (enough exponent fields 0 for a zero sign to
     be flagged) that is not all +0.0, from the hot path's tile of pairs ``pr``,
