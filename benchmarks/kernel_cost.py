@@ -6,13 +6,15 @@ prints a table from the SASS: registers, shared memory (bytes), spills
 (every local-memory store and load of the kernel, its noinline functions
 included, in loops or not), instructions per element on the
 kernel's longest path (loops counted as often as they run) and over all its
-inline code, the cold code apart, the widths of global loads and stores on
-the hot path, shuffles and barriers. No GPU and no timing: the figures are
+inline code, the cold code apart, the same along the longest path through
+its zero path (a chunk with zeros to flag), the widths of global loads and
+stores on the hot path, shuffles and barriers. No GPU and no timing: the figures are
 deterministic for a given triton, so a change to a kernel can be judged
 here, before a GPU run confirms it (``benchmarks/gpu_check.py``).
 
     python benchmarks/kernel_cost.py                      # every dtype and codec
     python benchmarks/kernel_cost.py --dtype bf16 --codec fixed3 --lines "encode: encode"
+    python benchmarks/kernel_cost.py --dtype bf16 --lines "decode: decode" --zero-lines
     python benchmarks/kernel_cost.py --json out.json      # for tests/test_triton_offline.py
     python benchmarks/kernel_cost.py --summary            # one line per dtype and codec
 
@@ -208,7 +210,7 @@ def main() -> None:
           "same through the zero path (a full chunk with zeros to flag; with a noinline "
           "function, the callee's longest path at the call); all_inline: every inline "
           "instruction, both sides of each branch; loads/stores: global accesses of the inline "
-          "code by width (bits, or U8/U16), static counts.")
+          "code but its zero path by width (bits, or U8/U16), static counts.")
     summaries = []
     for dname in args.dtype or list(DTYPES):
         for codec in args.codec or ["fixed3", "dense"]:

@@ -17,17 +17,22 @@ reads the machine code:
   as it runs: the chunk loop ``trip_count`` times, a data-dependent loop
   as its tag in the source says, ``loop_trips``): the kernel's instruction
   cost, which bounds its speed when it is issue-bound;
-- global loads and stores of the inline code by width (a ``U8`` access per
-  element is what keeps a kernel far from memory bandwidth), shuffles and
-  barriers.
+- global loads and stores of the inline code by width, its zero path
+  apart (a ``U8`` access per element is what keeps a kernel far from
+  memory bandwidth), shuffles and barriers;
+- the same count of instructions for a chunk with zeros to flag, along the
+  longest path through the kernel's zero path (``zero_path``).
 
 The hot path is the kernel's own (inline) code; cold paths are
-``noinline`` functions it calls (a chunk Gaussian data does not make: zeros
-to flag, a RAW chunk), which the SASS holds after the kernel and which are
-counted apart. A program takes one side of each branch, so the longest
-path bounds what any chunk's program executes on the hot path; the sum
-over all inline code (``all_inline_per_element``), which adds up both
-sides of every branch, is kept beside it.
+``noinline`` functions it calls (a chunk Gaussian data does not make: a
+RAW chunk, zeros to flag where the kernel has no inline zero path), which
+the SASS holds after the kernel and which are counted apart. The zero path
+(inline code for a chunk with zeros to flag, or the calls of the noinline
+functions that code such a chunk) is counted apart from the hot path too.
+A program takes one side of each branch, so the longest path bounds what
+any chunk's program executes on the hot path; the sum over all inline code
+(``all_inline_per_element``), which adds up both sides of every branch, is
+kept beside it.
 ``benchmarks/kernel_cost.py`` prints the table.
 
 A development tool, not part of the installed package (nothing installed
@@ -175,6 +180,7 @@ class _Hot:
     # callee's); None when no path reaches it.
     zero_total: float | None = None
     zero_on_path: list = field(default_factory=list)
+    in_zero_path: list = field(default_factory=list)  # each instruction: the zero path's
 
 
 def _sass(compiled) -> str:
@@ -348,7 +354,7 @@ def parse_hot_path(sass: str, trip_count: float, loop_trips: dict | None = None,
             free = i is not None and best[i] > through[i]
         else:
             i = max(succ[i], key=lambda s: through[s], default=None)
-    return _Hot(rows, cost, cold, on_path, loops, path_loops, zero_total, zero_on_path)
+    return _Hot(rows, cost, cold, on_path, loops, path_loops, zero_total, zero_on_path, is_zero)
 
 
 def function_sections(sass: str) -> dict:
@@ -394,8 +400,10 @@ def sass_stats(launch: Launch, compiled) -> SassStats:
     hot = _hot_path(launch, sass)
     ops = [op for _, op in hot.rows]
     loads, stores = {}, {}
-    for op in ops:
+    for op, zero in zip(ops, hot.in_zero_path):
         head = op.split(".")[0]
+        if zero:  # (the zero path's accesses are not the hot path's)
+            continue
         if head in ("LDG", "STG"):
             width = next((s for s in op.split(".")[1:] if s in
                           ("U8", "S8", "U16", "S16", "64", "128")), "32")
