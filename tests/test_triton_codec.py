@@ -258,6 +258,25 @@ def test_signed_zeros_from_a_mask(device, dtype, codec):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_fixed3_zeros_flagged_with_the_window_at_exponent_0(device):
+    """bf16 x * mask at magnitudes near the smallest normal, both zero signs
+    flagged: the window starts at exponent 0 or 1, below the two zero codes
+    (lo < z), so the exponent lo - z + code of the zero path wraps below 0
+    before it is cut to its field. Byte-identical to torch, decoded bit for
+    bit; every chunk but the tail is coded with both flags."""
+    g = _gen(43)
+    for scale in (2.0 ** -126, 2.0 ** -124):
+        x = torch.randn(2 * C + 9, generator=g) * scale
+        x = (x * (torch.rand(x.numel(), generator=g) > 0.3).float()).bfloat16()
+        p = z.encode(x, codec="fixed3", backend="torch")
+        table, _ = F.read_table(p, F.parse_header(p))
+        assert table.mode[:2].tolist() == [F.MODE_CODED] * 2
+        assert table.flags[:2].tolist() == [F.FLAG_ZPOS | F.FLAG_ZNEG] * 2
+        assert int(table.base[:2].max()) <= 3, table.base
+        _check_against_torch(x.to(device), "fixed3")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("chunk_elems, n, zeros", [
     (1000, 2500, True),     # not a power of 2: a masked tile
     (8, 21, True),          # the smallest chunk the header allows

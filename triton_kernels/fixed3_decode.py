@@ -267,6 +267,7 @@ def _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb
     escapes are patched as on the hot path."""
     CP: tl.constexpr = 8 * G * T
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    FIELD: tl.constexpr = EMAX << MAN_BITS
     SGN: tl.constexpr = 1 << MAN_BITS
     zp = (flags >> 1) & 1
     zn = (flags >> 2) & 1
@@ -306,9 +307,10 @@ def _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb
         keep = (((c2 + ((8 - z) * L2).to(tl.uint32)) >> 3) & L2) * 0xFFFF
         neg = ((c2 << 15) | ((1 - zp).to(tl.uint32) * (0x8000 * L2))) & (zn.to(tl.uint32) * (
             0x8000 * L2))
-        lane = ((((lo - z) & EMAX) << MAN_BITS) * L2).to(tl.uint32)  # exponent of code 0
-        w = (((s2 + (s2 & (SGN * L2)) * EMAX) | (c2 * SGN + lane)) & keep) | (
-            neg & (keep ^ 0xFFFFFFFF))
+        # The exponent lo - z + code, to its field (lo - z may be below 0).
+        lane = ((((lo - z) & EMAX) << MAN_BITS) * L2).to(tl.uint32)
+        e2 = (c2 * SGN + lane) & (FIELD * L2)
+        w = (((s2 + (s2 & (SGN * L2)) * EMAX) | e2) & keep) | (neg & (keep ^ 0xFFFFFFFF))
         word = tl.reshape(tl.join(w, w >> 16), (T, G, 8)).to(tl.int16)
         store_rows(dst, ttile(G, T), n, word, 2, G, T)
         err = padding_error(src, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc, esc_nb, seg, lim)
