@@ -12,8 +12,12 @@ one).
   longest path, escape loops included, are found on each.
 - fixed3 reads the input with 16-byte loads and writes decoded words with
   16-byte stores, and moves the sm stream in 16-byte words: the chunks
-  that omit zeros (byte-wise sm) are fixed3_general.py's, off the hot
-  path; every kernel stays under the v1 kernels' counts plus ~12%.
+  that omit zeros (byte-wise sm) take the zero paths or fixed3_general.py,
+  off the hot path; every kernel stays under the v1 kernels' counts plus
+  ~12%.
+- The zero path (a chunk with zeros to flag) is counted apart from the hot
+  path: bf16 fixed3's within 2x of the hot path (the 1.3x goal: not yet, a
+  strict xfail).
 - ``--summary``: its lines, the host-sync instrument, and the kernels'
   bounds (one input read, one encode sync, none before decode's launch,
   instructions per element: met; fixed3 fp16 within 10% of bf16's own
@@ -382,7 +386,8 @@ def test_fixed3_sm_words(rows, dtype):
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_fixed3_sm_accesses_are_wide(rows, dtype):
     """No byte-wise sm on the hot path: a byte store is a padding's, not an
-    element's (the zero-omitting byte scatter is fixed3_general's)."""
+    element's (the zero-omitting byte scatter is the zero path's or
+    fixed3_general's, whose accesses the hot path's counts leave out)."""
     encode = _kernel(rows, dtype, "fixed3", "encode: encode")
     decode = _kernel(rows, dtype, "fixed3", "decode: decode")
     assert "64" in encode["stores"] or "128" in encode["stores"], encode["stores"]

@@ -23,10 +23,13 @@ at most 64 elements a thread:
 - the decoded escape count against the entry, escapes naming an exponent
   the dtype has, and every padding byte zero.
 
-A chunk with flagged zeros or LOWBYTE (whose low length, the bitmap's set
-bits, is counted before the offsets are checked), and every chunk of a
-wider tile, is decoded by fixed3_general.decode_chunk_general; a RAW chunk by decode_raw_words: both
-noinline, off the hot path.
+A bf16 chunk with flagged zeros takes the zero path (``_decode_zero_pairs``),
+inline: each kept element's sm byte gathered at its rank among the kept
+(tl.gather from the stream read whole), a zero's word its sign. A chunk
+with flagged zeros of another dtype or LOWBYTE (whose low length, the
+bitmap's set bits, is counted before the offsets are checked), and every
+chunk of a wider tile, is decoded by fixed3_general.decode_chunk_general;
+a RAW chunk by decode_raw_words: both noinline, off the hot path.
 
 Error bits (``ERR_*`` of _codec_common.py) are returned to the caller, which
 ORs them into the launch's error word.

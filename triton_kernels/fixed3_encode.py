@@ -30,12 +30,18 @@ registers:
   chunk, after its writes, the body length and the header
   (``_lookback.finish_payload``).
 
-Every other chunk (zeros to flag, a chunk stored RAW, an fp32 chunk that
-takes LOWBYTE: the hot path counts its nonzero low bytes to know) and tiles
-of more than 64 elements a thread are encoded by
-fixed3_general.encode_chunk_general, a noinline function: off the hot
-path, reading the chunk again; the hot path hands it the statistics and
-the counts of +0.0 and -0.0 it needs.
+A full bf16 chunk the hot path leaves (zeros to flag, or many subnormals)
+takes the zero path (``_encode_zero_pairs``), inline from the same tile:
+the codes with the zero codes, the kept elements' sm bytes stored a byte
+each at their rank among the kept (counted in the row by a multiply, over
+the thread's rows, over the threads by one scan).
+
+Every other chunk (zeros to flag in fp16 and fp32, or in the ragged last
+chunk; a ZERO chunk; a chunk stored RAW; an fp32 chunk that takes LOWBYTE:
+the hot path counts its nonzero low bytes to know) and tiles of more than
+64 elements a thread are encoded by fixed3_general.encode_chunk_general, a
+noinline function: off the hot path, reading the chunk again; the hot path
+hands it the statistics and the counts of +0.0 and -0.0 it needs.
 
 16-bit words are handled two to a 32-bit register (lanes: element 2j low,
 2j + 1 high), whose fields are computed by lane arithmetic that carries
