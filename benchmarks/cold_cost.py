@@ -8,8 +8,9 @@ function's own longest path (``offline.cold_cost``: the same counting,
 loops at their trips, a call of another noinline function counted as the
 call alone), so that what a chunk off the hot path costs can be read:
 
-- fixed3: a chunk with zeros to flag, a RAW chunk (encode
-  ``encode_chunk_general``; decode ``decode_chunk_general``, RAW
+- fixed3: a chunk with zeros to flag where the kernel has no inline zero
+  path (fp16, fp32; bf16 encode: the ragged last chunk), a RAW chunk
+  (encode ``encode_chunk_general``; decode ``decode_chunk_general``, RAW
   ``decode_raw_words``);
 - dense: a full chunk with zeros (encode ``_encode_general``, decode
   ``_decode_zeros``), the ragged last chunk, a RAW chunk.
@@ -43,7 +44,8 @@ COLD = {("fixed3", "encode"): ("encode_chunk_general",),
 
 def cold_costs(dtype, codec: str) -> list[tuple]:
     """(kernel, function, instructions per element of a chunk on its longest
-    path) for the codec's cold functions."""
+    path, None where the kernel never calls it) for the codec's cold
+    functions."""
     import offline
     out = []
     for launch in offline.codec_launches(dtype, codec):
@@ -64,7 +66,8 @@ def main() -> None:
     for dname in args.dtype or list(DTYPES):
         for codec in args.codec or ["fixed3", "dense"]:
             for kernel, name, per_elem in cold_costs(DTYPES[dname], codec):
-                print(f"| {dname} | {codec} | {kernel} | {name} | {per_elem:.1f} |", flush=True)
+                cost = "not called" if per_elem is None else f"{per_elem:.1f}"
+                print(f"| {dname} | {codec} | {kernel} | {name} | {cost} |", flush=True)
     print("\ninstr_per_elem: SASS instructions per element of a chunk a thread handles on the "
           "function's longest path (loops at their trips); the kernel's own work before the "
           "call is kernel_cost.py's.")

@@ -373,16 +373,18 @@ def function_sections(sass: str) -> dict:
     return out
 
 
-def cold_cost(launch: Launch, compiled, function: str) -> float:
+def cold_cost(launch: Launch, compiled, function: str) -> float | None:
     """Instructions per element of a chunk a thread handles on the longest
     path of the noinline function whose name contains ``function`` (its
     loops counted as ``launch.loop_trips`` names them, else once; a call of
     another noinline function counted as the call alone): what a chunk that
     takes that cold path executes there, beside what the kernel did before
-    the call."""
+    the call. None when the kernel has no such function (it never calls it)."""
     sass = _sass(compiled)
-    body = next(text for name, text in function_sections(sass).items()
-                if re.search(rf"\$_?{re.escape(function)}__", name))
+    body = next((text for name, text in function_sections(sass).items()
+                 if re.search(rf"\$_?{re.escape(function)}__", name)), None)
+    if body is None:
+        return None
     hot = parse_hot_path(body, 1, launch.loop_trips)
     return sum(w for (_, op), w, on in zip(hot.rows, hot.weight, hot.on_path)
                if on and op != "NOP") / (_per_thread(launch) / launch.trip_count)
