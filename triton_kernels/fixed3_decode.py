@@ -254,7 +254,7 @@ def _decode_hot(src, dst, n, lim, lo, low16, codes_nb, sm_nb, rem_nb, esc_nb, a_
     return err
 
 
-@triton.jit
+@triton.jit(noinline=True)
 def _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb, rem_nb, esc_nb,
                        a_sm, a_rem, a_esc, seg, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
                        G: tl.constexpr, T: tl.constexpr):  # offline: zero path
