@@ -23,9 +23,12 @@ at most 64 elements a thread:
 - the decoded escape count against the entry, escapes naming an exponent
   the dtype has, and every padding byte zero.
 
-A bf16 chunk with flagged zeros takes the zero path (``_decode_zero_pairs``),
-inline: each kept element's sm byte gathered at its rank among the kept
-(tl.gather from the stream read whole), a zero's word its sign. A chunk
+A bf16 chunk with flagged zeros takes the zero path (``_decode_zero_pairs``):
+each kept element's sm byte gathered at its rank among the kept (tl.gather
+from the stream read whole), a zero's word its sign, the whole tile at once
+like the hot path; noinline (it takes scalars and reads its streams from
+the payload like the hot path), so that its registers are not the hot
+path's. A chunk
 with flagged zeros of another dtype or LOWBYTE (whose low length, the
 bitmap's set bits, is counted before the offsets are checked), and every
 chunk of a wider tile, is decoded by fixed3_general.decode_chunk_general;
@@ -267,7 +270,9 @@ def _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb
     stream, read whole with wide loads (tl.gather: through shared memory, an
     element's load addressed by its rank alone); a zero's word is its sign
     alone. The kept and escape counts are checked against the entry first;
-    escapes are patched as on the hot path."""
+    escapes are patched as on the hot path. Noinline: it takes scalars only,
+    and its registers (more than the hot path's) do not become the kernel's
+    allocation around the hot path."""
     CP: tl.constexpr = 8 * G * T
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     FIELD: tl.constexpr = EMAX << MAN_BITS
