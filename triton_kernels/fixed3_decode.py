@@ -28,11 +28,11 @@ each kept element's sm byte gathered at its rank among the kept (tl.gather
 from the stream read whole), a zero's word its sign, the whole tile at once
 like the hot path; noinline (it takes scalars and reads its streams from
 the payload like the hot path), so that its registers are not the hot
-path's. A chunk
-with flagged zeros of another dtype or LOWBYTE (whose low length, the
-bitmap's set bits, is counted before the offsets are checked), and every
-chunk of a wider tile, is decoded by fixed3_general.decode_chunk_general;
-a RAW chunk by decode_raw_words: both noinline, off the hot path.
+path's. A chunk with flagged zeros of another dtype or LOWBYTE (whose low
+length, the bitmap's set bits, is counted before the offsets are checked),
+and every chunk of a wider tile, is decoded by
+fixed3_general.decode_chunk_general; a RAW chunk by decode_raw_words: both
+noinline, off the hot path.
 
 Error bits (``ERR_*`` of _codec_common.py) are returned to the caller, which
 ORs them into the launch's error word.
@@ -45,8 +45,7 @@ import triton.language as tl
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING, ERR_TABLE,
                             align16, bitmap_count, fixed3_layout, fixed_window, load_rows3,
                             load_words, load_words24, low_bit_index, pad_nonzero, row_mask,
-                            store_rows,
-                            store_zero_words, ttile, unpack_bytes)
+                            store_rows, store_zero_words, ttile, unpack_bytes)
 from .fixed3_encode import L2, escape_masks, popc_mask
 from .fixed3_general import decode_chunk_general, padding_error
 
