@@ -8,8 +8,9 @@ function's own longest path (``offline.cold_cost``: the same counting,
 loops at their trips, a call of another noinline function counted as the
 call alone), so that what a chunk off the hot path costs can be read:
 
-- fixed3: a chunk with zeros to flag, a RAW chunk (encode
-  ``encode_chunk_general``; decode ``decode_chunk_general``, RAW
+- fixed3: a chunk with zeros to flag where the kernel has no inline zero
+  path (fp16, fp32; bf16 encode: the ragged last chunk), a RAW chunk
+  (encode ``encode_chunk_general``; decode ``decode_chunk_general``, RAW
   ``decode_raw_words``);
 - dense: a full chunk with zeros (encode ``_encode_zeros``, decode
   ``_decode_zeros``), an fp32 chunk that may take LOWBYTE (encode
@@ -97,17 +98,15 @@ def before_call(launch, compiled, function: str) -> float:
 
 def cold_costs(dtype, codec: str) -> list[tuple]:
     """(kernel, function, instructions per element of a chunk on its longest
-    path, the kernel's before its call) for the codec's cold functions."""
+    path, None where the kernel never calls it; the kernel's before its
+    call) for the codec's cold functions."""
     import offline
     out = []
     for launch in offline.codec_launches(dtype, codec):
         compiled = offline.compile_launch(launch)
         for name in COLD[codec, launch.name.split(":")[0]]:
-            try:
-                cost = offline.cold_cost(launch, compiled, name)
-            except StopIteration:  # not in this dtype's kernel (fp32 LOWBYTE's alone)
-                continue
-            out.append((launch.name, name, cost, before_call(launch, compiled, name)))
+            out.append((launch.name, name, offline.cold_cost(launch, compiled, name),
+                        before_call(launch, compiled, name)))
     return out
 
 
@@ -127,7 +126,8 @@ def main() -> None:
             for kernel, name, per_elem, before in cold_costs(DTYPES[dname], codec):
                 rows.append(dict(dtype=dname, codec=codec, kernel=kernel, function=name,
                                  instr_per_elem=per_elem, before_call=before))
-                print(f"| {dname} | {codec} | {kernel} | {name} | {per_elem:.1f} | {before:.1f} |",
+                cost = "not called" if per_elem is None else f"{per_elem:.1f}"
+                print(f"| {dname} | {codec} | {kernel} | {name} | {cost} | {before:.1f} |",
                       flush=True)
     print("\ninstr_per_elem: SASS instructions per element of a chunk a thread handles on the "
           "function's longest path (loops at their trips); before_call: the kernel's "

@@ -6,13 +6,15 @@ prints a table from the SASS: registers, shared memory (bytes), spills
 (every local-memory store and load of the kernel, its noinline functions
 included, in loops or not), instructions per element on the
 kernel's longest path (loops counted as often as they run) and over all its
-inline code, the cold code apart, the widths of global loads and stores on
-the hot path, shuffles and barriers. No GPU and no timing: the figures are
+inline code, the cold code apart, the same along the longest path through
+its zero path (a chunk with zeros to flag), the widths of global loads and
+stores on the hot path, shuffles and barriers. No GPU and no timing: the figures are
 deterministic for a given triton, so a change to a kernel can be judged
 here, before a GPU run confirms it (``benchmarks/gpu_check.py``).
 
     python benchmarks/kernel_cost.py                      # every dtype and codec
     python benchmarks/kernel_cost.py --dtype bf16 --codec fixed3 --lines "encode: encode"
+    python benchmarks/kernel_cost.py --dtype bf16 --lines "decode: decode" --zero-lines
     python benchmarks/kernel_cost.py --json out.json      # for tests/test_triton_offline.py
     python benchmarks/kernel_cost.py --summary            # one line per dtype and codec
 
@@ -21,8 +23,12 @@ here, before a GPU run confirms it (``benchmarks/gpu_check.py``).
     summary <dtype> <codec> encode_instr=<x> decode_instr=<y> input_reads=<n>
         encode_host_syncs=<a> decode_host_syncs_before_launch=<b>
         encode_spills=<s> decode_spills=<t>
+        zero_encode_instr=<z> zero_decode_instr=<w>
 
-instructions per element on the longest path summed over the call's kernels;
+instructions per element on the longest path summed over the call's kernels
+(the hot path: a chunk Gaussian data makes; zero_*: a full chunk with zeros
+to flag, the longest path through the kernel's zero path, ``none`` where it
+has none: ``offline.zero_path``);
 input reads: how many of the call's kernels read its input (encode: the
 tensor, decode: the payload's streams), each reading every element once;
 host syncs: counted on the CPU by running ``encode`` and ``decode(out=)``
@@ -145,6 +151,8 @@ def main() -> None:
     p.add_argument("--lines", metavar="KERNEL",
                    help='also print the longest path per source line of this kernel, '
                         'e.g. "encode: encode"')
+    p.add_argument("--zero-lines", action="store_true",
+                   help="with --lines: the zero path's longest path instead of the hot path's")
     p.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     p.add_argument("--summary", action="store_true",
                    help="also count host syncs (under the interpreter) and print one "
@@ -153,7 +161,7 @@ def main() -> None:
     syncs = _syncs_in_subprocess() if args.summary else {}
 
     cols = ["dtype", "codec", "kernel", "regs", "smem", "spills", "instr_per_elem",
-            "all_inline", "hot_instr", "cold_instr", "loads", "stores", "shfl", "bar"]
+            "zero_instr", "all_inline", "hot_instr", "cold_instr", "loads", "stores", "shfl", "bar"]
     print(f"# Triton codec kernels, static cost (sm_{args.arch}, 256 MiB launches)\n")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
@@ -162,6 +170,7 @@ def main() -> None:
     for dname in args.dtype or list(DTYPES):
         for codec in args.codec or ["fixed3", "dense"]:
             totals = {"encode": 0.0, "decode": 0.0}
+            zero = {"encode": 0.0, "decode": 0.0}  # None once a kernel has no zero path
             reads = {"encode": 0, "decode": 0}
             spills = {"encode": 0, "decode": 0}
             for launch in offline.codec_launches(DTYPES[dname], codec):
@@ -170,31 +179,38 @@ def main() -> None:
                 compiled = offline.compile_launch(launch, args.arch)
                 st = offline.sass_stats(launch, compiled)
                 totals[op] += st.per_element
+                zero[op] = None if zero[op] is None or st.zero_per_element is None else (
+                    zero[op] + st.zero_per_element)
                 spills[op] += st.spills
                 row = dict(dtype=dname, codec=codec, kernel=launch.name, regs=st.registers,
                            smem=st.shared_bytes, spills=st.spills,
                            instr_per_elem=round(st.per_element, 1),
+                           zero_instr=_round(st.zero_per_element),
                            all_inline=round(st.all_inline_per_element, 1),
                            hot_instr=st.instructions, cold_instr=st.cold_instructions,
                            loads=st.loads, stores=st.stores, shfl=st.shuffles,
                            bar=st.barriers, loops=st.loops, path_loops=st.path_loops)
                 rows.append(row)
-                fmt = {**row, "loads": _widths(st.loads), "stores": _widths(st.stores)}
+                fmt = {**row, "loads": _widths(st.loads), "stores": _widths(st.stores),
+                       "zero_instr": _text(row["zero_instr"])}
                 print("| " + " | ".join(str(fmt[c]) for c in cols) + " |", flush=True)
                 if args.lines and launch.name == args.lines:
                     profiles.append((dname, codec, launch.name,
-                                     offline.line_profile(launch, compiled)))
+                                     offline.line_profile(launch, compiled,
+                                                          zero=args.zero_lines)))
             for op, v in totals.items():
                 rows.append(dict(dtype=dname, codec=codec, kernel=f"{op} (all kernels)",
-                                 instr_per_elem=round(v, 1), input_reads=reads[op],
-                                 spills=spills[op]))
-                print(f"| {dname} | {codec} | **{op}, all kernels** |  |  |  | **{v:.1f}** |"
-                      + " |" * 7)
+                                 instr_per_elem=round(v, 1), zero_instr=_round(zero[op]),
+                                 input_reads=reads[op], spills=spills[op]))
+                print(f"| {dname} | {codec} | **{op}, all kernels** |  |  |  | **{v:.1f}** | "
+                      f"**{_text(_round(zero[op]))}** |" + " |" * 7)
     print("\ninstr_per_elem: SASS instructions per element a thread handles on the kernel's "
           "longest path, loops counted as often as they run (an escape loop as often as "
-          "Gaussian data makes it: offline.escape_trips); all_inline: every inline "
+          "Gaussian data makes it: offline.escape_trips), its zero path apart; zero_instr: the "
+          "same through the zero path (a full chunk with zeros to flag; with a noinline "
+          "function, the callee's longest path at the call); all_inline: every inline "
           "instruction, both sides of each branch; loads/stores: global accesses of the inline "
-          "code by width (bits, or U8/U16), static counts.")
+          "code but its zero path by width (bits, or U8/U16), static counts.")
     summaries = []
     for dname in args.dtype or list(DTYPES):
         for codec in args.codec or ["fixed3", "dense"]:
@@ -209,7 +225,8 @@ def main() -> None:
                        encode_host_syncs=len(sy["encode"]),
                        decode_host_syncs_before_launch=len(sy["decode_before_launch"]),
                        decode_host_syncs=len(sy["decode"]), sync_sites=sy,
-                       encode_spills=enc["spills"], decode_spills=dec["spills"])
+                       encode_spills=enc["spills"], decode_spills=dec["spills"],
+                       zero_encode_instr=enc["zero_instr"], zero_decode_instr=dec["zero_instr"])
             summaries.append(row)
             rows.append(dict(kernel="summary", **row))
     if summaries:
@@ -219,17 +236,28 @@ def main() -> None:
               f"decode_instr={r['decode_instr']} input_reads={r['input_reads']} "
               f"encode_host_syncs={r['encode_host_syncs']} "
               f"decode_host_syncs_before_launch={r['decode_host_syncs_before_launch']} "
-              f"encode_spills={r['encode_spills']} decode_spills={r['decode_spills']}")
+              f"encode_spills={r['encode_spills']} decode_spills={r['decode_spills']} "
+              f"zero_encode_instr={_text(r['zero_encode_instr'])} "
+              f"zero_decode_instr={_text(r['zero_decode_instr'])}")
     for r in summaries[:1]:
         print(f"  (host syncs of {r['dtype']} {r['codec']}, by source line: {r['sync_sites']})")
     for dname, codec, name, prof in profiles:
-        print(f"\n## {dname} {codec} {name}: longest path by source line\n")
+        what = "the zero path's" if args.zero_lines else "longest path"
+        print(f"\n## {dname} {codec} {name}: {what} by source line\n")
         print("| instr/elem | line | opcodes |\n|---|---|---|")
         for where, n, ops in prof:
             print(f"| {n:.2f} | {where} | {ops} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+
+
+def _round(v):
+    return None if v is None else round(v, 1)
+
+
+def _text(v) -> str:
+    return "none" if v is None else str(v)
 
 
 def _widths(d: dict) -> str:

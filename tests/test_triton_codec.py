@@ -258,6 +258,25 @@ def test_signed_zeros_from_a_mask(device, dtype, codec):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_fixed3_zeros_flagged_with_the_window_at_exponent_0(device):
+    """bf16 x * mask at magnitudes near the smallest normal, both zero signs
+    flagged: the window starts at exponent 0 or 1, below the two zero codes
+    (lo < z), so the exponent lo - z + code of the zero path wraps below 0
+    before it is cut to its field. Byte-identical to torch, decoded bit for
+    bit; every chunk but the tail is coded with both flags."""
+    g = _gen(43)
+    for scale in (2.0 ** -126, 2.0 ** -124):
+        x = torch.randn(2 * C + 9, generator=g) * scale
+        x = (x * (torch.rand(x.numel(), generator=g) > 0.3).float()).bfloat16()
+        p = z.encode(x, codec="fixed3", backend="torch")
+        table, _ = F.read_table(p, F.parse_header(p))
+        assert table.mode[:2].tolist() == [F.MODE_CODED] * 2
+        assert table.flags[:2].tolist() == [F.FLAG_ZPOS | F.FLAG_ZNEG] * 2
+        assert int(table.base[:2].max()) <= 3, table.base
+        _check_against_torch(x.to(device), "fixed3")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("chunk_elems, n, zeros", [
     (1000, 2500, True),     # not a power of 2: a masked tile
     (8, 21, True),          # the smallest chunk the header allows
@@ -683,10 +702,11 @@ def test_fixed3_hot_and_general_chunks(device, dtype, enc_warps, dec_warps, deco
     signs (one short of a flag), a ragged tail. General (fixed3_general):
     both zero signs flagged, +0.0 flagged with three -0.0 kept, 64
     subnormals (no zero to flag, but too many exponents 0 to know without
-    counting the signs), random bits (RAW), fp32 LOW16 with zeros. At 64
-    elements a thread (64-bit escape masks) and 32, for encode and decode.
-    The general functions are counted through their calls under the
-    interpreter."""
+    counting the signs), random bits (RAW), fp32 LOW16 with zeros; for bf16
+    the inline zero paths take all of these but the RAW chunk, which encode
+    still hands to fixed3_general. At 64 elements a thread (64-bit escape
+    masks) and 32, for encode and decode. The general functions are counted
+    through their calls under the interpreter."""
     from zipccl_fsdp.triton_kernels import codec_encode, fixed3_decode, fixed3_encode
     tuning = decode_plans.Tuning(warps=dec_warps, fixed3_warps_16=dec_warps,
                                  fixed3_warps_32=dec_warps)
@@ -739,6 +759,9 @@ def test_fixed3_hot_and_general_chunks(device, dtype, enc_warps, dec_warps, deco
     assert dec_general == 2 + (dtype == torch.float32), paths
     table, _ = F.read_table(p, F.parse_header(p))
     assert int(table.n_esc[1]) >= 64 and int(table.mode[7]) == F.MODE_RAW
+    if dtype == torch.bfloat16:  # the zero paths: full chunks, none all +0.0 here
+        enc_general = int((table.mode == F.MODE_RAW).sum())
+        dec_general = 0
     pg = codec_encode.encode(x.to(device), "fixed3", enc_warps)  # enc_warps warps a program
     assert pg.numel() == p.numel(), (pg.numel(), p.numel())
     assert torch.equal(pg.cpu(), p), f"first differing byte {int((pg.cpu() != p).nonzero()[0, 0])}"

@@ -12,8 +12,12 @@ one).
   longest path, escape loops included, are found on each.
 - fixed3 reads the input with 16-byte loads and writes decoded words with
   16-byte stores, and moves the sm stream in 16-byte words: the chunks
-  that omit zeros (byte-wise sm) are fixed3_general.py's, off the hot
-  path; every kernel stays under the v1 kernels' counts plus ~12%.
+  that omit zeros (byte-wise sm) take the zero paths or fixed3_general.py,
+  off the hot path; every kernel stays under the v1 kernels' counts plus
+  ~12%.
+- The zero path (a chunk with zeros to flag) is counted apart from the hot
+  path: bf16 fixed3's within 2x of the hot path (the 1.3x goal: not yet, a
+  strict xfail).
 - ``--summary``: its lines, the host-sync instrument, and the kernels'
   bounds (one input read, one encode sync, none before decode's launch,
   instructions per element: met; fixed3 fp16 within 10% of bf16's own
@@ -151,6 +155,42 @@ def test_sass_parser_counts_a_ptxas_subroutine_at_its_call():
     assert hot.weight == [1, 4, 4, 1, 1 + 2, 1]
 
 
+def test_sass_parser_sets_the_zero_path_apart():
+    """The zero path (the source lines of a tagged inline function, or the
+    calls of a tagged noinline one with the callee's instructions) is
+    counted apart: the hot path is the longest way that runs none of it,
+    zero_total the longest that runs some of it; without one, None."""
+    assert offline.parse_hot_path(SASS_PATHS, trip_count=4).zero_total is None
+    hot = offline.parse_hot_path(SASS_PATHS, trip_count=4, loop_trips={"k.py:31": 2.5},
+                                 zero_lines={"k.py:22"})
+    path = [i for i, on in enumerate(hot.on_path) if on]
+    assert path == [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12]  # as without a zero path
+    zpath = [i for i, on in enumerate(hot.zero_on_path) if on]
+    assert zpath == [0, 1, 5, 6, 7, 8, 9, 10, 11, 12]  # the if's other side, at line 22
+    assert hot.zero_total == 51 - 3 * 4 + 4
+    # A call of a zero function: the hot path goes around it (the branch at
+    # line 14), the zero path through it with the callee's 7 instructions.
+    hot = offline.parse_hot_path(SASS, trip_count=4, zero_calls={"$k$cold": 7})
+    assert [i for i, on in enumerate(hot.on_path) if on] == [0, 1, 2, 3, 5]
+    assert hot.zero_total == 1 + 4 + 4 + 1 + (1 + 7) + 1
+
+
+def test_zero_path_tags_are_found():
+    """The functions tagged ``# offline: zero path``: fixed3's inline encode
+    zero path (every line of its body), its noinline decode zero path and
+    general functions (the zero path of the dtypes without another)."""
+    lines, names = offline.zero_path()
+    path, name = "fixed3_encode.py", "_encode_zero_pairs"
+    with open(os.path.join(ROOT, "triton_kernels", path)) as f:
+        text = f.read().splitlines()
+    first = next(k for k, ln in enumerate(text, 1) if ln.startswith(f"def {name}("))
+    last = next(k for k in range(first, len(text)) if text[k].startswith("    return"))
+    assert {f"{path}:{k}" for k in range(first, last + 2)} <= lines
+    assert f"{path}:{first - 2}" not in lines  # (the blank line before the decorator)
+    assert not any(ln.startswith("fixed3_decode.py:") for ln in lines)
+    assert {"_decode_zero_pairs", "encode_chunk_general", "decode_chunk_general"} <= names
+
+
 # A uniform branch as sm_100 writes it: the condition an operand before the
 # target (``BRA.U UP4, `(...)``), not a guard. Line 20 branches around a
 # cold call into a loop at line 31 (its back edge such a branch too), all
@@ -201,7 +241,8 @@ def _kernel(rows, dtype, codec, name):
 
 
 SUMMARY_KEYS = ("encode_instr", "decode_instr", "input_reads", "encode_host_syncs",
-                "decode_host_syncs_before_launch", "encode_spills", "decode_spills")
+                "decode_host_syncs_before_launch", "encode_spills", "decode_spills",
+                "zero_encode_instr", "zero_decode_instr")
 
 
 def test_summary_lines(rows):
@@ -219,6 +260,12 @@ def test_summary_lines(rows):
         assert float(fields["encode_instr"]) == row["encode_instr"] == _kernel(
             rows, ln[1], ln[2], "encode (all kernels)")["instr_per_elem"]
         assert int(fields["encode_host_syncs"]) == len(row["sync_sites"]["encode"])
+        for op in ("encode", "decode"):
+            zero = _kernel(rows, ln[1], ln[2], f"{op} (all kernels)")["zero_instr"]
+            assert row[f"zero_{op}_instr"] == zero
+            assert fields[f"zero_{op}_instr"] == ("none" if zero is None else str(zero))
+            if ln[2] == "fixed3":  # an inline zero path, or the general call
+                assert zero is not None and zero > row[f"{op}_instr"], (ln, zero)
         for op in ("encode", "decode"):
             kernels = [r for r in rows if "regs" in r and (r["dtype"], r["codec"]) == tuple(ln[1:3])
                        and r["kernel"].startswith(op)]
@@ -286,6 +333,29 @@ def test_fixed3_fp16_within_ten_percent_of_bf16(rows):
     assert f16["decode_instr"] <= 1.1 * bf["decode_instr"], (f16, bf)
 
 
+def test_fixed3_bf16_zero_chunk_takes_the_inline_zero_path(rows):
+    """A full bf16 chunk with zeros to flag (``x * mask``) costs fixed3 at
+    most 2x the Gaussian hot path's instructions per element, encode and
+    decode: its inline zero path (fixed3_general's noinline walk, which
+    reads the chunk again, costs about 3.6x / 3.5x)."""
+    r = _kernel(rows, "bf16", "fixed3", "summary")
+    assert r["zero_encode_instr"] <= 2.0 * r["encode_instr"], r
+    assert r["zero_decode_instr"] <= 2.0 * r["decode_instr"], r
+
+
+@pytest.mark.xfail(strict=True, reason="fixed3 bf16's zero path counts about 1.8x (encode) "
+                   "and 1.7x (decode) the hot path: encode stores each kept element's sm byte "
+                   "at its rank, a byte and a 64-bit address an element where the hot path "
+                   "stores 16-byte words; both count and flag the zeros and rank the kept "
+                   "elements on top of the hot path's work")
+def test_fixed3_bf16_zero_chunk_within_1_3x_of_the_hot_path(rows):
+    """The goal for a chunk with zeros of either sign: no more than 1.3x
+    the Gaussian hot path's instructions per element, encode and decode."""
+    r = _kernel(rows, "bf16", "fixed3", "summary")
+    assert r["zero_encode_instr"] <= 1.3 * r["encode_instr"], r
+    assert r["zero_decode_instr"] <= 1.3 * r["decode_instr"], r
+
+
 def test_every_kernel_compiles_without_spills(rows):
     """No kernel stores or loads local memory (sm_90), hot path or cold."""
     kernels = [r for r in rows if "regs" in r]
@@ -317,7 +387,8 @@ def test_fixed3_sm_words(rows, dtype):
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_fixed3_sm_accesses_are_wide(rows, dtype):
     """No byte-wise sm on the hot path: a byte store is a padding's, not an
-    element's (the zero-omitting byte scatter is fixed3_general's)."""
+    element's (the zero-omitting byte scatter is the zero path's or
+    fixed3_general's, whose accesses the hot path's counts leave out)."""
     encode = _kernel(rows, dtype, "fixed3", "encode: encode")
     decode = _kernel(rows, dtype, "fixed3", "decode: decode")
     assert "64" in encode["stores"] or "128" in encode["stores"], encode["stores"]

@@ -17,17 +17,22 @@ reads the machine code:
   as it runs: the chunk loop ``trip_count`` times, a data-dependent loop
   as its tag in the source says, ``loop_trips``): the kernel's instruction
   cost, which bounds its speed when it is issue-bound;
-- global loads and stores of the inline code by width (a ``U8`` access per
-  element is what keeps a kernel far from memory bandwidth), shuffles and
-  barriers.
+- global loads and stores of the inline code by width, its zero path
+  apart (a ``U8`` access per element is what keeps a kernel far from
+  memory bandwidth), shuffles and barriers;
+- the same count of instructions for a chunk with zeros to flag, along the
+  longest path through the kernel's zero path (``zero_path``).
 
 The hot path is the kernel's own (inline) code; cold paths are
-``noinline`` functions it calls (a chunk Gaussian data does not make: zeros
-to flag, a RAW chunk), which the SASS holds after the kernel and which are
-counted apart. A program takes one side of each branch, so the longest
-path bounds what any chunk's program executes on the hot path; the sum
-over all inline code (``all_inline_per_element``), which adds up both
-sides of every branch, is kept beside it.
+``noinline`` functions it calls (a chunk Gaussian data does not make: a
+RAW chunk, zeros to flag where the kernel has no inline zero path), which
+the SASS holds after the kernel and which are counted apart. The zero path
+(inline code for a chunk with zeros to flag, or the calls of the noinline
+functions that code such a chunk) is counted apart from the hot path too.
+A program takes one side of each branch, so the longest path bounds what
+any chunk's program executes on the hot path; the sum over all inline code
+(``all_inline_per_element``), which adds up both sides of every branch, is
+kept beside it.
 ``benchmarks/kernel_cost.py`` prints the table.
 
 A development tool, not part of the installed package (nothing installed
@@ -84,6 +89,9 @@ class SassStats:
     spills: int                # STL/LDL anywhere in the kernel's code, noinline functions included
     instructions: int          # static, inline code
     per_element: float         # the longest path, loops counted as they run, per element per thread
+    # the same for a chunk with zeros to flag: the longest path through the
+    # zero path (parse_hot_path); None when the kernel has none
+    zero_per_element: float | None = None
     cold_instructions: int = 0  # static, in noinline functions
     loads: dict = field(default_factory=dict)   # width -> static count (LDG), hot path
     stores: dict = field(default_factory=dict)  # width -> static count (STG), hot path
@@ -167,6 +175,12 @@ class _Hot:
     on_path: list = field(default_factory=list)
     loops: list = field(default_factory=list)
     path_loops: list = field(default_factory=list)  # the loops the longest path runs, by line
+    # The longest path through the zero path (see parse_hot_path), its
+    # instructions summed as they run (calls of zero functions with the
+    # callee's); None when no path reaches it.
+    zero_total: float | None = None
+    zero_on_path: list = field(default_factory=list)
+    in_zero_path: list = field(default_factory=list)  # each instruction: the zero path's
 
 
 def _sass(compiled) -> str:
@@ -174,7 +188,21 @@ def _sass(compiled) -> str:
 
 
 def _hot_path(launch: Launch, sass: str) -> _Hot:
-    return parse_hot_path(sass, launch.trip_count, launch.loop_trips)
+    """The kernel's hot path and zero path (parse_hot_path): the zero path
+    is the kernel's inline one where it has one, else its calls of the
+    tagged noinline functions (``zero_path``)."""
+    lines, names = zero_path()
+    hot = parse_hot_path(sass, launch.trip_count, launch.loop_trips, lines)
+    if hot.zero_total is None:
+        calls = {}
+        for label, body in function_sections(sass).items():
+            if any(re.search(rf"\$_?{re.escape(name)}__", label) for name in names):
+                callee = parse_hot_path(body, 1, launch.loop_trips)
+                calls[label] = sum(w for (_, op), w, on in zip(
+                    callee.rows, callee.weight, callee.on_path) if on and op != "NOP")
+        hot.zero_total = parse_hot_path(sass, launch.trip_count, launch.loop_trips, lines,
+                                        calls).zero_total
+    return hot
 
 
 def spill_instructions(sass: str) -> int:
@@ -186,10 +214,20 @@ def spill_instructions(sass: str) -> int:
     return sum(bool(_SPILL.search(line)) for line in sass.splitlines())
 
 
-def parse_hot_path(sass: str, trip_count: float, loop_trips: dict | None = None) -> _Hot:
+def parse_hot_path(sass: str, trip_count: float, loop_trips: dict | None = None,
+                   zero_lines: set | frozenset = frozenset(), zero_calls: dict | None = None
+                   ) -> _Hot:
     """Read ``nvdisasm -c -g`` output: the kernel's instructions up to its
     first noinline function (cold from there on), each with its source line,
     how often it runs, and whether it lies on the longest path.
+
+    The zero path: instructions of the source lines ``zero_lines`` and calls
+    of the noinline functions ``zero_calls`` names (its section label ->
+    the instructions on the callee's own longest path, counted at the call
+    as it runs) are the code a chunk with zeros to flag takes. With any of
+    them, the longest path is the costliest that runs none of them (the hot
+    path, ``on_path``), and ``zero_total`` the cost of the costliest that
+    runs at least one, the callee's instructions included.
 
     A loop is a backward branch; its body runs ``loop_trips[line]`` times,
     ``line`` the back edge's source line ("file.py:123"), else
@@ -233,12 +271,14 @@ def parse_hot_path(sass: str, trip_count: float, loop_trips: dict | None = None)
         op = m.group(3)
         b = _BRANCH.search(line)
         c = re.search(r"CALL\S*\s+`\((\$__internal_[^)]*)\)", line)
+        callee = re.search(r"CALL\S*\s+`\((\$[^)]*)\)", line)
         rows.append((where, op))
         # conditional: a guard, or a predicate operand other than the true one
         cond = bool(m.group(2)) or bool(b and b.group(1) and b.group(1).lstrip("!")
                                         not in ("PT", "UPT") and "P" in b.group(1))
         branches.append(dict(pred=cond, op=op, target=b.group(2) if b else None,
-                             sub=c.group(1) if c else None))
+                             sub=c.group(1) if c else None,
+                             callee=callee.group(1) if callee else None))
     n = len(rows)
     loop_trips = loop_trips or {}
     succ, back = [], {}  # back: a back edge's source -> the loop's header
@@ -276,18 +316,45 @@ def parse_hot_path(sass: str, trip_count: float, loop_trips: dict | None = None)
         for j in range(t, i + 1):
             weight[j] *= trips
     cost = [weight[i] * (1 + subs.get(branches[i]["sub"], 0)) for i in range(n)]
+    zero_calls = zero_calls or {}
+    extra = [weight[i] * zero_calls.get(branches[i]["callee"], 0) for i in range(n)]
+    is_zero = [rows[i][0] in zero_lines or branches[i]["callee"] in zero_calls
+               for i in range(n)]
+    own = [0 if rows[i][1] == "NOP" else cost[i] for i in range(n)]  # (as per_element counts)
+    # best: the costliest way from i to an exit that runs no zero-path
+    # instruction (-inf where i is one); through: one that runs at least one.
+    none = float("-inf")
     best, step = [0.0] * (n + 1), [None] * n
+    through = [none] * (n + 1)
     for i in range(n - 1, -1, -1):  # every edge left goes forward
+        if is_zero[i]:
+            best[i] = none
+            after = max((max(best[s], through[s]) for s in succ[i]), default=0.0)
+            through[i] = own[i] + extra[i] + after
+            continue
         nxt = max(succ[i], key=lambda s: best[s], default=None)
         best[i] = cost[i] + (best[nxt] if nxt is not None else 0)
         step[i] = nxt
+        through[i] = own[i] + max((through[s] for s in succ[i]), default=none)
     on_path, i = [False] * n, 0 if n else None
     while i is not None:
         on_path[i] = True
         i = step[i]
     path_loops = [rows[max(ends)][0] for t, ends in sorted(latches.items())
                   if any(on_path[t:max(ends) + 1])]
-    return _Hot(rows, cost, cold, on_path, loops, path_loops)
+    zero_total = through[0] if n and through[0] > none else None
+    zero_on_path = [False] * n
+    i, free = (0 if zero_total is not None else None), False
+    while i is not None:  # through's choices, then best's once past the zero path
+        zero_on_path[i] = True
+        if free:
+            i = step[i]
+        elif is_zero[i]:
+            i = max(succ[i], key=lambda s: max(best[s], through[s]), default=None)
+            free = i is not None and best[i] > through[i]
+        else:
+            i = max(succ[i], key=lambda s: through[s], default=None)
+    return _Hot(rows, cost, cold, on_path, loops, path_loops, zero_total, zero_on_path, is_zero)
 
 
 def function_sections(sass: str) -> dict:
@@ -306,16 +373,18 @@ def function_sections(sass: str) -> dict:
     return out
 
 
-def cold_cost(launch: Launch, compiled, function: str) -> float:
+def cold_cost(launch: Launch, compiled, function: str) -> float | None:
     """Instructions per element of a chunk a thread handles on the longest
     path of the noinline function whose name contains ``function`` (its
     loops counted as ``launch.loop_trips`` names them, else once; a call of
     another noinline function counted as the call alone): what a chunk that
     takes that cold path executes there, beside what the kernel did before
-    the call."""
+    the call. None when the kernel has no such function (it never calls it)."""
     sass = _sass(compiled)
-    body = next(text for name, text in function_sections(sass).items()
-                if re.search(rf"\$_?{re.escape(function)}__", name))
+    body = next((text for name, text in function_sections(sass).items()
+                 if re.search(rf"\$_?{re.escape(function)}__", name)), None)
+    if body is None:
+        return None
     hot = parse_hot_path(body, 1, launch.loop_trips)
     return sum(w for (_, op), w, on in zip(hot.rows, hot.weight, hot.on_path)
                if on and op != "NOP") / (_per_thread(launch) / launch.trip_count)
@@ -333,8 +402,10 @@ def sass_stats(launch: Launch, compiled) -> SassStats:
     hot = _hot_path(launch, sass)
     ops = [op for _, op in hot.rows]
     loads, stores = {}, {}
-    for op in ops:
+    for op, zero in zip(ops, hot.in_zero_path):
         head = op.split(".")[0]
+        if zero:  # (the zero path's accesses are not the hot path's)
+            continue
         if head in ("LDG", "STG"):
             width = next((s for s in op.split(".")[1:] if s in
                           ("U8", "S8", "U16", "S16", "64", "128")), "32")
@@ -346,6 +417,7 @@ def sass_stats(launch: Launch, compiled) -> SassStats:
         instructions=len(ops),
         per_element=sum(w for op, w, on in zip(ops, hot.weight, hot.on_path)
                         if on and op != "NOP") / _per_thread(launch),
+        zero_per_element=None if hot.zero_total is None else hot.zero_total / _per_thread(launch),
         all_inline_per_element=sum(w for op, w in zip(ops, hot.weight)
                                    if op != "NOP") / _per_thread(launch),
         loops=hot.loops, path_loops=hot.path_loops,
@@ -354,14 +426,17 @@ def sass_stats(launch: Launch, compiled) -> SassStats:
         barriers=sum(op.startswith("BAR") for op in ops))
 
 
-def line_profile(launch: Launch, compiled, top: int = 20) -> list[tuple]:
+def line_profile(launch: Launch, compiled, top: int = 20, zero: bool = False) -> list[tuple]:
     """The longest path's instructions per element by source line, largest
-    first: (file:line, instructions per element, most frequent opcodes).
-    A jitted function's lines count where the function is written (the debug
-    info has no inlining), so one of its lines may sum several call sites."""
+    first: (file:line, instructions per element, most frequent opcodes);
+    with ``zero``, the zero path's (a call of a noinline function as the
+    call alone). A jitted function's lines count where the function is
+    written (the debug info has no inlining), so one of its lines may sum
+    several call sites."""
     hot = _hot_path(launch, _sass(compiled))
     total, ops = {}, {}
-    for (where, op), w, on in zip(hot.rows, hot.weight, hot.on_path):
+    for (where, op), w, on in zip(hot.rows, hot.weight,
+                                  hot.zero_on_path if zero else hot.on_path):
         if not on:
             continue
         op = op.split(".")[0]
@@ -394,6 +469,40 @@ def tagged_loops(tag: str) -> list:
                 if line.rstrip().endswith(LOOP_TAG + tag):
                     found.append(f"{os.path.basename(path)}:{k}")
     return found
+
+
+# The code a chunk with zeros to flag takes is named the same way: a
+# function whose ``def`` ends with ``# offline: zero path`` (on the line of
+# the closing parenthesis). An inline one is its body's source lines; a
+# noinline one, its calls (counted with the callee's instructions).
+ZERO_TAG = LOOP_TAG + "zero path"
+
+
+@functools.lru_cache(maxsize=1)
+def zero_path() -> tuple:
+    """(the source lines "file.py:123" of the tagged inline functions'
+    bodies, the names of the tagged noinline functions) over the kernels."""
+    import glob
+    lines, names = set(), set()
+    kernels = os.path.dirname(zipccl_fsdp.triton_kernels.__file__)
+    for path in sorted(glob.glob(os.path.join(kernels, "*.py"))):
+        with open(path) as f:
+            text = f.read().splitlines()
+        for k, line in enumerate(text):
+            if not line.rstrip().endswith(ZERO_TAG):
+                continue
+            d = k
+            while not text[d].startswith("def "):
+                d -= 1
+            name = re.match(r"def (\w+)", text[d]).group(1)
+            if "noinline=True" in text[d - 1]:
+                names.add(name)
+                continue
+            end = k + 1
+            while end < len(text) and not re.match(r"[^\s#]", text[end]):
+                end += 1
+            lines.update(f"{os.path.basename(path)}:{j + 1}" for j in range(d, end))
+    return frozenset(lines), frozenset(names)
 
 
 @functools.lru_cache(maxsize=64)

@@ -23,9 +23,15 @@ at most 64 elements a thread:
 - the decoded escape count against the entry, escapes naming an exponent
   the dtype has, and every padding byte zero.
 
-A chunk with flagged zeros or LOWBYTE (whose low length, the bitmap's set
-bits, is counted before the offsets are checked), and every chunk of a
-wider tile, is decoded by fixed3_general.decode_chunk_general; a RAW chunk by decode_raw_words: both
+A bf16 chunk with flagged zeros takes the zero path (``_decode_zero_pairs``):
+each kept element's sm byte gathered at its rank among the kept (tl.gather
+from the stream read whole), a zero's word its sign, the whole tile at once
+like the hot path; noinline (it takes scalars and reads its streams from
+the payload like the hot path), so that its registers are not the hot
+path's. A chunk with flagged zeros of another dtype or LOWBYTE (whose low
+length, the bitmap's set bits, is counted before the offsets are checked),
+and every chunk of a wider tile, is decoded by
+fixed3_general.decode_chunk_general; a RAW chunk by decode_raw_words: both
 noinline, off the hot path.
 
 Error bits (``ERR_*`` of _codec_common.py) are returned to the caller, which
@@ -38,8 +44,8 @@ import triton.language as tl
 
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING, ERR_TABLE,
                             align16, bitmap_count, fixed3_layout, fixed_window, load_rows3,
-                            load_words, load_words24, low_bit_index, pad_nonzero, store_rows,
-                            store_zero_words, ttile, unpack_bytes)
+                            load_words, load_words24, low_bit_index, pad_nonzero, row_mask,
+                            store_rows, store_zero_words, ttile, unpack_bytes)
 from .fixed3_encode import L2, escape_masks, popc_mask
 from .fixed3_general import decode_chunk_general, padding_error
 
@@ -109,10 +115,12 @@ def _decode_other(p_ptr, dst, c, n, nch, offsets_off, body_off, body_nbytes, bad
                   EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr, CP: tl.constexpr,
                   T: tl.constexpr):
     """A chunk without LOWBYTE (or with a bad entry): its offsets checked,
-    then decoded by the hot path, the general one or decode_raw_words."""
+    then decoded by the hot path, the zero path (bf16), the general one or
+    decode_raw_words."""
     G: tl.constexpr = CP // (8 * T)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
+    ZERO_PAIRS: tl.constexpr = G <= 8 and ITEMSIZE == 2 and not IS_FP16
     codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = fixed3_layout(
         n, coded, low16, 0, nz, nesc, 0, ITEMSIZE, IS_FP16)
     seg = tl.where(mode == 2, 0, seg)  # ZERO: no segment
@@ -140,6 +148,10 @@ def _decode_other(p_ptr, dst, c, n, nch, offsets_off, body_off, body_nbytes, bad
             else:
                 err = decode_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc, 0,
                                            ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
+        elif ZERO_PAIRS:
+            err = _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb,
+                                     rem_nb, esc_nb, a_sm, a_rem, a_esc, seg, EXP_BITS,
+                                     MAN_BITS, G, T)
         else:
             err = decode_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc, 0,
                                        ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
@@ -242,6 +254,94 @@ def _decode_hot(src, dst, n, lim, lo, low16, codes_nb, sm_nb, rem_nb, esc_nb, a_
     err = err | _patch_escapes(dst, src + a_esc, tl.minimum(esc_nb, lim - a_esc), emask, esc_t,
                                e_at, kmax, n, EXP_BITS, MAN_BITS, T, G)
     return err
+
+
+@triton.jit(noinline=True)
+def _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb, rem_nb, esc_nb,
+                       a_sm, a_rem, a_esc, seg, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
+                       G: tl.constexpr, T: tl.constexpr):  # offline: zero path
+    """The zero path of 16-bit words without a rem stream (bf16): a CODED
+    chunk with flagged zeros (ZPOS, ZNEG or both), its layout checked
+    against the body: its error bits. A kept element (code z or more) takes
+    the sm byte at its rank among the kept (an exclusive count in the row by
+    a multiply, over the thread's rows in the thread, over the threads by
+    one scan: fixed3_encode._encode_zero_pairs' ranks), gathered from the sm
+    stream, read whole with wide loads (tl.gather: through shared memory, an
+    element's load addressed by its rank alone); a zero's word is its sign
+    alone. The kept and escape counts are checked against the entry first;
+    escapes are patched as on the hot path. Noinline: it takes scalars only,
+    and its registers (more than the hot path's) do not become the kernel's
+    allocation around the hot path."""
+    CP: tl.constexpr = 8 * G * T
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    FIELD: tl.constexpr = EMAX << MAN_BITS
+    SGN: tl.constexpr = 1 << MAN_BITS
+    zp = (flags >> 1) & 1
+    zn = (flags >> 2) & 1
+    z = zp + zn
+    lo, _ = fixed_window(base, phase, z, EMAX)
+    lim = tl.minimum(tl.maximum(lim, 0), 1 << 30).to(tl.int32)
+    a_sm = 16 * (a_sm >> 4)
+    t = tl.arange(0, T)
+    r = t[:, None] * G + tl.arange(0, G)[None, :]  # row index, [T, G]
+    acc = load_codes(src, r, tl.minimum(codes_nb, lim), tl.minimum(a_sm, lim), T, G) & row_mask(
+        n, r)
+    emask = escape_masks(acc, T, G)
+    esc_t = popc_mask(emask)
+    pre, rc = _row_kept(_kept_flags(acc, z))
+    rt = tl.sum(rc, axis=1)
+    ek = tl.cumsum(esc_t | (rt << 16), axis=0)  # one scan: escapes, kept << 16 (each < 2**16)
+    e_incl = ek & 0xFFFF
+    k_incl = ek >> 16
+    bad_t = (t == T - 1) & ((e_incl != esc_nb) | (k_incl != n - nz))
+    top = tl.max(esc_t | (bad_t.to(tl.int32) << 16), axis=0)
+    err = tl.where(top > 0xFFFF, ERR_COUNTS, 0)
+    if err == 0:
+        # An element's rank: the kept before it in the chunk (less than CP).
+        rb = tl.cumsum(rc, axis=1) - rc + (k_incl - rt)[:, None]
+        q = tl.arange(0, 8)[None, None, :]
+        rank = rb[:, :, None] + ((pre[:, :, None] >> (3 * q)) & 7)
+        # The sm stream and its zero padding (inside the body: checked).
+        j = tl.arange(0, CP)
+        sm = tl.load(src + a_sm + j, mask=j < 16 * ((a_rem - a_sm) >> 4), other=0)
+        b = tl.reshape(tl.gather(sm, tl.reshape(rank, (CP, )), 0), (T, G, 8)).to(tl.uint32)
+        b0, b1 = tl.split(tl.reshape(b, (T, G, 4, 2)))
+        s2 = b0 | (b1 << 16)
+        # Kept where code + 8 - z sets bit 3 of the lane. A zero: -0.0 when
+        # ZNEG and not ZPOS, or both and its code is 1 (zp): bit 15 of
+        # (code << 15 | all when not ZPOS) & (all when ZNEG).
+        c2 = _code_pairs(acc)
+        keep = (((c2 + ((8 - z) * L2).to(tl.uint32)) >> 3) & L2) * 0xFFFF
+        neg = ((c2 << 15) | ((1 - zp).to(tl.uint32) * (0x8000 * L2))) & (zn.to(tl.uint32) * (
+            0x8000 * L2))
+        # The exponent lo - z + code, to its field (lo - z may be below 0).
+        lane = ((((lo - z) & EMAX) << MAN_BITS) * L2).to(tl.uint32)
+        e2 = (c2 * SGN + lane) & (FIELD * L2)
+        w = (((s2 + (s2 & (SGN * L2)) * EMAX) | e2) & keep) | (neg & (keep ^ 0xFFFFFFFF))
+        word = tl.reshape(tl.join(w, w >> 16), (T, G, 8)).to(tl.int16)
+        store_rows(dst, ttile(G, T), n, word, 2, G, T)
+        err = padding_error(src, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc, esc_nb, seg, lim)
+        a_esc = 16 * (a_esc >> 4)
+        err = err | _patch_escapes(dst, src + a_esc, tl.minimum(esc_nb, lim - a_esc), emask,
+                                   esc_t, e_incl - esc_t, top & 0xFFFF, n, EXP_BITS, MAN_BITS,
+                                   T, G)
+    return err
+
+
+@triton.jit
+def _kept_flags(acc, z):
+    """Rows of eight 3-bit codes (24-bit words) -> a flag at 3 q for each
+    code of at least z (z = 1 or 2: not a flagged zero)."""
+    return tl.where(z == 1, acc | (acc >> 1) | (acc >> 2), (acc >> 1) | (acc >> 2)) & 0x249249
+
+
+@triton.jit
+def _row_kept(kf):
+    """Flags at 3 q (q < 8) -> the flags before each q (field q of the word,
+    at most 7: (kf << 3) times 0x249249 sums fields 0 .. q - 1 into field q
+    without a carry) and the row's count."""
+    pre = (kf << 3) * 0x249249
+    return pre, ((pre >> 21) & 7) + ((kf >> 21) & 1)
 
 
 @triton.jit

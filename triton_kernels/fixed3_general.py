@@ -2,11 +2,12 @@
 fixed3_encode.py and fixed3_decode.py.
 
 The hot kernels code the chunks Gaussian data makes (too few exponent
-fields 0 for a zero sign to be flagged) with the whole chunk in registers.
-Every other chunk comes here: zeros of either sign flagged and their
-sign+mantissa omitted, RAW chunks, fp32 LOWBYTE chunks (a row's bitmap byte
-at its row index, the nonzero low bytes ranked like the escapes), and tiles
-the hot path does not take. These functions are ``noinline``,
+fields 0 for a zero sign to be flagged) with the whole chunk in registers,
+and bf16 chunks with zeros to flag by their inline zero paths. Every other
+chunk comes here: zeros of either sign flagged and their sign+mantissa
+omitted (fp16, fp32, bf16's ragged last chunk on encode), RAW chunks, fp32
+LOWBYTE chunks (a row's bitmap byte at its row index, the nonzero low bytes
+ranked like the escapes), and tiles the hot path does not take. These functions are ``noinline``,
 so their code is not on the hot kernels' path (tools/offline.py
 counts them apart), and they take scalars only: each reads what it needs
 again (the chunk from L1/L2: the input is read from memory once).
@@ -146,7 +147,7 @@ def place_chunk(out_ptr, status_ptr, c, n, table_off, offsets_off, body_off,
 def encode_chunk_general(x_ptr, out_ptr, status_ptr, c, start, n, table_off,
                          offsets_off, body_off, known, base, phase, zeros, low16,
                          ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
-                         CP: tl.constexpr, T: tl.constexpr):
+                         CP: tl.constexpr, T: tl.constexpr):  # offline: zero path
     """Encode chunk c (``n`` elements from ``start``) completely: its fields
     (the locator, the +0.0 and -0.0 counts (low and high 16 bits of
     ``zeros``) and LOW16 given when ``known``, else chunk_statistics'),
@@ -331,7 +332,7 @@ def _write_coded(x_ptr, start, n, dst, lo, width, zp, zn, low16, lowbyte, before
 @triton.jit(noinline=True)
 def decode_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc, n_low,
                          ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
-                         CP: tl.constexpr, T: tl.constexpr):
+                         CP: tl.constexpr, T: tl.constexpr):  # offline: zero path
     """Decode a CODED chunk whose entry and offsets are checked (its segment
     at ``src``, ``lim`` body bytes from there; every load is masked to its
     sub-stream and to the body), in two walks: each thread's kept and
