@@ -14,7 +14,7 @@ installed)::
 (b) GB/s (input bytes / time; CUDA events, warmup, median of several) of
     triton encode and decode for fixed3 and dense on Gaussian bf16 at 4 MiB
     to 1 GiB, and at 256 MiB on fp32 bf16-casts, bf16 x * mask (30% zeros:
-    the fixed3 kernels' zero path) and Gaussian fp16 (fixed3), beside
+    fixed3 decode's zero path) and Gaussian fp16 (fixed3), beside
     ``Tensor.copy_`` of the same bytes; the torch backend at 64 MiB for
     comparison.
 (c) Where a fixed3 call's time goes: wall time beside each kernel's device
@@ -323,8 +323,8 @@ def throughput(smoke: bool) -> None:
             x32 = torch.randn(nbytes // 4, generator=g, device=DEV).bfloat16().float()
             bench_tensor(f"fp32 bf16-casts {nbytes / MiB:g} MiB", x32, reps=reps)
             del x32
-            # x * mask: 30% zeros of both signs, every full chunk through
-            # the zero path of the fixed3 kernels (inline, beside the hot path)
+            # x * mask: 30% zeros of both signs, every chunk through
+            # fixed3 decode's zero path (encode: fixed3_general's)
             keep = torch.rand(nbytes // 2, generator=g, device=DEV) >= 0.3
             xm = x * keep.to(x.dtype)
             del keep

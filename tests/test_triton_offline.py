@@ -16,8 +16,8 @@ one).
   off the hot path; every kernel stays under the v1 kernels' counts plus
   ~12%.
 - The zero path (a chunk with zeros to flag) is counted apart from the hot
-  path: bf16 fixed3's within 2x of the hot path (the 1.3x goal: not yet, a
-  strict xfail).
+  path: bf16 fixed3's decode within 2x of the hot path (the 1.3x goal: not
+  yet, a strict xfail).
 - ``--summary``: its lines, the host-sync instrument, and the kernels'
   bounds (one input read, one encode sync, none before decode's launch,
   instructions per element: met; fixed3 fp16 within 10% of bf16's own
@@ -176,18 +176,11 @@ def test_sass_parser_sets_the_zero_path_apart():
 
 
 def test_zero_path_tags_are_found():
-    """The functions tagged ``# offline: zero path``: fixed3's inline encode
-    zero path (every line of its body), its noinline decode zero path and
-    general functions (the zero path of the dtypes without another)."""
+    """The functions tagged ``# offline: zero path``: fixed3's noinline
+    decode zero path and general functions (the zero path where the kernel
+    has no other); no inline one, so no source line of the kernels."""
     lines, names = offline.zero_path()
-    path, name = "fixed3_encode.py", "_encode_zero_pairs"
-    with open(os.path.join(ROOT, "triton_kernels", path)) as f:
-        text = f.read().splitlines()
-    first = next(k for k, ln in enumerate(text, 1) if ln.startswith(f"def {name}("))
-    last = next(k for k in range(first, len(text)) if text[k].startswith("    return"))
-    assert {f"{path}:{k}" for k in range(first, last + 2)} <= lines
-    assert f"{path}:{first - 2}" not in lines  # (the blank line before the decorator)
-    assert not any(ln.startswith("fixed3_decode.py:") for ln in lines)
+    assert not any(ln.startswith(("fixed3_decode.py:", "fixed3_encode.py:")) for ln in lines)
     assert {"_decode_zero_pairs", "encode_chunk_general", "decode_chunk_general"} <= names
 
 
@@ -333,21 +326,21 @@ def test_fixed3_fp16_within_ten_percent_of_bf16(rows):
     assert f16["decode_instr"] <= 1.1 * bf["decode_instr"], (f16, bf)
 
 
-def test_fixed3_bf16_zero_chunk_takes_the_inline_zero_path(rows):
-    """A full bf16 chunk with zeros to flag (``x * mask``) costs fixed3 at
-    most 2x the Gaussian hot path's instructions per element, encode and
-    decode: its inline zero path (fixed3_general's noinline walk, which
-    reads the chunk again, costs about 3.6x / 3.5x)."""
+def test_fixed3_bf16_zero_chunk_decode_takes_the_zero_path(rows):
+    """A full bf16 chunk with zeros to flag (``x * mask``) costs fixed3's
+    decode at most 2x the Gaussian hot path's instructions per element:
+    its zero path (fixed3_general's noinline walk, which reads the chunk
+    twice, costs about 3.5x)."""
     r = _kernel(rows, "bf16", "fixed3", "summary")
-    assert r["zero_encode_instr"] <= 2.0 * r["encode_instr"], r
     assert r["zero_decode_instr"] <= 2.0 * r["decode_instr"], r
 
 
-@pytest.mark.xfail(strict=True, reason="fixed3 bf16's zero path counts about 1.8x (encode) "
-                   "and 1.7x (decode) the hot path: encode stores each kept element's sm byte "
-                   "at its rank, a byte and a 64-bit address an element where the hot path "
-                   "stores 16-byte words; both count and flag the zeros and rank the kept "
-                   "elements on top of the hot path's work")
+@pytest.mark.xfail(strict=True, reason="fixed3 bf16's zero chunk counts about 3.6x (encode: "
+                   "fixed3_general's walk; an inline zero path counted 1.8x but took the "
+                   "kernel from 96 to 167 registers, which Gaussian chunks would pay in "
+                   "occupancy) and 1.7x (decode) the hot path: decode gathers each kept "
+                   "element's sm byte at its rank, ranks the kept elements and flags the "
+                   "zeros on top of the hot path's work")
 def test_fixed3_bf16_zero_chunk_within_1_3x_of_the_hot_path(rows):
     """The goal for a chunk with zeros of either sign: no more than 1.3x
     the Gaussian hot path's instructions per element, encode and decode."""

@@ -632,7 +632,7 @@ def _decode_full(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
 @triton.jit(noinline=True)
 def _decode_zeros(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4,
                   ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
-                  CP: tl.constexpr, T: tl.constexpr):
+                  CP: tl.constexpr, T: tl.constexpr):  # offline: zero path
     """Cold code: a full CODED chunk with zeros (a zero flag or n_zero > 0),
     whose kept elements' sm bytes are read at their rank among the kept."""
     return _decode_full(src, dst, n, flags, base, phase, nz, nesc, o1, o2, o3, o4, ITEMSIZE,

@@ -966,7 +966,8 @@ def _encode_general(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off
 @triton.jit(noinline=True)
 def _encode_zeros(x_ptr, out_ptr, status_ptr, total_ptr, numel, nch, table_off, offsets_off,
                   body_off, c, qq, nzero, low16, ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
-                  MAN_BITS: tl.constexpr, C: tl.constexpr, T: tl.constexpr):
+                  MAN_BITS: tl.constexpr, C: tl.constexpr,
+                  T: tl.constexpr):  # offline: zero path
     """A full chunk with ``nzero`` exact zeros of either sign (x * mask data:
     dropout, ReLU backward, routing masks), its locator ``qq`` (4 x base +
     phase) and ``low16`` from the kernel's analysis. Cold code: it reads the

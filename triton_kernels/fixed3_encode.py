@@ -30,18 +30,12 @@ registers:
   chunk, after its writes, the body length and the header
   (``_lookback.finish_payload``).
 
-A full bf16 chunk the hot path leaves (zeros to flag, or many subnormals)
-takes the zero path (``_encode_zero_pairs``), inline from the same tile:
-the codes with the zero codes, the kept elements' sm bytes stored a byte
-each at their rank among the kept (counted in the row by a multiply, over
-the thread's rows, over the threads by one scan).
-
-Every other chunk (zeros to flag in fp16 and fp32, or in the ragged last
-chunk; a ZERO chunk; a chunk stored RAW; an fp32 chunk that takes LOWBYTE:
-the hot path counts its nonzero low bytes to know) and tiles of more than
-64 elements a thread are encoded by fixed3_general.encode_chunk_general, a
-noinline function: off the hot path, reading the chunk again; the hot path
-hands it the statistics and the counts of +0.0 and -0.0 it needs.
+Every other chunk (zeros to flag, a chunk stored RAW, an fp32 chunk that
+takes LOWBYTE: the hot path counts its nonzero low bytes to know) and tiles
+of more than 64 elements a thread are encoded by
+fixed3_general.encode_chunk_general, a noinline function: off the hot
+path, reading the chunk again; the hot path hands it the statistics and
+the counts of +0.0 and -0.0 it needs.
 
 16-bit words are handled two to a 32-bit register (lanes: element 2j low,
 2j + 1 high), whose fields are computed by lane arithmetic that carries
@@ -175,89 +169,7 @@ def _encode_pairs(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table
         zt = tl.sum(tl.sum((pz >> 15) + (ng >> 7), axis=2), axis=1)  # 8-bit fields
         zeros = tl.sum((((zt & 0xFF) + ((zt >> 16) & 0xFF)) | (
             (((zt >> 8) & 0xFF) + (zt >> 24)) << 16)).to(tl.int32), axis=0)
-        if not IS_FP16:  # (fp16's rem stream of kept elements is fixed3_general's)
-            # (A ZERO chunk and the ragged last chunk are fixed3_general's.)
-            if ((zeros & 0xFFFF) != n) & (n == CP):
-                done, end = _encode_zero_pairs(
-                    x_ptr, out_ptr, status_ptr, c, start, n, table_off, offsets_off, body_off,
-                    pr, u, pz, ng, base, phase, zeros & 0xFFFF, zeros >> 16, EXP_BITS, MAN_BITS,
-                    CP, T)
     return done, base, phase, zeros, end
-
-
-@triton.jit
-def _encode_zero_pairs(x_ptr, out_ptr, status_ptr, c, start, n, table_off, offsets_off,
-                       body_off, pr, u, pz, ng, base, phase, npos, nneg,
-                       EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr, CP: tl.constexpr,
-                       T: tl.constexpr):  # offline: zero path
-    """The zero path of 16-bit words without a rem stream (bf16): a full
-    chunk the hot path leaves (enough exponent fields 0 for a zero sign to
-    be flagged) that is not all +0.0, from the hot path's tile of pairs ``pr``,
-    exponent fields ``u``, lanes of +0.0 and -0.0 (bit 15 of ``pz``,
-    ``ng``), locator and counts of +0.0 and -0.0. The codes take the flagged
-    zero codes; the sm stream holds the kept elements' bytes at their ranks
-    among the kept, stored a byte each: a byte's rank in the thread (an
-    exclusive count in the row by a multiply, bytes of two words, plus the
-    rows before it) from the thread's start (one scan over the threads).
-    Returns whether it took the chunk (stored CODED: else fixed3_general's)
-    and the segment's end."""
-    G: tl.constexpr = CP // (8 * T)
-    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
-    SGN: tl.constexpr = 1 << MAN_BITS
-    HI: tl.constexpr = 0x8000 * L2
-    zp = ((npos << FIXED_ZERO_SHIFT) >= n).to(tl.int32)
-    zn = ((nneg << FIXED_ZERO_SHIFT) >= n).to(tl.int32)
-    nz = zp * npos + zn * nneg
-    z = zp + zn
-    lo, width = fixed_window(base, phase, z, EMAX)
-    # Codes as the hot path's, the window 7 - z wide from code z; then each
-    # zero of a flagged sign takes its code: 0 for +0.0, zp for -0.0.
-    v = (u + (((0x8000 - lo) & 0x7FFF) * L2).to(tl.uint32)) & 0x7FFF7FFF
-    out = ((v + (((0x8000 - width) * L2).to(tl.uint32))) >> 15) & L2
-    c2 = ((v + (z * L2).to(tl.uint32)) & (7 * L2)) | (out * 7)
-    fneg = ng & (zn.to(tl.uint32) * HI)
-    zl = ((pz & (zp.to(tl.uint32) * HI)) | fneg) >> 15  # 1 in a flagged zero's lane
-    c2 = (c2 & ((L2 - zl) * 7)) | ((fneg >> 15) * zp.to(tl.uint32))
-    r = tl.arange(0, T)[:, None] * G + tl.arange(0, G)[None, :]  # row index, [T, G]
-    acc = _pair_rows3(c2)
-    emask, esc_t, e_at, n_esc, kmax = escape_counts(acc, T, G)
-    done = n < 0  # (False)
-    end = tl.zeros([], tl.int64)
-    if is_coded(n, 0, 0, nz, n_esc, 0, 2, False):
-        dst, coded, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, end = place_chunk(
-            out_ptr, status_ptr, c, n, table_off, offsets_off, body_off, 0, 0, zp, zn, base,
-            phase, nz, n_esc, 0, 2, False)
-        a_sm = 16 * (a_sm >> 4)
-        a_rem = 16 * (a_rem >> 4)
-        a_esc = 16 * (a_esc >> 4)
-        store_codes(dst, acc, r, codes_nb, a_sm, T, G)
-        # Kept (not a flagged zero): a flag at 3 q of a row's word, spread to
-        # byte q of two words (elements 0..3, 4..7: bits 0, 3, 6, 9 times
-        # 0x8421 land on 0, 8, 16, 24, no two products on one bit).
-        kl = zl ^ L2
-        kf = _pair_rows3(kl)
-        k0 = ((kf & 0x249) * 0x8421) & 0x01010101
-        k1 = (((kf >> 12) & 0x249) * 0x8421) & 0x01010101
-        c0 = (k0 * 0x01010101) >> 24  # kept among elements 0..3
-        rc = c0 + ((k1 * 0x01010101) >> 24)
-        rb = tl.cumsum(rc, axis=1) - rc  # the thread's kept before the row
-        rt = tl.sum(rc, axis=1)
-        # Byte q: the element's rank in the thread (at most 63).
-        p0 = k0 * 0x01010100 + rb * 0x01010101
-        p1 = k1 * 0x01010100 + (rb + c0) * 0x01010101
-        k4 = tl.arange(0, 4)[None, None, None, :]
-        pp = tl.join(p0, p1)[:, :, :, None]
-        rank = tl.reshape((pp >> (8 * k4)) & 0xFF, (T, G, 8))
-        kept = tl.reshape(tl.join(kl & 1, kl >> 16), (T, G, 8)) != 0
-        sm2 = ((pr >> EXP_BITS) & (SGN * L2)) | (pr & ((SGN - 1) * L2))
-        sm = tl.reshape(tl.join(sm2, sm2 >> 16), (T, G, 8)).to(tl.uint8)
-        at = dst + a_sm + (tl.cumsum(rt, axis=0) - rt)  # the thread's first kept byte
-        tl.store(at[:, None, None] + rank, sm, mask=kept)
-        zero_pad(dst + a_sm, sm_nb, a_rem - a_sm)
-        store_escapes(x_ptr + start, dst + a_esc, emask, esc_t, e_at, kmax, n, esc_nb,
-                      MAN_BITS, EMAX, T, G)
-        done = n >= 0  # (True)
-    return done, end
 
 
 @triton.jit
@@ -432,10 +344,7 @@ def store_escapes(x, esc_dst, emask, esc_t, e_at, kmax, n, n_esc, MAN_BITS: tl.c
     tw = tl.arange(0, T) * (8 * G)
     xw = x + tw
     m = emask
-    # 1 (n_esc >= 0), but not to the compiler (a sum over the threads; n may
-    # be a constant where the caller knows the chunk is full): it does not
-    # unroll the loop.
-    one = (n_esc >> 31) + 1
+    one = (n >> 31) + 1  # 1 (n >= 0), but not to the compiler: it does not unroll the loop
     k = tl.zeros([], tl.int32)
     while k < kmax:  # offline: escape rounds
         m = _store_escape(xw, tw, esc_dst, m, e_at + k, k < esc_t, MAN_BITS, EMAX)

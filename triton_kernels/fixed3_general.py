@@ -3,11 +3,12 @@ fixed3_encode.py and fixed3_decode.py.
 
 The hot kernels code the chunks Gaussian data makes (too few exponent
 fields 0 for a zero sign to be flagged) with the whole chunk in registers,
-and bf16 chunks with zeros to flag by their inline zero paths. Every other
+and bf16 chunks with zeros to flag by decode's zero path. Every other
 chunk comes here: zeros of either sign flagged and their sign+mantissa
-omitted (fp16, fp32, bf16's ragged last chunk on encode), RAW chunks, fp32
-LOWBYTE chunks (a row's bitmap byte at its row index, the nonzero low bytes
-ranked like the escapes), and tiles the hot path does not take. These functions are ``noinline``,
+omitted (every encode; fp16 and fp32 decode, and bf16's tiles of more
+than 64 elements a thread), RAW chunks, fp32 LOWBYTE chunks (a row's bitmap
+byte at its row index, the nonzero low bytes ranked like the escapes), and
+tiles the hot path does not take. These functions are ``noinline``,
 so their code is not on the hot kernels' path (tools/offline.py
 counts them apart), and they take scalars only: each reads what it needs
 again (the chunk from L1/L2: the input is read from memory once).
