@@ -8,10 +8,9 @@ function's own longest path (``offline.cold_cost``: the same counting,
 loops at their trips, a call of another noinline function counted as the
 call alone), so that what a chunk off the hot path costs can be read:
 
-- fixed3: a chunk with zeros to flag where the kernel has no inline zero
-  path (fp16, fp32; bf16 encode: the ragged last chunk), a RAW chunk
-  (encode ``encode_chunk_general``; decode ``decode_chunk_general``, RAW
-  ``decode_raw_words``);
+- fixed3: a chunk with zeros to flag (encode ``encode_chunk_general``;
+  decode: bf16 ``_decode_zero_pairs``, the other dtypes
+  ``decode_chunk_general``), a RAW chunk (``decode_raw_words``);
 - dense: a full chunk with zeros (encode ``_encode_zeros``, decode
   ``_decode_zeros``), an fp32 chunk that may take LOWBYTE (encode
   ``_encode_general``), the ragged last chunk, a RAW chunk.
@@ -42,7 +41,8 @@ import torch  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 COLD = {("fixed3", "encode"): ("encode_chunk_general",),
-        ("fixed3", "decode"): ("decode_chunk_general", "decode_raw_words"),
+        ("fixed3", "decode"): ("_decode_zero_pairs", "decode_chunk_general",
+                                   "decode_raw_words"),
         ("dense", "encode"): ("_encode_zeros", "_encode_general", "_encode_tail", "_write_raw"),
         ("dense", "decode"): ("_decode_zeros", "_decode_general", "_decode_raw")}
 
