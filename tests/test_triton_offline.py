@@ -229,6 +229,39 @@ def test_sass_parser_reads_uniform_branches_and_counts_every_spill():
     assert offline.spill_instructions(SASS) == 0
 
 
+# A loop as sm_100 may close it: the back edge (line 40) after the body's
+# last line, the loop's own line (33) in effect at its header label.
+SASS_LATE_BACK_EDGE = """\
+        .global         k
+k:
+	//## File "/x/k.py", line 33
+        /*0000*/                   UMOV UR6, URZ ;
+.L_x_0:
+	//## File "/x/k.py", line 36
+        /*0010*/                   IADD3 R2, R2, 0x1, RZ ;
+	//## File "/x/k.py", line 40
+        /*0020*/                   LOP3.LUT R3, R3, R2, RZ, 0xfc, !PT ;
+        /*0030*/                   BRA.U UP0, `(.L_x_0) ;
+        /*0040*/                   EXIT ;
+"""
+
+
+def test_sass_parser_names_a_loop_by_its_header_when_the_back_edge_line_has_no_trips():
+    """A back edge whose source line names no trips takes those of the line
+    in effect at the loop's header, else of a line of its body (sm_100
+    closed fixed3_general's row loops after their last line, and they
+    counted one trip); the back edge's own line wins when it names trips."""
+    hot = offline.parse_hot_path(SASS_LATE_BACK_EDGE, trip_count=1, loop_trips={"k.py:33": 8})
+    assert hot.loops == [("k.py:40", 8, 3)]
+    assert sum(w for w, on in zip(hot.weight, hot.on_path) if on) == 1 + 3 * 8 + 1
+    hot = offline.parse_hot_path(SASS_LATE_BACK_EDGE, trip_count=1,
+                                 loop_trips={"k.py:33": 8, "k.py:40": 2})
+    assert hot.loops == [("k.py:40", 2, 3)]
+    # Other lines' code scheduled before the header: a line of the body.
+    hot = offline.parse_hot_path(SASS_LATE_BACK_EDGE, trip_count=1, loop_trips={"k.py:36": 8})
+    assert hot.loops == [("k.py:40", 8, 3)]
+
+
 def _kernel(rows, dtype, codec, name):
     return next(r for r in rows if (r["dtype"], r["codec"], r["kernel"]) == (dtype, codec, name))
 

@@ -230,7 +230,11 @@ def parse_hot_path(sass: str, trip_count: float, loop_trips: dict | None = None,
     runs at least one, the callee's instructions included.
 
     A loop is a backward branch; its body runs ``loop_trips[line]`` times,
-    ``line`` the back edge's source line ("file.py:123"), else
+    ``line`` the back edge's source line ("file.py:123") or, when that line
+    names no trips, the line in effect at the loop's header label, or else
+    the first line of the loop's own body (not an inner loop's) that names
+    trips and no other loop's (sm_100 may close a loop after the body's
+    last line and schedule other lines' code before its header), else
     ``trip_count``; a loop inside another runs the product. The longest path
     is the costliest way from the kernel's entry to an exit through its
     control flow with each back edge taken as the loop's exit: a program
@@ -242,6 +246,7 @@ def parse_hot_path(sass: str, trip_count: float, loop_trips: dict | None = None,
     subroutine (``$__internal_...``, a 64-bit division) counts the
     subroutine's instructions at the call."""
     where, rows, labels, branches, cold = "?", [], {}, [], 0
+    head_where = {}  # a label's row -> the source line in effect at it
     lines = sass.splitlines()
     subs, sub, kernel_done = {}, None, False
     for k, line in enumerate(lines):
@@ -264,6 +269,7 @@ def parse_hot_path(sass: str, trip_count: float, loop_trips: dict | None = None,
         m = _LABEL.match(line.strip())
         if m:
             labels[m.group(1)] = len(rows)
+            head_where.setdefault(len(rows), where)
             continue
         m = _INSTR.search(line)
         if not m:
@@ -309,9 +315,16 @@ def parse_hot_path(sass: str, trip_count: float, loop_trips: dict | None = None,
     # A loop is its header to its last back edge (a loop whose body skips
     # to the next trip has several); its trips are named by that edge's line.
     weight, loops = [1] * n, []
-    for t, ends in sorted(latches.items()):
-        i = max(ends)
-        trips = loop_trips.get(rows[i][0], trip_count)
+    spans = sorted((t, max(ends)) for t, ends in latches.items())
+    named = {t: next((w for w in (rows[i][0], head_where.get(t)) if w in loop_trips), None)
+             for t, i in spans}
+    taken = set(named.values())
+    for t, i in spans:
+        inner = [(a, b) for a, b in spans if t <= a and b < i]
+        line = named[t] or next((rows[j][0] for j in range(t, i + 1)
+                                 if rows[j][0] in loop_trips and rows[j][0] not in taken
+                                 and not any(a <= j <= b for a, b in inner)), None)
+        trips = loop_trips[line] if line else trip_count
         loops.append((rows[i][0], trips, i + 1 - t))
         for j in range(t, i + 1):
             weight[j] *= trips
