@@ -1058,13 +1058,13 @@ ZC_AVX2 static inline bool store_all(uint32_t keep, const EncSt& st) {
   return !(ZC_VBMI2 && st.omits) && keep == ~0u;
 }
 
-// Next 32 sm bytes for the lanes in keep (zeros elsewhere); false if the
-// segment holds fewer than popcount(keep).
 // store_all's twin: whether a block's sm bytes are one straight load.
 ZC_AVX2 static inline bool load_all(uint32_t keep, const DecIn& in) {
   return !(ZC_VBMI2 && in.omits) && keep == ~0u;
 }
 
+// Next 32 sm bytes for the lanes in keep (zeros elsewhere); false if the
+// segment holds fewer than popcount(keep).
 ZC_AVX2 static inline bool take_sm(DecIn& in, uint32_t keep, __m256i* s8) {
   const int k = pop(keep);
   if (in.sm_end - in.sm < k) return false;
