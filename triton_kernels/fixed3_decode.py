@@ -265,10 +265,10 @@ def _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb
     against the body: its error bits. A kept element (code z or more) takes
     the sm byte at its rank among the kept (an exclusive count in the row by
     a multiply, over the thread's rows in the thread, over the threads by
-    one scan: fixed3_encode._encode_zero_pairs' ranks), gathered from the sm
-    stream, read whole with wide loads (tl.gather: through shared memory, an
-    element's load addressed by its rank alone); a zero's word is its sign
-    alone. The kept and escape counts are checked against the entry first;
+    one scan: the ranks fixed3_general's encoder stores them at), gathered
+    from the sm stream, read whole with wide loads (tl.gather: through
+    shared memory, an element's load addressed by its rank alone); a zero's
+    word is its sign alone. The kept and escape counts are checked against the entry first;
     escapes are patched as on the hot path. Noinline: it takes scalars only,
     and its registers (more than the hot path's) do not become the kernel's
     allocation around the hot path."""
