@@ -197,9 +197,7 @@ def _hot_path(launch: Launch, sass: str) -> _Hot:
         calls = {}
         for label, body in function_sections(sass).items():
             if any(re.search(rf"\$_?{re.escape(name)}__", label) for name in names):
-                callee = parse_hot_path(body, 1, launch.loop_trips)
-                calls[label] = sum(w for (_, op), w, on in zip(
-                    callee.rows, callee.weight, callee.on_path) if on and op != "NOP")
+                calls[label] = _function_instructions(body, launch)
         hot.zero_total = parse_hot_path(sass, launch.trip_count, launch.loop_trips, lines,
                                         calls).zero_total
     return hot
@@ -398,9 +396,15 @@ def cold_cost(launch: Launch, compiled, function: str) -> float | None:
                  if re.search(rf"\$_?{re.escape(function)}__", name)), None)
     if body is None:
         return None
+    return _function_instructions(body, launch) / (_per_thread(launch) / launch.trip_count)
+
+
+def _function_instructions(body: str, launch: Launch) -> float:
+    """The instructions on a noinline function's own longest path (its SASS
+    section ``body``), its loops at ``launch.loop_trips``' trips, else once."""
     hot = parse_hot_path(body, 1, launch.loop_trips)
     return sum(w for (_, op), w, on in zip(hot.rows, hot.weight, hot.on_path)
-               if on and op != "NOP") / (_per_thread(launch) / launch.trip_count)
+               if on and op != "NOP")
 
 
 def _per_thread(launch: Launch) -> float:
