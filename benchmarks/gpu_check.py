@@ -13,10 +13,13 @@ installed)::
     kernels' self-check under backend="auto" decided per dtype and codec.
 (b) GB/s (input bytes / time; CUDA events, warmup, median of several) of
     triton encode and decode for fixed3 and dense on Gaussian bf16 at 4 MiB
-    to 1 GiB, and at 256 MiB on fp32 bf16-casts, bf16 x * mask (30% zeros:
-    fixed3 decode's zero path) and Gaussian fp16 (fixed3), beside
-    ``Tensor.copy_`` of the same bytes; the torch backend at 64 MiB for
-    comparison.
+    to 1 GiB, and at 256 MiB on the chunks real traffic makes beside
+    Gaussian ones: fp32 bf16-casts (LOW16), bf16 and fp32 x * mask (30%
+    zeros of both signs: the zero paths), fp32 sums of 8 bf16 values
+    (LOWBYTE: lm_head's gradient under torchtitan's chunked loss), fp32 with
+    3/4 of its chunks +0.0 (ZERO chunks: an embedding gradient's unused
+    rows), and Gaussian fp16 (fixed3), beside ``Tensor.copy_`` of the same
+    bytes; the torch backend at 64 MiB for comparison.
 (c) Where a fixed3 call's time goes: wall time beside each kernel's device
     time (torch.profiler), and the host's time by function (cProfile).
 (d) The compressed collectives and zipccl's DDP hook on this device
@@ -322,14 +325,25 @@ def throughput(smoke: bool) -> None:
         if nbytes == (256 * MiB if not smoke else sizes[0]):
             x32 = torch.randn(nbytes // 4, generator=g, device=DEV).bfloat16().float()
             bench_tensor(f"fp32 bf16-casts {nbytes / MiB:g} MiB", x32, reps=reps)
-            del x32
-            # x * mask: 30% zeros of both signs, every chunk through
-            # fixed3 decode's zero path (encode: fixed3_general's)
+            # x * mask: 30% zeros of both signs, every chunk through the
+            # zero paths (fixed3 bf16 decode's _decode_zero_pairs, dense's
+            # _encode_zeros / _decode_zeros, fixed3_general otherwise)
             keep = torch.rand(nbytes // 2, generator=g, device=DEV) >= 0.3
-            xm = x * keep.to(x.dtype)
+            bench_tensor(f"x*mask bf16 {nbytes / MiB:g} MiB", x * keep.to(x.dtype), reps=reps)
+            bench_tensor(f"x*mask fp32 {nbytes / MiB:g} MiB", x32 * keep[: x32.numel()].float(),
+                         reps=reps)
             del keep
-            bench_tensor(f"x*mask bf16 {nbytes / MiB:g} MiB", xm, reps=reps)
-            del xm
+            # sums of 8 bf16 values in fp32: LOWBYTE chunks (the general paths)
+            tails = x32.clone()
+            for _ in range(7):
+                tails += torch.randn(x32.numel(), generator=g, device=DEV).bfloat16().float()
+            bench_tensor(f"fp32 sums of 8 bf16 {nbytes / MiB:g} MiB", tails, reps=reps)
+            del tails
+            # ZERO chunks: the last 3/4 of the tensor +0.0 (an embedding
+            # gradient's unused rows run for whole chunks)
+            x32[x32.numel() // 4:] = 0
+            bench_tensor(f"fp32 3/4 zero chunks {nbytes / MiB:g} MiB", x32, reps=reps)
+            del x32
             x16 = torch.randn(nbytes // 2, generator=g, device=DEV).half()
             bench_tensor(f"gauss fp16 {nbytes / MiB:g} MiB", x16, codecs=("fixed3",), reps=reps)
             del x16
