@@ -50,50 +50,12 @@ COLD = {("fixed3", "encode"): ("encode_chunk_general",),
 def before_call(launch, compiled, function: str) -> float:
     """Instructions per element of a chunk a thread handles on the kernel's
     longest path from its entry to its call of the noinline function whose
-    name contains ``function`` (the kernel's work a chunk that takes that
-    cold path pays before it), read from the SASS as ``offline.parse_hot_path``
-    reads it; a back edge on the way is counted once. 0 when the kernel
-    does not call it itself."""
-    import re
-
+    name contains ``function`` (``offline.path_to_call``): the kernel's work
+    a chunk that takes that cold path pays before it. 0 when the kernel does
+    not call it itself."""
     import offline
-    sass = offline._sass(compiled)
-    body = sass.split("\n$", 1)[0]  # the kernel, up to its first noinline function
-    callee = re.compile(rf"CALL\S*\s+`\(\$\S*?\$_?{re.escape(function)}__")
-    labels, ops = {}, []
-    for line in body.splitlines():
-        m = offline._LABEL.match(line.strip())
-        if m:
-            labels[m.group(1)] = len(ops)
-        elif offline._INSTR.search(line):
-            ops.append(line)
-    calls = [i for i, line in enumerate(ops) if callee.search(line)]
-    if not calls:
-        return 0.0
-    # best[i]: the most instructions on a way from the entry to instruction i
-    best = [float("-inf")] * len(ops)
-    best[0] = 1
-    for i, line in enumerate(ops):
-        if best[i] == float("-inf"):
-            continue
-        m = offline._INSTR.search(line)
-        op, guarded = m.group(3), bool(m.group(2))
-        b = offline._BRANCH.search(line)
-        nxt = []
-        if op.startswith("BRA") and op != "BRA.DIV" and b and b.group(2) in labels:
-            t = labels[b.group(2)]
-            cond = guarded or bool(b.group(1) and b.group(1).lstrip("!") not in ("PT", "UPT")
-                                   and "P" in b.group(1))
-            if t > i:
-                nxt.append(t)
-            if cond or t <= i:
-                nxt.append(i + 1)
-        elif not (op.split(".")[0] in ("EXIT", "RET") and not guarded):
-            nxt.append(i + 1)
-        for j in nxt:
-            if j < len(ops):
-                best[j] = max(best[j], best[i] + (op != "NOP"))
-    return max(best[i] for i in calls) / (offline._per_thread(launch) / launch.trip_count)
+    return (offline.path_to_call(offline._sass(compiled), function)
+            / (offline._per_thread(launch) / launch.trip_count))
 
 
 def cold_costs(dtype, codec: str) -> list[tuple]:

@@ -175,6 +175,24 @@ def test_sass_parser_sets_the_zero_path_apart():
     assert hot.zero_total == 1 + 4 + 4 + 1 + (1 + 7) + 1
 
 
+def test_path_to_call_counts_the_kernel_up_to_a_cold_call():
+    """cold_cost's before_call: the longest way from the kernel's entry to
+    its call of a named noinline function, each instruction once (a back
+    edge taken as the loop's exit), NOPs not counted, the call included; 0
+    for a function the kernel does not call."""
+    sass = SASS.replace("$k$cold", "$k$_zeros__p0")
+    assert offline.path_to_call(sass, "_zeros") == 5  # MOV, the loop's two, the branch, the call
+    assert offline.path_to_call(sass, "_other") == 0
+    # SASS_PATHS with a call at its end: the if's longer side (two IADD3 and
+    # a branch), not BRA.DIV's fallback; a NOP on the way is not counted
+    sass = SASS_PATHS.replace("/*00c0*/                   EXIT ;",
+                              "/*00c0*/                   CALL.REL.NOINC `($k$_zeros__p0) ;")
+    assert offline.path_to_call(sass, "_zeros") == 12
+    sass = sass.replace("/*0030*/                   IADD3 R2, R2, 0x1, RZ ;",
+                        "/*0030*/                   NOP ;")
+    assert offline.path_to_call(sass, "_zeros") == 11
+
+
 def test_zero_path_tags_are_found():
     """The functions tagged ``# offline: zero path``: fixed3's noinline
     decode zero path and general functions (the zero path where the kernel

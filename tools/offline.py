@@ -212,37 +212,28 @@ def spill_instructions(sass: str) -> int:
     return sum(bool(_SPILL.search(line)) for line in sass.splitlines())
 
 
-def parse_hot_path(sass: str, trip_count: float, loop_trips: dict | None = None,
-                   zero_lines: set | frozenset = frozenset(), zero_calls: dict | None = None
-                   ) -> _Hot:
-    """Read ``nvdisasm -c -g`` output: the kernel's instructions up to its
-    first noinline function (cold from there on), each with its source line,
-    how often it runs, and whether it lies on the longest path.
+@dataclass
+class _Flow:
+    """The kernel's inline instructions (up to its first noinline function)
+    as a control-flow graph: per instruction its (source line, opcode) and
+    branch facts (``pred``: conditional; ``target``; ``sub``: a ptxas
+    subroutine it calls; ``callee``: a function it calls), its successors
+    with each back edge taken as the loop's exit (``succ``), the back edges
+    (``back``: instruction -> the loop header's), label positions, the
+    source line in effect at each label, the ptxas subroutines' sizes and
+    the instruction count of the code after the kernel (``cold``)."""
+    rows: list
+    branches: list
+    labels: dict
+    head_where: dict
+    succ: list
+    back: dict
+    subs: dict
+    cold: int
 
-    The zero path: instructions of the source lines ``zero_lines`` and calls
-    of the noinline functions ``zero_calls`` names (its section label ->
-    the instructions on the callee's own longest path, counted at the call
-    as it runs) are the code a chunk with zeros to flag takes. With any of
-    them, the longest path is the costliest that runs none of them (the hot
-    path, ``on_path``), and ``zero_total`` the cost of the costliest that
-    runs at least one, the callee's instructions included.
 
-    A loop is a backward branch; its body runs ``loop_trips[line]`` times,
-    ``line`` the back edge's source line ("file.py:123") or, when that line
-    names no trips, the line in effect at the loop's header label, or else
-    the first line of the loop's own body (not an inner loop's) that names
-    trips and no other loop's (sm_100 may close a loop after the body's
-    last line and schedule other lines' code before its header), else
-    ``trip_count``; a loop inside another runs the product. The longest path
-    is the costliest way from the kernel's entry to an exit through its
-    control flow with each back edge taken as the loop's exit: a program
-    takes one side of each branch, so this bounds what any chunk's program
-    executes when its loops run as counted, where the sum over all inline
-    code would add up both sides of every branch. ``BRA.DIV`` (the fallback
-    of a warp collective reached by a diverged warp, which the kernels'
-    uniform branches never make) counts as not taken. A call of a ptxas
-    subroutine (``$__internal_...``, a 64-bit division) counts the
-    subroutine's instructions at the call."""
+def _flow(sass: str) -> _Flow:
+    """Parse ``nvdisasm -c -g`` output into a _Flow (parse_hot_path's rules)."""
     where, rows, labels, branches, cold = "?", [], {}, [], 0
     head_where = {}  # a label's row -> the source line in effect at it
     lines = sass.splitlines()
@@ -284,7 +275,6 @@ def parse_hot_path(sass: str, trip_count: float, loop_trips: dict | None = None,
                              sub=c.group(1) if c else None,
                              callee=callee.group(1) if callee else None))
     n = len(rows)
-    loop_trips = loop_trips or {}
     succ, back = [], {}  # back: a back edge's source -> the loop's header
     for i, br in enumerate(branches):
         op, head = br["op"], br["op"].split(".")[0]
@@ -300,6 +290,67 @@ def parse_hot_path(sass: str, trip_count: float, loop_trips: dict | None = None,
             succ.append([])
         else:
             succ.append(nxt)
+    return _Flow(rows, branches, labels, head_where, succ, back, subs, cold)
+
+
+def path_to_call(sass: str, function: str) -> int:
+    """Instructions (NOPs not counted) on the kernel's longest way from its
+    entry to its call of the noinline function whose name contains
+    ``function``, the call included, each instruction once (a back edge on
+    the way taken as the loop's exit): the kernel's work a chunk that takes
+    that cold path does before it. 0 when the kernel does not call it."""
+    f = _flow(sass)
+    name = re.compile(rf"\$_?{re.escape(function)}__")
+    calls = [i for i, br in enumerate(f.branches) if br["callee"] and name.search(br["callee"])]
+    if not calls:
+        return 0
+    # best[i]: the most instructions on a way from the entry through i
+    best = [float("-inf")] * len(f.rows)
+    best[0] = 0
+    for i, (_, op) in enumerate(f.rows):  # every edge of succ goes forward
+        if best[i] == float("-inf"):
+            continue
+        best[i] += op != "NOP"
+        for j in f.succ[i]:
+            best[j] = max(best[j], best[i])
+    return int(max(best[i] for i in calls))
+
+
+def parse_hot_path(sass: str, trip_count: float, loop_trips: dict | None = None,
+                   zero_lines: set | frozenset = frozenset(), zero_calls: dict | None = None
+                   ) -> _Hot:
+    """Read ``nvdisasm -c -g`` output: the kernel's instructions up to its
+    first noinline function (cold from there on), each with its source line,
+    how often it runs, and whether it lies on the longest path.
+
+    The zero path: instructions of the source lines ``zero_lines`` and calls
+    of the noinline functions ``zero_calls`` names (its section label ->
+    the instructions on the callee's own longest path, counted at the call
+    as it runs) are the code a chunk with zeros to flag takes. With any of
+    them, the longest path is the costliest that runs none of them (the hot
+    path, ``on_path``), and ``zero_total`` the cost of the costliest that
+    runs at least one, the callee's instructions included.
+
+    A loop is a backward branch; its body runs ``loop_trips[line]`` times,
+    ``line`` the back edge's source line ("file.py:123") or, when that line
+    names no trips, the line in effect at the loop's header label, or else
+    the first line of the loop's own body (not an inner loop's) that names
+    trips and no other loop's (sm_100 may close a loop after the body's
+    last line and schedule other lines' code before its header), else
+    ``trip_count``; a loop inside another runs the product. The longest path
+    is the costliest way from the kernel's entry to an exit through its
+    control flow with each back edge taken as the loop's exit: a program
+    takes one side of each branch, so this bounds what any chunk's program
+    executes when its loops run as counted, where the sum over all inline
+    code would add up both sides of every branch. ``BRA.DIV`` (the fallback
+    of a warp collective reached by a diverged warp, which the kernels'
+    uniform branches never make) counts as not taken. A call of a ptxas
+    subroutine (``$__internal_...``, a 64-bit division) counts the
+    subroutine's instructions at the call."""
+    f = _flow(sass)
+    rows, branches, succ, back = f.rows, f.branches, f.succ, f.back
+    head_where, subs, cold, n = f.head_where, f.subs, f.cold, len(f.rows)
+    loop_trips = loop_trips or {}
     reached, todo = set(), [0] if n else []
     while todo:  # (code reached only through BRA.DIV is not the hot path's)
         i = todo.pop()
