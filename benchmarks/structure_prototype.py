@@ -1,12 +1,13 @@
-"""Size model of the next format extension: fp32 mantissa tails to the bit.
+"""Size models of what a format change would buy on captured traffic.
 
-Not an encoder: it computes, from the captured messages, what the dense
-payload would weigh with each candidate, so a format change can be judged
-before three backends implement it. Each candidate is a per-chunk option a
-chunk takes only when it makes the chunk smaller, so no payload grows.
+Not an encoder: it computes, from the captured messages, what a payload
+would weigh with each candidate, so a format change can be judged before
+three backends implement it. One table, per (layout, message kind, dtype),
+all steps: the dense v3 payload, it with each tail code, HUF, ZipNN and
+zstd-3 (as ``real_traffic.py`` runs them).
 
-What it is for. Format v3 codes an fp32 mantissa tail to the byte: a chunk
-that is not LOW16 ships 2 sm bytes an element, or with LOWBYTE 1 byte plus a
+Tail codes. Format v3 codes an fp32 mantissa tail to the byte: a chunk that
+is not LOW16 ships 2 sm bytes an element, or with LOWBYTE 1 byte plus a
 bitmap of the nonzero low bytes and those bytes. The fp32 messages that take
 this path are sums of a few bf16 values (torchtitan's ``ChunkedLossWrapper``
 runs lm_head once per sequence chunk with gradient sync off, so FSDP2 sums
@@ -14,15 +15,11 @@ the chunks' bf16 gradients in fp32 before one reduce-scatter; FSDP2's
 gradient accumulation without sync does the same over microbatches). Such a
 value's mantissa ends in ``tz`` zero bits that vary per element, so the bits
 below the top 7 mantissa bits that carry information number ``need = 16 -
-min(tz, 16)``, from 0 to 16.
+min(tz, 16)``, from 0 to 16. Each candidate replaces the v3 coding of the
+low 16 bits of every kept element (non-zero word) of a non-LOW16 fp32 chunk,
+and a chunk takes it only where it is smaller; costs in bits, ``nk`` kept
+elements, ``n`` elements:
 
-Candidates, each replacing the v3 coding of the low 16 bits of every kept
-element (non-zero word) of a non-LOW16 fp32 chunk; costs in bits, ``nk``
-kept elements, ``n`` elements:
-
-* ``W1``: one width ``W`` a chunk (the best one); the elements with ``need >
-  W`` are escapes, marked in a bitmap of ``n`` bits (when there are any),
-  and ship their other ``16 - W`` bits apart.
 * ``W4``: a 2-bit class an element naming one of four widths a chunk (the
   best three below 16, and 16); each element ships its class's width.
 * ``TIER``: dense's tiered prefix code (``format.TIER_BITS``) over the
@@ -33,11 +30,20 @@ kept elements, ``n`` elements:
   bits a value, 85 a chunk.
 * ``ENT``: the bound of any per-element width code with an adaptive table:
   ``nk`` times the chunk's order-0 entropy of ``need``, plus ``need - 1``
-  bits an element (its lowest set bit is implied), tables free.
+  bits an element, tables free.
 
-The v3 cost it is set against: ``16 nk``, or with LOWBYTE ``8 nk + n + 8``
+The v3 cost they are set against: ``16 nk``, or with LOWBYTE ``8 nk + n + 8``
 per nonzero low byte, whichever is less (the encoder decides on padded
 sizes; the model ignores padding).
+
+HUF: a whole payload of an adaptive codec, any dtype: a per-chunk Huffman
+code over each element's symbol (its exponent field, or +0.0 or -0.0), sign
+and mantissa raw (8 bits for bf16 and LOW16 fp32 chunks, 11 for fp16), and
+for the other fp32 chunks a per-chunk Huffman code over ``need`` and ``need
+- 1`` raw bits; each code's table at 12 bits a symbol present; 20 B of chunk
+table a chunk (a ZERO chunk nothing more), 24 B of padding a chunk that is
+not ZERO and 64 B a message, as format v3 spends. HUF/msg: the same with one
+table (each code's) for all the chunks of a message, from its histogram.
 
 Usage::
 
@@ -46,6 +52,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import heapq
 import itertools
 import sys
 from pathlib import Path
@@ -93,9 +100,6 @@ def costs(hist: torch.Tensor, n: torch.Tensor, nz_low: torch.Tensor) -> dict:
     k = torch.arange(NEED)
     v3 = torch.minimum(16 * nk, 8 * nk + n + 8 * nz_low)
     le = hist.cumsum(1)  # le[:, t]: kept elements with need <= t
-    esc = nk[:, None] - le  # need > W, for W = 0..16
-    W = torch.arange(NEED)
-    w1 = (nk[:, None] * W + (esc > 0) * n[:, None] + esc * (16 - W)).min(1).values
     a, b, c = (TRIPLES[:, i] for i in range(3))
     la, lb, lc = le[:, a], le[:, b], le[:, c]
     w4 = 2 * nk + (a * la + b * (lb - la) + c * (lc - lb) + 16 * (nk[:, None] - lc)).min(1).values
@@ -108,7 +112,59 @@ def costs(hist: torch.Tensor, n: torch.Tensor, nz_low: torch.Tensor) -> dict:
     p = hist / nk.clamp(min=1)[:, None]
     h = -(p * torch.where(p > 0, p.log2(), torch.zeros_like(p))).sum(1)
     ent = nk * h + raw_bits
-    return dict(v3=v3.double(), W1=w1.double(), W4=w4.double(), TIER=tier.double(), ENT=ent)
+    return dict(v3=v3.double(), W4=w4.double(), TIER=tier.double(), ENT=ent)
+
+
+def huffman_bits(counts: torch.Tensor) -> torch.Tensor:
+    """Bits of each row's symbols under its own Huffman code plus the code's
+    table (12 bits a symbol present); rows of counts, one per chunk."""
+    out = []
+    for row in counts.tolist():
+        live = [c for c in row if c]
+        if len(live) < 2:
+            out.append(sum(live) + 12 * len(live))  # one symbol: a bit an element
+            continue
+        heap = list(live)  # Huffman's total cost: the sum of every merge
+        heapq.heapify(heap)
+        total = 0
+        while len(heap) > 1:
+            a, b = heapq.heappop(heap), heapq.heappop(heap)
+            total += a + b
+            heapq.heappush(heap, a + b)
+        out.append(total + 12 * len(live))
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def huf_nbytes(x: torch.Tensor, per_message: bool = False) -> float:
+    """Bytes of the HUF model's payload of one message (module docstring);
+    ``per_message``: one table for the message's chunks (HUF/msg)."""
+    C, info = F.CHUNK_ELEMS, F.dtype_info(x.dtype)
+    bits_w = 8 * x.element_size()
+    w = x.reshape(-1).view(rt.INT[x.element_size()]).to(torch.int64) & ((1 << bits_w) - 1)
+    pad = -w.numel() % C
+    valid = torch.nn.functional.pad(torch.ones_like(w, dtype=torch.bool), (0, pad)).view(-1, C)
+    w = torch.nn.functional.pad(w, (0, pad)).view(-1, C)
+    zero_chunk = ((w == 0) | ~valid).all(1)
+    w, valid = w[~zero_chunk], valid[~zero_chunk]
+    nonzero = valid & (w != 0) & (w != info.sign_word)
+    sym = torch.where(w == 0, info.emax + 1,
+                      torch.where(w == info.sign_word, info.emax + 2, (w >> info.man_bits) & info.emax))
+    K = info.emax + 3
+    rows = torch.arange(w.shape[0])[:, None].expand_as(w)
+    counts = torch.bincount((rows * K + sym)[valid], minlength=w.shape[0] * K).view(-1, K)
+    fold = (lambda c: c.sum(0, keepdim=True)) if per_message else (lambda c: c)
+    bits = float(huffman_bits(fold(counts)).sum())
+    sm = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 8}[x.dtype]
+    bits += sm * float(nonzero.sum())
+    if x.dtype == torch.float32:
+        low16 = ((w & 0xFFFF) == 0).logical_or(~valid).all(1)
+        t = w[~low16] & 0xFFFF
+        kept = nonzero[~low16]
+        need = 16 - torch.where(t == 0, 16, (t & -t).double().log2().round().long())
+        r = torch.arange(t.shape[0])[:, None].expand_as(t)
+        nc = torch.bincount((r * NEED + need)[kept], minlength=t.shape[0] * NEED).view(-1, NEED)
+        bits += float(huffman_bits(fold(nc)).sum()) + float(((need - 1).clamp(min=0) * kept).sum())
+    return bits / 8 + 44 * w.shape[0] + 20 * int(zero_chunk.sum()) + 64
 
 
 def main() -> int:
@@ -118,25 +174,30 @@ def main() -> int:
     args = p.parse_args()
     torch.set_num_threads(1)
     ms = [m for m in rt.methods() if m.name in ("ZipNN", "zstd-3")]
-    cands = ("W1", "W4", "TIER", "ENT")
-    print("Ratio (raw / wire bytes, every message on its own) of the fp32 messages, all steps; "
-          "'tail bits': bits an element of the non-LOW16 chunks' low 16 bits, v3 / W1 / W4 / TIER / ENT")
-    head = ("| layout | kind | raw MB | tail elems | tail bits | dense v3 | "
-            + " | ".join(f"+{c}" for c in cands) + " | " + " | ".join(m.name for m in ms) + " |")
+    cands = ("W4", "TIER", "ENT")
+    print("Ratio (raw / wire bytes, every message on its own) per message kind, all steps "
+          "(kinds under 64 KiB, scalar all-reduces that go raw in training, left out); "
+          "'tail bits': bits an element of the low 16 bits of non-LOW16 fp32 chunks, "
+          "v3 / " + " / ".join(cands))
+    head = ("| layout | kind | dtype | raw MB | tail bits | dense v3 | "
+            + " | ".join(f"+{c}" for c in cands) + " | HUF | HUF/msg | " + " | ".join(m.name for m in ms) + " |")
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for recipe in args.recipes.split(","):
         groups: dict = {}
         for (kind, dtype, _step), msgs in rt.messages(args.captures / recipe).items():
-            if dtype == "float32":
-                groups.setdefault(kind, []).extend(msgs)
-        for kind, msgs in sorted(groups.items()):
+            groups.setdefault((kind, dtype), []).extend(msgs)
+        for (kind, dtype), msgs in sorted(groups.items()):
             raw = sum(m.numel() * m.element_size() for m in msgs)
+            if raw < (64 << 10):
+                continue
             dense = sum(dense_nbytes(m) for m in msgs)
             saved = dict.fromkeys(cands, 0.0)
             bits = dict.fromkeys(("v3", *cands), 0.0)
             nk_all = 0
             for m in msgs:
+                if m.dtype != torch.float32:
+                    continue
                 hist, n, nz_low = need_histograms(m)
                 cost = costs(hist, n, nz_low)
                 nk_all += int(hist.sum())
@@ -144,11 +205,14 @@ def main() -> int:
                     bits[key] += float(cost[key].sum())
                 for cand in cands:  # a chunk takes the candidate only where it is smaller
                     saved[cand] += float((cost["v3"] - cost[cand]).clamp(min=0).sum()) / 8
+            huf = sum(huf_nbytes(m) for m in msgs)
+            huf_m = sum(huf_nbytes(m, per_message=True) for m in msgs)
             peers = [raw / sum(meth.size(meth.compress(m)) for m in msgs) for meth in ms]
-            tail = " / ".join(f"{bits[key] / max(nk_all, 1):.1f}" for key in bits)
-            print(f"| {rt.LAYOUTS.get(recipe, recipe)} | {kind} | {raw / 1e6:.2f} | {nk_all} | {tail} | "
-                  f"{raw / dense:.3f} | " + " | ".join(f"{raw / (dense - saved[c]):.3f}" for c in cands)
-                  + " | " + " | ".join(f"{r:.3f}" for r in peers) + " |", flush=True)
+            tail = " / ".join(f"{bits[key] / nk_all:.1f}" for key in bits) if nk_all else "-"
+            with_tail = " | ".join(f"{raw / (dense - saved[c]):.3f}" if nk_all else "-" for c in cands)
+            print(f"| {rt.LAYOUTS.get(recipe, recipe)} | {kind} | {dtype} | {raw / 1e6:.2f} | {tail} | "
+                  f"{raw / dense:.3f} | {with_tail} | {raw / huf:.3f} | {raw / huf_m:.3f} | "
+                  + " | ".join(f"{r:.3f}" for r in peers) + " |", flush=True)
     return 0
 
 
