@@ -219,12 +219,11 @@ class _Flow:
     branch facts (``pred``: conditional; ``target``; ``sub``: a ptxas
     subroutine it calls; ``callee``: a function it calls), its successors
     with each back edge taken as the loop's exit (``succ``), the back edges
-    (``back``: instruction -> the loop header's), label positions, the
-    source line in effect at each label, the ptxas subroutines' sizes and
-    the instruction count of the code after the kernel (``cold``)."""
+    (``back``: instruction -> the loop header's), the source line in effect
+    at each label's instruction, the ptxas subroutines' sizes and the
+    instruction count of the code after the kernel (``cold``)."""
     rows: list
     branches: list
-    labels: dict
     head_where: dict
     succ: list
     back: dict
@@ -290,7 +289,7 @@ def _flow(sass: str) -> _Flow:
             succ.append([])
         else:
             succ.append(nxt)
-    return _Flow(rows, branches, labels, head_where, succ, back, subs, cold)
+    return _Flow(rows, branches, head_where, succ, back, subs, cold)
 
 
 def path_to_call(sass: str, function: str) -> int:
