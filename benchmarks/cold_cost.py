@@ -18,7 +18,7 @@ call alone), so that what a chunk off the hot path costs can be read:
 A cold chunk also pays what the kernel did before the call (encode: the
 load and the statistics; decode: the header and the chunk's entry): the
 ``before_call`` column, the kernel's longest path from its entry to the
-call.
+call (``offline.before_call``).
 
     python benchmarks/cold_cost.py                 # every dtype and codec
     python benchmarks/cold_cost.py --dtype fp16 --codec fixed3
@@ -47,17 +47,6 @@ COLD = {("fixed3", "encode"): ("encode_chunk_general",),
         ("dense", "decode"): ("_decode_zeros", "_decode_general", "_decode_raw")}
 
 
-def before_call(launch, compiled, function: str) -> float:
-    """Instructions per element of a chunk a thread handles on the kernel's
-    longest path from its entry to its call of the noinline function whose
-    name contains ``function`` (``offline.path_to_call``): the kernel's work
-    a chunk that takes that cold path pays before it. 0 when the kernel does
-    not call it itself."""
-    import offline
-    return (offline.path_to_call(offline._sass(compiled), function)
-            / (offline._per_thread(launch) / launch.trip_count))
-
-
 def cold_costs(dtype, codec: str) -> list[tuple]:
     """(kernel, function, instructions per element of a chunk on its longest
     path, None where the kernel never calls it; the kernel's before its
@@ -68,7 +57,7 @@ def cold_costs(dtype, codec: str) -> list[tuple]:
         compiled = offline.compile_launch(launch)
         for name in COLD[codec, launch.name.split(":")[0]]:
             out.append((launch.name, name, offline.cold_cost(launch, compiled, name),
-                        before_call(launch, compiled, name)))
+                        offline.before_call(launch, compiled, name)))
     return out
 
 

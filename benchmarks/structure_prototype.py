@@ -74,21 +74,31 @@ def dense_nbytes(x: torch.Tensor) -> int:
     return codec_cpp.encode(x, "dense").numel() if x.numel() else F.HEADER_NBYTES
 
 
+def chunk_words(x: torch.Tensor) -> tuple:
+    """(w, valid): the message's unsigned words as [chunks, CHUNK_ELEMS]
+    rows, the last padded with 0, and which of them are elements."""
+    C = F.CHUNK_ELEMS
+    bits = 8 * x.element_size()
+    w = x.reshape(-1).view(rt.INT[x.element_size()]).to(torch.int64) & ((1 << bits) - 1)
+    pad = -w.numel() % C
+    valid = torch.nn.functional.pad(torch.ones_like(w, dtype=torch.bool), (0, pad)).view(-1, C)
+    return torch.nn.functional.pad(w, (0, pad)).view(-1, C), valid
+
+
+def tail_need(t: torch.Tensor) -> torch.Tensor:
+    """``need`` of each fp32 word's low 16 bits ``t``: 16 less its trailing zeros."""
+    return 16 - torch.where(t == 0, 16, (t & -t).double().log2().round().long())
+
+
 def need_histograms(x: torch.Tensor) -> tuple:
     """(hist, n, nz_low) of the non-LOW16 chunks of an fp32 message: hist[c, k]
     counts the kept elements of chunk c with need k, n[c] its length, nz_low[c]
     its kept elements with a nonzero low byte."""
-    C = F.CHUNK_ELEMS
-    w = x.reshape(-1).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    pad = -w.numel() % C
-    valid = torch.nn.functional.pad(torch.ones_like(w, dtype=torch.bool), (0, pad)).view(-1, C)
-    w = torch.nn.functional.pad(w, (0, pad)).view(-1, C)
+    w, valid = chunk_words(x)
     low16 = ((w & 0xFFFF) == 0).logical_or(~valid).all(1)
     w, valid = w[~low16], valid[~low16]
     kept = valid & (w != 0) & (w != 0x80000000)
-    t = w & 0xFFFF
-    tz = torch.where(t == 0, 16, (t & -t).double().log2().round().long())
-    need = torch.where(kept, 16 - tz, NEED)  # NEED: not kept, dropped below
+    need = torch.where(kept, tail_need(w & 0xFFFF), NEED)  # NEED: not kept, dropped below
     hist = torch.zeros(w.shape[0], NEED + 1, dtype=torch.int64).scatter_add_(
         1, need, torch.ones_like(need))[:, :NEED]
     return hist, valid.sum(1), (kept & ((w & 0xFF) != 0)).sum(1)
@@ -138,12 +148,8 @@ def huffman_bits(counts: torch.Tensor) -> torch.Tensor:
 def huf_nbytes(x: torch.Tensor, per_message: bool = False) -> float:
     """Bytes of the HUF model's payload of one message (module docstring);
     ``per_message``: one table for the message's chunks (HUF/msg)."""
-    C, info = F.CHUNK_ELEMS, F.dtype_info(x.dtype)
-    bits_w = 8 * x.element_size()
-    w = x.reshape(-1).view(rt.INT[x.element_size()]).to(torch.int64) & ((1 << bits_w) - 1)
-    pad = -w.numel() % C
-    valid = torch.nn.functional.pad(torch.ones_like(w, dtype=torch.bool), (0, pad)).view(-1, C)
-    w = torch.nn.functional.pad(w, (0, pad)).view(-1, C)
+    info = F.dtype_info(x.dtype)
+    w, valid = chunk_words(x)
     zero_chunk = ((w == 0) | ~valid).all(1)
     w, valid = w[~zero_chunk], valid[~zero_chunk]
     nonzero = valid & (w != 0) & (w != info.sign_word)
@@ -160,7 +166,7 @@ def huf_nbytes(x: torch.Tensor, per_message: bool = False) -> float:
         low16 = ((w & 0xFFFF) == 0).logical_or(~valid).all(1)
         t = w[~low16] & 0xFFFF
         kept = nonzero[~low16]
-        need = 16 - torch.where(t == 0, 16, (t & -t).double().log2().round().long())
+        need = tail_need(t)
         r = torch.arange(t.shape[0])[:, None].expand_as(t)
         nc = torch.bincount((r * NEED + need)[kept], minlength=t.shape[0] * NEED).view(-1, NEED)
         bits += float(huffman_bits(fold(nc)).sum()) + float(((need - 1).clamp(min=0) * kept).sum())

@@ -196,7 +196,7 @@ def _hot_path(launch: Launch, sass: str) -> _Hot:
     if hot.zero_total is None:
         calls = {}
         for label, body in function_sections(sass).items():
-            if any(re.search(rf"\$_?{re.escape(name)}__", label) for name in names):
+            if any(_label_of(name, label) for name in names):
                 calls[label] = _function_instructions(body, launch)
         hot.zero_total = parse_hot_path(sass, launch.trip_count, launch.loop_trips, lines,
                                         calls).zero_total
@@ -210,6 +210,12 @@ def spill_instructions(sass: str) -> int:
     the registers, and a noinline function the registers it must save for
     its caller; either way a trip to memory."""
     return sum(bool(_SPILL.search(line)) for line in sass.splitlines())
+
+
+def _label_of(function: str, label: str) -> bool:
+    """Whether the SASS label of a noinline function (``$<kernel>$<name>__<suffix>``
+    or ``$<name>__<suffix>``) is that of the jitted function ``function``."""
+    return re.search(rf"\$_?{re.escape(function)}__", label) is not None
 
 
 @dataclass
@@ -299,8 +305,8 @@ def path_to_call(sass: str, function: str) -> int:
     the way taken as the loop's exit): the kernel's work a chunk that takes
     that cold path does before it. 0 when the kernel does not call it."""
     f = _flow(sass)
-    name = re.compile(rf"\$_?{re.escape(function)}__")
-    calls = [i for i, br in enumerate(f.branches) if br["callee"] and name.search(br["callee"])]
+    calls = [i for i, br in enumerate(f.branches)
+             if br["callee"] and _label_of(function, br["callee"])]
     if not calls:
         return 0
     # best[i]: the most instructions on a way from the entry through i
@@ -443,10 +449,19 @@ def cold_cost(launch: Launch, compiled, function: str) -> float | None:
     the call. None when the kernel has no such function (it never calls it)."""
     sass = _sass(compiled)
     body = next((text for name, text in function_sections(sass).items()
-                 if re.search(rf"\$_?{re.escape(function)}__", name)), None)
+                 if _label_of(function, name)), None)
     if body is None:
         return None
     return _function_instructions(body, launch) / (_per_thread(launch) / launch.trip_count)
+
+
+def before_call(launch: Launch, compiled, function: str) -> float:
+    """Instructions per element of a chunk a thread handles on the kernel's
+    longest path to its call of the noinline function whose name contains
+    ``function`` (path_to_call): the kernel's work a chunk that takes that
+    cold path pays before it, beside cold_cost's. 0 when the kernel does not
+    call it itself."""
+    return path_to_call(_sass(compiled), function) / (_per_thread(launch) / launch.trip_count)
 
 
 def _function_instructions(body: str, launch: Launch) -> float:
