@@ -688,8 +688,9 @@ static uint32_t run_sum_generic(const typename T::W* w, int i0, int n) {
 #endif
 #if (defined(__x86_64__) || defined(__i386__)) && \
     (!defined(ZIPCCL_VBMI2_PASS) || defined(ZIPCCL_HAVE_VBMI2_KERNELS))
-// Lanes<FP32>::emit is always inlined: with an instantiation of each kernel
-// per zero-code flag, GCC's budget left it a call per block, 20% slower.
+// Lanes<FP32>::emit and ::assemble are always inlined: with an instantiation
+// of each kernel per zero-code flag, GCC's budget left each a call per block
+// (emit's 20% slower; assemble's 10% on Gaussian data).
 #define ZC_INLINE __attribute__((always_inline))
 #ifndef ZIPCCL_VBMI2_PASS
 #define ZIPCCL_HAVE_AVX2_KERNELS 1
@@ -1278,8 +1279,10 @@ struct Lanes<FP32> {
     return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0x7FFFFF)),
                            _mm256_and_si256(_mm256_srli_epi32(v, 8), _mm256_set1_epi32(0x800000)));
   }
-  // Bytes past the last sm byte that the 3-byte group moves below may touch.
+  // Bytes past the last sm byte that the 3-byte group moves below may touch:
+  // put_groups' stores, get_groups' loads.
   static constexpr int kGroupSlack = ZC_VBMI2 ? 32 : 16;
+  static constexpr int kGetSlack = ZC_VBMI2 ? 64 : 16;
   // The 3-byte sm groups of the words of 8 lanes whose bit is set in keep8, in
   // order, at dst; returns the end. Stores reach dst + 3 * popcount + slack.
   ZC_AVX2 static inline uint8_t* put_groups(__m256i sm, uint32_t keep8, uint8_t* dst) {
@@ -1301,16 +1304,20 @@ struct Lanes<FP32> {
     return dst + 3 * pop(k1);
 #endif
   }
-  // put_groups' inverse: the next 3-byte groups at src on the lanes of keep8
-  // (zeros elsewhere); *src moves past them. Loads reach the end + slack.
-  ZC_AVX2 static inline __m256i get_groups(const uint8_t** src, uint32_t keep8) {
 #if ZC_VBMI2
-    const __m256i v = _mm256_maskz_expand_epi8(
-        _pdep_u32(keep8, 0x11111111u) * 7,
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(*src)));
-    *src += 3 * pop(keep8);
+  // put_groups' inverse for 16 lanes: the next 3-byte groups at *src on the
+  // lanes of keep16 (zeros elsewhere), one 512-bit expand; *src moves past
+  // them. Loads reach the end + kGetSlack.
+  ZC_AVX2 static inline __m512i get_groups16(const uint8_t** src, uint32_t keep16) {
+    const __m512i v = _mm512_maskz_expand_epi8(_pdep_u64(keep16, 0x1111111111111111ull) * 7,
+                                               _mm512_loadu_si512(*src));
+    *src += 3 * pop(keep16);
     return v;
+  }
 #else
+  // put_groups' inverse: the next 3-byte groups at src on the lanes of keep8
+  // (zeros elsewhere); *src moves past them. Loads reach the end + kGetSlack.
+  ZC_AVX2 static inline __m256i get_groups(const uint8_t** src, uint32_t keep8) {
     const uint32_t k0 = keep8 & 0xF, k1 = keep8 >> 4;
     const __m128i a = _mm_shuffle_epi8(
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(*src)),
@@ -1321,8 +1328,8 @@ struct Lanes<FP32> {
         _mm_load_si128(reinterpret_cast<const __m128i*>(kSm3Luts.expand[k1])));
     *src += 3 * pop(k1);
     return _mm256_set_m128i(b, a);
-#endif
   }
+#endif
   // The low bytes of the 32 words, in no particular order (callers count
   // the zero ones): byte 0 of each 32-bit lane of v[k] moved to byte k of
   // the lane by shifts and blends.
@@ -1377,30 +1384,24 @@ struct Lanes<FP32> {
         _mm256_or_si256(_mm256_and_si256(s, man), _mm256_slli_epi32(_mm256_and_si256(s, sgn), 8)),
         _mm256_slli_epi32(_mm256_cvtepu8_epi32(quarter8(e8, q)), 23));
   }
-  // Stores quarter q's words w with its omitted zeros written in: +0.0, or
-  // -0.0 where neg is set.
-  ZC_AVX2 static inline void store_with_zeros(uint32_t* out, int q, __m256i w, __m256i zero,
-                                              __m256i neg) {
-    _mm256_storeu_si256(
-        reinterpret_cast<__m256i*>(out + 8 * q),
-        _mm256_or_si256(_mm256_andnot_si256(_mm256_cvtepi8_epi32(quarter8(zero, q)), w),
-                        _mm256_and_si256(_mm256_cvtepi8_epi32(quarter8(neg, q)),
-                                         _mm256_set1_epi32(int(FP32::kSign)))));
-  }
-  ZC_AVX2 static inline int assemble(__m256i e8, __m256i zero, __m256i neg, uint32_t keep,
+  ZC_AVX2 ZC_INLINE static inline int assemble(__m256i e8, __m256i zero, __m256i neg, uint32_t keep,
                                      bool low16, DecIn& in, FastBitReader&, uint32_t* out) {
     if (low16) {
       __m256i s8;
       if (!take_sm(in, keep, &s8)) return kErrCounts;
+      // A zero lane's sm byte is 0 (take_sm) and its exponent is set to 0:
+      // its word is +0.0, or -0.0 once its byte gets the sign bit.
+      const __m256i ez = _mm256_andnot_si256(zero, e8);
+      s8 = _mm256_or_si256(s8, _mm256_and_si256(neg, _mm256_set1_epi8(char(0x80))));
       const __m256i m80 = _mm256_set1_epi32(0x80), m7f = _mm256_set1_epi32(0x7F);
       for (int q = 0; q < 4; ++q) {
-        const __m256i e = _mm256_cvtepu8_epi32(quarter8(e8, q)),
+        const __m256i e = _mm256_cvtepu8_epi32(quarter8(ez, q)),
                       s = _mm256_cvtepu8_epi32(quarter8(s8, q));
         const __m256i w = _mm256_or_si256(
             _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(s, m80), 24),
                             _mm256_slli_epi32(e, 23)),
             _mm256_slli_epi32(_mm256_and_si256(s, m7f), 16));
-        store_with_zeros(out, q, w, zero, neg);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 8 * q), w);
       }
       return kOk;
     }
@@ -1418,11 +1419,39 @@ struct Lanes<FP32> {
     }
     const int64_t need = 3 * int64_t(pop(keep));
     if (in.sm_end - in.sm < need) return kErrCounts;
-    if (in.sm_lim - in.sm >= need + kGroupSlack) {  // omitted zeros
-      for (int q = 0; q < 4; ++q) {
-        const __m256i s = get_groups(&in.sm, (keep >> (8 * q)) & 0xFF);
-        store_with_zeros(out, q, fp32_words(s, e8, q), zero, neg);
+    if (in.sm_lim - in.sm >= need + kGetSlack) {  // omitted zeros
+      // An omitted lane's group expands to 0 and its exponent is set to 0,
+      // so its word is +0.0 with no fix-up; a -0.0 lane's group gets the
+      // sign bit (bit 23 of the group) first. The read position is a local:
+      // the vector stores may alias in.sm, which would then be reloaded
+      // after each one, a store-forwarding round trip between groups.
+      const __m256i ez = _mm256_andnot_si256(zero, e8);
+      const uint8_t* src = in.sm;
+#if ZC_VBMI2
+      // 16 lanes a step in 512-bit vectors: a quarter at a time took half
+      // again as long (benchmarks/zero_speed.py).
+      const uint32_t negm = movemask(neg);
+      const __m512i man = _mm512_set1_epi32(0x7FFFFF), sgn = _mm512_set1_epi32(0x800000);
+      for (int h = 0; h < 2; ++h) {
+        __m512i s = get_groups16(&src, (keep >> (16 * h)) & 0xFFFF);
+        s = _mm512_mask_or_epi32(s, __mmask16(negm >> (16 * h)), s, sgn);
+        const __m512i e = _mm512_cvtepu8_epi32(h ? _mm256_extracti128_si256(ez, 1)
+                                                 : _mm256_castsi256_si128(ez));
+        _mm512_storeu_si512(out + 16 * h,
+                            _mm512_or_si512(_mm512_ternarylogic_epi32(
+                                                s, man, _mm512_slli_epi32(_mm512_and_si512(s, sgn), 8),
+                                                0xEA),  // (s & man) | sign
+                                            _mm512_slli_epi32(e, 23)));
       }
+#else
+      const __m256i sgn = _mm256_set1_epi32(0x800000);
+      for (int q = 0; q < 4; ++q) {
+        __m256i s = get_groups(&src, (keep >> (8 * q)) & 0xFF);
+        s = _mm256_or_si256(s, _mm256_and_si256(_mm256_cvtepi8_epi32(quarter8(neg, q)), sgn));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 8 * q), fp32_words(s, ez, q));
+      }
+#endif
+      in.sm = src;
       return kOk;
     }
     alignas(32) uint8_t e[32];  // the payload's end: element by element
