@@ -522,7 +522,7 @@ struct DecIn {
   // Bound of their sloppy loads from sm: the payload's end, or the end of
   // the buffer a LOWBYTE chunk's sm groups are merged into.
   const uint8_t* sm_lim = nullptr;
-  bool omits = false;  // the chunk codes a zero sign without sm (see load_all)
+  bool omits = false;  // the chunk codes zeros without sm (n_zero > 0; see load_all)
 };
 
 template <class T>
@@ -1048,7 +1048,7 @@ struct EncSt {
   uint8_t* sm;
   const uint8_t* sm_end;
   FastBitWriter rem;
-  bool omits;  // the chunk codes a zero sign without sm, so keep may drop lanes
+  bool omits;  // the chunk codes zeros without sm (n_zero > 0), so keep may drop lanes
 };
 
 // Whether a block takes the straight store of all its sm bytes: every lane
@@ -1696,7 +1696,7 @@ ZC_AVX2 static void write_fixed3(const typename T::W* w, int n, const Entry& en,
   alignas(32) uint8_t escbuf[kChunkElems + 32];
   uint8_t* const esc_out = esc;
   esc = escbuf;
-  EncSt st{sm, sm + seg.sm, FastBitWriter(rem, rem + seg.rem), zp || NEG};
+  EncSt st{sm, sm + seg.sm, FastBitWriter(rem, rem + seg.rem), en.n_zero != 0};
   int lo, width;
   fixed_window<T>(en.base, en.phase, zc.z, &lo, &width);
   const __m256i vlo = _mm256_set1_epi8(char(lo)), vw = _mm256_set1_epi8(char(width - 1));
@@ -1742,7 +1742,7 @@ ZC_AVX2 static void write_dense(const typename T::W* w, int n, const Entry& en, 
   const bool zp = en.flags & kFlagZpos, zn = en.flags & kFlagZneg, low16 = en.flags & kFlagLow16;
   const Seg seg = segment_nbytes<T>(kDense, en, n);
   const uint8_t* const esc_end = esc + seg.esc;
-  EncSt st{sm, sm + seg.sm, FastBitWriter(rem, rem + seg.rem), zp || zn};
+  EncSt st{sm, sm + seg.sm, FastBitWriter(rem, rem + seg.rem), en.n_zero != 0};
   const DenseRanker rank(en.base, en.phase, zp, zn);
   const __m256i three = _mm256_set1_epi8(3);
   const bool esc_every_block = int64_t(en.n_esc) * kEscEveryBlock >= n / 32;
@@ -1801,7 +1801,7 @@ ZC_AVX2 static int decode_fixed3(const Entry& en, int n, const uint8_t* codes, D
   const __m256i z = _mm256_setzero_si256();
   const __m256i vz = _mm256_set1_epi8(char(zc.z)), vneg = _mm256_set1_epi8(char(zc.cneg));
   FastBitReader rr(in.rem.p, in.end);
-  in.omits = zp || NEG;
+  in.omits = en.n_zero != 0;
   const int nb = n / 32;
   for (int b = 0; b < nb; ++b) {
     prefetch_next<T>(next, next_nbytes, b);
@@ -1831,7 +1831,7 @@ ZC_AVX2 static int decode_dense(const Entry& en, int n, const uint8_t* codes, De
   using L = Lanes<T>;
   const bool zp = en.flags & kFlagZpos, zn = en.flags & kFlagZneg, low16 = en.flags & kFlagLow16;
   const int8_t* sym = kLuts.sym[zp][zn][en.phase];
-  in.omits = zp || zn;
+  in.omits = en.n_zero != 0;
   // Per rank: the exponent byte, and 0x80 where base + symbol leaves [0, emax].
   alignas(32) uint8_t te[32], tb[32];
   for (int r = 0; r < 16; ++r) {
