@@ -9,7 +9,8 @@ loops at their trips, a call of another noinline function counted as the
 call alone), so that what a chunk off the hot path costs can be read:
 
 - fixed3: a chunk with zeros to flag (encode ``encode_chunk_general``;
-  decode: bf16 ``_decode_zero_pairs``, the other dtypes
+  decode: bf16 ``_decode_zero_pairs``, fp32 ``_decode_zero_words``, fp16
+  ``decode_zero_chunk_general``), an fp32 LOWBYTE chunk (decode
   ``decode_chunk_general``), a RAW chunk (``decode_raw_words``);
 - dense: a full chunk with zeros (encode ``_encode_zeros``, decode
   ``_decode_zeros``), an fp32 chunk that may take LOWBYTE (encode
@@ -41,7 +42,8 @@ import torch  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 COLD = {("fixed3", "encode"): ("encode_chunk_general",),
-        ("fixed3", "decode"): ("_decode_zero_pairs", "decode_chunk_general",
+        ("fixed3", "decode"): ("_decode_zero_pairs", "_decode_zero_words",
+                                   "decode_zero_chunk_general", "decode_chunk_general",
                                    "decode_raw_words"),
         ("dense", "encode"): ("_encode_zeros", "_encode_general", "_encode_tail", "_write_raw"),
         ("dense", "decode"): ("_decode_zeros", "_decode_general", "_decode_raw")}

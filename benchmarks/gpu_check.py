@@ -326,8 +326,9 @@ def throughput(smoke: bool) -> None:
             x32 = torch.randn(nbytes // 4, generator=g, device=DEV).bfloat16().float()
             bench_tensor(f"fp32 bf16-casts {nbytes / MiB:g} MiB", x32, reps=reps)
             # x * mask: 30% zeros of both signs, every chunk through the
-            # zero paths (fixed3 bf16 decode's _decode_zero_pairs, dense's
-            # _encode_zeros / _decode_zeros, fixed3_general otherwise)
+            # zero paths (fixed3 decode's _decode_zero_pairs and
+            # _decode_zero_words, dense's _encode_zeros / _decode_zeros,
+            # fixed3_general otherwise)
             keep = torch.rand(nbytes // 2, generator=g, device=DEV) >= 0.3
             bench_tensor(f"x*mask bf16 {nbytes / MiB:g} MiB", x * keep.to(x.dtype), reps=reps)
             bench_tensor(f"x*mask fp32 {nbytes / MiB:g} MiB", x32 * keep[: x32.numel()].float(),
@@ -381,8 +382,9 @@ def breakdown(smoke: bool) -> None:
     """Where a fixed3 call's time goes: the wall time (as in the table) beside
     the device time of each kernel and copy it launches (torch.profiler). The
     difference is time the GPU waits on the host: launches, the header, and
-    the syncs (encode reads the body length; decode(out=) the error word). The first H200 run suggested ~0.4 ms of it per 256 MiB call
-    (the 256 MiB and 1 GiB rows do not scale by 4); this measures it."""
+    the syncs (encode reads the body length; decode(out=) the error word).
+    The first H200 run suggested ~0.4 ms of it per 256 MiB call (the 256 MiB
+    and 1 GiB rows do not scale by 4); this measures it."""
     from torch.profiler import ProfilerActivity, profile
     cuda = DEV.type == "cuda"
     n = (16 * 1024 + 6) if smoke else 128 * MiB

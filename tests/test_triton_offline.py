@@ -195,11 +195,14 @@ def test_path_to_call_counts_the_kernel_up_to_a_cold_call():
 
 def test_zero_path_tags_are_found():
     """The functions tagged ``# offline: zero path``: fixed3's noinline
-    decode zero path and general functions (the zero path where the kernel
+    decode zero paths and general functions (the zero path where the kernel
     has no other); no inline one, so no source line of the kernels."""
     lines, names = offline.zero_path()
     assert not any(ln.startswith(("fixed3_decode.py:", "fixed3_encode.py:")) for ln in lines)
-    assert {"_decode_zero_pairs", "encode_chunk_general", "decode_chunk_general"} <= names
+    assert {"_decode_zero_pairs", "_decode_zero_words", "encode_chunk_general",
+            "decode_zero_chunk_general"} <= names
+    # (the general decode of a chunk without zeros to flag is no zero path)
+    assert "decode_chunk_general" not in names
 
 
 # A uniform branch as sm_100 writes it: the condition an operand before the

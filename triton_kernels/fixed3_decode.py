@@ -23,16 +23,17 @@ at most 64 elements a thread:
 - the decoded escape count against the entry, escapes naming an exponent
   the dtype has, and every padding byte zero.
 
-A bf16 chunk with flagged zeros takes the zero path (``_decode_zero_pairs``):
-each kept element's sm byte gathered at its rank among the kept (tl.gather
-from the stream read whole), a zero's word its sign, the whole tile at once
-like the hot path; noinline (it takes scalars and reads its streams from
-the payload like the hot path), so that its registers are not the hot
-path's. A chunk with flagged zeros of another dtype or LOWBYTE (whose low
-length, the bitmap's set bits, is counted before the offsets are checked),
-and every chunk of a wider tile, is decoded by
-fixed3_general.decode_chunk_general; a RAW chunk by decode_raw_words: both
-noinline, off the hot path.
+A bf16 or fp32 chunk with flagged zeros takes the zero path
+(``_decode_zero_pairs``, ``_decode_zero_words``): each kept element's sm
+bytes gathered at its rank among the kept (tl.gather from the stream read
+whole), a zero's word its sign, the whole tile at once like the hot path;
+noinline (it takes scalars and reads its streams from the payload like the
+hot path), so that its registers are not the hot path's. An fp16 chunk with
+flagged zeros is decoded by fixed3_general.decode_zero_chunk_general, a
+LOWBYTE chunk (whose low length, the bitmap's set bits, is counted before
+the offsets are checked) by decode_chunk_general (both of them every chunk
+of a wider tile), a RAW chunk by decode_raw_words: all noinline, off the
+hot path.
 
 Error bits (``ERR_*`` of _codec_common.py) are returned to the caller, which
 ORs them into the launch's error word.
@@ -47,7 +48,8 @@ from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING, 
                             load_words, load_words24, low_bit_index, pad_nonzero, row_mask,
                             store_rows, store_zero_words, ttile, unpack_bytes)
 from .fixed3_encode import L2, escape_masks, popc_mask
-from .fixed3_general import decode_chunk_general, padding_error
+from .fixed3_general import (decode_chunk_general, decode_zero_chunk_general,
+                             padding_error)
 
 
 @triton.jit(noinline=True)
@@ -121,6 +123,7 @@ def _decode_other(p_ptr, dst, c, n, nch, offsets_off, body_off, body_nbytes, bad
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     ZERO_PAIRS: tl.constexpr = G <= 8 and ITEMSIZE == 2 and not IS_FP16
+    ZERO_WORDS: tl.constexpr = G <= 8 and ITEMSIZE == 4
     codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = fixed3_layout(
         n, coded, low16, 0, nz, nesc, 0, ITEMSIZE, IS_FP16)
     seg = tl.where(mode == 2, 0, seg)  # ZERO: no segment
@@ -152,9 +155,12 @@ def _decode_other(p_ptr, dst, c, n, nch, offsets_off, body_off, body_nbytes, bad
             err = _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb,
                                      rem_nb, esc_nb, a_sm, a_rem, a_esc, seg, EXP_BITS,
                                      MAN_BITS, G, T)
+        elif ZERO_WORDS:
+            err = _decode_zero_words(src, dst, n, lim, base, phase, flags, nz, nesc, EXP_BITS,
+                                     MAN_BITS, G, T)
         else:
-            err = decode_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc, 0,
-                                       ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
+            err = decode_zero_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc, 0,
+                                            ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
     return err
 
 
@@ -320,6 +326,73 @@ def _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb
         w = (((s2 + (s2 & (SGN * L2)) * EMAX) | e2) & keep) | (neg & (keep ^ 0xFFFFFFFF))
         word = tl.reshape(tl.join(w, w >> 16), (T, G, 8)).to(tl.int16)
         store_rows(dst, ttile(G, T), n, word, 2, G, T)
+        err = padding_error(src, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc, esc_nb, seg, lim)
+        a_esc = 16 * (a_esc >> 4)
+        err = err | _patch_escapes(dst, src + a_esc, tl.minimum(esc_nb, lim - a_esc), emask,
+                                   esc_t, e_incl - esc_t, top & 0xFFFF, n, EXP_BITS, MAN_BITS,
+                                   T, G)
+    return err
+
+
+@triton.jit(noinline=True)
+def _decode_zero_words(src, dst, n, lim, base, phase, flags, nz, nesc, EXP_BITS: tl.constexpr,
+                       MAN_BITS: tl.constexpr, G: tl.constexpr,
+                       T: tl.constexpr):  # offline: zero path
+    """_decode_zero_pairs for fp32 words (no LOWBYTE): a kept element's sm
+    (3 bytes, or with LOW16 1) at its rank among the kept, gathered from the
+    stream read as the hot path reads it; a zero's word its sign alone. It
+    takes the entry's fields, as decode_chunk_general does, and finds the
+    layout itself. Its error bits."""
+    CP: tl.constexpr = 8 * G * T
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    FIELD: tl.constexpr = EMAX << MAN_BITS
+    low16 = flags & 1
+    codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = fixed3_layout(
+        n, True, low16, 0, nz, nesc, 0, 4, False)
+    zp = (flags >> 1) & 1
+    zn = (flags >> 2) & 1
+    z = zp + zn
+    lo, _ = fixed_window(base, phase, z, EMAX)
+    lim = tl.minimum(tl.maximum(lim, 0), 1 << 30).to(tl.int32)
+    a_sm = 16 * (a_sm >> 4)
+    t = tl.arange(0, T)
+    r = t[:, None] * G + tl.arange(0, G)[None, :]  # row index, [T, G]
+    acc = load_codes(src, r, tl.minimum(codes_nb, lim), tl.minimum(a_sm, lim), T, G) & row_mask(
+        n, r)
+    emask = escape_masks(acc, T, G)
+    esc_t = popc_mask(emask)
+    pre, rc = _row_kept(_kept_flags(acc, z))
+    rt = tl.sum(rc, axis=1)
+    ek = tl.cumsum(esc_t | (rt << 16), axis=0)  # one scan: escapes, kept << 16 (each < 2**16)
+    e_incl = ek & 0xFFFF
+    k_incl = ek >> 16
+    bad_t = (t == T - 1) & ((e_incl != esc_nb) | (k_incl != n - nz))
+    top = tl.max(esc_t | (bad_t.to(tl.int32) << 16), axis=0)
+    err = tl.where(top > 0xFFFF, ERR_COUNTS, 0)
+    if err == 0:
+        # An element's rank: the kept before it in the chunk (less than CP).
+        rb = tl.cumsum(rc, axis=1) - rc + (k_incl - rt)[:, None]
+        q = tl.arange(0, 8)[None, None, :]
+        rank = rb[:, :, None] + ((pre[:, :, None] >> (3 * q)) & 7)
+        # The sm stream read as the hot path reads it (group k at element
+        # k: as if every element were kept; past the stream its zero
+        # padding, inside the body: checked), each kept element's group
+        # gathered at its rank.
+        room = tl.minimum(a_rem - a_sm, lim - a_sm)
+        if low16 != 0:  # one byte: sign and the top 7 mantissa bits
+            grp = unpack_bytes(load_words(src + a_sm, room, T, 2 * G), T, G) << 16
+        else:
+            grp = tl.reshape(load_words24(src + a_sm, room, T, 2 * G), (T, G, 8))
+        s = tl.reshape(tl.gather(tl.reshape(grp, (CP, )), tl.reshape(rank, (CP, )), 0),
+                       (T, G, 8)).to(tl.uint32)
+        code = ((acc[:, :, None] >> (3 * q)) & 7).to(tl.uint32)
+        keep = code >= z
+        # A zero: -0.0 when ZNEG and its code is ZPOS's count (0 or 1).
+        neg = (zn != 0) & (code == zp)
+        e_f = ((code + (lo - z)) << MAN_BITS) & FIELD
+        word = tl.where(keep, (s + (s & (1 << MAN_BITS)) * EMAX) | e_f,
+                        tl.where(neg, 0x80000000, 0).to(tl.uint32))
+        store_rows(dst, ttile(G, T), n, word.to(tl.int32), 4, G, T)
         err = padding_error(src, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc, esc_nb, seg, lim)
         a_esc = 16 * (a_esc >> 4)
         err = err | _patch_escapes(dst, src + a_esc, tl.minimum(esc_nb, lim - a_esc), emask,

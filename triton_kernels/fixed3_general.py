@@ -333,7 +333,28 @@ def _write_coded(x_ptr, start, n, dst, lo, width, zp, zn, low16, lowbyte, before
 @triton.jit(noinline=True)
 def decode_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc, n_low,
                          ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
-                         CP: tl.constexpr, T: tl.constexpr):  # offline: zero path
+                         CP: tl.constexpr, T: tl.constexpr):
+    """_decode_general for a chunk without zeros to flag (LOWBYTE, or a tile
+    wider than the hot path's; cold code)."""
+    return _decode_general(src, dst, n, lim, flags, base, phase, nz, nesc, n_low, ITEMSIZE,
+                           EXP_BITS, MAN_BITS, CP, T)
+
+
+@triton.jit(noinline=True)
+def decode_zero_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc, n_low,
+                              ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                              MAN_BITS: tl.constexpr, CP: tl.constexpr,
+                              T: tl.constexpr):  # offline: zero path
+    """_decode_general for a chunk with flagged zeros that no zero path of
+    fixed3_decode.py takes (fp16, or a tile wider than theirs)."""
+    return _decode_general(src, dst, n, lim, flags, base, phase, nz, nesc, n_low, ITEMSIZE,
+                           EXP_BITS, MAN_BITS, CP, T)
+
+
+@triton.jit
+def _decode_general(src, dst, n, lim, flags, base, phase, nz, nesc, n_low,
+                    ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
+                    CP: tl.constexpr, T: tl.constexpr):
     """Decode a CODED chunk whose entry and offsets are checked (its segment
     at ``src``, ``lim`` body bytes from there; every load is masked to its
     sub-stream and to the body), in two walks: each thread's kept and
