@@ -282,31 +282,13 @@ def _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     FIELD: tl.constexpr = EMAX << MAN_BITS
     SGN: tl.constexpr = 1 << MAN_BITS
-    zp = (flags >> 1) & 1
-    zn = (flags >> 2) & 1
+    lim, a_sm, zp, zn, acc, emask, esc_t, e_incl, top, pre, rc, rt, k_incl = _zero_counts(
+        src, n, lim, flags, codes_nb, a_sm, esc_nb, nz, G, T)
     z = zp + zn
     lo, _ = fixed_window(base, phase, z, EMAX)
-    lim = tl.minimum(tl.maximum(lim, 0), 1 << 30).to(tl.int32)
-    a_sm = 16 * (a_sm >> 4)
-    t = tl.arange(0, T)
-    r = t[:, None] * G + tl.arange(0, G)[None, :]  # row index, [T, G]
-    acc = load_codes(src, r, tl.minimum(codes_nb, lim), tl.minimum(a_sm, lim), T, G) & row_mask(
-        n, r)
-    emask = escape_masks(acc, T, G)
-    esc_t = popc_mask(emask)
-    pre, rc = _row_kept(_kept_flags(acc, z))
-    rt = tl.sum(rc, axis=1)
-    ek = tl.cumsum(esc_t | (rt << 16), axis=0)  # one scan: escapes, kept << 16 (each < 2**16)
-    e_incl = ek & 0xFFFF
-    k_incl = ek >> 16
-    bad_t = (t == T - 1) & ((e_incl != esc_nb) | (k_incl != n - nz))
-    top = tl.max(esc_t | (bad_t.to(tl.int32) << 16), axis=0)
     err = tl.where(top > 0xFFFF, ERR_COUNTS, 0)
     if err == 0:
-        # An element's rank: the kept before it in the chunk (less than CP).
-        rb = tl.cumsum(rc, axis=1) - rc + (k_incl - rt)[:, None]
-        q = tl.arange(0, 8)[None, None, :]
-        rank = rb[:, :, None] + ((pre[:, :, None] >> (3 * q)) & 7)
+        rank = _kept_rank(pre, rc, rt, k_incl)
         # The sm stream and its zero padding (inside the body: checked).
         j = tl.arange(0, CP)
         sm = tl.load(src + a_sm + j, mask=j < 16 * ((a_rem - a_sm) >> 4), other=0)
@@ -349,31 +331,14 @@ def _decode_zero_words(src, dst, n, lim, base, phase, flags, nz, nesc, EXP_BITS:
     low16 = flags & 1
     codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = fixed3_layout(
         n, True, low16, 0, nz, nesc, 0, 4, False)
-    zp = (flags >> 1) & 1
-    zn = (flags >> 2) & 1
+    lim, a_sm, zp, zn, acc, emask, esc_t, e_incl, top, pre, rc, rt, k_incl = _zero_counts(
+        src, n, lim, flags, codes_nb, a_sm, esc_nb, nz, G, T)
     z = zp + zn
     lo, _ = fixed_window(base, phase, z, EMAX)
-    lim = tl.minimum(tl.maximum(lim, 0), 1 << 30).to(tl.int32)
-    a_sm = 16 * (a_sm >> 4)
-    t = tl.arange(0, T)
-    r = t[:, None] * G + tl.arange(0, G)[None, :]  # row index, [T, G]
-    acc = load_codes(src, r, tl.minimum(codes_nb, lim), tl.minimum(a_sm, lim), T, G) & row_mask(
-        n, r)
-    emask = escape_masks(acc, T, G)
-    esc_t = popc_mask(emask)
-    pre, rc = _row_kept(_kept_flags(acc, z))
-    rt = tl.sum(rc, axis=1)
-    ek = tl.cumsum(esc_t | (rt << 16), axis=0)  # one scan: escapes, kept << 16 (each < 2**16)
-    e_incl = ek & 0xFFFF
-    k_incl = ek >> 16
-    bad_t = (t == T - 1) & ((e_incl != esc_nb) | (k_incl != n - nz))
-    top = tl.max(esc_t | (bad_t.to(tl.int32) << 16), axis=0)
     err = tl.where(top > 0xFFFF, ERR_COUNTS, 0)
     if err == 0:
-        # An element's rank: the kept before it in the chunk (less than CP).
-        rb = tl.cumsum(rc, axis=1) - rc + (k_incl - rt)[:, None]
         q = tl.arange(0, 8)[None, None, :]
-        rank = rb[:, :, None] + ((pre[:, :, None] >> (3 * q)) & 7)
+        rank = _kept_rank(pre, rc, rt, k_incl)
         # The sm stream read as the hot path reads it (group k at element
         # k: as if every element were kept; past the stream its zero
         # padding, inside the body: checked), each kept element's group
@@ -399,6 +364,47 @@ def _decode_zero_words(src, dst, n, lim, base, phase, flags, nz, nesc, EXP_BITS:
                                    esc_t, e_incl - esc_t, top & 0xFFFF, n, EXP_BITS, MAN_BITS,
                                    T, G)
     return err
+
+
+@triton.jit
+def _zero_counts(src, n, lim, flags, codes_nb, a_sm, esc_nb, nz, G: tl.constexpr,
+                 T: tl.constexpr):
+    """What a zero path counts before it decodes: ``lim`` clamped and
+    ``a_sm`` as a multiple of 16 (wide loads), the ZPOS and ZNEG flags, the
+    [T, G] rows of codes (bits of rows past n cleared), each thread's
+    escape mask and count, its inclusive escape count, the kept elements
+    before each element of a row (``pre``, fields of 3 bits) and in each
+    row (``rc``), in the thread (``rt``) and through the thread
+    (``k_incl``), and ``top``: the largest escape count of a thread, with
+    bit 16 set when the chunk's escape or kept count disagrees with the
+    entry (``esc_nb``, ``n - nz``). One scan over the threads."""
+    zp = (flags >> 1) & 1
+    zn = (flags >> 2) & 1
+    lim = tl.minimum(tl.maximum(lim, 0), 1 << 30).to(tl.int32)
+    a_sm = 16 * (a_sm >> 4)
+    t = tl.arange(0, T)
+    r = t[:, None] * G + tl.arange(0, G)[None, :]  # row index, [T, G]
+    acc = load_codes(src, r, tl.minimum(codes_nb, lim), tl.minimum(a_sm, lim), T, G) & row_mask(
+        n, r)
+    emask = escape_masks(acc, T, G)
+    esc_t = popc_mask(emask)
+    pre, rc = _row_kept(_kept_flags(acc, zp + zn))
+    rt = tl.sum(rc, axis=1)
+    ek = tl.cumsum(esc_t | (rt << 16), axis=0)  # one scan: escapes, kept << 16 (each < 2**16)
+    e_incl = ek & 0xFFFF
+    k_incl = ek >> 16
+    bad_t = (t == T - 1) & ((e_incl != esc_nb) | (k_incl != n - nz))
+    top = tl.max(esc_t | (bad_t.to(tl.int32) << 16), axis=0)
+    return lim, a_sm, zp, zn, acc, emask, esc_t, e_incl, top, pre, rc, rt, k_incl
+
+
+@triton.jit
+def _kept_rank(pre, rc, rt, k_incl):
+    """Each element's rank among the kept: the kept before it in the chunk
+    (less than the chunk's size), [T, G, 8], from _zero_counts' counts."""
+    rb = tl.cumsum(rc, axis=1) - rc + (k_incl - rt)[:, None]
+    q = tl.arange(0, 8)[None, None, :]
+    return rb[:, :, None] + ((pre[:, :, None] >> (3 * q)) & 7)
 
 
 @triton.jit
