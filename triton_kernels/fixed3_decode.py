@@ -282,10 +282,9 @@ def _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     FIELD: tl.constexpr = EMAX << MAN_BITS
     SGN: tl.constexpr = 1 << MAN_BITS
-    lim, a_sm, zp, zn, acc, emask, esc_t, e_incl, top, pre, rc, rt, k_incl = _zero_counts(
-        src, n, lim, flags, codes_nb, a_sm, esc_nb, nz, G, T)
+    lim, a_sm, zp, zn, lo, acc, emask, esc_t, e_incl, top, pre, rc, rt, k_incl = _zero_counts(
+        src, n, lim, flags, base, phase, codes_nb, a_sm, esc_nb, nz, EXP_BITS, G, T)
     z = zp + zn
-    lo, _ = fixed_window(base, phase, z, EMAX)
     err = tl.where(top > 0xFFFF, ERR_COUNTS, 0)
     if err == 0:
         rank = _kept_rank(pre, rc, rt, k_incl)
@@ -331,10 +330,9 @@ def _decode_zero_words(src, dst, n, lim, base, phase, flags, nz, nesc, EXP_BITS:
     low16 = flags & 1
     codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = fixed3_layout(
         n, True, low16, 0, nz, nesc, 0, 4, False)
-    lim, a_sm, zp, zn, acc, emask, esc_t, e_incl, top, pre, rc, rt, k_incl = _zero_counts(
-        src, n, lim, flags, codes_nb, a_sm, esc_nb, nz, G, T)
+    lim, a_sm, zp, zn, lo, acc, emask, esc_t, e_incl, top, pre, rc, rt, k_incl = _zero_counts(
+        src, n, lim, flags, base, phase, codes_nb, a_sm, esc_nb, nz, EXP_BITS, G, T)
     z = zp + zn
-    lo, _ = fixed_window(base, phase, z, EMAX)
     err = tl.where(top > 0xFFFF, ERR_COUNTS, 0)
     if err == 0:
         q = tl.arange(0, 8)[None, None, :]
@@ -367,11 +365,11 @@ def _decode_zero_words(src, dst, n, lim, base, phase, flags, nz, nesc, EXP_BITS:
 
 
 @triton.jit
-def _zero_counts(src, n, lim, flags, codes_nb, a_sm, esc_nb, nz, G: tl.constexpr,
-                 T: tl.constexpr):
+def _zero_counts(src, n, lim, flags, base, phase, codes_nb, a_sm, esc_nb, nz,
+                 EXP_BITS: tl.constexpr, G: tl.constexpr, T: tl.constexpr):
     """What a zero path counts before it decodes: ``lim`` clamped and
     ``a_sm`` as a multiple of 16 (wide loads), the ZPOS and ZNEG flags, the
-    [T, G] rows of codes (bits of rows past n cleared), each thread's
+    window's lowest exponent, the [T, G] rows of codes (bits of rows past n cleared), each thread's
     escape mask and count, its inclusive escape count, the kept elements
     before each element of a row (``pre``, fields of 3 bits) and in each
     row (``rc``), in the thread (``rt``) and through the thread
@@ -380,6 +378,7 @@ def _zero_counts(src, n, lim, flags, codes_nb, a_sm, esc_nb, nz, G: tl.constexpr
     entry (``esc_nb``, ``n - nz``). One scan over the threads."""
     zp = (flags >> 1) & 1
     zn = (flags >> 2) & 1
+    lo, _ = fixed_window(base, phase, zp + zn, (1 << EXP_BITS) - 1)
     lim = tl.minimum(tl.maximum(lim, 0), 1 << 30).to(tl.int32)
     a_sm = 16 * (a_sm >> 4)
     t = tl.arange(0, T)
@@ -395,7 +394,7 @@ def _zero_counts(src, n, lim, flags, codes_nb, a_sm, esc_nb, nz, G: tl.constexpr
     k_incl = ek >> 16
     bad_t = (t == T - 1) & ((e_incl != esc_nb) | (k_incl != n - nz))
     top = tl.max(esc_t | (bad_t.to(tl.int32) << 16), axis=0)
-    return lim, a_sm, zp, zn, acc, emask, esc_t, e_incl, top, pre, rc, rt, k_incl
+    return lim, a_sm, zp, zn, lo, acc, emask, esc_t, e_incl, top, pre, rc, rt, k_incl
 
 
 @triton.jit
