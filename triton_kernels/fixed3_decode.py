@@ -307,11 +307,8 @@ def _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb
         w = (((s2 + (s2 & (SGN * L2)) * EMAX) | e2) & keep) | (neg & (keep ^ 0xFFFFFFFF))
         word = tl.reshape(tl.join(w, w >> 16), (T, G, 8)).to(tl.int16)
         store_rows(dst, ttile(G, T), n, word, 2, G, T)
-        err = padding_error(src, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc, esc_nb, seg, lim)
-        a_esc = 16 * (a_esc >> 4)
-        err = err | _patch_escapes(dst, src + a_esc, tl.minimum(esc_nb, lim - a_esc), emask,
-                                   esc_t, e_incl - esc_t, top & 0xFFFF, n, EXP_BITS, MAN_BITS,
-                                   T, G)
+        err = _zero_checks(src, dst, n, lim, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc,
+                           esc_nb, seg, emask, esc_t, e_incl, top, EXP_BITS, MAN_BITS, G, T)
     return err
 
 
@@ -356,11 +353,8 @@ def _decode_zero_words(src, dst, n, lim, base, phase, flags, nz, nesc, EXP_BITS:
         word = tl.where(keep, (s + (s & (1 << MAN_BITS)) * EMAX) | e_f,
                         tl.where(neg, 0x80000000, 0).to(tl.uint32))
         store_rows(dst, ttile(G, T), n, word.to(tl.int32), 4, G, T)
-        err = padding_error(src, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc, esc_nb, seg, lim)
-        a_esc = 16 * (a_esc >> 4)
-        err = err | _patch_escapes(dst, src + a_esc, tl.minimum(esc_nb, lim - a_esc), emask,
-                                   esc_t, e_incl - esc_t, top & 0xFFFF, n, EXP_BITS, MAN_BITS,
-                                   T, G)
+        err = _zero_checks(src, dst, n, lim, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc,
+                           esc_nb, seg, emask, esc_t, e_incl, top, EXP_BITS, MAN_BITS, G, T)
     return err
 
 
@@ -395,6 +389,18 @@ def _zero_counts(src, n, lim, flags, base, phase, codes_nb, a_sm, esc_nb, nz,
     bad_t = (t == T - 1) & ((e_incl != esc_nb) | (k_incl != n - nz))
     top = tl.max(esc_t | (bad_t.to(tl.int32) << 16), axis=0)
     return lim, a_sm, zp, zn, lo, acc, emask, esc_t, e_incl, top, pre, rc, rt, k_incl
+
+
+@triton.jit
+def _zero_checks(src, dst, n, lim, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc, esc_nb, seg,
+                 emask, esc_t, e_incl, top, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
+                 G: tl.constexpr, T: tl.constexpr):
+    """A zero path's work after its words are stored (_zero_counts' escape
+    counts): the padding checked, the escapes patched; the error bits."""
+    err = padding_error(src, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc, esc_nb, seg, lim)
+    a_esc = 16 * (a_esc >> 4)
+    return err | _patch_escapes(dst, src + a_esc, tl.minimum(esc_nb, lim - a_esc), emask,
+                                esc_t, e_incl - esc_t, top & 0xFFFF, n, EXP_BITS, MAN_BITS, T, G)
 
 
 @triton.jit
