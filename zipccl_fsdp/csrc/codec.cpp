@@ -689,8 +689,8 @@ static uint32_t run_sum_generic(const typename T::W* w, int i0, int n) {
 #if (defined(__x86_64__) || defined(__i386__)) && \
     (!defined(ZIPCCL_VBMI2_PASS) || defined(ZIPCCL_HAVE_VBMI2_KERNELS))
 // Lanes<FP32>::emit and ::assemble are always inlined: with an instantiation
-// of each kernel per zero-code flag, GCC's budget left each a call per block
-// (emit's 20% slower; assemble's 10% on Gaussian data).
+// of each kernel per zero-code flag, GCC's budget left each a call per block,
+// which measured slower (benchmarks/zero_speed.py --baseline).
 #define ZC_INLINE __attribute__((always_inline))
 #ifndef ZIPCCL_VBMI2_PASS
 #define ZIPCCL_HAVE_AVX2_KERNELS 1
@@ -1433,8 +1433,8 @@ struct Lanes<FP32> {
       const __m256i ez = _mm256_andnot_si256(zero, e8);
       const uint8_t* src = in.sm;
 #if ZC_VBMI2
-      // 16 lanes a step in 512-bit vectors: a quarter at a time took half
-      // again as long (benchmarks/zero_speed.py).
+      // 16 lanes a step in 512-bit vectors: one expand and one word
+      // assembly for what takes two of each a quarter at a time.
       const uint32_t negm = movemask(neg);
       const __m512i man = _mm512_set1_epi32(0x7FFFFF), sgn = _mm512_set1_epi32(0x800000);
       for (int h = 0; h < 2; ++h) {
@@ -1442,11 +1442,9 @@ struct Lanes<FP32> {
         s = _mm512_mask_or_epi32(s, __mmask16(negm >> (16 * h)), s, sgn);
         const __m512i e = _mm512_cvtepu8_epi32(h ? _mm256_extracti128_si256(ez, 1)
                                                  : _mm256_castsi256_si128(ez));
-        _mm512_storeu_si512(out + 16 * h,
-                            _mm512_or_si512(_mm512_ternarylogic_epi32(
-                                                s, man, _mm512_slli_epi32(_mm512_and_si512(s, sgn), 8),
-                                                0xEA),  // (s & man) | sign
-                                            _mm512_slli_epi32(e, 23)));
+        const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(s, sgn), 8);
+        const __m512i w = _mm512_ternarylogic_epi32(s, man, sign, 0xEA);  // (s & man) | sign
+        _mm512_storeu_si512(out + 16 * h, _mm512_or_si512(w, _mm512_slli_epi32(e, 23)));
       }
 #else
       const __m256i sgn = _mm256_set1_epi32(0x800000);
