@@ -603,10 +603,18 @@ def test_checksummed_payloads(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("codec", CODED)
-def test_random_corruption_agrees_with_torch(device, codec):
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+def test_random_corruption_agrees_with_torch(device, codec, dtype):
     """Random byte flips in the table and streams: triton raises exactly when
-    torch does, and otherwise decodes the same bits."""
-    x, p, h = _payload(device, codec, n=C + 300)
+    torch does, and otherwise decodes the same bits. fp32: the first chunk,
+    a fifth of it +0.0 and a seventh -0.0, takes fixed3's fp32 zero path."""
+    x, p, h = _payload(device, codec, dtype=dtype, n=C + 300)
+    if dtype == torch.float32:
+        x[1::7] = -0.0
+        p = z.encode(x.to(device), codec=codec, backend="torch")
+        h = F.parse_header(p)
+        table, _ = F.read_table(p, h)
+        assert int(table.flags[0]) & 6 == 6, "both zero signs flagged"
     g = _gen(17)
     for _ in range(12):
         b = p.clone()
