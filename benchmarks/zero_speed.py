@@ -20,6 +20,14 @@ named (``codec_cpp.ISAS``, capped as ``ZIPCCL_FSDP_CPP_ISA`` does), in the
 same interleaved rounds; each row's ``x gauss`` is against the same kernel
 set's Gaussian speed, ``vs base`` against the baseline's best kernels.
 
+Encode writes into warm memory: glibc is told (``mallopt``) to keep freed
+blocks rather than return them to the kernel, so each call's fresh payload
+buffer is memory already mapped. Otherwise every call page-faults its
+payload in, a cost that belongs to the allocator rather than the codec and
+that differs from process to process (how many huge pages a buffer gets
+depends on its address): two builds of the same source then read up to 13%
+apart in encode speed.
+
 Usage::
 
     python benchmarks/zero_speed.py [--mib 16] [--rounds 5] [--threads 1] [--dtype bf16]
@@ -92,6 +100,19 @@ def _build_baseline(rev: str):
     return lib
 
 
+def _keep_freed_memory() -> None:
+    """glibc keeps freed blocks of any size mapped: no block is its own mmap,
+    and the heap is never trimmed."""
+    try:
+        libc = ctypes.CDLL(None)
+        m_trim_threshold, m_mmap_max = -1, -4
+        ok = libc.mallopt(m_mmap_max, 0) and libc.mallopt(m_trim_threshold, 2**31 - 1)
+    except (OSError, AttributeError):  # not glibc
+        ok = False
+    if not ok:
+        print("zero_speed: mallopt unavailable; encode speeds include page faults", file=sys.stderr)
+
+
 def _cpu_time(fn, reps: int) -> float:
     """CPU seconds of this process per call of fn, over reps calls."""
     t0 = time.process_time()
@@ -114,6 +135,7 @@ def main() -> int:
     p.add_argument("--isas", help="comma-separated kernel sets to measure this revision's "
                    f"library with, of {codec_cpp.ISAS} (default: the best this CPU runs)")
     args = p.parse_args()
+    _keep_freed_memory()
     torch.set_num_threads(args.threads)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     numel = (args.mib << 20) // torch.empty(0, dtype=dtype).element_size()
