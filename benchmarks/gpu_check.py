@@ -326,9 +326,9 @@ def throughput(smoke: bool) -> None:
             x32 = torch.randn(nbytes // 4, generator=g, device=DEV).bfloat16().float()
             bench_tensor(f"fp32 bf16-casts {nbytes / MiB:g} MiB", x32, reps=reps)
             # x * mask: 30% zeros of both signs, every chunk through the
-            # zero paths (fixed3 decode's _decode_zero_pairs and
-            # _decode_zero_words, dense's _encode_zeros / _decode_zeros,
-            # fixed3_general otherwise)
+            # zero paths (fixed3's _encode_zero_pairs / _words and
+            # _decode_zero_pairs / _words, dense's _encode_zeros /
+            # _decode_zeros)
             keep = torch.rand(nbytes // 2, generator=g, device=DEV) >= 0.3
             bench_tensor(f"x*mask bf16 {nbytes / MiB:g} MiB", x * keep.to(x.dtype), reps=reps)
             bench_tensor(f"x*mask fp32 {nbytes / MiB:g} MiB", x32 * keep[: x32.numel()].float(),

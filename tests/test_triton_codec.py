@@ -711,14 +711,15 @@ def test_fixed3_hot_and_general_chunks(device, dtype, enc_warps, dec_warps, deco
     both zero signs flagged, +0.0 flagged with three -0.0 kept, 64
     subnormals (no zero to flag, but too many exponents 0 to know without
     counting the signs), random bits (RAW), fp32 LOW16 with zeros; for bf16
-    and fp32 decode's zero path takes all of these but the RAW chunk. At 64 elements
-    a thread (64-bit escape masks) and 32, for encode and decode. The
-    general functions are counted through their calls under the
-    interpreter."""
+    and fp32 decode's zero path takes all of these but the RAW chunk, and
+    encode's those with flagged zeros. At 64 elements a thread
+    (64-bit escape masks) and 32, for encode and decode. The general
+    functions and the encode zero path are counted through their calls
+    under the interpreter."""
     from zipccl_fsdp.triton_kernels import codec_encode, fixed3_decode, fixed3_encode
     tuning = decode_plans.Tuning(warps=dec_warps, fixed3_warps_16=dec_warps,
                                  fixed3_warps_32=dec_warps)
-    calls = {"encode": 0, "decode": 0}
+    calls = {"encode": 0, "encode_zero": 0, "decode": 0}
 
     def counted(name, fn):
         def call(*a, **k):
@@ -727,6 +728,11 @@ def test_fixed3_hot_and_general_chunks(device, dtype, enc_warps, dec_warps, deco
         return call
     monkeypatch.setattr(fixed3_encode, "encode_chunk_general",
                         counted("encode", fixed3_encode.encode_chunk_general))
+    monkeypatch.setattr(fixed3_encode, "encode_cold_chunk_general",
+                        counted("encode", fixed3_encode.encode_cold_chunk_general))
+    for name in ("_encode_zero_pairs", "_encode_zero_words"):
+        monkeypatch.setattr(fixed3_encode, name,
+                            counted("encode_zero", getattr(fixed3_encode, name)))
     monkeypatch.setattr(fixed3_decode, "decode_chunk_general",
                         counted("decode", fixed3_decode.decode_chunk_general))
     monkeypatch.setattr(fixed3_decode, "decode_zero_chunk_general",
@@ -767,6 +773,9 @@ def test_fixed3_hot_and_general_chunks(device, dtype, enc_warps, dec_warps, deco
                     False, False, False]
     assert [e for e, _ in paths] == want_general, paths
     assert dec_general == 2 + (dtype == torch.float32), paths
+    # encode's zero paths (bf16, fp32) take the chunks with flagged zeros
+    enc_zero = {torch.bfloat16: 2, torch.float16: 0, torch.float32: 3}[dtype]
+    enc_general -= enc_zero
     table, _ = F.read_table(p, F.parse_header(p))
     assert int(table.n_esc[1]) >= 64 and int(table.mode[7]) == F.MODE_RAW
     if dtype != torch.float16:  # decode's zero path takes every coded chunk here
@@ -776,12 +785,13 @@ def test_fixed3_hot_and_general_chunks(device, dtype, enc_warps, dec_warps, deco
     assert torch.equal(pg.cpu(), p), f"first differing byte {int((pg.cpu() != p).nonzero()[0, 0])}"
     y = _triton_decode(p.to(device), torch.empty_like(x).to(device), tuning, header=True)
     assert torch.equal(bits(y), bits(x.to(device)))
-    assert calls == {"encode": enc_general, "decode": dec_general}, (calls, paths)
-    calls.update(encode=0, decode=0)
+    assert calls == {"encode": enc_general, "encode_zero": enc_zero, "decode": dec_general}, (
+        calls, paths)
+    calls.update(encode=0, encode_zero=0, decode=0)
     out = torch.full_like(x, 7.0).to(device)
     _triton_decode(p.to(device), out, tuning)
     assert torch.equal(bits(out), bits(x.to(device)))
-    assert calls == {"encode": 0, "decode": dec_general}, calls
+    assert calls == {"encode": 0, "encode_zero": 0, "decode": dec_general}, calls
 
 
 @pytest.mark.parametrize("device", [p for p in DEVICES if p.values[0] == "cpu"])

@@ -30,12 +30,15 @@ registers:
   chunk, after its writes, the body length and the header
   (``_lookback.finish_payload``).
 
-Every other chunk (zeros to flag, a chunk stored RAW, an fp32 chunk that
-takes LOWBYTE: the hot path counts its nonzero low bytes to know) and tiles
-of more than 64 elements a thread are encoded by
-fixed3_general.encode_chunk_general, a noinline function: off the hot
-path, reading the chunk again; the hot path hands it the statistics and
-the counts of +0.0 and -0.0 it needs.
+A bf16 or fp32 chunk with zeros to flag takes a zero path,
+``_encode_zero_pairs`` / ``_encode_zero_words`` (noinline: the chunk read
+again, the codes with the zero codes, each kept element's sm stored at its
+rank among the kept). Every other chunk (fp16's zeros to flag, a chunk
+stored RAW, an fp32 chunk that takes LOWBYTE: the hot path counts its
+nonzero low bytes to know) and tiles of more than 64 elements a thread
+are encoded by fixed3_general, noinline functions off the hot path that
+read the chunk again; the hot path hands them the statistics and the
+counts of +0.0 and -0.0 they need.
 
 16-bit words are handled two to a 32-bit register (lanes: element 2j low,
 2j + 1 high), whose fields are computed by lane arithmetic that carries
@@ -50,7 +53,8 @@ from ._codec_common import (FIXED_ZERO_SHIFT, align16, cols_or, esc_bits, fixed_
                             low_bit_index, lowbyte_wins, pack_bytes, popc32, row_mask,
                             store_rows3, store_words, store_words24, ttile, zero_pad)
 from ._lookback import finish_payload, ticket
-from .fixed3_general import encode_chunk_general, is_coded, place_chunk
+from .fixed3_general import (encode_chunk_general, encode_cold_chunk_general, is_coded,
+                             place_chunk)
 
 L2 = tl.constexpr(0x10001)  # one in each 16-bit lane
 
@@ -71,6 +75,9 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     phase = tl.zeros([], tl.int32)
     zeros = tl.zeros([], tl.int32)
     low16 = tl.zeros([], tl.int32)
+    # The zero paths (bf16, fp32); fp16's zeros to flag are fixed3_general's.
+    ZERO_PAIRS: tl.constexpr = G <= 8 and ITEMSIZE == 2 and EXP_BITS == 8
+    ZERO_WORDS: tl.constexpr = G <= 8 and ITEMSIZE == 4
     if G <= 8:  # a thread's escapes fit one 64-bit mask
         if ITEMSIZE == 2:
             done, base, phase, zeros, end = _encode_pairs(
@@ -81,7 +88,25 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
                 x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table_off, offsets_off,
                 body_off, EXP_BITS, MAN_BITS, CP, T)
         known = known + 1
-    if not done:
+    if ZERO_PAIRS or ZERO_WORDS:
+        if not done:
+            # A zero sign to flag, in a chunk not all +0.0 (ZERO: fixed3_general's).
+            if ((((zeros & 0xFFFF) << FIXED_ZERO_SHIFT) >= n) | (
+                    ((zeros >> 16) << FIXED_ZERO_SHIFT) >= n)) & ((zeros & 0xFFFF) != n):
+                if ZERO_PAIRS:
+                    end = _encode_zero_pairs(x_ptr, out_ptr, status_ptr, c, start, n,
+                                             table_off, offsets_off, body_off, base, phase,
+                                             zeros, EXP_BITS, MAN_BITS, CP, T)
+                else:
+                    end = _encode_zero_words(x_ptr, out_ptr, status_ptr, c, start, n,
+                                             table_off, offsets_off, body_off, base, phase,
+                                             zeros, low16, EXP_BITS, MAN_BITS, CP, T)
+                done = end >= 0
+        if not done:
+            end = encode_cold_chunk_general(x_ptr, out_ptr, status_ptr, c, start, n, table_off,
+                                            offsets_off, body_off, known, base, phase, zeros,
+                                            low16, ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
+    elif not done:
         end = encode_chunk_general(x_ptr, out_ptr, status_ptr, c, start, n, table_off,
                                    offsets_off, body_off, known, base, phase, zeros, low16,
                                    ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
@@ -170,6 +195,180 @@ def _encode_pairs(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table
         zeros = tl.sum((((zt & 0xFF) + ((zt >> 16) & 0xFF)) | (
             (((zt >> 8) & 0xFF) + (zt >> 24)) << 16)).to(tl.int32), axis=0)
     return done, base, phase, zeros, end
+
+
+@triton.jit(noinline=True)
+def _encode_zero_pairs(x_ptr, out_ptr, status_ptr, c, start, n, table_off, offsets_off,
+                       body_off, base, phase, zeros, EXP_BITS: tl.constexpr,
+                       MAN_BITS: tl.constexpr, CP: tl.constexpr,
+                       T: tl.constexpr):  # offline: zero path
+    """The zero path of 16-bit words without a rem stream (bf16): a chunk
+    with a zero sign to flag (the +0.0 and -0.0 counts are ``zeros``' low
+    and high 16 bits) that is not all +0.0, stored CODED. The codes by the
+    hot path's lane arithmetic with the window moved up by the z zero
+    codes; a flagged zero takes its code (+0.0 0, then -0.0) and no sm
+    byte. The sm bytes a row at a time (the row read again, from L1): each
+    kept element's at its rank among the kept (the kept before the thread,
+    by one scan, before the row, and before it in the row: the ranks
+    _decode_zero_pairs gathers at), one byte store each. Returns the
+    segment's end as the hot path does, or -1 for a chunk to store RAW
+    (fixed3_general's). Noinline: it takes scalars only and reads the chunk
+    again (from L1/L2), so that its registers do not become the kernel's
+    allocation around the hot path (a whole-tile form took 166)."""
+    G: tl.constexpr = CP // (8 * T)
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    SGN: tl.constexpr = 1 << MAN_BITS
+    HI: tl.constexpr = 0x8000 * L2
+    zp, zn, z, nz, lo = _zero_fields(zeros, n, base, phase, EMAX)
+    i = ttile(G, T)
+    # The padding as the hot path reads it; its codes and kept flags are masked off.
+    pr = _pairs(tl.load(x_ptr + start + i, mask=i < n, other=SGN), G, T)
+    u = (pr >> MAN_BITS) & (EMAX * L2)
+    # v = (e - lo) mod 2**15: in the window when v < 7 - z (v + 0x8000 - 7 + z
+    # leaves bit 15 clear), whose code is v + z; 7 (ESC) outside.
+    v = (u + (((0x8000 - lo) & 0x7FFF) * L2).to(tl.uint32)) & 0x7FFF7FFF
+    out = ((v + ((0x8000 - 7 + z) * L2).to(tl.uint32)) >> 15) & L2
+    c2 = ((v + (z * L2).to(tl.uint32)) & (7 * L2)) | (out * 7)
+    # Bit 15 of a lane: +0.0 (pz), -0.0 (ng), as in _encode_pairs; a flagged
+    # zero's code is 0 for +0.0, zp for -0.0.
+    zpm = (0 - zp).to(tl.uint32)  # all ones when ZPOS
+    znm = (0 - zn).to(tl.uint32)
+    nzf = (pr & 0x7FFF7FFF) + 0x7FFF7FFF
+    pz = ((nzf | pr) ^ HI) & HI
+    ng = (pr & (nzf ^ HI)) & HI
+    fz = ((pz & zpm) | (ng & znm)) >> 15  # 1 in a flagged zero's lane
+    c2 = (c2 & ((fz * 7) ^ (7 * L2))) | ((ng & znm & zpm) >> 15)
+    r = tl.arange(0, T)[:, None] * G + tl.arange(0, G)[None, :]  # row index, [T, G]
+    acc = _pair_rows3(c2) & row_mask(n, r)  # a row's eight codes; 0 past n
+    # The thread's kept: its elements below n but the flagged zeros (the
+    # padding reads as no zero).
+    fz_t = tl.sum(tl.sum(fz, axis=2), axis=1)
+    tw = tl.arange(0, T) * (8 * G)
+    rt = tl.minimum(tl.maximum(n - tw, 0), 8 * G) - ((fz_t & 0xFFFF) + (fz_t >> 16)).to(tl.int32)
+    emask, esc_t, e_at, n_esc, kmax, at = _zero_counts(acc, rt, T, G)
+    end = tl.zeros([], tl.int64) - 1
+    if is_coded(n, 0, 0, nz, n_esc, 0, 2, False):
+        dst, coded, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, end = place_chunk(
+            out_ptr, status_ptr, c, n, table_off, offsets_off, body_off, 0, 0, zp, zn, base,
+            phase, nz, n_esc, 0, 2, False)
+        a_sm = 16 * (a_sm >> 4)
+        a_esc = 16 * (a_esc >> 4)
+        store_codes(dst, acc, r, codes_nb, a_sm, T, G)
+        # The sm bytes a row at a time: at the kept before the row (``at``)
+        # and before the element in the row.
+        sm_dst = dst + a_sm
+        q8 = tl.arange(0, 8)[None, :]
+        for g in range(G):  # offline: chunk rows
+            ig = tl.arange(0, T)[:, None] * (8 * G) + 8 * g + q8
+            valid = ig < n
+            a, b = tl.split(tl.reshape(tl.load(x_ptr + start + ig, mask=valid, other=SGN).to(
+                tl.uint16, bitcast=True), (T, 4, 2)))
+            p = a.to(tl.uint32) | (b.to(tl.uint32) << 16)  # pairs, as in _pairs
+            nzp = (p & 0x7FFF7FFF) + 0x7FFF7FFF  # as nzf above
+            fzp = ((((nzp | p) ^ HI) & HI & zpm) | (p & (nzp ^ HI) & HI & znm)) >> 15
+            k2 = fzp ^ L2  # 1 in a kept lane
+            smp = ((p >> EXP_BITS) & (SGN * L2)) | (p & ((SGN - 1) * L2))
+            k = (tl.reshape(tl.join(k2, k2 >> 16), (T, 8)) & 1).to(tl.int32)
+            sm = tl.reshape(tl.join(smp, smp >> 16), (T, 8)).to(tl.uint8)
+            tl.store((sm_dst + at)[:, None] + (tl.cumsum(k, axis=1) - k), sm,
+                     mask=valid & (k != 0))
+            at += tl.sum(k, axis=1)
+        zero_pad(dst + a_sm, sm_nb, a_rem - a_sm)
+        store_escapes(x_ptr + start, dst + a_esc, emask, esc_t, e_at, kmax, n, esc_nb, MAN_BITS,
+                      EMAX, T, G)
+    return end
+
+
+@triton.jit(noinline=True)
+def _encode_zero_words(x_ptr, out_ptr, status_ptr, c, start, n, table_off, offsets_off,
+                       body_off, base, phase, zeros, low16, EXP_BITS: tl.constexpr,
+                       MAN_BITS: tl.constexpr, CP: tl.constexpr,
+                       T: tl.constexpr):  # offline: zero path
+    """_encode_zero_pairs for 32-bit words (fp32): a kept element's sm (one
+    byte with LOW16, else three) at its rank among the kept (three bytes
+    at 3 x rank), the groups _decode_zero_words gathers. A chunk that takes
+    LOWBYTE, or is stored RAW, is fixed3_general's: -1."""
+    G: tl.constexpr = CP // (8 * T)
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    zp, zn, z, nz, lo = _zero_fields(zeros, n, base, phase, EMAX)
+    i = ttile(G, T)
+    w = load_rows32(x_ptr + start, i, n, 1 << MAN_BITS, G, T)  # the padding as the hot path's
+    flagged = ((w == 0) & (zp != 0)) | ((w == -(1 << 31)) & (zn != 0))
+    # Window codes z..6 for the exponents lo..lo + 6 - z, 7 (ESC) outside; a
+    # flagged zero's code 0 (+0.0) or zp (-0.0).
+    d = ((w >> MAN_BITS) & EMAX) - lo
+    code = tl.where((d >= 0) & (d < 7 - z), d + z, 7)
+    code = tl.where(flagged, (w >> 31) & zp, code)
+    r = tl.arange(0, T)[:, None] * G + tl.arange(0, G)[None, :]  # row index, [T, G]
+    q = tl.arange(0, 8)[None, None, :]
+    acc = tl.sum(code << (3 * q), axis=2) & row_mask(n, r)
+    # The thread's kept (its elements below n but the flagged zeros) and its
+    # low bytes that are not 0 (LOWBYTE's count; the padding's is 0).
+    tw = tl.arange(0, T) * (8 * G)
+    rt = tl.minimum(tl.maximum(n - tw, 0), 8 * G) - tl.sum(tl.sum(flagged.to(tl.int32), axis=2),
+                                                           axis=1)
+    n_low = tl.sum(tl.sum(((w & 0xFF) != 0).to(tl.int32), axis=2), axis=1)
+    emask, esc_t, e_at, n_esc, kmax, at = _zero_counts(acc, rt, T, G)
+    end = tl.zeros([], tl.int64) - 1
+    lowbyte = (low16 == 0) & lowbyte_wins(n, n - nz, tl.sum(n_low, axis=0))
+    if is_coded(n, low16, 0, nz, n_esc, 0, 4, False) & ~lowbyte:
+        dst, coded, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, end = place_chunk(
+            out_ptr, status_ptr, c, n, table_off, offsets_off, body_off, low16, 0, zp, zn, base,
+            phase, nz, n_esc, 0, 4, False)
+        a_sm = 16 * (a_sm >> 4)
+        a_esc = 16 * (a_esc >> 4)
+        store_codes(dst, acc, r, codes_nb, a_sm, T, G)
+        # The sm a row at a time, as _encode_zero_pairs stores it.
+        sm_dst = dst + a_sm
+        h = tl.arange(0, T)[:, None] * (8 * G) + tl.arange(0, 4)[None, :]
+        for g in range(G):  # offline: chunk rows
+            for half in tl.static_range(2):  # 16 bytes a load: a half row in the thread
+                wr = tl.load(x_ptr + start + h, mask=h < n, other=0).to(tl.int32)
+                k = ((h < n) & (((wr != 0) | (zp == 0)) & ((wr != -(1 << 31)) | (zn == 0)))).to(
+                    tl.int32)
+                rank = at[:, None] + tl.cumsum(k, axis=1) - k
+                if low16 != 0:  # sign and the mantissa's top 7 bits
+                    sm = ((wr >> 24) & 0x80) | ((wr >> 16) & 0x7F)
+                    tl.store(sm_dst + rank, sm.to(tl.uint8), mask=k != 0)
+                else:  # sign << 23 | mantissa, three bytes little-endian
+                    p = sm_dst + 3 * rank
+                    tl.store(p, wr.to(tl.uint8), mask=k != 0)
+                    tl.store(p + 1, (wr >> 8).to(tl.uint8), mask=k != 0)
+                    tl.store(p + 2, (((wr >> 16) & 0x7F) | ((wr >> 24) & 0x80)).to(tl.uint8),
+                             mask=k != 0)
+                at += tl.sum(k, axis=1)
+                h += 4
+        zero_pad(dst + a_sm, sm_nb, a_rem - a_sm)
+        store_escapes(x_ptr + start, dst + a_esc, emask, esc_t, e_at, kmax, n, esc_nb, MAN_BITS,
+                      EMAX, T, G)
+    return end
+
+
+@triton.jit
+def _zero_fields(zeros, n, base, phase, EMAX: tl.constexpr):
+    """A zero path's chunk fields from the +0.0 and -0.0 counts (``zeros``'
+    low and high 16 bits): ZPOS, ZNEG, their count z, the flagged zeros,
+    the window's lowest exponent."""
+    npos = zeros & 0xFFFF
+    nneg = (zeros >> 16) & 0xFFFF
+    zp = ((npos << FIXED_ZERO_SHIFT) >= n).to(tl.int32)
+    zn = ((nneg << FIXED_ZERO_SHIFT) >= n).to(tl.int32)
+    z = zp + zn
+    lo, _ = fixed_window(base, phase, z, EMAX)
+    return zp, zn, z, zp * npos + zn * nneg, lo
+
+
+@triton.jit
+def _zero_counts(acc, rt, T: tl.constexpr, G: tl.constexpr):
+    """escape_counts for a zero path, whose threads also count their kept
+    elements (``rt``): the escape masks, counts and places, the chunk's
+    escapes and largest count of a thread, and the kept before each thread
+    (one scan of both counts)."""
+    emask = escape_masks(acc, T, G)
+    esc_t = popc_mask(emask)
+    ek = tl.cumsum(esc_t | (rt << 16), axis=0)  # escapes, kept << 16 (each < 2**16)
+    n_esc, kmax = tl.reduce((esc_t, esc_t), 0, _sum_max)
+    return emask, esc_t, (ek & 0xFFFF) - esc_t, n_esc, kmax, (ek >> 16) - rt
 
 
 @triton.jit
@@ -350,6 +549,25 @@ def store_escapes(x, esc_dst, emask, esc_t, e_at, kmax, n, n_esc, MAN_BITS: tl.c
         m = _store_escape(xw, tw, esc_dst, m, e_at + k, k < esc_t, MAN_BITS, EMAX)
         k += one
     zero_pad(esc_dst, n_esc, align16(n_esc))
+
+
+@triton.jit
+def kept_rank(pre, rc, rt, k_incl):
+    """Each element's rank among the kept: the kept before it in the chunk
+    (less than the chunk's size), [T, G, 8], from row_kept's counts, each
+    thread's kept (``rt``) and the kept through it (``k_incl``, a scan)."""
+    rb = tl.cumsum(rc, axis=1) - rc + (k_incl - rt)[:, None]
+    q = tl.arange(0, 8)[None, None, :]
+    return rb[:, :, None] + ((pre[:, :, None] >> (3 * q)) & 7)
+
+
+@triton.jit
+def row_kept(kf):
+    """Flags at 3 q (q < 8) -> the flags before each q (field q of the word,
+    at most 7: (kf << 3) times 0x249249 sums fields 0 .. q - 1 into field q
+    without a carry) and the row's count."""
+    pre = (kf << 3) * 0x249249
+    return pre, ((pre >> 21) & 7) + ((kf >> 21) & 1)
 
 
 @triton.jit

@@ -3,15 +3,14 @@ fixed3_encode.py and fixed3_decode.py.
 
 The hot kernels code the chunks Gaussian data makes (too few exponent
 fields 0 for a zero sign to be flagged) with the whole chunk in registers,
-and bf16 chunks with zeros to flag by decode's zero path. Every other
-chunk comes here: zeros of either sign flagged and their sign+mantissa
-omitted (every encode; fp16 and fp32 decode, and bf16's tiles of more
-than 64 elements a thread), RAW chunks, fp32 LOWBYTE chunks (a row's bitmap
-byte at its row index, the nonzero low bytes ranked like the escapes), and
-tiles the hot path does not take. These functions are ``noinline``,
-so their code is not on the hot kernels' path (tools/offline.py
-counts them apart), and they take scalars only: each reads what it needs
-again (the chunk from L1/L2: the input is read from memory once).
+and their zero paths bf16's and fp32's chunks with zeros to flag. Every
+other chunk comes here: fp16's zeros to flag, tiles of more than 64
+elements a thread, RAW chunks, and fp32 LOWBYTE chunks (a row's bitmap
+byte at its row index, the nonzero low bytes ranked like the escapes).
+These functions are ``noinline``, so their code is not on the hot
+kernels' path (tools/offline.py counts them apart), and they take scalars
+only: each reads what it needs again (the chunk from L1/L2: the input is
+read from memory once).
 
 They walk the chunk's thread-major tile (thread t holds the E = CP / T
 consecutive elements from E t, as in the hot kernels) one row of 8
@@ -149,6 +148,31 @@ def encode_chunk_general(x_ptr, out_ptr, status_ptr, c, start, n, table_off,
                          offsets_off, body_off, known, base, phase, zeros, low16,
                          ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
                          CP: tl.constexpr, T: tl.constexpr):  # offline: zero path
+    """_encode_general for any chunk the hot path leaves, where the kernel
+    has no zero path (fp16: this is its zero path)."""
+    return _encode_general(x_ptr, out_ptr, status_ptr, c, start, n, table_off, offsets_off,
+                           body_off, known, base, phase, zeros, low16, ITEMSIZE, EXP_BITS,
+                           MAN_BITS, CP, T)
+
+
+@triton.jit(noinline=True)
+def encode_cold_chunk_general(x_ptr, out_ptr, status_ptr, c, start, n, table_off,
+                              offsets_off, body_off, known, base, phase, zeros, low16,
+                              ITEMSIZE: tl.constexpr, EXP_BITS: tl.constexpr,
+                              MAN_BITS: tl.constexpr, CP: tl.constexpr, T: tl.constexpr):
+    """_encode_general for a chunk that neither the hot path nor a zero path
+    of fixed3_encode.py takes (ZERO, RAW, LOWBYTE, exponents 0 that are not
+    zeros to flag; cold code)."""
+    return _encode_general(x_ptr, out_ptr, status_ptr, c, start, n, table_off, offsets_off,
+                           body_off, known, base, phase, zeros, low16, ITEMSIZE, EXP_BITS,
+                           MAN_BITS, CP, T)
+
+
+@triton.jit
+def _encode_general(x_ptr, out_ptr, status_ptr, c, start, n, table_off, offsets_off, body_off,
+                    known, base, phase, zeros, low16, ITEMSIZE: tl.constexpr,
+                    EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr, CP: tl.constexpr,
+                    T: tl.constexpr):
     """Encode chunk c (``n`` elements from ``start``) completely: its fields
     (the locator, the +0.0 and -0.0 counts (low and high 16 bits of
     ``zeros``) and LOW16 given when ``known``, else chunk_statistics'),
