@@ -11,7 +11,7 @@ call alone), so that what a chunk off the hot path costs can be read:
 - fixed3: a chunk with zeros to flag (encode: bf16 ``_encode_zero_pairs``,
   fp32 ``_encode_zero_words``, fp16 ``encode_chunk_general``; decode: bf16
   ``_decode_zero_pairs``, fp32 ``_decode_zero_words``, fp16
-  ``decode_zero_chunk_general``), a bf16 or fp32 chunk that is ZERO, RAW,
+  ``_decode_zero_rem``), a bf16 or fp32 chunk that is ZERO, RAW,
   LOWBYTE or has exponents 0 that are not zeros to flag (encode
   ``encode_cold_chunk_general``), an fp32 LOWBYTE chunk (decode
   ``decode_chunk_general``), a RAW chunk (decode ``decode_raw_words``);
@@ -46,9 +46,9 @@ import torch  # noqa: E402
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 COLD = {("fixed3", "encode"): ("_encode_zero_pairs", "_encode_zero_words",
                                 "encode_chunk_general", "encode_cold_chunk_general"),
-        ("fixed3", "decode"): ("_decode_zero_pairs", "_decode_zero_words",
-                                   "decode_zero_chunk_general", "decode_chunk_general",
-                                   "decode_raw_words"),
+        ("fixed3", "decode"): ("_decode_zero_pairs", "_decode_zero_words", "_decode_zero_rem",
+                                "decode_zero_chunk_general", "decode_chunk_general",
+                                "decode_raw_words"),
         ("dense", "encode"): ("_encode_zeros", "_encode_general", "_encode_tail", "_write_raw"),
         ("dense", "decode"): ("_decode_zeros", "_decode_general", "_decode_raw")}
 

@@ -200,7 +200,8 @@ def test_zero_path_tags_are_found():
     lines, names = offline.zero_path()
     assert not any(ln.startswith(("fixed3_decode.py:", "fixed3_encode.py:")) for ln in lines)
     assert {"_encode_zero_pairs", "_encode_zero_words", "_decode_zero_pairs",
-            "_decode_zero_words", "encode_chunk_general", "decode_zero_chunk_general"} <= names
+            "_decode_zero_words", "_decode_zero_rem", "encode_chunk_general",
+            "decode_zero_chunk_general"} <= names
     # (the general entries for a chunk without zeros to flag are no zero path)
     assert not {"decode_chunk_general", "encode_cold_chunk_general"} & names
 
@@ -380,14 +381,18 @@ def test_fixed3_fp16_within_ten_percent_of_bf16(rows):
     assert f16["decode_instr"] <= 1.1 * bf["decode_instr"], (f16, bf)
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-def test_fixed3_zero_chunk_decode_takes_the_zero_path(rows, dtype):
-    """A full bf16 or fp32 chunk with zeros to flag (``x * mask``) costs
-    fixed3's decode at most 2x the Gaussian hot path's instructions per
-    element: its zero path (fixed3_general's noinline walk, which reads the
-    chunk twice, costs about 3.5x for bf16 and 4.1x for fp32)."""
+@pytest.mark.parametrize("dtype, bound", [("bf16", 2.0), ("fp32", 2.0), ("fp16", 2.5)])
+def test_fixed3_zero_chunk_decode_takes_the_zero_path(rows, dtype, bound):
+    """A full chunk with zeros to flag (``x * mask``) costs fixed3's decode
+    at most 2x the Gaussian hot path's instructions per element for bf16
+    and fp32, 2.5x for fp16 (whose rem bits are read too): its zero path
+    (fixed3_general's noinline walk, which reads the chunk twice, costs
+    about 3.5x, 4.1x and 4.2x), at the decode kernel's registers (168 for
+    16-bit words: a whole-tile gather of fp16's sm and rem took 221)."""
     r = _kernel(rows, dtype, "fixed3", "summary")
-    assert r["zero_decode_instr"] <= 2.0 * r["decode_instr"], r
+    assert r["zero_decode_instr"] <= bound * r["decode_instr"], r
+    if dtype != "fp32":
+        assert _kernel(rows, dtype, "fixed3", "decode: decode")["regs"] <= 168
 
 
 @pytest.mark.parametrize("dtype, regs", [("bf16", 96), ("fp32", 168)])

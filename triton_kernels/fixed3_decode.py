@@ -23,17 +23,18 @@ at most 64 elements a thread:
 - the decoded escape count against the entry, escapes naming an exponent
   the dtype has, and every padding byte zero.
 
-A bf16 or fp32 chunk with flagged zeros takes the zero path
-(``_decode_zero_pairs``, ``_decode_zero_words``): each kept element's sm
-bytes gathered at its rank among the kept (tl.gather from the stream read
-whole), a zero's word its sign, the whole tile at once like the hot path;
-noinline (it takes scalars and reads its streams from the payload like the
-hot path), so that its registers are not the hot path's. An fp16 chunk with
-flagged zeros is decoded by fixed3_general.decode_zero_chunk_general, a
-LOWBYTE chunk (whose low length, the bitmap's set bits, is counted before
-the offsets are checked) by decode_chunk_general (both of them every chunk
-of a wider tile), a RAW chunk by decode_raw_words: all noinline, off the
-hot path.
+A chunk with flagged zeros takes a zero path: bf16 and fp32
+(``_decode_zero_pairs``, ``_decode_zero_words``) gather each kept element's
+sm bytes at its rank among the kept (tl.gather from the stream read whole),
+the whole tile at once like the hot path; fp16 (``_decode_zero_rem``)
+reads a row's kept sm bytes and rem bits from the payload by address, a
+row at a time; a zero's word is its sign. They are noinline (they take
+scalars and read their streams from the payload like the hot path), so
+that their registers are not the hot path's. A LOWBYTE chunk (whose low
+length, the bitmap's set bits, is counted before the offsets are checked)
+is decoded by fixed3_general.decode_chunk_general, a chunk with flagged
+zeros of a wider tile by decode_zero_chunk_general, a RAW chunk by
+decode_raw_words: all noinline, off the hot path.
 
 Error bits (``ERR_*`` of _codec_common.py) are returned to the caller, which
 ORs them into the launch's error word.
@@ -124,6 +125,7 @@ def _decode_other(p_ptr, dst, c, n, nch, offsets_off, body_off, body_nbytes, bad
     IS_FP16: tl.constexpr = ITEMSIZE == 2 and EXP_BITS == 5
     ZERO_PAIRS: tl.constexpr = G <= 8 and ITEMSIZE == 2 and not IS_FP16
     ZERO_WORDS: tl.constexpr = G <= 8 and ITEMSIZE == 4
+    ZERO_REM: tl.constexpr = G <= 8 and IS_FP16
     codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = fixed3_layout(
         n, coded, low16, 0, nz, nesc, 0, ITEMSIZE, IS_FP16)
     seg = tl.where(mode == 2, 0, seg)  # ZERO: no segment
@@ -158,6 +160,10 @@ def _decode_other(p_ptr, dst, c, n, nch, offsets_off, body_off, body_nbytes, bad
         elif ZERO_WORDS:
             err = _decode_zero_words(src, dst, n, lim, base, phase, flags, nz, nesc, EXP_BITS,
                                      MAN_BITS, G, T)
+        elif ZERO_REM:
+            err = _decode_zero_rem(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb,
+                                   rem_nb, esc_nb, a_sm, a_rem, a_esc, seg, EXP_BITS, MAN_BITS,
+                                   G, T)
         else:
             err = decode_zero_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc, 0,
                                             ITEMSIZE, EXP_BITS, MAN_BITS, CP, T)
@@ -356,6 +362,77 @@ def _decode_zero_words(src, dst, n, lim, base, phase, flags, nz, nesc, EXP_BITS:
         err = _zero_checks(src, dst, n, lim, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc,
                            esc_nb, seg, emask, esc_t, e_incl, top, EXP_BITS, MAN_BITS, G, T)
     return err
+
+
+@triton.jit(noinline=True)
+def _decode_zero_rem(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb, rem_nb, esc_nb,
+                     a_sm, a_rem, a_esc, seg, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr,
+                     G: tl.constexpr, T: tl.constexpr):  # offline: zero path
+    """_decode_zero_pairs for 16-bit words with a rem stream (fp16), a row at
+    a time: a kept element's sm byte at its rank among the kept and its 3
+    rem bits at 3 x that rank, each loaded from the payload (L1) at that
+    place; a zero's word its sign. Loads by address, not a gather through
+    shared memory: a whole-tile gather of sm and rem took the decode kernel
+    from 168 registers to 221 or more."""
+    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+    FIELD: tl.constexpr = EMAX << MAN_BITS
+    SGN: tl.constexpr = 1 << MAN_BITS
+    lim, a_sm, zp, zn, lo, acc, emask, esc_t, e_incl, top, pre, rc, rt, k_incl = _zero_counts(
+        src, n, lim, flags, base, phase, codes_nb, a_sm, esc_nb, nz, EXP_BITS, G, T)
+    z = zp + zn
+    err = tl.where(top > 0xFFFF, ERR_COUNTS, 0)
+    if err == 0:
+        rb = tl.cumsum(rc, axis=1) - rc + (k_incl - rt)[:, None]  # the kept before each row
+        # The streams' ends (their padding inside the segment, inside the body: checked).
+        sm_end = tl.minimum(16 * (a_rem >> 4), lim)
+        rem_at = 16 * (a_rem >> 4)
+        rem_end = tl.minimum(16 * (a_esc >> 4), lim)
+        q = tl.arange(0, 8)[None, :]
+        col = tl.arange(0, G)[None, :]
+        i0 = tl.arange(0, T)[:, None] * (8 * G) + q
+        w32 = src.to(tl.pointer_type(tl.int32))  # (16-byte aligned)
+        for g in tl.static_range(G):
+            accg = tl.sum(tl.where(col == g, acc, 0), axis=1)
+            preg = tl.sum(tl.where(col == g, pre, 0), axis=1)
+            rbg = tl.sum(tl.where(col == g, rb, 0), axis=1)
+            code = (accg[:, None] >> (3 * q)) & 7
+            keep = code >= z
+            k = ((preg[:, None] >> (3 * q)) & 7).to(tl.uint32)  # the kept before it in the row
+            # The row's kept sm bytes are the stream's bytes from rbg on (at
+            # most 8: three aligned words) and its rem bits the stream's
+            # bits from 3 rbg on (at most 24: two aligned words).
+            wb = (a_sm + rbg) >> 2
+            sm_run = _run64(w32, wb, (a_sm + rbg) & 3, sm_end >> 2, True)
+            rb3 = 3 * rbg
+            rem_run = _run64(w32, (rem_at >> 2) + (rb3 >> 5), (rb3 & 31) >> 3, rem_end >> 2, False)
+            rem_run = (rem_run >> (rb3 & 7).to(tl.uint64)).to(tl.uint32)
+            sm_half = tl.where(k < 4, sm_run.to(tl.uint32)[:, None],
+                               (sm_run >> 32).to(tl.uint32)[:, None])
+            s = ((sm_half >> (8 * (k & 3))) & 0xFF) | (((rem_run[:, None] >> (3 * k)) & 7) << 8)
+            s = s.to(tl.int32)
+            # A zero: -0.0 when ZNEG and its code is ZPOS's count (0 or 1).
+            neg = (zn != 0) & (code == zp)
+            e_f = ((code + (lo - z)) << MAN_BITS) & FIELD
+            word = tl.where(keep, (s + (s & SGN) * EMAX) | e_f, tl.where(neg, 0x8000, 0))
+            i = i0 + 8 * g
+            tl.store(dst + i, word.to(tl.int16), mask=i < n)
+        err = _zero_checks(src, dst, n, lim, codes_nb, a_sm, sm_nb, a_rem, rem_nb, a_esc,
+                           esc_nb, seg, emask, esc_t, e_incl, top, EXP_BITS, MAN_BITS, G, T)
+    return err
+
+
+@triton.jit
+def _run64(w32, wi, byte, end, THREE: tl.constexpr):
+    """The 64 bits of a stream from byte ``byte`` (0..3) of 32-bit word
+    ``wi`` on, per thread, from aligned word loads (two, or three when
+    ``THREE``; words at or past ``end`` read as 0)."""
+    w0 = tl.load(w32 + wi, mask=wi < end, other=0).to(tl.uint32).to(tl.uint64)
+    w1 = tl.load(w32 + wi + 1, mask=wi + 1 < end, other=0).to(tl.uint32).to(tl.uint64)
+    v = (w0 | (w1 << 32)) >> (8 * byte).to(tl.uint64)
+    if THREE:
+        w2 = tl.load(w32 + wi + 2, mask=wi + 2 < end, other=0).to(tl.uint32).to(tl.uint64)
+        v = v | ((w2 << 32) << (32 - 8 * byte).to(tl.uint64))
+    return v
 
 
 @triton.jit

@@ -3,9 +3,9 @@ fixed3_encode.py and fixed3_decode.py.
 
 The hot kernels code the chunks Gaussian data makes (too few exponent
 fields 0 for a zero sign to be flagged) with the whole chunk in registers,
-and their zero paths bf16's and fp32's chunks with zeros to flag. Every
-other chunk comes here: fp16's zeros to flag, tiles of more than 64
-elements a thread, RAW chunks, and fp32 LOWBYTE chunks (a row's bitmap
+and their zero paths the chunks with zeros to flag (but fp16's in
+encode). Every other chunk comes here: fp16's zeros to flag in encode,
+tiles of more than 64 elements a thread, RAW chunks, and fp32 LOWBYTE chunks (a row's bitmap
 byte at its row index, the nonzero low bytes ranked like the escapes).
 These functions are ``noinline``, so their code is not on the hot
 kernels' path (tools/offline.py counts them apart), and they take scalars
@@ -370,7 +370,7 @@ def decode_zero_chunk_general(src, dst, n, lim, flags, base, phase, nz, nesc, n_
                               MAN_BITS: tl.constexpr, CP: tl.constexpr,
                               T: tl.constexpr):  # offline: zero path
     """_decode_general for a chunk with flagged zeros that no zero path of
-    fixed3_decode.py takes (fp16, or a tile wider than theirs)."""
+    fixed3_decode.py takes (a tile wider than theirs)."""
     return _decode_general(src, dst, n, lim, flags, base, phase, nz, nesc, n_low, ITEMSIZE,
                            EXP_BITS, MAN_BITS, CP, T)
 
