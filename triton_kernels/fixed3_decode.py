@@ -288,10 +288,8 @@ def _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     FIELD: tl.constexpr = EMAX << MAN_BITS
     SGN: tl.constexpr = 1 << MAN_BITS
-    lim, a_sm, zp, zn, lo, acc, emask, esc_t, e_incl, top, pre, rc, rt, k_incl = _zero_counts(
-        src, n, lim, flags, base, phase, codes_nb, a_sm, esc_nb, nz, EXP_BITS, G, T)
-    z = zp + zn
-    err = tl.where(top > 0xFFFF, ERR_COUNTS, 0)
+    lim, a_sm, zp, zn, z, lo, acc, emask, esc_t, e_incl, top, err, pre, rc, rt, k_incl = (
+        _zero_counts(src, n, lim, flags, base, phase, codes_nb, a_sm, esc_nb, nz, EXP_BITS, G, T))
     if err == 0:
         rank = kept_rank(pre, rc, rt, k_incl)
         # The sm stream and its zero padding (inside the body: checked).
@@ -333,10 +331,8 @@ def _decode_zero_words(src, dst, n, lim, base, phase, flags, nz, nesc, EXP_BITS:
     low16 = flags & 1
     codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, seg = fixed3_layout(
         n, True, low16, 0, nz, nesc, 0, 4, False)
-    lim, a_sm, zp, zn, lo, acc, emask, esc_t, e_incl, top, pre, rc, rt, k_incl = _zero_counts(
-        src, n, lim, flags, base, phase, codes_nb, a_sm, esc_nb, nz, EXP_BITS, G, T)
-    z = zp + zn
-    err = tl.where(top > 0xFFFF, ERR_COUNTS, 0)
+    lim, a_sm, zp, zn, z, lo, acc, emask, esc_t, e_incl, top, err, pre, rc, rt, k_incl = (
+        _zero_counts(src, n, lim, flags, base, phase, codes_nb, a_sm, esc_nb, nz, EXP_BITS, G, T))
     if err == 0:
         q = tl.arange(0, 8)[None, None, :]
         rank = kept_rank(pre, rc, rt, k_incl)
@@ -374,14 +370,12 @@ def _decode_zero_rem(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb, 
     place; a zero's word its sign. Loads by address, not a gather through
     shared memory: a whole-tile gather of sm and rem took the decode kernel
     from 168 registers to 221 or more."""
-    EMAX: tl.constexpr = (1 << EXP_BITS) - 1
-    FIELD: tl.constexpr = EMAX << MAN_BITS
-    SGN: tl.constexpr = 1 << MAN_BITS
-    lim, a_sm, zp, zn, lo, acc, emask, esc_t, e_incl, top, pre, rc, rt, k_incl = _zero_counts(
-        src, n, lim, flags, base, phase, codes_nb, a_sm, esc_nb, nz, EXP_BITS, G, T)
-    z = zp + zn
-    err = tl.where(top > 0xFFFF, ERR_COUNTS, 0)
+    lim, a_sm, zp, zn, z, lo, acc, emask, esc_t, e_incl, top, err, pre, rc, rt, k_incl = (
+        _zero_counts(src, n, lim, flags, base, phase, codes_nb, a_sm, esc_nb, nz, EXP_BITS, G, T))
     if err == 0:
+        EMAX: tl.constexpr = (1 << EXP_BITS) - 1
+        FIELD: tl.constexpr = EMAX << MAN_BITS
+        SGN: tl.constexpr = 1 << MAN_BITS
         rb = tl.cumsum(rc, axis=1) - rc + (k_incl - rt)[:, None]  # the kept before each row
         # The streams' ends (their padding inside the segment, inside the body: checked).
         sm_end = tl.minimum(16 * (a_rem >> 4), lim)
@@ -439,14 +433,16 @@ def _run64(w32, wi, byte, end, THREE: tl.constexpr):
 def _zero_counts(src, n, lim, flags, base, phase, codes_nb, a_sm, esc_nb, nz,
                  EXP_BITS: tl.constexpr, G: tl.constexpr, T: tl.constexpr):
     """What a zero path counts before it decodes: ``lim`` clamped and
-    ``a_sm`` as a multiple of 16 (wide loads), the ZPOS and ZNEG flags, the
-    window's lowest exponent, the [T, G] rows of codes (bits of rows past n cleared), each thread's
+    ``a_sm`` as a multiple of 16 (wide loads), the ZPOS and ZNEG flags and
+    their count z, the window's lowest exponent, the [T, G] rows of codes
+    (bits of rows past n cleared), each thread's
     escape mask and count, its inclusive escape count, the kept elements
     before each element of a row (``pre``, fields of 3 bits) and in each
     row (``rc``), in the thread (``rt``) and through the thread
     (``k_incl``), and ``top``: the largest escape count of a thread, with
     bit 16 set when the chunk's escape or kept count disagrees with the
-    entry (``esc_nb``, ``n - nz``). One scan over the threads."""
+    entry (``esc_nb``, ``n - nz``: then ``err`` is ERR_COUNTS). One scan
+    over the threads."""
     zp = (flags >> 1) & 1
     zn = (flags >> 2) & 1
     lo, _ = fixed_window(base, phase, zp + zn, (1 << EXP_BITS) - 1)
@@ -465,7 +461,8 @@ def _zero_counts(src, n, lim, flags, base, phase, codes_nb, a_sm, esc_nb, nz,
     k_incl = ek >> 16
     bad_t = (t == T - 1) & ((e_incl != esc_nb) | (k_incl != n - nz))
     top = tl.max(esc_t | (bad_t.to(tl.int32) << 16), axis=0)
-    return lim, a_sm, zp, zn, lo, acc, emask, esc_t, e_incl, top, pre, rc, rt, k_incl
+    err = tl.where(top > 0xFFFF, ERR_COUNTS, 0)
+    return lim, a_sm, zp, zn, zp + zn, lo, acc, emask, esc_t, e_incl, top, err, pre, rc, rt, k_incl
 
 
 @triton.jit
