@@ -25,7 +25,7 @@ blocks rather than return them to the kernel, so each call's fresh payload
 buffer is memory already mapped. Otherwise every call page-faults its
 payload in, a cost that belongs to the allocator rather than the codec and
 that differs from process to process (how many huge pages a buffer gets
-depends on its address): two builds of the same source then read up to 13%
+depends on its address), so that two builds of the same source would read
 apart in encode speed.
 
 Usage::

@@ -388,7 +388,7 @@ def test_fixed3_zero_chunk_decode_takes_the_zero_path(rows, dtype, bound):
     and fp32, 2.5x for fp16 (whose rem bits are read too): its zero path
     (fixed3_general's noinline walk, which reads the chunk twice, costs
     about 3.5x, 4.1x and 4.2x), at the decode kernel's registers (168 for
-    16-bit words: a whole-tile gather of fp16's sm and rem took 221)."""
+    16-bit words)."""
     r = _kernel(rows, dtype, "fixed3", "summary")
     assert r["zero_decode_instr"] <= bound * r["decode_instr"], r
     if dtype != "fp32":

@@ -154,6 +154,16 @@ def bitmap_row(bitmap, r, n, nbytes):
 
 
 @triton.jit
+def fixed_zero_flags(zeros, n):
+    """fixed3's ZPOS and ZNEG (0 or 1) of a chunk of n elements from its
+    +0.0 and -0.0 counts (``zeros``' low and high 16 bits): a sign is
+    flagged when it is at least 1/64 of the chunk (format.py)."""
+    zp = (((zeros & 0xFFFF) << FIXED_ZERO_SHIFT) >= n).to(tl.int32)
+    zn = ((((zeros >> 16) & 0xFFFF) << FIXED_ZERO_SHIFT) >= n).to(tl.int32)
+    return zp, zn
+
+
+@triton.jit
 def fixed_window(base, phase, z, EMAX: tl.constexpr):
     """fixed3: the exponent of code z (the first exponent code) and the
     window width 7 - z, with z flagged zero codes (format.py, "fixed3")."""

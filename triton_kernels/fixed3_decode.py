@@ -48,7 +48,7 @@ from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING, 
                             align16, bitmap_count, fixed3_layout, fixed_window, load_rows3,
                             load_words, load_words24, low_bit_index, pad_nonzero, row_mask,
                             store_rows, store_zero_words, ttile, unpack_bytes)
-from .fixed3_encode import L2, escape_masks, kept_rank, popc_mask, row_kept
+from .fixed3_encode import L2, escape_masks, popc_mask
 from .fixed3_general import (decode_chunk_general, decode_zero_chunk_general,
                              padding_error)
 
@@ -291,7 +291,7 @@ def _decode_zero_pairs(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb
     lim, a_sm, zp, zn, z, lo, acc, emask, esc_t, e_incl, top, err, pre, rc, rt, k_incl = (
         _zero_counts(src, n, lim, flags, base, phase, codes_nb, a_sm, esc_nb, nz, EXP_BITS, G, T))
     if err == 0:
-        rank = kept_rank(pre, rc, rt, k_incl)
+        rank = _kept_rank(pre, rc, rt, k_incl)
         # The sm stream and its zero padding (inside the body: checked).
         j = tl.arange(0, CP)
         sm = tl.load(src + a_sm + j, mask=j < 16 * ((a_rem - a_sm) >> 4), other=0)
@@ -335,7 +335,7 @@ def _decode_zero_words(src, dst, n, lim, base, phase, flags, nz, nesc, EXP_BITS:
         _zero_counts(src, n, lim, flags, base, phase, codes_nb, a_sm, esc_nb, nz, EXP_BITS, G, T))
     if err == 0:
         q = tl.arange(0, 8)[None, None, :]
-        rank = kept_rank(pre, rc, rt, k_incl)
+        rank = _kept_rank(pre, rc, rt, k_incl)
         # The sm stream read as the hot path reads it (group k at element
         # k: as if every element were kept; past the stream its zero
         # padding, inside the body: checked), each kept element's group
@@ -367,16 +367,16 @@ def _decode_zero_rem(src, dst, n, lim, base, phase, flags, nz, codes_nb, sm_nb, 
     """_decode_zero_pairs for 16-bit words with a rem stream (fp16), a row at
     a time: a kept element's sm byte at its rank among the kept and its 3
     rem bits at 3 x that rank, each loaded from the payload (L1) at that
-    place; a zero's word its sign. Loads by address, not a gather through
-    shared memory: a whole-tile gather of sm and rem took the decode kernel
-    from 168 registers to 221 or more."""
+    place; a zero's word its sign. Loads by address a row at a time, not a
+    gather of the whole tile through shared memory, so that its registers
+    stay within the hot path's."""
     lim, a_sm, zp, zn, z, lo, acc, emask, esc_t, e_incl, top, err, pre, rc, rt, k_incl = (
         _zero_counts(src, n, lim, flags, base, phase, codes_nb, a_sm, esc_nb, nz, EXP_BITS, G, T))
     if err == 0:
         EMAX: tl.constexpr = (1 << EXP_BITS) - 1
         FIELD: tl.constexpr = EMAX << MAN_BITS
         SGN: tl.constexpr = 1 << MAN_BITS
-        rb = tl.cumsum(rc, axis=1) - rc + (k_incl - rt)[:, None]  # the kept before each row
+        rb = _row_bases(rc, rt, k_incl)
         # The streams' ends (their padding inside the segment, inside the body: checked).
         sm_end = tl.minimum(16 * (a_rem >> 4), lim)
         rem_at = 16 * (a_rem >> 4)
@@ -454,7 +454,7 @@ def _zero_counts(src, n, lim, flags, base, phase, codes_nb, a_sm, esc_nb, nz,
         n, r)
     emask = escape_masks(acc, T, G)
     esc_t = popc_mask(emask)
-    pre, rc = row_kept(_kept_flags(acc, zp + zn))
+    pre, rc = _row_kept(_kept_flags(acc, zp + zn))
     rt = tl.sum(rc, axis=1)
     ek = tl.cumsum(esc_t | (rt << 16), axis=0)  # one scan: escapes, kept << 16 (each < 2**16)
     e_incl = ek & 0xFFFF
@@ -482,6 +482,32 @@ def _kept_flags(acc, z):
     """Rows of eight 3-bit codes (24-bit words) -> a flag at 3 q for each
     code of at least z (z = 1 or 2: not a flagged zero)."""
     return tl.where(z == 1, acc | (acc >> 1) | (acc >> 2), (acc >> 1) | (acc >> 2)) & 0x249249
+
+
+@triton.jit
+def _kept_rank(pre, rc, rt, k_incl):
+    """Each element's rank among the kept: the kept before it in the chunk
+    (less than the chunk's size), [T, G, 8], from _row_kept's counts, each
+    thread's kept (``rt``) and the kept through it (``k_incl``, a scan)."""
+    rb = _row_bases(rc, rt, k_incl)
+    q = tl.arange(0, 8)[None, None, :]
+    return rb[:, :, None] + ((pre[:, :, None] >> (3 * q)) & 7)
+
+
+@triton.jit
+def _row_kept(kf):
+    """Flags at 3 q (q < 8) -> the flags before each q (field q of the word,
+    at most 7: (kf << 3) times 0x249249 sums fields 0 .. q - 1 into field q
+    without a carry) and the row's count."""
+    pre = (kf << 3) * 0x249249
+    return pre, ((pre >> 21) & 7) + ((kf >> 21) & 1)
+
+
+@triton.jit
+def _row_bases(rc, rt, k_incl):
+    """The kept before each row of the chunk, [T, G], from the kept in each
+    row (``rc``), in the thread (``rt``) and through it (``k_incl``)."""
+    return tl.cumsum(rc, axis=1) - rc + (k_incl - rt)[:, None]
 
 
 @triton.jit

@@ -50,6 +50,7 @@ import triton
 import triton.language as tl
 
 from ._codec_common import (FIXED_ZERO_SHIFT, align16, cols_or, esc_bits, fixed_window,
+                            fixed_zero_flags,
                             low_bit_index, lowbyte_wins, pack_bytes, popc32, row_mask,
                             store_rows3, store_words, store_words24, ttile, zero_pad)
 from ._lookback import finish_payload, ticket
@@ -91,8 +92,8 @@ def fixed3_encode_kernel(x_ptr, out_ptr, ticket_ptr, status_ptr, total_ptr, nume
     if ZERO_PAIRS or ZERO_WORDS:
         if not done:
             # A zero sign to flag, in a chunk not all +0.0 (ZERO: fixed3_general's).
-            if ((((zeros & 0xFFFF) << FIXED_ZERO_SHIFT) >= n) | (
-                    ((zeros >> 16) << FIXED_ZERO_SHIFT) >= n)) & ((zeros & 0xFFFF) != n):
+            zp, zn = fixed_zero_flags(zeros, n)
+            if ((zp | zn) != 0) & ((zeros & 0xFFFF) != n):
                 if ZERO_PAIRS:
                     end = _encode_zero_pairs(x_ptr, out_ptr, status_ptr, c, start, n,
                                              table_off, offsets_off, body_off, base, phase,
@@ -185,12 +186,7 @@ def _encode_pairs(x_ptr, out_ptr, status_ptr, total_ptr, c, start, n, nch, table
             done = n >= 0  # (True)
     zeros = tl.zeros([], tl.int32)
     if not hot:
-        # +0.0 and -0.0: a lane's low 15 bits m set bit 15 of m + 0x7FFF
-        # only when they are not 0.
-        HI: tl.constexpr = 0x8000 * L2
-        nzf = (pr & 0x7FFF7FFF) + 0x7FFF7FFF
-        pz = ((nzf | pr) ^ HI) & HI
-        ng = (pr & (nzf ^ HI)) & HI
+        pz, ng = _zero_lanes(pr)  # +0.0 and -0.0
         zt = tl.sum(tl.sum((pz >> 15) + (ng >> 7), axis=2), axis=1)  # 8-bit fields
         zeros = tl.sum((((zt & 0xFF) + ((zt >> 16) & 0xFF)) | (
             (((zt >> 8) & 0xFF) + (zt >> 24)) << 16)).to(tl.int32), axis=0)
@@ -213,12 +209,11 @@ def _encode_zero_pairs(x_ptr, out_ptr, status_ptr, c, start, n, table_off, offse
     _decode_zero_pairs gathers at), one byte store each. Returns the
     segment's end as the hot path does, or -1 for a chunk to store RAW
     (fixed3_general's). Noinline: it takes scalars only and reads the chunk
-    again (from L1/L2), so that its registers do not become the kernel's
-    allocation around the hot path (a whole-tile form took 166)."""
+    again (from L1/L2), and a row at a time, so that its registers do not
+    become the kernel's allocation around the hot path."""
     G: tl.constexpr = CP // (8 * T)
     EMAX: tl.constexpr = (1 << EXP_BITS) - 1
     SGN: tl.constexpr = 1 << MAN_BITS
-    HI: tl.constexpr = 0x8000 * L2
     zp, zn, z, nz, lo = _zero_fields(zeros, n, base, phase, EMAX)
     i = ttile(G, T)
     # The padding as the hot path reads it; its codes and kept flags are masked off.
@@ -229,13 +224,10 @@ def _encode_zero_pairs(x_ptr, out_ptr, status_ptr, c, start, n, table_off, offse
     v = (u + (((0x8000 - lo) & 0x7FFF) * L2).to(tl.uint32)) & 0x7FFF7FFF
     out = ((v + ((0x8000 - 7 + z) * L2).to(tl.uint32)) >> 15) & L2
     c2 = ((v + (z * L2).to(tl.uint32)) & (7 * L2)) | (out * 7)
-    # Bit 15 of a lane: +0.0 (pz), -0.0 (ng), as in _encode_pairs; a flagged
-    # zero's code is 0 for +0.0, zp for -0.0.
+    # A flagged zero's code is 0 for +0.0, zp for -0.0.
     zpm = (0 - zp).to(tl.uint32)  # all ones when ZPOS
     znm = (0 - zn).to(tl.uint32)
-    nzf = (pr & 0x7FFF7FFF) + 0x7FFF7FFF
-    pz = ((nzf | pr) ^ HI) & HI
-    ng = (pr & (nzf ^ HI)) & HI
+    pz, ng = _zero_lanes(pr)
     fz = ((pz & zpm) | (ng & znm)) >> 15  # 1 in a flagged zero's lane
     c2 = (c2 & ((fz * 7) ^ (7 * L2))) | ((ng & znm & zpm) >> 15)
     r = tl.arange(0, T)[:, None] * G + tl.arange(0, G)[None, :]  # row index, [T, G]
@@ -245,7 +237,7 @@ def _encode_zero_pairs(x_ptr, out_ptr, status_ptr, c, start, n, table_off, offse
     fz_t = tl.sum(tl.sum(fz, axis=2), axis=1)
     tw = tl.arange(0, T) * (8 * G)
     rt = tl.minimum(tl.maximum(n - tw, 0), 8 * G) - ((fz_t & 0xFFFF) + (fz_t >> 16)).to(tl.int32)
-    emask, esc_t, e_at, n_esc, kmax, at = _zero_counts(acc, rt, T, G)
+    emask, esc_t, e_at, n_esc, kmax, at = _escape_kept_counts(acc, rt, T, G)
     end = tl.zeros([], tl.int64) - 1
     if is_coded(n, 0, 0, nz, n_esc, 0, 2, False):
         dst, coded, codes_nb, sm_nb, rem_nb, esc_nb, a_sm, a_rem, a_esc, end = place_chunk(
@@ -264,9 +256,8 @@ def _encode_zero_pairs(x_ptr, out_ptr, status_ptr, c, start, n, table_off, offse
             a, b = tl.split(tl.reshape(tl.load(x_ptr + start + ig, mask=valid, other=SGN).to(
                 tl.uint16, bitcast=True), (T, 4, 2)))
             p = a.to(tl.uint32) | (b.to(tl.uint32) << 16)  # pairs, as in _pairs
-            nzp = (p & 0x7FFF7FFF) + 0x7FFF7FFF  # as nzf above
-            fzp = ((((nzp | p) ^ HI) & HI & zpm) | (p & (nzp ^ HI) & HI & znm)) >> 15
-            k2 = fzp ^ L2  # 1 in a kept lane
+            pzr, ngr = _zero_lanes(p)
+            k2 = (((pzr & zpm) | (ngr & znm)) >> 15) ^ L2  # 1 in a kept lane
             smp = ((p >> EXP_BITS) & (SGN * L2)) | (p & ((SGN - 1) * L2))
             k = (tl.reshape(tl.join(k2, k2 >> 16), (T, 8)) & 1).to(tl.int32)
             sm = tl.reshape(tl.join(smp, smp >> 16), (T, 8)).to(tl.uint8)
@@ -293,7 +284,7 @@ def _encode_zero_words(x_ptr, out_ptr, status_ptr, c, start, n, table_off, offse
     zp, zn, z, nz, lo = _zero_fields(zeros, n, base, phase, EMAX)
     i = ttile(G, T)
     w = load_rows32(x_ptr + start, i, n, 1 << MAN_BITS, G, T)  # the padding as the hot path's
-    flagged = ((w == 0) & (zp != 0)) | ((w == -(1 << 31)) & (zn != 0))
+    flagged = _flagged_words(w, zp, zn)
     # Window codes z..6 for the exponents lo..lo + 6 - z, 7 (ESC) outside; a
     # flagged zero's code 0 (+0.0) or zp (-0.0).
     d = ((w >> MAN_BITS) & EMAX) - lo
@@ -308,7 +299,7 @@ def _encode_zero_words(x_ptr, out_ptr, status_ptr, c, start, n, table_off, offse
     rt = tl.minimum(tl.maximum(n - tw, 0), 8 * G) - tl.sum(tl.sum(flagged.to(tl.int32), axis=2),
                                                            axis=1)
     n_low = tl.sum(tl.sum(((w & 0xFF) != 0).to(tl.int32), axis=2), axis=1)
-    emask, esc_t, e_at, n_esc, kmax, at = _zero_counts(acc, rt, T, G)
+    emask, esc_t, e_at, n_esc, kmax, at = _escape_kept_counts(acc, rt, T, G)
     end = tl.zeros([], tl.int64) - 1
     lowbyte = (low16 == 0) & lowbyte_wins(n, n - nz, tl.sum(n_low, axis=0))
     if is_coded(n, low16, 0, nz, n_esc, 0, 4, False) & ~lowbyte:
@@ -324,8 +315,7 @@ def _encode_zero_words(x_ptr, out_ptr, status_ptr, c, start, n, table_off, offse
         for g in range(G):  # offline: chunk rows
             for half in tl.static_range(2):  # 16 bytes a load: a half row in the thread
                 wr = tl.load(x_ptr + start + h, mask=h < n, other=0).to(tl.int32)
-                k = ((h < n) & (((wr != 0) | (zp == 0)) & ((wr != -(1 << 31)) | (zn == 0)))).to(
-                    tl.int32)
+                k = ((h < n) & ~_flagged_words(wr, zp, zn)).to(tl.int32)
                 rank = at[:, None] + tl.cumsum(k, axis=1) - k
                 if low16 != 0:  # sign and the mantissa's top 7 bits
                     sm = ((wr >> 24) & 0x80) | ((wr >> 16) & 0x7F)
@@ -349,17 +339,31 @@ def _zero_fields(zeros, n, base, phase, EMAX: tl.constexpr):
     """A zero path's chunk fields from the +0.0 and -0.0 counts (``zeros``'
     low and high 16 bits): ZPOS, ZNEG, their count z, the flagged zeros,
     the window's lowest exponent."""
-    npos = zeros & 0xFFFF
-    nneg = (zeros >> 16) & 0xFFFF
-    zp = ((npos << FIXED_ZERO_SHIFT) >= n).to(tl.int32)
-    zn = ((nneg << FIXED_ZERO_SHIFT) >= n).to(tl.int32)
+    zp, zn = fixed_zero_flags(zeros, n)
     z = zp + zn
     lo, _ = fixed_window(base, phase, z, EMAX)
-    return zp, zn, z, zp * npos + zn * nneg, lo
+    return zp, zn, z, zp * (zeros & 0xFFFF) + zn * ((zeros >> 16) & 0xFFFF), lo
 
 
 @triton.jit
-def _zero_counts(acc, rt, T: tl.constexpr, G: tl.constexpr):
+def _zero_lanes(p):
+    """Bit 15 of each 16-bit lane of p set where the lane is +0.0 (first)
+    and -0.0 (second): the low 15 bits m set bit 15 of m + 0x7FFF only when
+    they are not 0."""
+    HI: tl.constexpr = 0x8000 * L2
+    nzf = (p & 0x7FFF7FFF) + 0x7FFF7FFF
+    return ((nzf | p) ^ HI) & HI, (p & (nzf ^ HI)) & HI
+
+
+@triton.jit
+def _flagged_words(w, zp, zn):
+    """The 32-bit words (int32) that are a flagged zero: +0.0 when ZPOS,
+    -0.0 when ZNEG."""
+    return ((w == 0) & (zp != 0)) | ((w == -(1 << 31)) & (zn != 0))
+
+
+@triton.jit
+def _escape_kept_counts(acc, rt, T: tl.constexpr, G: tl.constexpr):
     """escape_counts for a zero path, whose threads also count their kept
     elements (``rt``): the escape masks, counts and places, the chunk's
     escapes and largest count of a thread, and the kept before each thread
@@ -549,25 +553,6 @@ def store_escapes(x, esc_dst, emask, esc_t, e_at, kmax, n, n_esc, MAN_BITS: tl.c
         m = _store_escape(xw, tw, esc_dst, m, e_at + k, k < esc_t, MAN_BITS, EMAX)
         k += one
     zero_pad(esc_dst, n_esc, align16(n_esc))
-
-
-@triton.jit
-def kept_rank(pre, rc, rt, k_incl):
-    """Each element's rank among the kept: the kept before it in the chunk
-    (less than the chunk's size), [T, G, 8], from row_kept's counts, each
-    thread's kept (``rt``) and the kept through it (``k_incl``, a scan)."""
-    rb = tl.cumsum(rc, axis=1) - rc + (k_incl - rt)[:, None]
-    q = tl.arange(0, 8)[None, None, :]
-    return rb[:, :, None] + ((pre[:, :, None] >> (3 * q)) & 7)
-
-
-@triton.jit
-def row_kept(kf):
-    """Flags at 3 q (q < 8) -> the flags before each q (field q of the word,
-    at most 7: (kf << 3) times 0x249249 sums fields 0 .. q - 1 into field q
-    without a carry) and the row's count."""
-    pre = (kf << 3) * 0x249249
-    return pre, ((pre >> 21) & 7) + ((kf >> 21) & 1)
 
 
 @triton.jit

@@ -5,8 +5,9 @@ The hot kernels code the chunks Gaussian data makes (too few exponent
 fields 0 for a zero sign to be flagged) with the whole chunk in registers,
 and their zero paths the chunks with zeros to flag (but fp16's in
 encode). Every other chunk comes here: fp16's zeros to flag in encode,
-tiles of more than 64 elements a thread, RAW chunks, and fp32 LOWBYTE chunks (a row's bitmap
-byte at its row index, the nonzero low bytes ranked like the escapes).
+tiles of more than 64 elements a thread, RAW chunks, and fp32 LOWBYTE
+chunks (a row's bitmap byte at its row index, the nonzero low bytes
+ranked like the escapes).
 These functions are ``noinline``, so their code is not on the hot
 kernels' path (tools/offline.py counts them apart), and they take scalars
 only: each reads what it needs again (the chunk from L1/L2: the input is
@@ -27,8 +28,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_PADDING, FIXED_ZERO_SHIFT, align16,
-                            bitmap_row, fixed3_layout, fixed_window, load_rows3, lowbyte_wins,
+from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_PADDING, align16,
+                            bitmap_row, fixed3_layout, fixed_window, fixed_zero_flags,
+                            load_rows3, lowbyte_wins,
                             pad_nonzero, pads_nonzero, popc32, row_mask, store_rows3, zero_pad)
 from ._lookback import chunk_offset, place_zero_chunk
 
@@ -190,8 +192,7 @@ def _encode_general(x_ptr, out_ptr, status_ptr, c, start, n, table_off, offsets_
         zeros = (stats >> 32).to(tl.int32)
     npos = zeros & 0xFFFF
     nneg = (zeros >> 16) & 0xFFFF
-    zp = ((npos << FIXED_ZERO_SHIFT) >= n).to(tl.int32)
-    zn = ((nneg << FIXED_ZERO_SHIFT) >= n).to(tl.int32)
+    zp, zn = fixed_zero_flags(zeros, n)
     nz = zp * npos + zn * nneg
     z = zp + zn
     lo, width = fixed_window(base, phase, z, EMAX)
