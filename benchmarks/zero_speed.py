@@ -7,13 +7,20 @@ each data kind (Gaussian, ``x * mask`` at several zero fractions, +0.0-only
 zeros) and codec, encode and decode speed in GB of input per CPU-second of
 this process (``time.process_time``: the machine may be shared, and CPU time
 counts only this process's work), and each speed's ratio to the same codec's
-speed on Gaussian data measured in the same run.
+speed on Gaussian data.
+
+The ratios are paired: a shared machine's speed drifts by tens of percent
+within seconds (other tenants' memory traffic; CPU time does not hide it),
+so a ratio of two medians measured seconds apart wanders as much. Each
+round times every kind beside Gaussian data, in the order gauss, kind,
+kind, gauss (a drift linear over the four cancels), and ``x gauss`` is the
+median over rounds of those per-round ratios.
 
 With ``--baseline REV`` the C++ source of that git revision is built too and
 every measurement is made on both libraries, interleaved (round-robin over
-data kind, codec and library, ``--rounds`` times, the libraries' order turning
-each round; the median per cell), so the
-column ``vs base`` compares the two side by side on a loaded machine.
+codec, data kind and library, ``--rounds`` times, the libraries' order
+turning each round), so the column ``vs base``, the median of each round's
+ratio of the two, compares them side by side on a loaded machine.
 
 ``--isas avx512,avx2`` measures this revision's library once per kernel set
 named (``codec_cpp.ISAS``, capped as ``ZIPCCL_FSDP_CPP_ISA`` does), in the
@@ -154,40 +161,68 @@ def main() -> int:
         libs = {f"new/{name}": (libs["new"][0], name) for name in args.isas.split(",")}
     if args.baseline:
         libs["base"] = (_build_baseline(args.baseline), None)
-    inputs = {k: data(k, numel, dtype) for k in kinds}
+    # Gaussian data is every row's partner: measured beside each kind.
+    inputs = {k: data(k, numel, dtype) for k in dict.fromkeys(["gauss", *kinds])}
     state = codec_cpp._state
     mine = state["ext"]
+
+    def use(lib_name):
+        lib, isa = libs[lib_name]
+        state["ext"] = lib
+        if isa is None:
+            os.environ.pop("ZIPCCL_FSDP_CPP_ISA", None)
+        else:
+            os.environ["ZIPCCL_FSDP_CPP_ISA"] = isa
+
+    # Each library's payloads, checked bit for bit once (a baseline's
+    # payloads may differ from this revision's, and decode with it).
+    coded: dict = {}
+    bits = {2: torch.int16, 4: torch.int32}[inputs["gauss"].element_size()]
+    for lib_name in libs:
+        use(lib_name)
+        for k, x in inputs.items():
+            for c in codecs:
+                payload = codec_cpp.encode(x, c)
+                header = F.parse_header(payload)
+                out = torch.empty_like(x)
+                codec_cpp.decode(payload, header, out)
+                if not torch.equal(out.view(bits), x.view(bits)):
+                    raise SystemExit(f"{lib_name} {c} {k}: round trip not bit-exact")
+                coded[(k, c, lib_name)] = (payload, header, out)
+
+    def timed(k, c, op):
+        x = inputs[k]
+        if op == "enc":
+            return _cpu_time(lambda: codec_cpp.encode(x, c), args.reps)
+        payload, header, out = coded[(k, c, state["name"])]
+        return _cpu_time(lambda: codec_cpp.decode(payload, header, out), args.reps)
+
+    # (kind, codec, lib) -> {"enc"/"dec": per-round CPU seconds a call};
+    # ratios: (kind, codec, lib) -> {"enc"/"dec": per-round Gaussian time
+    # over this kind's, the two measured ABBA (gauss, kind, kind, gauss)}.
     cells: dict = {}
+    ratios: dict = {}
     try:
         for r in range(args.rounds):
-            for k in kinds:
-                x = inputs[k]
-                for c in codecs:
+            for c in codecs:
+                for k in kinds:
                     # the libraries' order turns each round: none is always first
                     names = list(libs)
                     names = names[r % len(names):] + names[:r % len(names)]
                     for lib_name in names:
-                        lib, isa = libs[lib_name]
-                        state["ext"] = lib
-                        if isa is None:
-                            os.environ.pop("ZIPCCL_FSDP_CPP_ISA", None)
-                        else:
-                            os.environ["ZIPCCL_FSDP_CPP_ISA"] = isa
-                        payload = codec_cpp.encode(x, c)
-                        out = torch.empty_like(x)
-                        header = F.parse_header(payload)
-                        codec_cpp.decode(payload, header, out)
-                        bits = {2: torch.int16, 4: torch.int32}[x.element_size()]
-                        if not torch.equal(out.view(bits), x.view(bits)):
-                            raise SystemExit(f"{lib_name} {c} {k}: round trip not bit-exact")
-                        enc = _cpu_time(lambda: codec_cpp.encode(x, c), args.reps)
-                        dec = _cpu_time(lambda: codec_cpp.decode(payload, header, out), args.reps)
+                        use(lib_name)
+                        state["name"] = lib_name
                         cell = cells.setdefault((k, c, lib_name), dict(enc=[], dec=[]))
-                        cell["enc"].append(enc)
-                        cell["dec"].append(dec)
-                        cell["ratio"] = x.numel() * x.element_size() / payload.numel()
+                        pair = ratios.setdefault((k, c, lib_name), dict(enc=[], dec=[]))
+                        for op in ("enc", "dec"):
+                            g1, t1, t2, g2 = (timed(kk, c, op) for kk in ("gauss", k, k, "gauss"))
+                            cell[op].append((t1 + t2) / 2)
+                            pair[op].append((g1 + g2) / (t1 + t2))
+                        cell["ratio"] = (inputs[k].numel() * inputs[k].element_size()
+                                         / coded[(k, c, lib_name)][0].numel())
     finally:
         state["ext"] = mine
+        state.pop("name", None)
         if cap is None:
             os.environ.pop("ZIPCCL_FSDP_CPP_ISA", None)
         else:
@@ -196,10 +231,21 @@ def main() -> int:
     gb = lambda s: nbytes / s / 1e9  # noqa: E731
     med = {key: dict(enc=gb(statistics.median(v["enc"])), dec=gb(statistics.median(v["dec"])),
                      ratio=v["ratio"]) for key, v in cells.items()}
+    # Paired ratios: the median over rounds of each round's ratio.
+    xg = {key: {op: statistics.median(v[op]) for op in ("enc", "dec")}
+          for key, v in ratios.items()}
+    vs_base = {}
+    if args.baseline:
+        for (k, c, lib_name), v in cells.items():
+            b = cells[(k, c, "base")]
+            vs_base[(k, c, lib_name)] = {op: statistics.median(
+                bt / nt for bt, nt in zip(b[op], v[op])) for op in ("enc", "dec")}
     isas = args.isas or codec_cpp.isa()  # after the finally: the caller's cap
     print(f"zero_speed: {args.dtype} {args.mib} MiB, {args.threads} thread(s), isa "
           f"{isas}, median of {args.rounds} interleaved rounds x {args.reps} calls; "
-          f"GB of input per CPU-second; 'x gauss' = speed / same codec's Gaussian speed")
+          f"GB of input per CPU-second (median); 'x gauss': the median of each round's "
+          f"Gaussian over this kind's CPU time, timed beside each other (gauss, kind, kind, "
+          f"gauss); 'vs base': the median of each round's baseline over this time")
     print(f"load: {os.getloadavg()}")
     head = "| data | codec | lib | ratio | enc GB/cpu-s | dec GB/cpu-s | enc x gauss | dec x gauss |"
     if args.baseline:
@@ -209,14 +255,12 @@ def main() -> int:
     for k in kinds:
         for c in codecs:
             for lib_name in libs:
-                m, g = med[(k, c, lib_name)], med[("gauss", c, lib_name)] if "gauss" in kinds else None
+                m, x = med[(k, c, lib_name)], xg[(k, c, lib_name)]
                 row = (f"| {k} | {c} | {lib_name} | {m['ratio']:.3f} | {m['enc']:.3f} | "
-                       f"{m['dec']:.3f} | ")
-                row += (f"{m['enc'] / g['enc']:.2f} | {m['dec'] / g['dec']:.2f} |" if g
-                        else "- | - |")
+                       f"{m['dec']:.3f} | {x['enc']:.2f} | {x['dec']:.2f} |")
                 if args.baseline:
-                    b = med[(k, c, "base")]
-                    row += f" {m['enc'] / b['enc']:.2f} | {m['dec'] / b['dec']:.2f} |"
+                    b = vs_base[(k, c, lib_name)]
+                    row += f" {b['enc']:.2f} | {b['dec']:.2f} |"
                 print(row)
     return 0
 
