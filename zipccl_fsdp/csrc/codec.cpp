@@ -807,8 +807,13 @@ ZC_AVX2 static inline uint8_t* put_compact(__m256i v, uint32_t keep, uint8_t* ds
                                            const uint8_t* end) {
   if (__builtin_expect(end - dst >= 32, 1)) return compact32(v, keep, dst);
 #if ZC_VBMI2
-  _mm256_mask_compressstoreu_epi8(dst, keep, v);  // stores popcount(keep) bytes
-  return dst + pop(keep);
+  // A compress into a register and a byte-masked store of its popcount(keep)
+  // bytes: the compress-store that does both in one instruction is
+  // microcoded on AMD Zen 4, and this path runs in every block of a
+  // stream's last 32 bytes (a tenth of the blocks of a chunk at 90% zeros).
+  const int k = pop(keep);
+  _mm256_mask_storeu_epi8(dst, _bzhi_u32(~0u, k), _mm256_maskz_compress_epi8(keep, v));
+  return dst + k;
 #else
   alignas(32) uint8_t tmp[64];
   const size_t k = size_t(compact32(v, keep, tmp) - tmp);
@@ -844,7 +849,9 @@ ZC_AVX2 static inline __m256i expand32(const uint8_t* src, uint32_t m) {
 ZC_AVX2 static inline __m256i get_expand(const uint8_t* src, uint32_t m, const uint8_t* end) {
   if (__builtin_expect(end - src >= 32, 1)) return expand32(src, m);
 #if ZC_VBMI2
-  return _mm256_maskz_expandloadu_epi8(m, src);  // loads popcount(m) bytes
+  // put_compact's inverse: a byte-masked load of popcount(m) bytes, then
+  // the expand in registers (the expand-load is microcoded on Zen 4).
+  return _mm256_maskz_expand_epi8(m, _mm256_maskz_loadu_epi8(_bzhi_u32(~0u, pop(m)), src));
 #else
   alignas(32) uint8_t tmp[32] = {};
   std::memcpy(tmp, src, size_t(std::min<ptrdiff_t>(32, end - src)));
