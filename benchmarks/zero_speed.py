@@ -12,9 +12,11 @@ speed on Gaussian data.
 The ratios are paired: a shared machine's speed drifts by tens of percent
 within seconds (other tenants' memory traffic; CPU time does not hide it),
 so a ratio of two medians measured seconds apart wanders as much. Each
-round times every kind beside Gaussian data, in the order gauss, kind,
-kind, gauss (a drift linear over the four cancels), and ``x gauss`` is the
-median over rounds of those per-round ratios.
+round times every kind beside Gaussian data, alternately (gauss, kind,
+gauss, kind, or the reverse in every other round: each timing follows one
+of the other input, so neither finds its input in cache from the call
+before, and a drift cancels over two rounds), and ``x gauss`` is the median
+over rounds of those per-round ratios.
 
 With ``--baseline REV`` the C++ source of that git revision is built too and
 every measurement is made on both libraries, interleaved (round-robin over
@@ -199,7 +201,7 @@ def main() -> int:
 
     # (kind, codec, lib) -> {"enc"/"dec": per-round CPU seconds a call};
     # ratios: (kind, codec, lib) -> {"enc"/"dec": per-round Gaussian time
-    # over this kind's, the two measured ABBA (gauss, kind, kind, gauss)}.
+    # over this kind's, the two timed alternately}.
     cells: dict = {}
     ratios: dict = {}
     try:
@@ -215,9 +217,15 @@ def main() -> int:
                         cell = cells.setdefault((k, c, lib_name), dict(enc=[], dec=[]))
                         pair = ratios.setdefault((k, c, lib_name), dict(enc=[], dec=[]))
                         for op in ("enc", "dec"):
-                            g1, t1, t2, g2 = (timed(kk, c, op) for kk in ("gauss", k, k, "gauss"))
-                            cell[op].append((t1 + t2) / 2)
-                            pair[op].append((g1 + g2) / (t1 + t2))
+                            # Every timing follows one of the other input's
+                            # (none finds its input in cache from the last);
+                            # the order turns each round (drift cancels).
+                            order = ("gauss", k) * 2 if r % 2 == 0 else (k, "gauss") * 2
+                            t = {"gauss": 0.0, k: 0.0} if k != "gauss" else {k: 0.0}
+                            for kk in order:
+                                t[kk] += timed(kk, c, op)
+                            cell[op].append(t[k] / (2 if k != "gauss" else 4))
+                            pair[op].append(t["gauss"] / t[k])
                         cell["ratio"] = (inputs[k].numel() * inputs[k].element_size()
                                          / coded[(k, c, lib_name)][0].numel())
     finally:
@@ -244,8 +252,8 @@ def main() -> int:
     print(f"zero_speed: {args.dtype} {args.mib} MiB, {args.threads} thread(s), isa "
           f"{isas}, median of {args.rounds} interleaved rounds x {args.reps} calls; "
           f"GB of input per CPU-second (median); 'x gauss': the median of each round's "
-          f"Gaussian over this kind's CPU time, timed beside each other (gauss, kind, kind, "
-          f"gauss); 'vs base': the median of each round's baseline over this time")
+          f"Gaussian over this kind's CPU time, timed alternately beside each other; "
+          f"'vs base': the median of each round's baseline over this time")
     print(f"load: {os.getloadavg()}")
     head = "| data | codec | lib | ratio | enc GB/cpu-s | dec GB/cpu-s | enc x gauss | dec x gauss |"
     if args.baseline:
