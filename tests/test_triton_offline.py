@@ -24,6 +24,8 @@ one).
   count: not yet, so a strict xfail).
 - The cached launches (triton_kernels/_launch.py) reach the same compiled
   kernel with the same arguments as ``kernel[grid]``.
+- The by-line views (``kernel_cost.py --lines``, ``--zero-lines``) add up to
+  the counts they break down, a noinline zero path's own lines included.
 """
 import json
 import os
@@ -530,6 +532,47 @@ def test_fixed3_encode_compiles_at_four_warps_too():
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == [0, 0, 0]
+
+
+_BY_LINE = """
+import inspect, json, sys, torch
+sys.path.insert(0, "tools")
+import offline
+from zipccl_fsdp.triton_kernels import fixed3_decode
+src, first = inspect.getsourcelines(fixed3_decode._decode_zero_pairs.fn)
+callee = [f"fixed3_decode.py:{first + k}" for k in range(len(src))]
+out = {}
+for launch in offline.codec_launches(torch.bfloat16, "fixed3"):
+    compiled = offline.compile_launch(launch, 90)
+    st = offline.sass_stats(launch, compiled)
+    hot = offline.line_profile(launch, compiled, top=10**6)
+    zero = offline.line_profile(launch, compiled, top=10**6, zero=True)
+    out[launch.name] = dict(hot=st.per_element, zero=st.zero_per_element,
+                            hot_lines=sum(n for _, n, _ in hot),
+                            zero_lines=sum(n for _, n, _ in zero),
+                            callee_lines=sum(n for w, n, _ in zero if w in callee))
+print(json.dumps(out))
+"""
+
+
+def test_by_line_views_add_up_to_the_counts():
+    """bf16 fixed3: the longest path by source line sums to instr_per_elem,
+    and the zero path's to zero_instr, decode's through its noinline
+    _decode_zero_pairs, whose own lines are among them (the view had left a
+    noinline callee out: an empty table for decode)."""
+    if not os.path.exists(offline._bin("ptxas")):
+        pytest.skip("this triton has no bundled ptxas")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _BY_LINE], env=env, cwd=ROOT, timeout=600,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert sorted(out) == ["decode: decode", "encode: encode"], out
+    for name, v in out.items():
+        assert v["hot_lines"] == pytest.approx(v["hot"], rel=1e-9), (name, v)
+        assert v["zero_lines"] == pytest.approx(v["zero"], rel=1e-9), (name, v)
+    dec = out["decode: decode"]
+    assert dec["callee_lines"] > 0, dec
 
 
 _ARCHS = """

@@ -181,6 +181,9 @@ class _Hot:
     zero_total: float | None = None
     zero_on_path: list = field(default_factory=list)
     in_zero_path: list = field(default_factory=list)  # each instruction: the zero path's
+    # The zero path's noinline functions (section label -> their own longest
+    # path's instructions), when it is theirs rather than inline code.
+    zero_calls: dict = field(default_factory=dict)
 
 
 def _sass(compiled) -> str:
@@ -198,8 +201,10 @@ def _hot_path(launch: Launch, sass: str) -> _Hot:
         for label, body in function_sections(sass).items():
             if any(_label_of(name, label) for name in names):
                 calls[label] = _function_instructions(body, launch)
-        hot.zero_total = parse_hot_path(sass, launch.trip_count, launch.loop_trips, lines,
-                                        calls).zero_total
+        z = parse_hot_path(sass, launch.trip_count, launch.loop_trips, lines, calls)
+        hot.zero_total, hot.zero_on_path, hot.in_zero_path = (z.zero_total, z.zero_on_path,
+                                                              z.in_zero_path)
+        hot.zero_calls = calls
     return hot
 
 
@@ -510,21 +515,39 @@ def sass_stats(launch: Launch, compiled) -> SassStats:
 
 def line_profile(launch: Launch, compiled, top: int = 20, zero: bool = False) -> list[tuple]:
     """The longest path's instructions per element by source line, largest
-    first: (file:line, instructions per element, most frequent opcodes);
-    with ``zero``, the zero path's (a call of a noinline function as the
-    call alone). A jitted function's lines count where the function is
-    written (the debug info has no inlining), so one of its lines may sum
-    several call sites."""
-    hot = _hot_path(launch, _sass(compiled))
+    first: (file:line, instructions per element, most frequent opcodes),
+    NOPs left out as the per-element counts leave them; with ``zero``, the
+    zero path's, a call of a tagged noinline function with the callee's own
+    longest path by its lines (what ``zero_instr`` counts). A jitted
+    function's lines count where the function is written (the debug info
+    has no inlining), so one of its lines may sum several call sites."""
+    sass = _sass(compiled)
+    hot = _hot_path(launch, sass)
     total, ops = {}, {}
-    for (where, op), w, on in zip(hot.rows, hot.weight,
-                                  hot.zero_on_path if zero else hot.on_path):
-        if not on:
-            continue
+
+    def add(where, op, w):
+        if op == "NOP":
+            return
         op = op.split(".")[0]
         total[where] = total.get(where, 0) + w
         bucket = ops.setdefault(where, {})
         bucket[op] = bucket.get(op, 0) + w
+
+    callees = {}
+    if zero and hot.zero_calls:
+        sections, branches = function_sections(sass), _flow(sass).branches
+        for label in hot.zero_calls:
+            callees[label] = parse_hot_path(sections[label], 1, launch.loop_trips)
+    for i, ((where, op), w, on) in enumerate(zip(hot.rows, hot.weight,
+                                                 hot.zero_on_path if zero else hot.on_path)):
+        if not on:
+            continue
+        add(where, op, w)
+        callee = callees.get(branches[i]["callee"]) if callees else None
+        if callee is not None:
+            for (cw, cop), cwt, con in zip(callee.rows, callee.weight, callee.on_path):
+                if con:
+                    add(cw, cop, w * cwt)
     ranked = sorted(total.items(), key=lambda kv: -kv[1])[:top]
     return [(where, n / _per_thread(launch),
              ", ".join(f"{op} {c}" for op, c in
