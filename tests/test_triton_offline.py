@@ -46,18 +46,31 @@ DENSE_CEILING = {"bf16": {"encode": 169.0, "decode": 126.5},
                  "fp32": {"encode": 230.0, "decode": 162.5}}
 
 
-@pytest.fixture(scope="module")
-def rows(tmp_path_factory):
+def _compiled_run(args: list, timeout: int) -> str:
+    """Run ``python ARGS`` from the repository root without the interpreter
+    (its kernels are compiled, for a GPU this machine lacks, by triton's
+    bundled ptxas: skipped when this triton has none); its stdout."""
     if not os.path.exists(offline._bin("ptxas")):
         pytest.skip("this triton has no bundled ptxas")
-    out = tmp_path_factory.mktemp("kernel_cost") / "rows.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "kernel_cost.py"),
-                        "--summary", "--json", str(out)], env=env, cwd=ROOT, timeout=1200,
+    r = subprocess.run([sys.executable, *args], env=env, cwd=ROOT, timeout=timeout,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout
+
+
+def _script_json(script: str, timeout: int):
+    """The JSON a ``python -c`` script prints on its last line (_compiled_run)."""
+    return json.loads(_compiled_run(["-c", script], timeout).strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    out = tmp_path_factory.mktemp("kernel_cost") / "rows.json"
+    stdout = _compiled_run([os.path.join(ROOT, "benchmarks", "kernel_cost.py"), "--summary",
+                            "--json", str(out)], 1200)
     rows = json.loads(out.read_text())
-    rows.append(dict(kernel="stdout", text=r.stdout))
+    rows.append(dict(kernel="stdout", text=stdout))
     return rows
 
 
@@ -485,13 +498,9 @@ def test_cached_launches_match_triton():
     ``by_address`` (pointers as addresses) and ``bind`` (the int tail fixed;
     one bound launcher across calls of different alignments, as a codec
     plan's is)."""
-    if not os.path.exists(offline._bin("ptxas")):
-        pytest.skip("this triton has no bundled ptxas")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "triton_launch_host.py"),
-                        "--check"], env=env, cwd=ROOT, timeout=900, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "direct launches match kernel[grid]: 112 cases" in r.stdout, r.stdout
+    stdout = _compiled_run([os.path.join(ROOT, "benchmarks", "triton_launch_host.py"),
+                            "--check"], 900)
+    assert "direct launches match kernel[grid]: 112 cases" in stdout, stdout
 
 
 def test_dense_within_its_instruction_bounds(rows):
@@ -525,13 +534,7 @@ def test_fixed3_encode_compiles_at_four_warps_too():
     """The encoder runs 2 warps (codec_encode.WARPS) and keeps its 4-warp
     tile as the other choice a GPU may prefer; the interpreter accepts code
     the compiler refuses, so compile that width as well."""
-    if not os.path.exists(offline._bin("ptxas")):
-        pytest.skip("this triton has no bundled ptxas")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _OTHER_WARPS], env=env, cwd=ROOT, timeout=600,
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert json.loads(r.stdout.strip().splitlines()[-1]) == [0, 0, 0]
+    assert _script_json(_OTHER_WARPS, 600) == [0, 0, 0]
 
 
 _BY_LINE = """
@@ -560,13 +563,7 @@ def test_by_line_views_add_up_to_the_counts():
     and the zero path's to zero_instr, decode's through its noinline
     _decode_zero_pairs, whose own lines are among them (the view had left a
     noinline callee out: an empty table for decode)."""
-    if not os.path.exists(offline._bin("ptxas")):
-        pytest.skip("this triton has no bundled ptxas")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _BY_LINE], env=env, cwd=ROOT, timeout=600,
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = _script_json(_BY_LINE, 600)
     assert sorted(out) == ["decode: decode", "encode: encode"], out
     for name, v in out.items():
         assert v["hot_lines"] == pytest.approx(v["hot"], rel=1e-9), (name, v)
@@ -595,13 +592,7 @@ def test_counter_reads_every_arch():
     sm_100: on each the longest path runs the escape loop, so the count is
     the kernel's and within the hot path's bounds (32 / 24 instructions an
     element), no arch more than 10% from sm_90's, and no kernel spills."""
-    if not os.path.exists(offline._bin("ptxas")):
-        pytest.skip("this triton has no bundled ptxas")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _ARCHS], env=env, cwd=ROOT, timeout=900,
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    got = _script_json(_ARCHS, 900)
     escape = offline.tagged_loops("escape rounds")
     for op, bound in (("encode: encode", 32.0), ("decode: decode", 24.0)):
         ref = got[f"90 {op}"]["per_element"]
@@ -632,13 +623,7 @@ def test_dense_kernels_do_not_spill_on_sm80_or_sm100():
     are test_every_kernel_compiles_without_spills'): no local-memory store
     or load, the noinline functions (zero chunks, the ragged tail, RAW)
     included."""
-    if not os.path.exists(offline._bin("ptxas")):
-        pytest.skip("this triton has no bundled ptxas")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _DENSE_ARCHS], env=env, cwd=ROOT, timeout=1200,
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    got = _script_json(_DENSE_ARCHS, 1200)
     assert len(got) == 2 * 3 * 2
     assert {k: v for k, v in got.items() if v} == {}
 
@@ -647,14 +632,9 @@ def test_dense_kernels_do_not_spill_on_sm80_or_sm100():
 def cold(tmp_path_factory):
     """benchmarks/cold_cost.py's rows for dense (sm_90): each cold function's
     longest path and the kernel's before its call."""
-    if not os.path.exists(offline._bin("ptxas")):
-        pytest.skip("this triton has no bundled ptxas")
     out = tmp_path_factory.mktemp("cold_cost") / "cold.json"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "cold_cost.py"),
-                        "--codec", "dense", "--json", str(out)], env=env, cwd=ROOT, timeout=1200,
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
+    _compiled_run([os.path.join(ROOT, "benchmarks", "cold_cost.py"), "--codec", "dense",
+                   "--json", str(out)], 1200)
     return json.loads(out.read_text())
 
 
