@@ -192,11 +192,11 @@ def main() -> int:
                     raise SystemExit(f"{lib_name} {c} {k}: round trip not bit-exact")
                 coded[(k, c, lib_name)] = (payload, header, out)
 
-    def timed(k, c, op):
+    def timed(k, c, lib_name, op):
         x = inputs[k]
         if op == "enc":
             return _cpu_time(lambda: codec_cpp.encode(x, c), args.reps)
-        payload, header, out = coded[(k, c, state["name"])]
+        payload, header, out = coded[(k, c, lib_name)]
         return _cpu_time(lambda: codec_cpp.decode(payload, header, out), args.reps)
 
     # (kind, codec, lib) -> {"enc"/"dec": per-round CPU seconds a call};
@@ -213,7 +213,6 @@ def main() -> int:
                     names = names[r % len(names):] + names[:r % len(names)]
                     for lib_name in names:
                         use(lib_name)
-                        state["name"] = lib_name
                         cell = cells.setdefault((k, c, lib_name), dict(enc=[], dec=[]))
                         pair = ratios.setdefault((k, c, lib_name), dict(enc=[], dec=[]))
                         for op in ("enc", "dec"):
@@ -221,16 +220,13 @@ def main() -> int:
                             # (none finds its input in cache from the last);
                             # the order turns each round (drift cancels).
                             order = ("gauss", k) * 2 if r % 2 == 0 else (k, "gauss") * 2
-                            t = {"gauss": 0.0, k: 0.0} if k != "gauss" else {k: 0.0}
+                            t = dict.fromkeys(order, 0.0)
                             for kk in order:
-                                t[kk] += timed(kk, c, op)
-                            cell[op].append(t[k] / (2 if k != "gauss" else 4))
+                                t[kk] += timed(kk, c, lib_name, op)
+                            cell[op].append(t[k] / order.count(k))
                             pair[op].append(t["gauss"] / t[k])
-                        cell["ratio"] = (inputs[k].numel() * inputs[k].element_size()
-                                         / coded[(k, c, lib_name)][0].numel())
     finally:
         state["ext"] = mine
-        state.pop("name", None)
         if cap is None:
             os.environ.pop("ZIPCCL_FSDP_CPP_ISA", None)
         else:
@@ -238,7 +234,7 @@ def main() -> int:
     nbytes = numel * torch.empty(0, dtype=dtype).element_size()
     gb = lambda s: nbytes / s / 1e9  # noqa: E731
     med = {key: dict(enc=gb(statistics.median(v["enc"])), dec=gb(statistics.median(v["dec"])),
-                     ratio=v["ratio"]) for key, v in cells.items()}
+                     ratio=nbytes / coded[key][0].numel()) for key, v in cells.items()}
     # Paired ratios: the median over rounds of each round's ratio.
     xg = {key: {op: statistics.median(v[op]) for op in ("enc", "dec")}
           for key, v in ratios.items()}

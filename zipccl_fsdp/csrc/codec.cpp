@@ -808,9 +808,9 @@ ZC_AVX2 static inline uint8_t* put_compact(__m256i v, uint32_t keep, uint8_t* ds
   if (__builtin_expect(end - dst >= 32, 1)) return compact32(v, keep, dst);
 #if ZC_VBMI2
   // A compress into a register and a byte-masked store of its popcount(keep)
-  // bytes: the compress-store that does both in one instruction is
-  // microcoded on AMD Zen 4, and this path runs in every block of a
-  // stream's last 32 bytes (a tenth of the blocks of a chunk at 90% zeros).
+  // bytes: some CPUs (AMD Zen 4) run the compress-store that does both in
+  // one instruction as microcode, and this path takes every block of a
+  // stream's last 32 bytes.
   const int k = pop(keep);
   _mm256_mask_storeu_epi8(dst, _bzhi_u32(~0u, k), _mm256_maskz_compress_epi8(keep, v));
   return dst + k;
@@ -849,9 +849,7 @@ ZC_AVX2 static inline __m256i expand32(const uint8_t* src, uint32_t m) {
 ZC_AVX2 static inline __m256i get_expand(const uint8_t* src, uint32_t m, const uint8_t* end) {
   if (__builtin_expect(end - src >= 32, 1)) return expand32(src, m);
 #if ZC_VBMI2
-  // put_compact's inverse: a byte-masked load of popcount(m) bytes, then
-  // the expand in registers (the expand-load is microcoded on Zen 4).
-  return _mm256_maskz_expand_epi8(m, _mm256_maskz_loadu_epi8(_bzhi_u32(~0u, pop(m)), src));
+  return _mm256_maskz_expandloadu_epi8(m, src);  // loads popcount(m) bytes
 #else
   alignas(32) uint8_t tmp[32] = {};
   std::memcpy(tmp, src, size_t(std::min<ptrdiff_t>(32, end - src)));
@@ -1761,11 +1759,9 @@ ZC_AVX2 static void write_dense(const typename T::W* w, int n, const Entry& en, 
   const Seg seg = segment_nbytes<T>(kDense, en, n);
   // The escapes are compacted into a buffer on the stack and copied to the
   // segment at the end, as write_fixed3 does: compacting into the segment
-  // takes put_compact's bounded path in every block within 32 bytes of the
-  // stream's end, which in a chunk of few escapes that has every block
-  // compact (esc_every_block) is every block, and that path's masked
-  // compress-store is microcoded on AMD Zen 4 (half of bf16 write_dense's
-  // time at 20% x * mask).
+  // would take put_compact's bounded path in every block within 32 bytes of
+  // the stream's end, which in a chunk of few escapes that compacts in every
+  // block (esc_every_block) is every block.
   alignas(32) uint8_t escbuf[kChunkElems + 32];
   uint8_t* const esc_out = esc;
   esc = escbuf;
