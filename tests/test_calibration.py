@@ -32,9 +32,9 @@ def task_disagreeing_measurements():
     codec = [[1e-3, 1e-3, 1e-4], [2e-3, 2e-3, 2e-4]][rank]
     ab = [[0.01, 0.005, 0], [0.3, 0.2, 0]][rank]     # in-situ raw, compressed seconds
     saved = Cal.measure_link_local, Cal.measure_codec_local, Cal.measure_ab_local
-    Cal.measure_link_local = lambda group, world, device: list(link)
+    Cal.measure_link_local = lambda group, world, device: ([link[0]], [link[1]])
     Cal.measure_codec_local = lambda *a: list(codec)
-    Cal.measure_ab_local = lambda *a: list(ab)
+    Cal.measure_ab_local = lambda *a: ([ab[0]], [ab[1]], ab[2])
     try:
         # What this rank would decide on its own numbers (the hazard).
         own_link = M.LinkSpeed(link[0], Cal.LINK_PROBE_BYTES / (link[1] - link[0]))

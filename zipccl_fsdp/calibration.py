@@ -11,8 +11,9 @@ Where the figures come from, and why every rank holds the same:
 * link latency ``L`` and bandwidth ``B``: ``link_gbps`` / ``link_latency_us``
   from the config, else measured at the first adaptive call on the process
   group (a few tiny all-gathers and a few of ``LINK_PROBE_BYTES`` per rank);
-  every rank's minimum times are all-reduced with MAX, so all ranks hold the
-  same, slowest-rank, figures.
+  each timed call's time is its slowest rank's (every rank's times
+  all-reduced with MAX, call by call: see ``AB_ROUNDS``), and the fastest
+  call is kept, so all ranks hold the same figures.
 * codec speeds ``E``, ``D`` and cost per call ``c``: ``codec_gbps`` from the
   config, else measured per (dtype, device type, codec) on
   ``CODEC_PROBE_BYTES`` of seeded ``probe_data`` and on
@@ -21,12 +22,13 @@ Where the figures come from, and why every rank holds the same:
   ``R`` alike, per (dtype, device type) (``measure_reduce_local``), or
   ``codec_gbps`` too when that is given.
 * when the link is measured too, one in-situ A/B follows (``_in_situ``): a
-  raw and a pipelined compressed all-gather of about ``PROBE_SECONDS``; the
-  raw one refines ``B``, the compressed one says how much slower the codec
-  runs inside a collective than alone, and ``E``, ``D``, ``c``, ``R`` are corrected
-  by that factor (``cost.fit_slowdown``). On a loopback, where moving bytes is
-  itself CPU work competing with the codec, that factor is what keeps the
-  policy raw (docs/benchmarks.md, section "Link benchmark").
+  raw and a pipelined compressed all-gather of about ``PROBE_SECONDS``,
+  timed the same way; the raw one refines ``B``, the compressed one says how
+  much slower the codec runs inside a collective than alone, and ``E``,
+  ``D``, ``c``, ``R`` are corrected by that factor (``cost.fit_slowdown``).
+  On a loopback, where moving bytes is itself CPU work competing with the
+  codec, that factor is what keeps the policy raw (docs/benchmarks.md,
+  section "Link benchmark").
 
 With both ``link_gbps`` and ``codec_gbps`` given nothing is timed and nothing
 is sent: the figures are pure functions of the config.
@@ -75,11 +77,16 @@ compressed all-gathers of the larger, for bf16 and fp32, and the link probe
 stay under 32 MB sent per rank and group."""
 
 AB_ROUNDS = 8
-"""Timed rounds of the in-situ A/B (best of): fewer let a noisy link spread
-the fitted codec slowdown widely enough to flip decisions between
-calibrations (docs/benchmarks.md, section "Calibration"). Each round
-costs a raw and a compressed all-gather of about PROBE_SECONDS (within
-PROBE_BYTES), once per (group, dtype)."""
+"""Timed rounds of the in-situ A/B: fewer let a noisy link spread the fitted
+codec slowdown widely enough to flip decisions between calibrations
+(docs/benchmarks.md, section "Calibration"). A round's time is its slowest
+rank's and the fastest round is kept: the time of a collective, which ends
+when its last rank has its data, on its best round (a host's scheduling
+noise only adds). Not each rank's fastest round: ranks that share a link
+receive in turn, so in one round a rank may have its share in half the
+round's time, and the bandwidth fitted to that was twice what the link
+carries. Each round costs a raw and a compressed all-gather of about
+PROBE_SECONDS (within PROBE_BYTES), once per (group, dtype)."""
 
 PROBE_K_RANGE = (1.0, 64.0)
 """Bounds of the in-situ codec slowdown factor: a codec does not run faster
@@ -133,22 +140,35 @@ def _agree_max(values: list, group, device) -> list:
     return t.tolist()
 
 
-def measure_link_local(group, world: int, device: torch.device) -> list:
-    """[tiny all-gather seconds, LINK_PROBE_BYTES all-gather seconds]: this rank's
-    minimum over a few repetitions (the first of each is a warm-up)."""
+def measure_link_local(group, world: int, device: torch.device) -> tuple:
+    """(tiny all-gather seconds, LINK_PROBE_BYTES all-gather seconds): this
+    rank's times of each repetition (lists of LINK_TINY_REPS and
+    LINK_PROBE_REPS), after a warm-up of each."""
     out = []
     for nbytes, reps in ((8, LINK_TINY_REPS), (LINK_PROBE_BYTES, LINK_PROBE_REPS)):
         send = torch.zeros(nbytes, dtype=torch.uint8, device=device)
         recv = torch.empty(world * nbytes, dtype=torch.uint8, device=device)
-        best = float("inf")
+        times = []
         for i in range(reps + 1):
             _sync(device)
             t0 = time.perf_counter()
             _all_gather(recv, send, group=group)
             _sync(device)
             if i:
-                best = min(best, time.perf_counter() - t0)
-        out.append(best)
+                times.append(time.perf_counter() - t0)
+        out.append(times)
+    return tuple(out)
+
+
+def _fastest_calls(series: tuple, group, device) -> list:
+    """For each list of timed collective calls in ``series`` (this rank's
+    times, call by call, as many on every rank), the fastest call, each
+    taking its slowest rank's time: one all-reduce for all."""
+    agreed = _agree_max([t for times in series for t in times], group, device)
+    out, at = [], 0
+    for times in series:
+        out.append(min(agreed[at:at + len(times)]))
+        at += len(times)
     return out
 
 
@@ -203,10 +223,10 @@ def measure_reduce_local(dtype: torch.dtype, device: torch.device) -> float:
 
 
 def measure_ab_local(group, world: int, rank: int, x: torch.Tensor, plan: cost.Plan,
-                     cfg) -> list:
-    """[raw all-gather s, pipelined compressed all-gather s, bytes sent] of ``x``
-    on this rank: the minimum of ``AB_ROUNDS`` runs each, after a warm-up,
-    alternating which goes first."""
+                     cfg) -> tuple:
+    """(raw all-gather s, pipelined compressed all-gather s, bytes sent) of
+    ``x`` on this rank: the times of ``AB_ROUNDS`` rounds (lists), after a
+    warm-up, alternating which goes first."""
     from . import pipeline as _pipeline
 
     device, numel = x.device, x.numel()
@@ -215,7 +235,7 @@ def measure_ab_local(group, world: int, rank: int, x: torch.Tensor, plan: cost.P
     tick = torch.zeros(1, dtype=torch.int64, device=device)
     ticks = torch.empty(world, dtype=torch.int64, device=device)
     scratch = CommStats()
-    best = {"raw": float("inf"), "zip": float("inf")}
+    times: dict = {"raw": [], "zip": []}
     for i in range(AB_ROUNDS + 1):
         for name in (("raw", "zip") if i % 2 else ("zip", "raw")):
             _all_gather(ticks, tick, group=group)  # start together
@@ -227,9 +247,9 @@ def measure_ab_local(group, world: int, rank: int, x: torch.Tensor, plan: cost.P
                 _pipeline.gather("all_gather", x, slots, group, rank, plan, cfg, scratch)
             _sync(device)
             if i:
-                best[name] = min(best[name], time.perf_counter() - t0)
+                times[name].append(time.perf_counter() - t0)
     sent = (AB_ROUNDS + 1) * (x.nbytes + 2 * 8) + scratch.snapshot()["all_gather"]["wire_bytes"]
-    return [best["raw"], best["zip"], sent]
+    return times["raw"], times["zip"], sent
 
 
 # --------------------------------------------------------------------------
@@ -278,9 +298,10 @@ class Calibration:
                 self.links[key] = cost.LinkSpeed(lat_us * 1e-6, cfg.link_gbps * 1e9 / 8)
             else:
                 t0 = time.perf_counter()
-                tiny, big = _agree_max(measure_link_local(group, world, device), group, device)
+                tiny, big = _fastest_calls(measure_link_local(group, world, device), group,
+                                           device)
                 sent = ((LINK_TINY_REPS + 1) * 8 + (LINK_PROBE_REPS + 1) * LINK_PROBE_BYTES
-                        + 8 * 2)  # warm-ups and the agreement included
+                        + 8 * (LINK_TINY_REPS + LINK_PROBE_REPS))  # warm-ups, agreement
                 self._book(st, LINK_TINY_REPS + LINK_PROBE_REPS + 3, sent,
                            time.perf_counter() - t0)
                 lat = tiny if cfg.link_latency_us is None else cfg.link_latency_us * 1e-6
@@ -365,12 +386,13 @@ class Calibration:
                  speeds: dict, st) -> dict:
         """Correct measured speeds with one A/B on the real link: a raw and a
         pipelined compressed all-gather of ``probe_data``, sized to take about
-        ``PROBE_SECONDS`` raw (within ``PROBE_BYTES`` per rank), best of ``AB_ROUNDS`` after a
-        warm-up, the slowest rank's times. The raw time refines the link's
-        bandwidth; the compressed one gives the factor ``k`` by which the
-        codec runs slower inside a collective than alone (CPU cores shared
-        with the other ranks and with the transfer itself, as on a loopback
-        where moving bytes is CPU work); speeds are divided by ``k``."""
+        ``PROBE_SECONDS`` raw (within ``PROBE_BYTES`` per rank), the fastest of
+        ``AB_ROUNDS`` after a warm-up, a round's time its slowest rank's. The
+        raw time refines the link's bandwidth; the compressed one gives the factor
+        ``k`` by which the codec runs slower inside a collective than alone
+        (CPU cores shared with the other ranks and with the transfer itself,
+        as on a loopback where moving bytes is CPU work); speeds are divided
+        by ``k``."""
         key = group_key(group)
         link = self.links[key]
         rank = dist.get_rank(group)
@@ -388,10 +410,10 @@ class Calibration:
                                 for c in speeds for n in cost.piece_counts(numel * itemsize)),
                                key=lambda t: t[2])
         plan = cost.Plan(True, codec, pieces, "probe")
-        t_raw, t_zip, sent = measure_ab_local(group, world, rank, x, plan, self.cfg)
-        t_raw, t_zip = _agree_max([t_raw, t_zip], group, device)
+        raw_t, zip_t, sent = measure_ab_local(group, world, rank, x, plan, self.cfg)
+        t_raw, t_zip = _fastest_calls((raw_t, zip_t), group, device)
         # each round: a start-together all-gather before each of the two timed ones
-        self._book(st, 4 * (AB_ROUNDS + 1) + 1, sent + 8 * 2, 0.0)
+        self._book(st, 4 * (AB_ROUNDS + 1) + 1, sent + 8 * 2 * AB_ROUNDS, 0.0)
         bw = (world - 1) * numel * itemsize / max(t_raw - link.latency_s, 1e-9)
         self.links[key] = link = cost.LinkSpeed(link.latency_s, bw)
         k = cost.fit_slowdown(parts, link, speeds[codec], fractions[codec], pieces, t_zip,
