@@ -1,5 +1,7 @@
 """The adaptive policy's calibration, on real gloo process groups: ranks that
 measure different speeds agree on the slowest rank's, so they decide alike;
+a round of its probes takes its slowest rank's time, its latency each
+rank's fastest call;
 a hook with the default config books its calibration traffic apart from the
 collectives'; the probe data are what training carries."""
 from __future__ import annotations
@@ -71,6 +73,56 @@ def test_decisions_agree_when_measurements_differ(pool2):
     assert alone0 != alone1          # on their own numbers the ranks would disagree
     assert plans0 == plans1 and links0 == links1 and c0 == c1
     assert c0 > 0                    # the agreed (slowest) link is slow: it compressed
+
+# --------------------------------------------------------------------------
+# A collective's time is its slowest rank's, round by round
+# --------------------------------------------------------------------------
+def task_round_times():
+    """Stand-in times, as a shared link gives them: in each round of the
+    link probe and the A/B one rank has its share in half the round's time
+    (6 ms), the other when the round ends (12 ms), a different rank each
+    round; and each rank's tiny calls take 0.1 ms or, every other call, 2 ms
+    (a late wake-up), so that every call has a slow rank."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    half, full, tiny_s, woken = 6e-3, 12e-3, 1e-4, 2e-3
+
+    def rounds(n):
+        return [half if (i + rank) % 2 else full for i in range(n)]
+
+    tiny = [woken if (i + rank) % 2 else tiny_s for i in range(Cal.LINK_TINY_REPS)]
+    saved = (Cal.measure_link_local, Cal.measure_codec_local, Cal.measure_reduce_local,
+             Cal.measure_ab_local)
+    Cal.measure_link_local = lambda group, world, device: (list(tiny),
+                                                           rounds(Cal.LINK_PROBE_REPS))
+    Cal.measure_codec_local = lambda *a: [1e-3, 1e-3, 1e-4]
+    Cal.measure_reduce_local = lambda *a: 1e-3
+    Cal.measure_ab_local = lambda *a: (rounds(Cal.AB_ROUNDS), [8e-3] * Cal.AB_ROUNDS, 0)
+    try:
+        cal = Cal.Calibration(ZipCCLConfig(policy="adaptive", codec="dense"))
+        group, cpu = dist.group.WORLD, torch.device("cpu")
+        probe_link = cal.link(group, world, cpu)
+        cal.speeds(group, world, torch.bfloat16, cpu)
+        report = cal.report()
+        (probe,) = report["probes"].values()
+        (link,) = report["links"].values()
+        return probe_link, probe, link
+    finally:
+        (Cal.measure_link_local, Cal.measure_codec_local, Cal.measure_reduce_local,
+         Cal.measure_ab_local) = saved
+
+
+def test_a_round_takes_its_slowest_rank_and_the_latency_each_ranks_fastest_call(pool2):
+    """The link probe and the A/B time each round as the collective it is
+    (until its last rank has its data: 12 ms, never 6), and keep the fastest
+    round; the latency is each rank's fastest tiny call (0.1 ms, not the 2 ms
+    a round's slowest rank had in every call)."""
+    for probe_link, probe, link in pool2.run(task_round_times):
+        assert probe_link.latency_s == 1e-4, probe_link
+        assert probe_link.bytes_per_s == Cal.LINK_PROBE_BYTES / (12e-3 - 1e-4), probe_link
+        assert probe["raw_s"] == 12e-3 and probe["zipccl_s"] == 8e-3, probe
+        assert link.bytes_per_s == probe["per_rank_bytes"] / (12e-3 - 1e-4), link
+        assert link.latency_s == 1e-4, link
+
 
 # --------------------------------------------------------------------------
 # Calibration traffic is booked apart from the collectives'

@@ -10,10 +10,11 @@ Where the figures come from, and why every rank holds the same:
 
 * link latency ``L`` and bandwidth ``B``: ``link_gbps`` / ``link_latency_us``
   from the config, else measured at the first adaptive call on the process
-  group (a few tiny all-gathers and a few of ``LINK_PROBE_BYTES`` per rank);
-  each timed call's time is its slowest rank's (every rank's times
-  all-reduced with MAX, call by call: see ``AB_ROUNDS``), and the fastest
-  call is kept, so all ranks hold the same figures.
+  group (a few tiny all-gathers and a few of ``LINK_PROBE_BYTES`` per rank):
+  the latency is every rank's fastest tiny call, the slowest rank's of
+  those; a transfer's time is a call's slowest rank's (every rank's times
+  all-reduced with MAX, call by call: see ``AB_ROUNDS``), the fastest call
+  kept. All ranks hold the same figures.
 * codec speeds ``E``, ``D`` and cost per call ``c``: ``codec_gbps`` from the
   config, else measured per (dtype, device type, codec) on
   ``CODEC_PROBE_BYTES`` of seeded ``probe_data`` and on
@@ -160,12 +161,14 @@ def measure_link_local(group, world: int, device: torch.device) -> tuple:
     return tuple(out)
 
 
-def _fastest_calls(series: tuple, group, device) -> list:
+def _fastest_calls(series: tuple, group, device, floor: tuple = ()) -> list:
     """For each list of timed collective calls in ``series`` (this rank's
     times, call by call, as many on every rank), the fastest call, each
-    taking its slowest rank's time: one all-reduce for all."""
-    agreed = _agree_max([t for times in series for t in times], group, device)
-    out, at = [], 0
+    taking its slowest rank's time; first, for each list in ``floor``, this
+    rank's fastest call, the slowest rank's of those. One all-reduce for all."""
+    agreed = _agree_max([min(times) for times in floor]
+                        + [t for times in series for t in times], group, device)
+    out, at = agreed[:len(floor)], len(floor)
     for times in series:
         out.append(min(agreed[at:at + len(times)]))
         at += len(times)
@@ -298,10 +301,12 @@ class Calibration:
                 self.links[key] = cost.LinkSpeed(lat_us * 1e-6, cfg.link_gbps * 1e9 / 8)
             else:
                 t0 = time.perf_counter()
-                tiny, big = _fastest_calls(measure_link_local(group, world, device), group,
-                                           device)
+                # The latency is a floor: a tiny call's slowest rank is the
+                # one a host woke last, not the link.
+                tiny_t, big_t = measure_link_local(group, world, device)
+                tiny, big = _fastest_calls((big_t,), group, device, floor=(tiny_t,))
                 sent = ((LINK_TINY_REPS + 1) * 8 + (LINK_PROBE_REPS + 1) * LINK_PROBE_BYTES
-                        + 8 * (LINK_TINY_REPS + LINK_PROBE_REPS))  # warm-ups, agreement
+                        + 8 * (1 + LINK_PROBE_REPS))  # warm-ups and the agreement included
                 self._book(st, LINK_TINY_REPS + LINK_PROBE_REPS + 3, sent,
                            time.perf_counter() - t0)
                 lat = tiny if cfg.link_latency_us is None else cfg.link_latency_us * 1e-6
