@@ -6,6 +6,7 @@ a hook with the default config books its calibration traffic apart from the
 collectives'; the probe data are what training carries."""
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -36,7 +37,7 @@ def task_disagreeing_measurements():
     saved = Cal.measure_link_local, Cal.measure_codec_local, Cal.measure_ab_local
     Cal.measure_link_local = lambda group, world, device: ([link[0]], [link[1]])
     Cal.measure_codec_local = lambda *a: list(codec)
-    Cal.measure_ab_local = lambda *a: ([ab[0]], [ab[1]], ab[2])
+    Cal.measure_ab_local = lambda *a: ([ab[0]], [ab[1]], [link[0]], ab[2])
     try:
         # What this rank would decide on its own numbers (the hazard).
         own_link = M.LinkSpeed(link[0], Cal.LINK_PROBE_BYTES / (link[1] - link[0]))
@@ -77,26 +78,30 @@ def test_decisions_agree_when_measurements_differ(pool2):
 # --------------------------------------------------------------------------
 # A collective's time is its slowest rank's, round by round
 # --------------------------------------------------------------------------
-def task_round_times():
+def task_round_times(stalled: bool):
     """Stand-in times, as a shared link gives them: in each round of the
     link probe and the A/B one rank has its share in half the round's time
     (6 ms), the other when the round ends (12 ms), a different rank each
-    round; and each rank's tiny calls take 0.1 ms or, every other call, 2 ms
-    (a late wake-up), so that every call has a slow rank."""
+    round. Each rank's tiny calls take 0.1 ms or, every other call, 2 ms (a
+    late wake-up), so that every call has a slow rank; ``stalled``: 4 ms
+    every one (a busy host), while the A/B's start-together calls, spread
+    over its rounds, take 0.1 ms or 3 ms."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    half, full, tiny_s, woken = 6e-3, 12e-3, 1e-4, 2e-3
+    half, full, fast = 6e-3, 12e-3, 1e-4
 
-    def rounds(n):
-        return [half if (i + rank) % 2 else full for i in range(n)]
+    def rounds(n, a, b):
+        return [a if (i + rank) % 2 else b for i in range(n)]
 
-    tiny = [woken if (i + rank) % 2 else tiny_s for i in range(Cal.LINK_TINY_REPS)]
+    tiny = [4e-3] * Cal.LINK_TINY_REPS if stalled else rounds(Cal.LINK_TINY_REPS, 2e-3, fast)
     saved = (Cal.measure_link_local, Cal.measure_codec_local, Cal.measure_reduce_local,
              Cal.measure_ab_local)
-    Cal.measure_link_local = lambda group, world, device: (list(tiny),
-                                                           rounds(Cal.LINK_PROBE_REPS))
+    Cal.measure_link_local = lambda group, world, device: (
+        list(tiny), rounds(Cal.LINK_PROBE_REPS, half, full))
     Cal.measure_codec_local = lambda *a: [1e-3, 1e-3, 1e-4]
     Cal.measure_reduce_local = lambda *a: 1e-3
-    Cal.measure_ab_local = lambda *a: (rounds(Cal.AB_ROUNDS), [8e-3] * Cal.AB_ROUNDS, 0)
+    Cal.measure_ab_local = lambda *a: (rounds(Cal.AB_ROUNDS, half, full),
+                                       [8e-3] * Cal.AB_ROUNDS,
+                                       rounds(2 * Cal.AB_ROUNDS, 3e-3, fast), 0)
     try:
         cal = Cal.Calibration(ZipCCLConfig(policy="adaptive", codec="dense"))
         group, cpu = dist.group.WORLD, torch.device("cpu")
@@ -111,17 +116,21 @@ def task_round_times():
          Cal.measure_ab_local) = saved
 
 
-def test_a_round_takes_its_slowest_rank_and_the_latency_each_ranks_fastest_call(pool2):
+@pytest.mark.parametrize("stalled", [False, True])
+def test_a_round_takes_its_slowest_rank_and_the_latency_each_ranks_fastest_call(pool2,
+                                                                               stalled):
     """The link probe and the A/B time each round as the collective it is
     (until its last rank has its data: 12 ms, never 6), and keep the fastest
     round; the latency is each rank's fastest tiny call (0.1 ms, not the 2 ms
-    a round's slowest rank had in every call)."""
-    for probe_link, probe, link in pool2.run(task_round_times):
-        assert probe_link.latency_s == 1e-4, probe_link
-        assert probe_link.bytes_per_s == Cal.LINK_PROBE_BYTES / (12e-3 - 1e-4), probe_link
+    of every call's slowest rank), and where the link probe's were all
+    stalled (4 ms), the A/B's start-together calls give it (0.1 ms): the
+    bandwidth is fitted to the 12 ms round less 0.1 ms, never less 4."""
+    for probe_link, probe, link in pool2.run(task_round_times, stalled):
+        assert probe_link.latency_s == (4e-3 if stalled else 1e-4), probe_link
+        assert probe_link.bytes_per_s == Cal.LINK_PROBE_BYTES / (12e-3 - probe_link.latency_s)
         assert probe["raw_s"] == 12e-3 and probe["zipccl_s"] == 8e-3, probe
-        assert link.bytes_per_s == probe["per_rank_bytes"] / (12e-3 - 1e-4), link
         assert link.latency_s == 1e-4, link
+        assert link.bytes_per_s == probe["per_rank_bytes"] / (12e-3 - 1e-4), link
 
 
 # --------------------------------------------------------------------------

@@ -227,9 +227,10 @@ def measure_reduce_local(dtype: torch.dtype, device: torch.device) -> float:
 
 def measure_ab_local(group, world: int, rank: int, x: torch.Tensor, plan: cost.Plan,
                      cfg) -> tuple:
-    """(raw all-gather s, pipelined compressed all-gather s, bytes sent) of
-    ``x`` on this rank: the times of ``AB_ROUNDS`` rounds (lists), after a
-    warm-up, alternating which goes first."""
+    """(raw all-gather s, pipelined compressed all-gather s, tiny all-gather
+    s, bytes sent) of ``x`` on this rank: the times of ``AB_ROUNDS`` rounds
+    (lists; the tiny all-gathers are the ones that start each timed call
+    together, two a round), after a warm-up, alternating which goes first."""
     from . import pipeline as _pipeline
 
     device, numel = x.device, x.numel()
@@ -238,11 +239,14 @@ def measure_ab_local(group, world: int, rank: int, x: torch.Tensor, plan: cost.P
     tick = torch.zeros(1, dtype=torch.int64, device=device)
     ticks = torch.empty(world, dtype=torch.int64, device=device)
     scratch = CommStats()
-    times: dict = {"raw": [], "zip": []}
+    times: dict = {"raw": [], "zip": [], "tick": []}
     for i in range(AB_ROUNDS + 1):
         for name in (("raw", "zip") if i % 2 else ("zip", "raw")):
+            t0 = time.perf_counter()
             _all_gather(ticks, tick, group=group)  # start together
             _sync(device)
+            if i:
+                times["tick"].append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             if name == "raw":
                 _all_gather(out, x, group=group)
@@ -252,7 +256,7 @@ def measure_ab_local(group, world: int, rank: int, x: torch.Tensor, plan: cost.P
             if i:
                 times[name].append(time.perf_counter() - t0)
     sent = (AB_ROUNDS + 1) * (x.nbytes + 2 * 8) + scratch.snapshot()["all_gather"]["wire_bytes"]
-    return times["raw"], times["zip"], sent
+    return times["raw"], times["zip"], times["tick"], sent
 
 
 # --------------------------------------------------------------------------
@@ -415,10 +419,17 @@ class Calibration:
                                 for c in speeds for n in cost.piece_counts(numel * itemsize)),
                                key=lambda t: t[2])
         plan = cost.Plan(True, codec, pieces, "probe")
-        raw_t, zip_t, sent = measure_ab_local(group, world, rank, x, plan, self.cfg)
-        t_raw, t_zip = _fastest_calls((raw_t, zip_t), group, device)
+        raw_t, zip_t, tick_t, sent = measure_ab_local(group, world, rank, x, plan, self.cfg)
+        tick, t_raw, t_zip = _fastest_calls((raw_t, zip_t), group, device, floor=(tick_t,))
+        if self.cfg.link_latency_us is None:
+            # The link probe's tiny calls run back to back, in a few ms: a
+            # busy host can stall every one of them (a rank woken a
+            # scheduler tick late), and subtracting that latency from the
+            # raw round inflated the bandwidth fitted to it. The ticks spread
+            # over the A/B's rounds give a second floor.
+            link = cost.LinkSpeed(min(link.latency_s, tick), link.bytes_per_s)
         # each round: a start-together all-gather before each of the two timed ones
-        self._book(st, 4 * (AB_ROUNDS + 1) + 1, sent + 8 * 2 * AB_ROUNDS, 0.0)
+        self._book(st, 4 * (AB_ROUNDS + 1) + 1, sent + 8 * (1 + 2 * AB_ROUNDS), 0.0)
         bw = (world - 1) * numel * itemsize / max(t_raw - link.latency_s, 1e-9)
         self.links[key] = link = cost.LinkSpeed(link.latency_s, bw)
         k = cost.fit_slowdown(parts, link, speeds[codec], fractions[codec], pieces, t_zip,
