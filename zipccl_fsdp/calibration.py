@@ -12,7 +12,7 @@ Where the figures come from, and why every rank holds the same:
   from the config, else measured at the first adaptive call on the process
   group (a few tiny all-gathers and a few of ``LINK_PROBE_BYTES`` per rank):
   the latency is every rank's fastest tiny call, the slowest rank's of
-  those; a transfer's time is a call's slowest rank's (every rank's times
+  those (refined by the A/B's, below); a transfer's time is a call's slowest rank's (every rank's times
   all-reduced with MAX, call by call: see ``AB_ROUNDS``), the fastest call
   kept. All ranks hold the same figures.
 * codec speeds ``E``, ``D`` and cost per call ``c``: ``codec_gbps`` from the
@@ -85,7 +85,7 @@ rank's and the fastest round is kept: the time of a collective, which ends
 when its last rank has its data, on its best round (a host's scheduling
 noise only adds). Not each rank's fastest round: ranks that share a link
 receive in turn, so in one round a rank may have its share in half the
-round's time, and the bandwidth fitted to that was twice what the link
+round's time, and a bandwidth fitted to that would be twice what the link
 carries. Each round costs a raw and a compressed all-gather of about
 PROBE_SECONDS (within PROBE_BYTES), once per (group, dtype)."""
 
@@ -396,9 +396,10 @@ class Calibration:
         """Correct measured speeds with one A/B on the real link: a raw and a
         pipelined compressed all-gather of ``probe_data``, sized to take about
         ``PROBE_SECONDS`` raw (within ``PROBE_BYTES`` per rank), the fastest of
-        ``AB_ROUNDS`` after a warm-up, a round's time its slowest rank's. The
-        raw time refines the link's bandwidth; the compressed one gives the factor
-        ``k`` by which the codec runs slower inside a collective than alone
+        ``AB_ROUNDS`` after a warm-up, a round's time its slowest rank's. Its
+        start-together calls bound the latency, the raw time refines the
+        link's bandwidth, and the compressed one gives the factor ``k`` by
+        which the codec runs slower inside a collective than alone
         (CPU cores shared with the other ranks and with the transfer itself,
         as on a loopback where moving bytes is CPU work); speeds are divided
         by ``k``."""
