@@ -5,7 +5,9 @@ a round of the calibration's all-gathers one rank may have its share in
 half the round's time (the other's queued behind it): a link speed fitted
 to each rank's fastest round made the cost model price a 16 MiB raw
 all-gather at 0.41-0.45 of what it took (docs/benchmarks.md,
-"Calibration"). Needs root, ``ip`` and ``tc``.
+"Calibration"). The bound is the link's own: what the transfer cannot take
+less than, so that a loaded machine, which slows the call, does not move
+it. Needs root, ``ip`` and ``tc``.
 """
 from __future__ import annotations
 
@@ -34,8 +36,14 @@ def test_calibrated_link_prices_a_large_raw_all_gather_near_what_it_takes(tmp_pa
     (row,) = list(csv.DictReader(out.open()))
     assert row["link"] == "namespace loopback shaped to 1gbit", row
     predicted, took = float(row["pred_raw_ms"]), float(row["raw_ms"])
-    # The loopback carries 125 MB/s in all, both ranks' bytes: a 16 MiB
-    # all-gather of two ranks takes about 135-140 ms, which the calibrated
-    # link prices at 115-125 ms (each rank's fastest round: 57-61 ms).
-    assert predicted >= 0.7 * took, (predicted, took, row["link_MBps"])
+    # Both ranks' shares, 8 MiB each, cross the one 1 Gbit/s queue: the
+    # all-gather takes at least 134 ms (it took 135-140 on an idle machine,
+    # up to 166 under the test suite's load), and a calibration that fits
+    # the link to what it carries prices it near that: 115-126 ms idle, 114
+    # under load (the burst of a round's start can make it read up to a
+    # fifth fast). Fitted to each rank's fastest round it priced 57-62 ms,
+    # once 89.
+    floor_ms = 2 * (8 << 20) / 125e6 * 1e3
+    assert took >= 0.95 * floor_ms, (took, floor_ms)  # the link is shaped
+    assert predicted >= 0.75 * floor_ms, (predicted, took, row["link_MBps"])
     assert float(row["link_MBps"]) <= 125.0, row["link_MBps"]
