@@ -6,6 +6,8 @@ a hook with the default config books its calibration traffic apart from the
 collectives'; the probe data are what training carries."""
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -34,11 +36,10 @@ def task_disagreeing_measurements():
     link = [[1e-5, 1e-4], [1e-3, 0.5]][rank]          # tiny, 2 MiB all-gather seconds
     codec = [[1e-3, 1e-3, 1e-4], [2e-3, 2e-3, 2e-4]][rank]
     ab = [[0.01, 0.005, 0], [0.3, 0.2, 0]][rank]     # in-situ raw, compressed seconds
-    saved = Cal.measure_link_local, Cal.measure_codec_local, Cal.measure_ab_local
-    Cal.measure_link_local = lambda group, world, device: ([link[0]], [link[1]])
-    Cal.measure_codec_local = lambda *a: list(codec)
-    Cal.measure_ab_local = lambda *a: ([ab[0]], [ab[1]], [link[0]], ab[2])
-    try:
+    with mock.patch.multiple(
+            Cal, measure_link_local=lambda group, world, device: ([link[0]], [link[1]]),
+            measure_codec_local=lambda *a: list(codec),
+            measure_ab_local=lambda *a: ([ab[0]], [ab[1]], [link[0]], ab[2])):
         # What this rank would decide on its own numbers (the hazard).
         own_link = M.LinkSpeed(link[0], Cal.LINK_PROBE_BYTES / (link[1] - link[0]))
         call = codec[2] / 2
@@ -64,8 +65,6 @@ def task_disagreeing_measurements():
         report = P.of(cfg, st).calibration.report()
         return (alone, plans, repr((report["links"], report["speeds"])),
                 st.snapshot()["all_gather"]["compressed_calls"])
-    finally:
-        Cal.measure_link_local, Cal.measure_codec_local, Cal.measure_ab_local = saved
 
 
 def test_decisions_agree_when_measurements_differ(pool2):
@@ -93,16 +92,14 @@ def task_round_times(stalled: bool):
         return [a if (i + rank) % 2 else b for i in range(n)]
 
     tiny = [4e-3] * Cal.LINK_TINY_REPS if stalled else rounds(Cal.LINK_TINY_REPS, 2e-3, fast)
-    saved = (Cal.measure_link_local, Cal.measure_codec_local, Cal.measure_reduce_local,
-             Cal.measure_ab_local)
-    Cal.measure_link_local = lambda group, world, device: (
-        list(tiny), rounds(Cal.LINK_PROBE_REPS, half, full))
-    Cal.measure_codec_local = lambda *a: [1e-3, 1e-3, 1e-4]
-    Cal.measure_reduce_local = lambda *a: 1e-3
-    Cal.measure_ab_local = lambda *a: (rounds(Cal.AB_ROUNDS, half, full),
-                                       [8e-3] * Cal.AB_ROUNDS,
-                                       rounds(2 * Cal.AB_ROUNDS, 3e-3, fast), 0)
-    try:
+    with mock.patch.multiple(
+            Cal, measure_link_local=lambda group, world, device: (
+                list(tiny), rounds(Cal.LINK_PROBE_REPS, half, full)),
+            measure_codec_local=lambda *a: [1e-3, 1e-3, 1e-4],
+            measure_reduce_local=lambda *a: 1e-3,
+            measure_ab_local=lambda *a: (rounds(Cal.AB_ROUNDS, half, full),
+                                         [8e-3] * Cal.AB_ROUNDS,
+                                         rounds(2 * Cal.AB_ROUNDS, 3e-3, fast), 0)):
         cal = Cal.Calibration(ZipCCLConfig(policy="adaptive", codec="dense"))
         group, cpu = dist.group.WORLD, torch.device("cpu")
         probe_link = cal.link(group, world, cpu)
@@ -111,9 +108,6 @@ def task_round_times(stalled: bool):
         (probe,) = report["probes"].values()
         (link,) = report["links"].values()
         return probe_link, probe, link
-    finally:
-        (Cal.measure_link_local, Cal.measure_codec_local, Cal.measure_reduce_local,
-         Cal.measure_ab_local) = saved
 
 
 @pytest.mark.parametrize("stalled", [False, True])

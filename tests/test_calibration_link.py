@@ -2,12 +2,11 @@
 a token-bucket shaper (``tc tbf``) limits to 1 Gbit/s, as ``zipccl demo``
 and ``zipccl bench link`` use it, both ranks' bytes through one queue. In
 a round of the calibration's all-gathers one rank may have its share in
-half the round's time (the other's queued behind it): a link speed fitted
-to each rank's fastest round made the cost model price a 16 MiB raw
-all-gather at 0.41-0.45 of what it took (docs/benchmarks.md,
-"Calibration"). The bound is the link's own: what the transfer cannot take
-less than, so that a loaded machine, which slows the call, does not move
-it. Needs root, ``ip`` and ``tc``.
+half the round's time (the other's queued behind it), so a link fitted to
+each rank's fastest round reads about twice what it carries. The bound is
+the link's own, what the transfer cannot take less than, so that a loaded
+machine, which slows the call, does not move it. Needs root, ``ip`` and
+``tc``.
 """
 from __future__ import annotations
 
@@ -36,13 +35,11 @@ def test_calibrated_link_prices_a_large_raw_all_gather_near_what_it_takes(tmp_pa
     (row,) = list(csv.DictReader(out.open()))
     assert row["link"] == "namespace loopback shaped to 1gbit", row
     predicted, took = float(row["pred_raw_ms"]), float(row["raw_ms"])
-    # Both ranks' shares, 8 MiB each, cross the one 1 Gbit/s queue: the
-    # all-gather takes at least 134 ms (it took 135-140 on an idle machine,
-    # up to 166 under the test suite's load), and a calibration that fits
-    # the link to what it carries prices it near that: 115-126 ms idle, 114
-    # under load (the burst of a round's start can make it read up to a
-    # fifth fast). Fitted to each rank's fastest round it priced 57-62 ms,
-    # once 89.
+    # Both ranks' shares, 8 MiB each, cross the one 125 MB/s queue: the
+    # all-gather cannot take less than floor_ms. A calibration that fits the
+    # link to what it carries prices it near that (a round that starts on
+    # the shaper's burst reads at most about a fifth fast); one fitted to
+    # half rounds prices it near half.
     floor_ms = 2 * (8 << 20) / 125e6 * 1e3
     assert took >= 0.95 * floor_ms, (took, floor_ms)  # the link is shaped
     assert predicted >= 0.75 * floor_ms, (predicted, took, row["link_MBps"])

@@ -12,9 +12,9 @@ Where the figures come from, and why every rank holds the same:
   from the config, else measured at the first adaptive call on the process
   group (a few tiny all-gathers and a few of ``LINK_PROBE_BYTES`` per rank):
   the latency is every rank's fastest tiny call, the slowest rank's of
-  those (refined by the A/B's, below); a transfer's time is a call's slowest rank's (every rank's times
-  all-reduced with MAX, call by call: see ``AB_ROUNDS``), the fastest call
-  kept. All ranks hold the same figures.
+  those (refined by the A/B's, below); a transfer's time is a call's
+  slowest rank's (every rank's times all-reduced with MAX, call by call:
+  see ``AB_ROUNDS``), the fastest call kept. All ranks hold the same figures.
 * codec speeds ``E``, ``D`` and cost per call ``c``: ``codec_gbps`` from the
   config, else measured per (dtype, device type, codec) on
   ``CODEC_PROBE_BYTES`` of seeded ``probe_data`` and on
@@ -422,17 +422,17 @@ class Calibration:
         plan = cost.Plan(True, codec, pieces, "probe")
         raw_t, zip_t, tick_t, sent = measure_ab_local(group, world, rank, x, plan, self.cfg)
         tick, t_raw, t_zip = _fastest_calls((raw_t, zip_t), group, device, floor=(tick_t,))
-        if self.cfg.link_latency_us is None:
-            # The link probe's tiny calls run back to back, in a few ms: a
-            # busy host can stall every one of them (a rank woken a
-            # scheduler tick late), and subtracting that latency from the
-            # raw round inflated the bandwidth fitted to it. The ticks spread
-            # over the A/B's rounds give a second floor.
-            link = cost.LinkSpeed(min(link.latency_s, tick), link.bytes_per_s)
+        # The link probe's tiny calls run back to back, in a few ms: a busy
+        # host can stall every one of them (a rank woken a scheduler tick
+        # late), and that latency, subtracted from the raw round, would
+        # inflate the bandwidth fitted to it. The ticks, spread over the
+        # A/B's rounds, give a second floor (unless the config gives it).
+        lat = link.latency_s if self.cfg.link_latency_us is not None else min(link.latency_s,
+                                                                              tick)
         # each round: a start-together all-gather before each of the two timed ones
         self._book(st, 4 * (AB_ROUNDS + 1) + 1, sent + 8 * (1 + 2 * AB_ROUNDS), 0.0)
-        bw = (world - 1) * numel * itemsize / max(t_raw - link.latency_s, 1e-9)
-        self.links[key] = link = cost.LinkSpeed(link.latency_s, bw)
+        bw = (world - 1) * numel * itemsize / max(t_raw - lat, 1e-9)
+        self.links[key] = link = cost.LinkSpeed(lat, bw)
         k = cost.fit_slowdown(parts, link, speeds[codec], fractions[codec], pieces, t_zip,
                               PROBE_K_RANGE)
         self.probes[(key, dtype, device.type)] = dict(
