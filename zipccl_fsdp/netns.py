@@ -47,8 +47,10 @@ class SlowLink:
         try:
             _run("ip", "netns", "exec", self.name, "ip", "link", "set", "lo", "up")
             if self.rate:
-                # burst of 1 ms at the rate (at least 64 KiB) keeps the shaping smooth
-                # without starving small messages; latency bounds the queue.
+                # A 256 KB burst (2 ms at 1 Gbit/s): the loopback sends 64 KB GSO
+                # packets, which tbf drops at a 64 KB burst (gloo then stalls); a
+                # larger one would let more of each call through unshaped.
+                # latency bounds the queue.
                 _run("ip", "netns", "exec", self.name, "tc", "qdisc", "add", "dev", "lo",
                      "root", "tbf", "rate", self.rate, "burst", "256kb", "latency", "50ms")
         except Exception:
