@@ -930,18 +930,33 @@ struct FastBitReader {
   }
 };
 
-// 32 codes (bytes < 8) -> 12 bytes, 3 bits each, LSB first.
-ZC_AVX2 static inline void store_pack3(uint8_t* dst, __m256i c) {
+// 32 codes (bytes < 8) -> their 96 bits, 3 bits each, LSB first, in the
+// low 12 bytes.
+ZC_AVX2 static inline __m128i pack3(__m256i c) {
   const __m256i p = _mm256_maddubs_epi16(c, _mm256_set1_epi16(0x0801));     // c0 + 8 c1
   const __m256i q = _mm256_madd_epi16(p, _mm256_set1_epi32(0x00400001));   // p0 + 64 p1
   const __m256i r = _mm256_or_si256(q, _mm256_srli_epi64(q, 20));           // 24 bits / qword
   const __m256i idx = _mm256_setr_epi8(0, 1, 2, 8, 9, 10, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
                                        -1, -1, -1, -1, -1, -1, 0, 1, 2, 8, 9, 10, -1, -1, -1, -1);
   const __m256i s = _mm256_shuffle_epi8(r, idx);
-  const __m128i v = _mm_or_si128(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  return _mm_or_si128(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+}
+
+// pack3's 12 bytes at dst.
+ZC_AVX2 static inline void store_pack3(uint8_t* dst, __m256i c) {
+  const __m128i v = pack3(c);
   _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), v);
   const uint32_t hi = uint32_t(_mm_extract_epi32(v, 2));
   std::memcpy(dst + 8, &hi, 4);
+}
+
+// pack3's bits as two 48-bit halves (codes 0-15, 16-31), from the register:
+// through memory, the load of the second half would span two stores and
+// wait for both (no store forwarding).
+ZC_AVX2 static inline void pack3_halves(__m256i c, uint64_t* lo, uint64_t* hi) {
+  const __m128i v = pack3(c);
+  *lo = uint64_t(_mm_cvtsi128_si64(v)) & 0xFFFFFFFFFFFFull;
+  *hi = uint64_t(_mm_cvtsi128_si64(_mm_srli_si128(v, 6))) & 0xFFFFFFFFFFFFull;
 }
 
 // 12 bytes of 3-bit codes -> 32 code bytes.
@@ -1225,13 +1240,8 @@ struct Lanes<FP16> {
   }
   ZC_AVX2 static inline void emit(const Raw& r, const uint16_t*, uint32_t keep, bool, EncSt& st) {
     put_sm_bytes(r.sm8, keep, st);
-    alignas(16) uint8_t buf[16];
-    store_pack3(buf, r.rem8);
     uint64_t lo, hi;
-    std::memcpy(&lo, buf, 8);
-    std::memcpy(&hi, buf + 6, 8);
-    lo &= 0xFFFFFFFFFFFFull;
-    hi &= 0xFFFFFFFFFFFFull;
+    pack3_halves(r.rem8, &lo, &hi);
     if (store_all(keep, st)) {
       st.rem.put(lo, 48);
       st.rem.put(hi, 48);
