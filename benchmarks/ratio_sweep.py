@@ -6,7 +6,11 @@ Inputs (2**22 elements each by default): Gaussian bf16 times a mask at 0, 5,
 For each: fixed3's and dense's ratio (input bytes / payload bytes), the
 bound of ``real_traffic.bound_bits`` (exponent entropy with the zeros as
 symbols of their own, raw sign+mantissa, 8 bits for the mantissa of a bf16
-cast), and dense's shortfall from it.
+cast), and dense's shortfall from it. ``HUF``: what a format with a
+per-chunk Huffman code of the same symbols would reach
+(``structure_prototype.huf_nbytes``, tables and padding counted): the best
+a prefix code per chunk can do, against which the bound's remainder needs
+an arithmetic or ANS code.
 
 Usage::
 
@@ -23,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from real_traffic import bound_bits  # noqa: E402
+from structure_prototype import huf_nbytes  # noqa: E402
 
 import zipccl_fsdp as z  # noqa: E402
 
@@ -43,14 +48,16 @@ def main() -> int:
     p.add_argument("--log2n", type=int, default=22)
     args = p.parse_args()
     g = torch.Generator().manual_seed(0)
-    print("| input | fixed3 | dense | bound | dense / bound | dense >= fixed3 |")
-    print("|---|---|---|---|---|---|")
+    print("| input | fixed3 | dense | bound | dense / bound | dense >= fixed3 | HUF | HUF / bound |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, x in inputs(1 << args.log2n, g):
         raw = x.numel() * x.element_size()
         r = {c: raw / z.encode(x, codec=c).numel() for c in ("fixed3", "dense")}
         bound = 8 * raw / bound_bits(x)
+        huf = raw / huf_nbytes(x)
         print(f"| {name} | {r['fixed3']:.3f} | {r['dense']:.3f} | {bound:.3f} | "
-              f"{r['dense'] / bound:.3f} | {'yes' if r['dense'] >= r['fixed3'] else 'NO'} |")
+              f"{r['dense'] / bound:.3f} | {'yes' if r['dense'] >= r['fixed3'] else 'NO'} | "
+              f"{huf:.3f} | {huf / bound:.3f} |")
     return 0
 
 
