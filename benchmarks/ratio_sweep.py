@@ -9,8 +9,9 @@ symbols of their own, raw sign+mantissa, 8 bits for the mantissa of a bf16
 cast), and dense's shortfall from it. ``HUF``: what a format with a
 per-chunk Huffman code of the same symbols would reach
 (``structure_prototype.huf_nbytes``, tables and padding counted): the best
-a prefix code per chunk can do, against which the bound's remainder needs
-an arithmetic or ANS code.
+a prefix code per chunk can do; ``ANS``: the same symbols under a static
+rANS code per chunk (``structure_prototype``'s ANS model: tables, final
+states and padding counted), ``ANS/msg`` with one table a message.
 
 Usage::
 
@@ -27,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from real_traffic import bound_bits  # noqa: E402
-from structure_prototype import huf_nbytes  # noqa: E402
+from structure_prototype import ans_bits, huf_nbytes  # noqa: E402
 
 import zipccl_fsdp as z  # noqa: E402
 
@@ -48,16 +49,20 @@ def main() -> int:
     p.add_argument("--log2n", type=int, default=22)
     args = p.parse_args()
     g = torch.Generator().manual_seed(0)
-    print("| input | fixed3 | dense | bound | dense / bound | dense >= fixed3 | HUF | HUF / bound |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| input | fixed3 | dense | bound | dense / bound | dense >= fixed3 | HUF | HUF / bound "
+          "| ANS | ANS / bound | ANS/msg / bound |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, x in inputs(1 << args.log2n, g):
         raw = x.numel() * x.element_size()
         r = {c: raw / z.encode(x, codec=c).numel() for c in ("fixed3", "dense")}
         bound = 8 * raw / bound_bits(x)
         huf = raw / huf_nbytes(x)
+        ans = raw / huf_nbytes(x, code_bits=ans_bits)
+        ans_m = raw / huf_nbytes(x, per_message=True, code_bits=ans_bits)
         print(f"| {name} | {r['fixed3']:.3f} | {r['dense']:.3f} | {bound:.3f} | "
               f"{r['dense'] / bound:.3f} | {'yes' if r['dense'] >= r['fixed3'] else 'NO'} | "
-              f"{huf:.3f} | {huf / bound:.3f} |")
+              f"{huf:.3f} | {huf / bound:.3f} | {ans:.3f} | {ans / bound:.3f} | "
+              f"{ans_m / bound:.3f} |")
     return 0
 
 

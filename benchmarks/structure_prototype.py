@@ -45,6 +45,13 @@ table a chunk (a ZERO chunk nothing more), 24 B of padding a chunk that is
 not ZERO and 64 B a message, as format v3 spends. HUF/msg: the same with one
 table (each code's) for all the chunks of a message, from its histogram.
 
+ANS: HUF with each per-chunk Huffman code replaced by a static rANS code of
+the chunk's own counts (a full chunk's counts sum to 4096, a power of two,
+so the frequencies are exact): ``c log2(n / c)`` bits for a symbol counted
+``c`` times of ``n``, 20 bits a symbol present (its id and 12-bit
+frequency), and ``ANS_LANES`` 32-bit final states a chunk that is not ZERO
+(interleaved decoders: the parallelism a GPU decode of one chunk gets).
+
 Usage::
 
     python benchmarks/structure_prototype.py --captures DIR
@@ -145,9 +152,22 @@ def huffman_bits(counts: torch.Tensor) -> torch.Tensor:
     return torch.tensor(out, dtype=torch.float64)
 
 
-def huf_nbytes(x: torch.Tensor, per_message: bool = False) -> float:
+ANS_LANES = 4
+
+
+def ans_bits(counts: torch.Tensor) -> torch.Tensor:
+    """Bits of each row's symbols under a static rANS code of the row's own
+    counts plus its table (20 bits a symbol present); rows of counts."""
+    c = counts.double()
+    n = c.sum(1, keepdim=True)
+    return (c * torch.where(c > 0, (n / c.clamp(min=1)).log2(), torch.zeros_like(c))).sum(1) + (
+        20 * (counts > 0).sum(1))
+
+
+def huf_nbytes(x: torch.Tensor, per_message: bool = False, code_bits=huffman_bits) -> float:
     """Bytes of the HUF model's payload of one message (module docstring);
-    ``per_message``: one table for the message's chunks (HUF/msg)."""
+    ``per_message``: one table for the message's chunks (HUF/msg);
+    ``code_bits=ans_bits``: the ANS model's (its final states added)."""
     info = F.dtype_info(x.dtype)
     w, valid = chunk_words(x)
     zero_chunk = ((w == 0) | ~valid).all(1)
@@ -159,7 +179,9 @@ def huf_nbytes(x: torch.Tensor, per_message: bool = False) -> float:
     rows = torch.arange(w.shape[0])[:, None].expand_as(w)
     counts = torch.bincount((rows * K + sym)[valid], minlength=w.shape[0] * K).view(-1, K)
     fold = (lambda c: c.sum(0, keepdim=True)) if per_message else (lambda c: c)
-    bits = float(huffman_bits(fold(counts)).sum())
+    bits = float(code_bits(fold(counts)).sum())
+    if code_bits is ans_bits:
+        bits += 32 * ANS_LANES * w.shape[0]
     sm = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 8}[x.dtype]
     bits += sm * float(nonzero.sum())
     if x.dtype == torch.float32:
@@ -169,7 +191,7 @@ def huf_nbytes(x: torch.Tensor, per_message: bool = False) -> float:
         need = tail_need(t)
         r = torch.arange(t.shape[0])[:, None].expand_as(t)
         nc = torch.bincount((r * NEED + need)[kept], minlength=t.shape[0] * NEED).view(-1, NEED)
-        bits += float(huffman_bits(fold(nc)).sum()) + float(((need - 1).clamp(min=0) * kept).sum())
+        bits += float(code_bits(fold(nc)).sum()) + float(((need - 1).clamp(min=0) * kept).sum())
     return bits / 8 + 44 * w.shape[0] + 20 * int(zero_chunk.sum()) + 64
 
 
@@ -186,7 +208,8 @@ def main() -> int:
           "'tail bits': bits an element of the low 16 bits of non-LOW16 fp32 chunks, "
           "v3 / " + " / ".join(cands))
     head = ("| layout | kind | dtype | raw MB | tail bits | dense v3 | "
-            + " | ".join(f"+{c}" for c in cands) + " | HUF | HUF/msg | " + " | ".join(m.name for m in ms) + " |")
+            + " | ".join(f"+{c}" for c in cands) + " | HUF | HUF/msg | ANS | "
+            + " | ".join(m.name for m in ms) + " |")
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for recipe in args.recipes.split(","):
@@ -213,11 +236,13 @@ def main() -> int:
                     saved[cand] += float((cost["v3"] - cost[cand]).clamp(min=0).sum()) / 8
             huf = sum(huf_nbytes(m) for m in msgs)
             huf_m = sum(huf_nbytes(m, per_message=True) for m in msgs)
+            ans = sum(huf_nbytes(m, code_bits=ans_bits) for m in msgs)
             peers = [raw / sum(meth.size(meth.compress(m)) for m in msgs) for meth in ms]
             tail = " / ".join(f"{bits[key] / nk_all:.1f}" for key in bits) if nk_all else "-"
             with_tail = " | ".join(f"{raw / (dense - saved[c]):.3f}" if nk_all else "-" for c in cands)
             print(f"| {rt.LAYOUTS.get(recipe, recipe)} | {kind} | {dtype} | {raw / 1e6:.2f} | {tail} | "
                   f"{raw / dense:.3f} | {with_tail} | {raw / huf:.3f} | {raw / huf_m:.3f} | "
+                  f"{raw / ans:.3f} | "
                   + " | ".join(f"{r:.3f}" for r in peers) + " |", flush=True)
     return 0
 
