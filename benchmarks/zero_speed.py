@@ -27,7 +27,8 @@ ratio of the two, compares them side by side on a loaded machine.
 ``--isas avx512,avx2`` measures this revision's library once per kernel set
 named (``codec_cpp.ISAS``, capped as ``ZIPCCL_FSDP_CPP_ISA`` does), in the
 same interleaved rounds; each row's ``x gauss`` is against the same kernel
-set's Gaussian speed, ``vs base`` against the baseline's best kernels.
+set's Gaussian speed, ``vs base`` against the baseline's best kernels, or
+those ``--base-isa`` names.
 
 Encode writes into warm memory: glibc is told (``mallopt``) to keep freed
 blocks rather than return them to the kernel, so each call's fresh payload
@@ -141,6 +142,8 @@ def main() -> int:
     p.add_argument("--kinds", default=",".join(["gauss", *(f"masked{round(f * 100)}"
                                                          for f in FRACTIONS), "pos30"]))
     p.add_argument("--baseline", metavar="REV", help="also measure the C++ source of this revision")
+    p.add_argument("--base-isa", help="the kernel set to run the baseline with, of "
+                   "('generic', 'avx2', 'avx512') (default: the best this CPU runs)")
     p.add_argument("--isas", help="comma-separated kernel sets to measure this revision's "
                    f"library with, of {codec_cpp.ISAS} (default: the best this CPU runs)")
     args = p.parse_args()
@@ -162,7 +165,9 @@ def main() -> int:
                 raise SystemExit(f"--isas: this CPU does not run the {name} kernels")
         libs = {f"new/{name}": (libs["new"][0], name) for name in args.isas.split(",")}
     if args.baseline:
-        libs["base"] = (_build_baseline(args.baseline), None)
+        if args.base_isa and args.base_isa not in codec_cpp.ISAS:
+            raise SystemExit(f"--base-isa: {args.base_isa!r} is not one of {codec_cpp.ISAS}")
+        libs["base"] = (_build_baseline(args.baseline), args.base_isa)
     # Gaussian data is every row's partner: measured beside each kind.
     inputs = {k: data(k, numel, dtype) for k in dict.fromkeys(["gauss", *kinds])}
     state = codec_cpp._state

@@ -828,19 +828,18 @@ ZC_AVX2 static inline __m256i expand32(const uint8_t* src, uint32_t m) {
 #if ZC_VBMI2
   return _mm256_maskz_expand_epi8(m, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
 #else
+  // Each half's 16 lanes from one 16-byte load: its second 8 lanes take the
+  // bytes after its first 8's (c of them), so their table indices move up by
+  // c (0x80, zero, stays at or above 0x80; no byte carries).
   const uint64_t* L = kByteLuts.expand;
-  const int c0 = pop(m & 0xFF), c1 = c0 + pop((m >> 8) & 0xFF), c2 = c1 + pop((m >> 16) & 0xFF);
-  uint64_t g0, g1, g2, g3;
-  std::memcpy(&g0, src, 8);
-  std::memcpy(&g1, src + c0, 8);
-  std::memcpy(&g2, src + c1, 8);
-  std::memcpy(&g3, src + c2, 8);
+  constexpr uint64_t kOnes = 0x0101010101010101ull;
+  const uint64_t c0 = pop(m & 0xFF), c1 = pop(m & 0xFFFF), c2 = pop((m >> 16) & 0xFF);
   const __m128i a = _mm_shuffle_epi8(
-      _mm_set_epi64x(int64_t(g1), int64_t(g0)),
-      _mm_set_epi64x(int64_t(L[(m >> 8) & 0xFF] + kHiGroup), int64_t(L[m & 0xFF])));
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(src)),
+      _mm_set_epi64x(int64_t(L[(m >> 8) & 0xFF] + c0 * kOnes), int64_t(L[m & 0xFF])));
   const __m128i b = _mm_shuffle_epi8(
-      _mm_set_epi64x(int64_t(g3), int64_t(g2)),
-      _mm_set_epi64x(int64_t(L[m >> 24] + kHiGroup), int64_t(L[(m >> 16) & 0xFF])));
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + c1)),
+      _mm_set_epi64x(int64_t(L[m >> 24] + c2 * kOnes), int64_t(L[(m >> 16) & 0xFF])));
   return _mm256_set_m128i(b, a);
 #endif
 }
