@@ -1275,9 +1275,10 @@ struct Lanes<FP16> {
     r8 = _mm256_or_si256(r8, _mm256_and_si256(neg, _mm256_set1_epi8(4)));
     const __m512i e = _mm512_cvtepu8_epi16(_mm256_andnot_si256(zero, e8));
     const __m512i s = _mm512_cvtepu8_epi16(s8), r = _mm512_cvtepu8_epi16(r8);
-    const __m512i hi3 = _mm512_or_si512(_mm512_slli_epi16(_mm512_and_si512(r, _mm512_set1_epi16(4)), 13),
-                                        _mm512_slli_epi16(_mm512_and_si512(r, _mm512_set1_epi16(3)), 8));
-    _mm512_storeu_si512(out, _mm512_ternarylogic_epi32(hi3, _mm512_slli_epi16(e, 10), s, 0xFE));
+    const __m512i top = _mm512_or_si512(  // sign to bit 15, mantissa bits 9, 8
+        _mm512_slli_epi16(_mm512_and_si512(r, _mm512_set1_epi16(4)), 13),
+        _mm512_slli_epi16(_mm512_and_si512(r, _mm512_set1_epi16(3)), 8));
+    _mm512_storeu_si512(out, _mm512_ternarylogic_epi32(top, _mm512_slli_epi16(e, 10), s, 0xFE));
     return kOk;
 #else
     const __m256i m4 = _mm256_set1_epi16(4), m3 = _mm256_set1_epi16(3);
@@ -1333,23 +1334,35 @@ struct Lanes<FP32> {
     *zero = pack32(z, true);
 #endif
   }
+  // Bytes past the last sm byte that get_groups' loads may touch.
+  static constexpr int kGetSlack = ZC_VBMI2 ? 64 : 16;
+#if ZC_VBMI2
+  // The 3-byte sm groups (sign << 23 | mantissa) of the 16 words at w whose
+  // bit is set in keep16, in order, at dst; returns the end. One compress
+  // and a byte-masked store of exactly its 3 * popcount bytes (nothing past
+  // them: no slack, every block to the stream's end takes it).
+  ZC_AVX2 static inline uint8_t* put_groups16(const uint32_t* w, uint32_t keep16, uint8_t* dst) {
+    const __m512i v = _mm512_loadu_si512(w);
+    const __m512i sm = _mm512_ternarylogic_epi32(  // (v & man) | sign
+        v, _mm512_set1_epi32(0x7FFFFF),
+        _mm512_and_si512(_mm512_srli_epi32(v, 8), _mm512_set1_epi32(0x800000)), 0xEA);
+    const int nbytes = 3 * pop(keep16);
+    _mm512_mask_storeu_epi8(
+        dst, _bzhi_u64(~0ull, unsigned(nbytes)),
+        _mm512_maskz_compress_epi8(_pdep_u64(keep16, 0x1111111111111111ull) * 7, sm));
+    return dst + nbytes;
+  }
+#else
   // sm of 8 words, in the low 3 bytes of each 32-bit lane: sign << 23 | mantissa.
   ZC_AVX2 static inline __m256i sm24(__m256i v) {
     return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0x7FFFFF)),
                            _mm256_and_si256(_mm256_srli_epi32(v, 8), _mm256_set1_epi32(0x800000)));
   }
-  // Bytes past the last sm byte that the 3-byte group moves below may touch:
-  // put_groups' stores, get_groups' loads.
-  static constexpr int kGroupSlack = ZC_VBMI2 ? 32 : 16;
-  static constexpr int kGetSlack = ZC_VBMI2 ? 64 : 16;
+  // Bytes past the last sm byte that put_groups' stores may touch.
+  static constexpr int kGroupSlack = 16;
   // The 3-byte sm groups of the words of 8 lanes whose bit is set in keep8, in
   // order, at dst; returns the end. Stores reach dst + 3 * popcount + slack.
   ZC_AVX2 static inline uint8_t* put_groups(__m256i sm, uint32_t keep8, uint8_t* dst) {
-#if ZC_VBMI2
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
-                        _mm256_maskz_compress_epi8(_pdep_u32(keep8, 0x11111111u) * 7, sm));
-    return dst + 3 * pop(keep8);
-#else
     const uint32_t k0 = keep8 & 0xF, k1 = keep8 >> 4;
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst),
                      _mm_shuffle_epi8(_mm256_castsi256_si128(sm),
@@ -1361,12 +1374,12 @@ struct Lanes<FP32> {
                                       _mm_load_si128(reinterpret_cast<const __m128i*>(
                                           kSm3Luts.compact[k1]))));
     return dst + 3 * pop(k1);
-#endif
   }
+#endif
 #if ZC_VBMI2
-  // put_groups' inverse for 16 lanes: the next 3-byte groups at *src on the
-  // lanes of keep16 (zeros elsewhere), one 512-bit expand; *src moves past
-  // them. Loads reach the end + kGetSlack.
+  // put_groups16's inverse: the next 3-byte groups at *src on the lanes of
+  // keep16 (zeros elsewhere), one 512-bit expand; *src moves past them.
+  // Loads reach the end + kGetSlack.
   ZC_AVX2 static inline __m512i get_groups16(const uint8_t** src, uint32_t keep16) {
     const __m512i v = _mm512_maskz_expand_epi8(_pdep_u64(keep16, 0x1111111111111111ull) * 7,
                                                _mm512_loadu_si512(*src));
@@ -1426,23 +1439,9 @@ struct Lanes<FP32> {
       }
       st.sm += 96;
 #if ZC_VBMI2
-    } else if (st.sm_end - st.sm >= 3 * pop(keep)) {  // omitted zeros
-      // 16 lanes a step in 512-bit vectors: one compress and a byte-masked
-      // store of its 3 * popcount bytes, for two compresses a quarter at a
-      // time; the masked store writes nothing past the data, so every block
-      // takes this path up to the stream's end.
-      const __m512i man = _mm512_set1_epi32(0x7FFFFF), sgn = _mm512_set1_epi32(0x800000);
-      for (int h = 0; h < 2; ++h) {
-        const __m512i v = _mm512_loadu_si512(w + 16 * h);
-        const __m512i sm = _mm512_ternarylogic_epi32(v, man, _mm512_and_si512(
-                                                         _mm512_srli_epi32(v, 8), sgn), 0xEA);
-        const uint32_t k16 = (keep >> (16 * h)) & 0xFFFF;
-        const int nbytes = 3 * pop(k16);
-        _mm512_mask_storeu_epi8(
-            st.sm, _bzhi_u64(~0ull, unsigned(nbytes)),
-            _mm512_maskz_compress_epi8(_pdep_u64(k16, 0x1111111111111111ull) * 7, sm));
-        st.sm += nbytes;
-      }
+    } else if (st.sm_end - st.sm >= 3 * pop(keep)) {  // omitted zeros, 16 lanes a step
+      st.sm = put_groups16(w, keep & 0xFFFF, st.sm);
+      st.sm = put_groups16(w + 16, keep >> 16, st.sm);
 #else
     } else if (st.sm_end - st.sm >= 3 * pop(keep) + kGroupSlack) {  // omitted zeros
       for (int k = 0; k < 4; ++k)
