@@ -20,9 +20,9 @@
 //
 // Three kernel sets, picked per call: generic scalar code (any CPU; also the
 // n % 32 tails of the others), and two builds of one set of 32-element block
-// kernels: AVX2 + BMI2, and the same source for AVX-512 BW/VL/VBMI2 on the
-// same 256-bit vectors, where vpcompressb/vpexpandb move the bytes that
-// omitted zeros and escapes leave out. The library is built for baseline
+// kernels: AVX2 + BMI2, and the same source for AVX-512 BW/VL/VBMI2, where
+// vpcompressb/vpexpandb move the bytes that omitted zeros and escapes leave
+// out (and a few steps take 512-bit vectors: see the VBMI2 pass below). The library is built for baseline
 // x86-64 (the .so may be reused on another machine); the block kernels carry
 // their own target attribute and run only after a run-time CPU check.
 //
@@ -676,8 +676,9 @@ static uint32_t run_sum_generic(const typename T::W* w, int i0, int n) {
 //
 // The VBMI2 pass (ZC_VBMI2) compiles this section again as namespace avx512,
 // with AVX-512 BW/VL/VBMI2 added to the target: the compaction and expansion
-// functions then take one vpcompressb/vpexpandb, and fp32's 3-byte sm groups
-// move around omitted zeros the same way.
+// functions then take one vpcompressb/vpexpandb, fp32's 3-byte sm groups move
+// around omitted zeros the same way, 16 lanes at a time in 512-bit vectors,
+// and bf16 / fp16 decode assemble a block's words in one 512-bit vector.
 // --------------------------------------------------------------------------
 // The VBMI2 build: compilers that know the target (GCC 8, clang 6 on) and
 // builds not told otherwise (-DZIPCCL_NO_VBMI2).
