@@ -1546,24 +1546,26 @@ struct Lanes<FP32> {
 };
 
 #if ZC_VBMI2
-// The lanes of 32 words that are -0.0, as a bit mask (AVX-512 compares).
-template <class T>
-ZC_AVX2 static inline uint32_t neg_zero_mask(const typename T::W* w) {
+// The lanes of 32 words that are +0.0 (the mask's low 32 bits) and -0.0
+// (high 32), from 512-bit compares straight into mask registers: a zero
+// test by 256-bit vectors gives 0xFF bytes that the encoder moves back to a
+// mask, and its two 16-lane halves are joined in general registers.
+template <class T, bool NEG>
+ZC_AVX2 static inline uint64_t zero_masks(const typename T::W* w) {
   if constexpr (T::kF32) {
-    const __m256i s = _mm256_set1_epi32(int(T::kSign));
-    uint32_t m = 0;
-    for (int k = 0; k < 4; ++k)
-      m |= uint32_t(_mm256_cmpeq_epi32_mask(
-               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * k)), s))
-           << (8 * k);
+    const __m512i a = _mm512_loadu_si512(w), b = _mm512_loadu_si512(w + 16);
+    const __m512i s = _mm512_set1_epi32(int(T::kSign));
+    uint64_t m = _cvtmask32_u32(_mm512_kunpackw(_mm512_testn_epi32_mask(b, b),
+                                                _mm512_testn_epi32_mask(a, a)));
+    if constexpr (NEG)
+      m |= uint64_t(_cvtmask32_u32(_mm512_kunpackw(_mm512_cmpeq_epi32_mask(b, s),
+                                                   _mm512_cmpeq_epi32_mask(a, s)))) << 32;
     return m;
   } else {
-    const __m256i s = _mm256_set1_epi16(int16_t(T::kSign));
-    return uint32_t(_mm256_cmpeq_epi16_mask(
-               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)), s)) |
-           uint32_t(_mm256_cmpeq_epi16_mask(
-               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16)), s))
-               << 16;
+    const __m512i v = _mm512_loadu_si512(w), s = _mm512_set1_epi16(int16_t(T::kSign));
+    uint64_t m = _cvtmask32_u32(_mm512_testn_epi16_mask(v, v));
+    if constexpr (NEG) m |= uint64_t(_cvtmask32_u32(_mm512_cmpeq_epi16_mask(v, s))) << 32;
+    return m;
   }
 }
 #endif
@@ -1572,7 +1574,7 @@ ZC_AVX2 static inline uint32_t neg_zero_mask(const typename T::W* w) {
 template <class T>
 ZC_AVX2 static inline __m256i neg_zero_lanes(const typename T::W* w) {
 #if ZC_VBMI2
-  return _mm256_movm_epi8(neg_zero_mask<T>(w));
+  return _mm256_movm_epi8(uint32_t(zero_masks<T, true>(w) >> 32));
 #else
   if constexpr (T::kF32) {
     const __m256i s = _mm256_set1_epi32(int(T::kSign));
@@ -1642,15 +1644,20 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec, int* n_lo
     }
     const __m256i ez = _mm256_cmpeq_epi8(e8, z);
 #if ZC_VBMI2
-    nbuf[b] = neg_zero_mask<T>(w + 32 * b);
+    // Both zero masks from zero_masks; fields' zero vector is rebuilt from
+    // the +0.0 one for zbuf.
+    const uint64_t zm = zero_masks<T, true>(w + 32 * b);
+    nbuf[b] = uint32_t(zm >> 32);
     nneg += pop(nbuf[b]);
+    nz += pop(uint32_t(zm));
+    zero = mask_bytes(uint32_t(zm));
 #else
     e0acc = _mm256_sub_epi8(e0acc, ez);
+    nz += pop(movemask(zero));
 #endif
     const __m256i special = _mm256_or_si256(ez, _mm256_cmpeq_epi8(e8, emax));
     sacc = _mm256_add_epi64(sacc, _mm256_sad_epu8(_mm256_andnot_si256(special, e8), z));
     K += 32 - pop(movemask(special));
-    nz += pop(movemask(zero));
     _mm256_store_si256(reinterpret_cast<__m256i*>(ebuf + 32 * b), e8);
     _mm256_store_si256(reinterpret_cast<__m256i*>(zbuf + 32 * b), zero);
   }
@@ -1789,6 +1796,15 @@ ZC_AVX2 static void write_fixed3(const typename T::W* w, int n, const Entry& en,
     const __m256i inwin = _mm256_cmpeq_epi8(_mm256_min_epu8(d, vw), d);
     __m256i code = _mm256_blendv_epi8(v7, _mm256_add_epi8(d, vz), inwin);
     uint32_t keep = ~0u;
+#if ZC_VBMI2
+    if (zp || NEG) {  // the zero lanes as masks (zero_masks), fields' zero unused
+      const uint64_t zm = zero_masks<T, NEG>(w + 32 * b);
+      const uint32_t pz = uint32_t(zm) & -uint32_t(zp), nz = uint32_t(zm >> 32);
+      code = _mm256_maskz_mov_epi8(~pz, code);  // +0.0's code is 0 when it has one
+      if constexpr (NEG) code = _mm256_mask_blend_epi8(nz, code, vneg);
+      keep = ~(pz | nz);
+    }
+#else
     if (zp) {  // +0.0's code is 0 when it has one
       code = _mm256_andnot_si256(zero, code);
       keep = ~movemask(zero);
@@ -1798,6 +1814,7 @@ ZC_AVX2 static void write_fixed3(const typename T::W* w, int n, const Entry& en,
       code = _mm256_blendv_epi8(code, vneg, neg);
       keep &= ~movemask(neg);
     }
+#endif
     // Not for fp32, whose write loop was measured faster without it.
     if constexpr (!T::kF32) prefetch_next<T>(next, next_nbytes, b);
     store_pack3(codes + 12 * b, code);
