@@ -213,6 +213,23 @@ def byte_field(v, k, LO: tl.constexpr, NB: tl.constexpr):
 # Thread-major tile and word-wide stream functions (fixed3 kernels)
 # ---------------------------------------------------------------------------
 @triton.jit
+def row_excl(row, G: tl.constexpr):
+    """Exclusive prefix sums along the G rows of a thread ([T, G]) and their
+    total ([T]), by G in-thread sums (they fold to adds: g is known per
+    register). A tl.cumsum along axis 1 is given a layout with the rows
+    across lanes: shuffles, and a layout conversion through shared memory
+    each way (and one of the [T, G, 1] tile fails to compile)."""
+    g = tl.arange(0, G)[None, :]
+    acc = row * 0
+    tot = tl.sum(acc, axis=1)
+    for h in tl.static_range(G):
+        rh = tl.sum(tl.where(g == h, row, 0), axis=1)
+        acc = acc + tl.where(g > h, rh[:, None], 0)
+        tot = tot + rh
+    return acc, tot
+
+
+@triton.jit
 def ttile(G: tl.constexpr, T: tl.constexpr):
     """Element index of the [T, G, 8] chunk tile: thread t holds the 8 G
     consecutive elements t*8G .. t*8G + 8G - 1 (its G rows of 8)."""

@@ -40,9 +40,9 @@ import triton.language as tl
 
 from zipccl_fsdp import format as F
 
-from .dense_encode import _or, layout, row_excl
+from .dense_encode import _or, layout
 from ._codec_common import (bitmap_count, bitmap_row, load_words24, low_bit_index, popc32,
-                            store_zero_words, ttile)
+                            row_excl, store_zero_words, ttile)
 
 # Error bits: the decoders' shared word (_codec_common.py).
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING,  # noqa: E402

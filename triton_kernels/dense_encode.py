@@ -53,8 +53,8 @@ import triton.language as tl
 
 from zipccl_fsdp import format as F
 
-from ._codec_common import (low_bit_index, lowbyte_wins, popc32, store_words, store_words24,
-                            ttile, words24)
+from ._codec_common import (low_bit_index, lowbyte_wins, popc32, row_excl, store_words,
+                            store_words24, ttile, words24)
 from ._lookback import chunk_offset, finish_payload, place_zero_chunk, ticket
 
 # The shape of the format this kernel is written for (fails loudly if it changes).
@@ -103,22 +103,6 @@ def _signed64(v: int) -> int:
 # ---------------------------------------------------------------------------
 # Functions shared with dense_decode.py
 # ---------------------------------------------------------------------------
-@triton.jit
-def row_excl(row, G: tl.constexpr):
-    """Exclusive prefix sums along the G rows of a thread ([T, G]) and their
-    total ([T]), by G in-thread sums: a tl.cumsum along axis 1 of this sliced
-    layout is moved through shared memory (and one of the [T, G, 1] tile
-    fails to compile)."""
-    g = tl.arange(0, G)[None, :]
-    acc = row * 0
-    tot = tl.sum(acc, axis=1)
-    for h in tl.static_range(G):
-        rh = tl.sum(tl.where(g == h, row, 0), axis=1)
-        acc = acc + tl.where(g > h, rh[:, None], 0)
-        tot = tot + rh
-    return acc, tot
-
-
 @triton.jit
 def _add2(a0, a1, b0, b1):
     return a0 + b0, a1 + b1

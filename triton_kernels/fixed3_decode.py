@@ -46,8 +46,8 @@ import triton.language as tl
 
 from ._codec_common import (ERR_COUNTS, ERR_EXPONENT, ERR_OFFSETS, ERR_PADDING, ERR_TABLE,
                             align16, bitmap_count, fixed3_layout, fixed_window, load_rows3,
-                            load_words, load_words24, low_bit_index, pad_nonzero, row_mask,
-                            store_rows, store_zero_words, ttile, unpack_bytes)
+                            load_words, load_words24, low_bit_index, pad_nonzero, row_excl,
+                            row_mask, store_rows, store_zero_words, ttile, unpack_bytes)
 from .fixed3_encode import L2, escape_masks, popc_mask
 from .fixed3_general import (decode_chunk_general, decode_zero_chunk_general,
                              padding_error)
@@ -507,7 +507,7 @@ def _row_kept(kf):
 def _row_bases(rc, rt, k_incl):
     """The kept before each row of the chunk, [T, G], from the kept in each
     row (``rc``), in the thread (``rt``) and through it (``k_incl``)."""
-    return tl.cumsum(rc, axis=1) - rc + (k_incl - rt)[:, None]
+    return row_excl(rc, rc.shape[1])[0] + (k_incl - rt)[:, None]
 
 
 @triton.jit
