@@ -1168,6 +1168,17 @@ struct Lanes<BF16> {
     __m256i sm8;
   };
   ZC_AVX2 static inline void fields(const uint16_t* w, __m256i* e8, __m256i* zero, Raw* raw) {
+#if ZC_VBMI2
+    // The block as one 512-bit vector, each field narrowed to bytes by
+    // truncation (vpmovwb: the exponent is the low byte of w >> 7).
+    const __m512i v = _mm512_loadu_si512(w);
+    *e8 = _mm512_cvtepi16_epi8(_mm512_srli_epi16(v, 7));
+    *zero = _mm256_movm_epi8(_cvtmask32_u32(_mm512_testn_epi16_mask(v, v)));
+    if (raw)  // sm = sign << 7 | mantissa: ((w >> 8) & 0x80) | (w & 0x7F)
+      raw->sm8 = _mm512_cvtepi16_epi8(_mm512_ternarylogic_epi32(
+          _mm512_srli_epi16(v, 8), _mm512_set1_epi16(0x80),
+          _mm512_and_si512(v, _mm512_set1_epi16(0x7F)), 0xEA));
+#else
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16));
     const __m256i ff = _mm256_set1_epi16(0xFF);
@@ -1181,6 +1192,7 @@ struct Lanes<BF16> {
                         _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 8), s80),
                                         _mm256_and_si256(b, s7f)));
     }
+#endif
   }
   ZC_AVX2 static inline void emit(const Raw& r, const uint16_t*, uint32_t keep, bool, EncSt& st) {
     put_sm_bytes(r.sm8, keep, st);
@@ -1225,6 +1237,19 @@ struct Lanes<FP16> {
     __m256i sm8, rem8;  // low 8 bits of sm; sign << 2 | top 2 mantissa bits
   };
   ZC_AVX2 static inline void fields(const uint16_t* w, __m256i* e8, __m256i* zero, Raw* raw) {
+#if ZC_VBMI2
+    // As Lanes<BF16>::fields: one 512-bit vector, fields narrowed by vpmovwb
+    // (sm is the word's low byte).
+    const __m512i v = _mm512_loadu_si512(w);
+    *e8 = _mm512_cvtepi16_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 10), _mm512_set1_epi16(0x1F)));
+    *zero = _mm256_movm_epi8(_cvtmask32_u32(_mm512_testn_epi16_mask(v, v)));
+    if (raw) {
+      raw->sm8 = _mm512_cvtepi16_epi8(v);
+      raw->rem8 = _mm512_cvtepi16_epi8(_mm512_ternarylogic_epi32(  // (w >> 13) & 4 | (w >> 8) & 3
+          _mm512_srli_epi16(v, 13), _mm512_set1_epi16(4),
+          _mm512_and_si512(_mm512_srli_epi16(v, 8), _mm512_set1_epi16(3)), 0xEA));
+    }
+#else
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16));
     const __m256i m1f = _mm256_set1_epi16(0x1F), ff = _mm256_set1_epi16(0xFF);
@@ -1239,6 +1264,7 @@ struct Lanes<FP16> {
                          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 13), m4),
                                          _mm256_and_si256(_mm256_srli_epi16(b, 8), m3)));
     }
+#endif
   }
   ZC_AVX2 static inline void emit(const Raw& r, const uint16_t*, uint32_t keep, bool, EncSt& st) {
     put_sm_bytes(r.sm8, keep, st);
