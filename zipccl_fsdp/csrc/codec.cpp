@@ -679,7 +679,8 @@ static uint32_t run_sum_generic(const typename T::W* w, int i0, int n) {
 // functions then take one vpcompressb/vpexpandb, fp32's 3-byte sm groups move
 // around omitted zeros the same way, 16 lanes at a time in 512-bit vectors,
 // bf16 / fp16 decode assemble a block's words in one 512-bit vector, and the
-// encoder finds a block's zeros of both signs by 512-bit compares into mask
+// encoder splits them from one (vpmovwb narrows each field to bytes) and
+// finds a block's zeros of both signs by 512-bit compares into mask
 // registers (zero_masks).
 // --------------------------------------------------------------------------
 // The VBMI2 build: compilers that know the target (GCC 8, clang 6 on) and
