@@ -22,9 +22,10 @@
 // n % 32 tails of the others), and two builds of one set of 32-element block
 // kernels: AVX2 + BMI2, and the same source for AVX-512 BW/VL/VBMI2, where
 // vpcompressb/vpexpandb move the bytes that omitted zeros and escapes leave
-// out (and a few steps take 512-bit vectors: see the VBMI2 pass below). The library is built for baseline
-// x86-64 (the .so may be reused on another machine); the block kernels carry
-// their own target attribute and run only after a run-time CPU check.
+// out (and a few steps take 512-bit vectors: see the VBMI2 pass below). The
+// library is built for baseline x86-64 (the .so may be reused on another
+// machine); the block kernels carry their own target attribute and run only
+// after a run-time CPU check.
 //
 // The second build of the block kernels is codec_vbmi2.cpp, a translation
 // unit of its own that includes this file with ZIPCCL_VBMI2_PASS set: it
@@ -1673,13 +1674,10 @@ ZC_AVX2 static Entry analyze(const typename T::W* w, int n, int codec, int* n_lo
     }
     const __m256i ez = _mm256_cmpeq_epi8(e8, z);
 #if ZC_VBMI2
-    // Both zero masks from zero_masks; fields' zero vector is rebuilt from
-    // the +0.0 one for zbuf.
     const uint64_t zm = zero_masks<T, true>(w + 32 * b);
     nbuf[b] = uint32_t(zm >> 32);
     nneg += pop(nbuf[b]);
-    nz += pop(uint32_t(zm));
-    zero = mask_bytes(uint32_t(zm));
+    nz += pop(uint32_t(zm));  // (fields' zero vector holds the same lanes, for zbuf)
 #else
     e0acc = _mm256_sub_epi8(e0acc, ez);
     nz += pop(movemask(zero));
@@ -1828,10 +1826,10 @@ ZC_AVX2 static void write_fixed3(const typename T::W* w, int n, const Entry& en,
 #if ZC_VBMI2
     if (zp || NEG) {  // the zero lanes as masks (zero_masks), fields' zero unused
       const uint64_t zm = zero_masks<T, NEG>(w + 32 * b);
-      const uint32_t pz = uint32_t(zm) & -uint32_t(zp), nz = uint32_t(zm >> 32);
+      const uint32_t pz = uint32_t(zm) & -uint32_t(zp), ng = uint32_t(zm >> 32);
       code = _mm256_maskz_mov_epi8(~pz, code);  // +0.0's code is 0 when it has one
-      if constexpr (NEG) code = _mm256_mask_blend_epi8(nz, code, vneg);
-      keep = ~(pz | nz);
+      if constexpr (NEG) code = _mm256_mask_blend_epi8(ng, code, vneg);
+      keep = ~(pz | ng);
     }
 #else
     if (zp) {  // +0.0's code is 0 when it has one
