@@ -10,7 +10,7 @@ cast), and dense's shortfall from it. ``HUF``: what a format with a
 per-chunk Huffman code of the same symbols would reach
 (``structure_prototype.huf_nbytes``, tables and padding counted): the best
 a prefix code per chunk can do; ``ANS``: the same symbols under a static
-rANS code per chunk (``structure_prototype``'s ANS model: tables, final
+rANS code per chunk (``structure_prototype.ans_nbytes``: tables, final
 states and padding counted), ``ANS/msg`` with one table a message.
 
 Usage::
@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from real_traffic import bound_bits  # noqa: E402
-from structure_prototype import ans_bits, huf_nbytes  # noqa: E402
+from structure_prototype import ans_nbytes, huf_nbytes  # noqa: E402
 
 import zipccl_fsdp as z  # noqa: E402
 
@@ -57,8 +57,8 @@ def main() -> int:
         r = {c: raw / z.encode(x, codec=c).numel() for c in ("fixed3", "dense")}
         bound = 8 * raw / bound_bits(x)
         huf = raw / huf_nbytes(x)
-        ans = raw / huf_nbytes(x, code_bits=ans_bits)
-        ans_m = raw / huf_nbytes(x, per_message=True, code_bits=ans_bits)
+        ans = raw / ans_nbytes(x)
+        ans_m = raw / ans_nbytes(x, per_message=True)
         print(f"| {name} | {r['fixed3']:.3f} | {r['dense']:.3f} | {bound:.3f} | "
               f"{r['dense'] / bound:.3f} | {'yes' if r['dense'] >= r['fixed3'] else 'NO'} | "
               f"{huf:.3f} | {huf / bound:.3f} | {ans:.3f} | {ans / bound:.3f} | "

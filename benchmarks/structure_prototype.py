@@ -164,10 +164,12 @@ def ans_bits(counts: torch.Tensor) -> torch.Tensor:
         20 * (counts > 0).sum(1))
 
 
-def huf_nbytes(x: torch.Tensor, per_message: bool = False, code_bits=huffman_bits) -> float:
+def huf_nbytes(x: torch.Tensor, per_message: bool = False, code_bits=huffman_bits,
+               chunk_bits: int = 0) -> float:
     """Bytes of the HUF model's payload of one message (module docstring);
     ``per_message``: one table for the message's chunks (HUF/msg);
-    ``code_bits=ans_bits``: the ANS model's (its final states added)."""
+    ``code_bits``: the code's bits of rows of counts, ``chunk_bits`` what it
+    adds a chunk that is not ZERO (ans_nbytes)."""
     info = F.dtype_info(x.dtype)
     w, valid = chunk_words(x)
     zero_chunk = ((w == 0) | ~valid).all(1)
@@ -179,9 +181,7 @@ def huf_nbytes(x: torch.Tensor, per_message: bool = False, code_bits=huffman_bit
     rows = torch.arange(w.shape[0])[:, None].expand_as(w)
     counts = torch.bincount((rows * K + sym)[valid], minlength=w.shape[0] * K).view(-1, K)
     fold = (lambda c: c.sum(0, keepdim=True)) if per_message else (lambda c: c)
-    bits = float(code_bits(fold(counts)).sum())
-    if code_bits is ans_bits:
-        bits += 32 * ANS_LANES * w.shape[0]
+    bits = float(code_bits(fold(counts)).sum()) + chunk_bits * w.shape[0]
     sm = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 8}[x.dtype]
     bits += sm * float(nonzero.sum())
     if x.dtype == torch.float32:
@@ -193,6 +193,12 @@ def huf_nbytes(x: torch.Tensor, per_message: bool = False, code_bits=huffman_bit
         nc = torch.bincount((r * NEED + need)[kept], minlength=t.shape[0] * NEED).view(-1, NEED)
         bits += float(code_bits(fold(nc)).sum()) + float(((need - 1).clamp(min=0) * kept).sum())
     return bits / 8 + 44 * w.shape[0] + 20 * int(zero_chunk.sum()) + 64
+
+
+def ans_nbytes(x: torch.Tensor, per_message: bool = False) -> float:
+    """Bytes of the ANS model's payload of one message: HUF's with rANS codes
+    and ANS_LANES 32-bit final states a chunk that is not ZERO."""
+    return huf_nbytes(x, per_message, ans_bits, 32 * ANS_LANES)
 
 
 def main() -> int:
@@ -236,7 +242,7 @@ def main() -> int:
                     saved[cand] += float((cost["v3"] - cost[cand]).clamp(min=0).sum()) / 8
             huf = sum(huf_nbytes(m) for m in msgs)
             huf_m = sum(huf_nbytes(m, per_message=True) for m in msgs)
-            ans = sum(huf_nbytes(m, code_bits=ans_bits) for m in msgs)
+            ans = sum(ans_nbytes(m) for m in msgs)
             peers = [raw / sum(meth.size(meth.compress(m)) for m in msgs) for meth in ms]
             tail = " / ".join(f"{bits[key] / nk_all:.1f}" for key in bits) if nk_all else "-"
             with_tail = " | ".join(f"{raw / (dense - saved[c]):.3f}" if nk_all else "-" for c in cands)

@@ -164,6 +164,8 @@ def main() -> int:
             if codec_cpp.isa() != name:
                 raise SystemExit(f"--isas: this CPU does not run the {name} kernels")
         libs = {f"new/{name}": (libs["new"][0], name) for name in args.isas.split(",")}
+    if args.base_isa and not args.baseline:
+        raise SystemExit("--base-isa names the baseline's kernel set: give --baseline too")
     if args.baseline:
         if args.base_isa and args.base_isa not in codec_cpp.ISAS:
             raise SystemExit(f"--base-isa: {args.base_isa!r} is not one of {codec_cpp.ISAS}")

@@ -49,7 +49,7 @@ class SlowLink:
             if self.rate:
                 # A 256 KB burst (2 ms at 1 Gbit/s): the loopback sends 64 KB GSO
                 # packets, which tbf drops at a 64 KB burst (gloo then stalls); a
-                # larger one would let more of each call through unshaped.
+                # larger one would let more of each call through unshaped. The
                 # latency bounds the queue.
                 _run("ip", "netns", "exec", self.name, "tc", "qdisc", "add", "dev", "lo",
                      "root", "tbf", "rate", self.rate, "burst", "256kb", "latency", "50ms")
